@@ -1,0 +1,139 @@
+/* diag.c: diagnostics as a C compiler prints them:
+ *
+ *   gpt.cplan:12:7: error: unknown function 'gelu2'
+ *      12 |   x = gelu2(x)
+ *         |       ^~~~~
+ *   hint: did you mean 'gelu'?
+ *
+ * Errors are counted; after CP_MAX_ERRORS the passes stop (diag_too_many) and a
+ * last line says so once. Notes and hints belong to the diagnostic before them
+ * and are dropped with it when it was suppressed. */
+#include "cplan.h"
+
+#include <string.h>
+
+static FILE *out_file;
+static bool out_set;
+static bool color;
+static int nerrors;
+static bool suppressed; /* the last error was past the limit: drop its notes */
+static bool said_limit;
+
+static FILE *out(void) { return out_set ? out_file : stderr; }
+
+void diag_set_output(FILE *f) {
+  out_file = f;
+  out_set = true;
+}
+void diag_set_color(bool on) { color = on; }
+int diag_errors(void) { return nerrors; }
+bool diag_too_many(void) { return nerrors >= CP_MAX_ERRORS; }
+
+void diag_reset(void) {
+  nerrors = 0;
+  suppressed = false;
+  said_limit = false;
+}
+
+/* Prints the line holding span.lo with a gutter, then ^~~~ under [lo, hi). */
+static void print_source_line(FILE *f, Span sp) {
+  const char *text = src_text(sp.file);
+  size_t len = src_len(sp.file);
+  int line, col;
+  src_linecol(sp.file, sp.lo, &line, &col);
+  size_t start = (size_t)(sp.lo - (col - 1));
+  size_t end = start;
+  while (end < len && text[end] != '\n') end++;
+  if (end > start && text[end - 1] == '\r') end--;
+  /* Very long lines (minified garbage) are cut around the caret. */
+  size_t from = start, to = end;
+  if (to - from > 200) {
+    size_t at = (size_t)sp.lo;
+    from = at > start + 80 ? at - 80 : start;
+    to = from + 200 < end ? from + 200 : end;
+  }
+  fprintf(f, "%5d | ", line);
+  for (size_t i = from; i < to; i++) {
+    unsigned char c = (unsigned char)text[i];
+    fputc(c == '\t' ? ' ' : (c < 32 || c == 127) ? '?' : c, f);
+  }
+  fputs("\n      | ", f);
+  size_t lo = (size_t)sp.lo, hi = (size_t)sp.hi;
+  if (hi > end) hi = end;
+  for (size_t i = from; i < lo && i < to; i++) {
+    unsigned char c = (unsigned char)text[i];
+    /* keep UTF-8 continuation bytes from shifting the caret */
+    if ((c & 0xC0) != 0x80) fputc(' ', f);
+  }
+  if (color) fputs("\033[1;32m", f);
+  fputc('^', f);
+  for (size_t i = lo + 1; i < hi && i < to; i++)
+    if (((unsigned char)text[i] & 0xC0) != 0x80) fputc('~', f);
+  if (color) fputs("\033[0m", f);
+  fputc('\n', f);
+}
+
+static void vreport(const char *kind, const char *kcolor, Span at, const char *fmt, va_list ap) {
+  FILE *f = out();
+  if (!f) return;
+  if (at.file >= 0 && at.file < src_count()) {
+    int line, col;
+    src_linecol(at.file, at.lo, &line, &col);
+    fprintf(f, "%s:%d:%d: ", src_path(at.file), line, col);
+  } else {
+    fputs("cplanc: ", f);
+  }
+  if (color) fprintf(f, "%s%s:\033[0m ", kcolor, kind);
+  else fprintf(f, "%s: ", kind);
+  vfprintf(f, fmt, ap);
+  fputc('\n', f);
+  if (at.file >= 0 && at.file < src_count()) print_source_line(f, at);
+}
+
+void diag_error(Span at, const char *fmt, ...) {
+  if (nerrors >= CP_MAX_ERRORS) {
+    suppressed = true;
+    if (!said_limit && out()) {
+      fprintf(out(), "cplanc: too many errors (%d), stopping\n", CP_MAX_ERRORS);
+      said_limit = true;
+    }
+    return;
+  }
+  nerrors++;
+  suppressed = false;
+  va_list ap;
+  va_start(ap, fmt);
+  vreport("error", "\033[1;31m", at, fmt, ap);
+  va_end(ap);
+}
+
+void diag_warning(Span at, const char *fmt, ...) {
+  if (nerrors >= CP_MAX_ERRORS) {
+    suppressed = true;
+    return;
+  }
+  suppressed = false;
+  va_list ap;
+  va_start(ap, fmt);
+  vreport("warning", "\033[1;35m", at, fmt, ap);
+  va_end(ap);
+}
+
+void diag_note(Span at, const char *fmt, ...) {
+  if (suppressed) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vreport("note", "\033[1;36m", at, fmt, ap);
+  va_end(ap);
+}
+
+void diag_hint(const char *fmt, ...) {
+  if (suppressed || !out()) return;
+  FILE *f = out();
+  va_list ap;
+  va_start(ap, fmt);
+  fputs(color ? "\033[1;36mhint:\033[0m " : "hint: ", f);
+  vfprintf(f, fmt, ap);
+  fputc('\n', f);
+  va_end(ap);
+}

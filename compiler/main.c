@@ -1,0 +1,288 @@
+/* main.c: the `cplanc` driver. Parses the command line against the table of
+ * subcommands, runs the passes in order (parse -> sema -> settings -> elaborate ->
+ * report), and maps the outcome to the exit status: 0 success, 1 user error (a
+ * diagnostic was printed), 2 bad usage. */
+#include "check.h"
+#include "cplan.h"
+#include "ir.h"
+#include "sema.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { EXIT_OK = 0, EXIT_USER = 1, EXIT_USAGE = 2 };
+
+typedef struct Options {
+  const char *file;
+  const char *train;  /* --train NAME */
+  const char *model;  /* --model NAME */
+  const char *stage;  /* emit --stage=... */
+  bool json;
+  VEC(const char *) sets; /* --set key=value */
+} Options;
+
+typedef int (*CmdFn)(Options *o);
+
+static int cmd_check(Options *o);
+static int cmd_emit(Options *o);
+
+/* The subcommand table: --help, dispatch and "did you mean" read it.
+ * Checklist: a new command needs a row here and a section in README.md. */
+typedef struct Command {
+  const char *name;
+  CmdFn run;          /* NULL: planned, not available in this version */
+  const char *summary;
+  const char *usage;  /* the text of `cplanc NAME --help` */
+} Command;
+
+static const Command commands[] = {
+    {"check", cmd_check, "type-check a .cplan file and summarize the model, mesh and plan",
+     "usage: cplanc check FILE [--json] [--train NAME] [--model NAME] [--set KEY=VALUE]...\n"
+     "\n"
+     "Parses and checks FILE (names, types, shapes, units, settings) and prints the\n"
+     "parameter count, the param table, forward FLOPs and activation memory per sample,\n"
+     "a per-layer table, the mesh and the training plan. Data files need not exist.\n"
+     "\n"
+     "  --json          print the summary as one JSON object on stdout\n"
+     "  --train NAME    the train block to use when the file has several\n"
+     "  --model NAME    summarize this model (default: the train block's model)\n"
+     "  --set KEY=VALUE override a setting: train.steps=100, train.optimizer.lr=3e-4,\n"
+     "                  train.model.L=4, mesh.laptop.shape.cpu=2 (repeatable)\n"},
+    {"emit", cmd_emit, "print an intermediate form of the compilation",
+     "usage: cplanc emit --stage=STAGE FILE [--train NAME] [--model NAME] [--set KEY=VALUE]...\n"
+     "\n"
+     "Stages available:\n"
+     "  ast   the syntax tree, after imports are resolved\n"
+     "  ir    the forward Graph IR of the model, one line per node\n"},
+    {"plan", NULL, "rank parallel strategies for the mesh (not yet available)", NULL},
+    {"build", NULL, "compile a training program (not yet available)", NULL},
+    {"run", NULL, "build and run a training program (not yet available)", NULL},
+    {"calibrate", NULL, "measure this machine for the cost model (not yet available)", NULL},
+    {"data", NULL, "prepare training data (not yet available)", NULL},
+};
+enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
+
+static void print_help(FILE *f) {
+  fprintf(f,
+          "cplanc %s: a compiler for parallel training plans\n\n"
+          "usage: cplanc COMMAND [options] FILE\n\ncommands:\n",
+          CPLAN_VERSION);
+  for (int i = 0; i < NCOMMANDS; i++) fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f, "\n`cplanc COMMAND --help` describes a command. Exit status: 0 success,\n"
+             "1 an error in the input (diagnosed), 2 bad usage.\n");
+}
+
+static int usage_error(const Command *c, const char *fmt, const char *arg) {
+  fprintf(stderr, "cplanc: ");
+  fprintf(stderr, fmt, arg);
+  fprintf(stderr, "\n");
+  if (c) fprintf(stderr, "%s", c->usage);
+  else fprintf(stderr, "run 'cplanc --help' for the commands\n");
+  return EXIT_USAGE;
+}
+
+/* Finishes a command: says how many errors there were and picks the status. */
+static int finish(void) {
+  int n = diag_errors();
+  if (n == 0) return EXIT_OK;
+  fprintf(stderr, "%d error%s generated.\n", n, n == 1 ? "" : "s");
+  return EXIT_USER;
+}
+
+/* ---- the passes shared by check and emit ---------------------------------- */
+
+typedef struct Front {
+  Program *prog;
+  Sema *sema;
+  TrainConf *train;
+  VEC(const Item *) models; /* the models to elaborate */
+} Front;
+
+/* Parse, index, apply overrides, check the settings, and pick the models. */
+static bool front_end(Options *o, Front *fe, bool need_settings) {
+  memset(fe, 0, sizeof *fe);
+  fe->prog = parse_program(o->file);
+  if (!fe->prog || diag_errors()) return false;
+  if (!need_settings) return true;
+  fe->sema = sema_new(fe->prog);
+  if (o->sets.n && !settings_apply_overrides(fe->sema, o->sets.a, o->sets.n, o->train)) return false;
+  settings_check_meshes(fe->sema);
+  bool none = false;
+  fe->train = settings_train(fe->sema, o->train, &none);
+  if (diag_errors()) return false;
+
+  if (o->model) {
+    const Item *m = sema_find_item(fe->sema, o->model);
+    if (!m || m->kind != IT_MODEL) {
+      int n;
+      const char *const *names = sema_item_names(fe->sema, IT_MODEL, &n);
+      const char *near = cp_closest(o->model, names, n);
+      diag_error(SPAN_NONE, "--model: no model named '%s' in %s", o->model, o->file);
+      if (near) diag_hint("did you mean '%s'?", near);
+      return false;
+    }
+    VEC_PUSH(fe->models, m);
+  } else if (fe->train) {
+    VEC_PUSH(fe->models, fe->train->model);
+  } else {
+    /* No train block: every model of the main file, with its defaults. */
+    for (int i = 0; i < fe->prog->nitems; i++) {
+      const Item *it = fe->prog->items[i];
+      if (it->kind == IT_MODEL && it->file == fe->prog->main_file) VEC_PUSH(fe->models, it);
+    }
+    if (fe->models.n == 0) {
+      diag_error(SPAN_NONE, "%s defines no model and no train block: nothing to check", o->file);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* The batch B is bound to: the pinned micro-batch, else the global batch; 1
+ * without a plan. Reports divide by it to give per-sample figures. */
+static int64_t graph_batch(const TrainConf *t) {
+  if (!t) return 1;
+  if (t->strategy.micro > 0) return t->strategy.micro;
+  return t->batch > 0 ? t->batch : 1;
+}
+
+static Graph *elaborate(Front *fe, const Item *model) {
+  const TrainConf *t = fe->train && fe->train->model == model ? fe->train : NULL;
+  return sema_build_model(fe->sema, model, t ? t->model_call : NULL, graph_batch(t));
+}
+
+/* ---- commands ------------------------------------------------------------------ */
+
+static int cmd_check(Options *o) {
+  Front fe;
+  if (!front_end(o, &fe, true)) return finish();
+  if (o->json && fe.models.n > 1) {
+    diag_error(SPAN_NONE, "%s has %d models and no train block: pass --model NAME with --json", o->file,
+               fe.models.n);
+    return finish();
+  }
+  VEC(Graph *) graphs = {0};
+  for (int i = 0; i < fe.models.n && !diag_too_many(); i++) VEC_PUSH(graphs, elaborate(&fe, fe.models.a[i]));
+  if (diag_errors()) return finish();
+  for (int i = 0; i < graphs.n; i++) {
+    const Graph *g = graphs.a[i];
+    const TrainConf *t = fe.train && fe.train->model == fe.models.a[i] ? fe.train : NULL;
+    const MeshConf *m = t ? t->mesh : NULL;
+    if (o->json) check_print_json(stdout, g, t, m);
+    else {
+      if (i) fputc('\n', stdout);
+      check_print_text(stdout, g, t, m);
+    }
+  }
+  return finish();
+}
+
+static int cmd_emit(Options *o) {
+  static const char *const stages[] = {"ast", "ir"};
+  if (!o->stage) return usage_error(&commands[1], "emit needs --stage=STAGE%s", "");
+  bool ast = strcmp(o->stage, "ast") == 0;
+  if (!ast && strcmp(o->stage, "ir") != 0) {
+    const char *near = cp_closest(o->stage, stages, 2);
+    fprintf(stderr, "cplanc: unknown stage '%s'%s%s%s\n", o->stage, near ? " (did you mean '" : "",
+            near ? near : "", near ? "'?)" : "");
+    fprintf(stderr, "%s", commands[1].usage);
+    return EXIT_USAGE;
+  }
+  Front fe;
+  if (!front_end(o, &fe, !ast)) return finish();
+  if (ast) {
+    ast_print(stdout, fe.prog);
+    return finish();
+  }
+  for (int i = 0; i < fe.models.n && !diag_too_many(); i++) {
+    Graph *g = elaborate(&fe, fe.models.a[i]);
+    if (g) ir_print(stdout, g);
+  }
+  return finish();
+}
+
+/* ---- command line ------------------------------------------------------------------ */
+
+/* Matches --name VALUE and --name=VALUE; advances *i past what it consumed. */
+static bool opt_value(int argc, char **argv, int *i, const char *name, const char **val, int *status) {
+  size_t n = strlen(name);
+  const char *a = argv[*i];
+  if (strncmp(a, name, n) != 0) return false;
+  if (a[n] == '=') {
+    *val = a + n + 1;
+    return true;
+  }
+  if (a[n] != 0) return false;
+  if (*i + 1 >= argc) {
+    fprintf(stderr, "cplanc: %s needs a value\n", name);
+    *status = EXIT_USAGE;
+    return true;
+  }
+  *val = argv[++*i];
+  return true;
+}
+
+static int run_command(const Command *c, int argc, char **argv) {
+  Options o = {0};
+  for (int i = 0; i < argc; i++) {
+    const char *a = argv[i], *v = NULL;
+    int status = 0;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      fputs(c->usage, stdout);
+      return EXIT_OK;
+    } else if (strcmp(a, "--json") == 0) {
+      o.json = true;
+    } else if (opt_value(argc, argv, &i, "--set", &v, &status)) {
+      if (v) VEC_PUSH(o.sets, v);
+    } else if (opt_value(argc, argv, &i, "--train", &v, &status)) {
+      o.train = v;
+    } else if (opt_value(argc, argv, &i, "--model", &v, &status)) {
+      o.model = v;
+    } else if (opt_value(argc, argv, &i, "--stage", &v, &status)) {
+      o.stage = v;
+    } else if (a[0] == '-' && a[1]) {
+      return usage_error(c, "unknown option '%s'", a);
+    } else if (o.file) {
+      return usage_error(c, "more than one input file ('%s')", a);
+    } else {
+      o.file = a;
+    }
+    if (status) return status;
+  }
+  if (!o.file) return usage_error(c, "%s needs a .cplan file", c->name);
+  return c->run(&o);
+}
+
+int main(int argc, char **argv) {
+  const char *nc = getenv("NO_COLOR");
+  diag_set_color(isatty(2) && !(nc && *nc));
+  if (argc < 2) {
+    print_help(stderr);
+    return EXIT_USAGE;
+  }
+  const char *cmd = argv[1];
+  if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+    print_help(stdout);
+    return EXIT_OK;
+  }
+  if (strcmp(cmd, "--version") == 0 || strcmp(cmd, "-V") == 0) {
+    printf("cplanc %s (CUDA backend %s)\n", CPLAN_VERSION, CPLAN_HAVE_CUDA ? "built" : "not built");
+    return EXIT_OK;
+  }
+  const char *names[NCOMMANDS];
+  for (int i = 0; i < NCOMMANDS; i++) {
+    names[i] = commands[i].name;
+    if (strcmp(cmd, commands[i].name) != 0) continue;
+    if (!commands[i].run) {
+      fprintf(stderr, "cplanc: '%s' is not available in this version yet (see 'cplanc --help')\n", cmd);
+      return EXIT_USAGE;
+    }
+    return run_command(&commands[i], argc - 2, argv + 2);
+  }
+  const char *near = cp_closest(cmd, names, NCOMMANDS);
+  fprintf(stderr, "cplanc: unknown command '%s'\n", cmd);
+  if (near) fprintf(stderr, "hint: did you mean '%s'?\n", near);
+  else fprintf(stderr, "run 'cplanc --help' for the commands\n");
+  return EXIT_USAGE;
+}

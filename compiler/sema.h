@@ -1,0 +1,179 @@
+/* sema.h: semantic analysis. Names and scopes, compile-time evaluation, calls,
+ * tensor patterns, and elaboration of a model into one flat Graph (sema.c);
+ * the mesh and train settings tables and --set overrides (settings.c). */
+#ifndef CPLAN_SEMA_H
+#define CPLAN_SEMA_H
+
+#include "../grammar/ast.h"
+#include "ir.h"
+#include "units.h"
+
+/* ---- compile-time values (sema.c) ----------------------------------------- */
+typedef enum ValueKind {
+  V_ERR,    /* an error was already reported; propagate quietly */
+  V_NONE,
+  V_INT,    /* i */
+  V_FLOAT,  /* f */
+  V_BOOL,   /* i: 0 or 1 */
+  V_STR,    /* s */
+  V_QTY,    /* f: value in base units (units.def), unit: its kind */
+  V_TENSOR, /* node: index into the Graph being built */
+  V_TUPLE,  /* items */
+  V_LIST,   /* items */
+} ValueKind;
+
+typedef struct Value Value;
+struct Value {
+  ValueKind kind;
+  int64_t i;
+  double f;
+  const char *s;
+  UnitKind unit;
+  int node;
+  Value *items;
+  int nitems;
+  Span span; /* where the value was written (for diagnostics) */
+};
+
+const char *value_kind_name(ValueKind k); /* "int", "tensor", ... for messages */
+
+/* ---- the analysis context ------------------------------------------------- */
+typedef struct Sema Sema;
+
+/* Indexes the program's items: reports duplicate names (citing both), names that
+ * clash with built-in operations, and bad const values. Never NULL. */
+Sema *sema_new(Program *prog);
+Program *sema_program(Sema *s);
+/* The item with that name (any kind), or NULL. */
+const Item *sema_find_item(Sema *s, const char *name);
+/* Names of every item of a kind, for "did you mean" (count in *n). */
+const char *const *sema_item_names(Sema *s, ItemKind kind, int *n);
+
+/* Evaluates an expression that must be known at compile time: literals,
+ * quantities, consts, arithmetic, comparisons, and/or/not, tuples and lists.
+ * Reports a diagnostic and returns V_ERR otherwise. */
+Value sema_eval_const(Sema *s, const Expr *e);
+
+/* Elaborates `model` into a Graph: binds its parameters from `call` (an EX_CALL of
+ * the model from `train.model`, or NULL to use the defaults), binds the batch dim
+ * `B` of its inputs to `batch`, inlines every fn call, unrolls loops (one layer per
+ * iteration), checks every shape and dtype, and names params by LANGUAGE §4.
+ * Returns NULL after diagnostics. The graph passes ir_verify(). */
+Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t batch);
+
+/* ---- settings (settings.c) ----------------------------------------------- */
+typedef enum DeviceKind { DEV_CPU, DEV_CUDA } DeviceKind;
+
+/* A device's cost-model figures. Built-in profiles are in devices.def. */
+typedef struct DeviceProfile {
+  const char *name;      /* "a100_80gb", "cpu", "custom", or the profile file */
+  DeviceKind kind;
+  double memory;         /* bytes per device */
+  double flops_f32;      /* peak FLOP/s in f32 */
+  double flops_bf16;     /* peak FLOP/s in bf16/f16 (dense) */
+  double hbm;            /* memory bandwidth, bytes/s */
+  double intra_bw;       /* per-device bandwidth inside a node (NVLink), bytes/s */
+  double inter_bw;       /* per-device bandwidth across nodes (InfiniBand), bytes/s */
+  double intra_latency;  /* seconds */
+  double inter_latency;  /* seconds */
+  const char *source;    /* where the figures come from */
+} DeviceProfile;
+
+typedef struct MeshAxis {
+  const char *name;
+  int64_t size;
+  double bandwidth;      /* bytes/s per device along this axis */
+  double latency;        /* seconds */
+  Span span;
+} MeshAxis;
+
+typedef struct MeshConf {
+  const char *name;      /* NULL for the default one-device local mesh */
+  Span span;
+  MeshAxis axes[CP_MAX_RANK];
+  int naxes;
+  int64_t ndevices;      /* product of the axis sizes */
+  DeviceProfile device;
+} MeshConf;
+
+typedef enum OptKind { OPT_SGD, OPT_ADAMW, OPT_LAMB, OPT_LARS } OptKind;
+typedef struct OptimizerConf {
+  OptKind kind;
+  double lr, beta1, beta2, eps, weight_decay, momentum, trust;
+  bool nesterov;
+} OptimizerConf;
+
+typedef enum SchedKind { SCHED_CONSTANT, SCHED_COSINE, SCHED_LINEAR } SchedKind;
+typedef struct ScheduleConf {
+  SchedKind kind;
+  int64_t warmup;
+  double end_lr;         /* cosine: min_lr; linear: end_lr */
+} ScheduleConf;
+
+typedef enum DataKind { DATA_TOKENS, DATA_ADDER, DATA_TENSORS } DataKind;
+typedef struct DataConf {
+  DataKind kind;
+  const char *path;      /* resolved relative to the .cplan file; NULL for adder */
+  const char *val_path;  /* NULL when none */
+  int64_t digits;        /* adder */
+  bool shuffle;
+  Span span;
+} DataConf;
+
+typedef enum Precision { PREC_F32, PREC_BF16, PREC_F16 } Precision;
+typedef enum Recompute { RC_SEARCH = -1, RC_NONE, RC_SELECTIVE, RC_FULL } Recompute;
+typedef enum PipeSched { PS_SEARCH = -1, PS_1F1B, PS_GPIPE, PS_INTERLEAVED } PipeSched;
+
+/* What `strategy` pins; 0 (or *_SEARCH) means "left to the search". */
+typedef struct StrategyConf {
+  bool is_auto;          /* strategy = auto (nothing pinned) */
+  int64_t dp, tp, pp, sp, micro;
+  int64_t zero;          /* -1: search */
+  Recompute recompute;
+  PipeSched pipeline;
+  Span span;
+} StrategyConf;
+
+typedef struct TrainConf {
+  const char *name;      /* NULL for an unnamed train block */
+  Span span;
+  const Item *model;     /* the model item */
+  const Expr *model_call;/* the EX_CALL (or EX_NAME) written for `model` */
+  MeshConf *mesh;
+  DataConf data;
+  int64_t batch, steps;
+  OptimizerConf optimizer;
+  ScheduleConf schedule;
+  double clip;           /* 0: none */
+  Precision precision;
+  StrategyConf strategy;
+  double memory;         /* per-device budget in bytes */
+  int64_t seed;
+  int64_t eval_every, eval_batches;        /* 0: no evaluation */
+  int64_t ckpt_every, ckpt_keep;           /* 0: no checkpoints */
+  const char *ckpt_dir;
+  int64_t log_every;
+  const char *log_file;  /* NULL: none */
+} TrainConf;
+
+/* Applies `--set key=value` overrides to the program's settings (the AST), before
+ * any checking, so they meet the same validation as the file. Keys:
+ * train.KEY[.ARG], mesh.NAME.KEY[.ENTRY]; `train` means the selected train block
+ * (`train_name`, or the only one). Bad keys or values are diagnosed against a
+ * pseudo source holding the --set text. Returns false after diagnostics. */
+bool settings_apply_overrides(Sema *s, const char *const *sets, int nsets, const char *train_name);
+
+/* Checks a mesh item against the mesh settings table. NULL after diagnostics. */
+MeshConf *settings_mesh(Sema *s, const Item *mesh);
+/* The one-device mesh of the local machine (train without `mesh`). */
+MeshConf *settings_default_mesh(void);
+/* Selects the train block (by name, or the only one; NULL when the file has none
+ * and train_name is NULL, with *none set), checks it against the train settings
+ * table and resolves its model and mesh. NULL after diagnostics. */
+TrainConf *settings_train(Sema *s, const char *train_name, bool *none);
+
+/* Table lookups used by check and the driver. */
+const char *precision_name(Precision p);
+const char *optimizer_name(OptKind k);
+
+#endif
