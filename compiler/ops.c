@@ -1,0 +1,603 @@
+/* ops.c: the op table (ops.def) as data, every op's shape rule and FLOP count,
+ * and lookups by name.
+ *
+ * Shape rules follow docs/language.md §5 and §8. They run on a node whose inputs
+ * already have shapes; they compute n->shape and n->dtype, canonicalise axis
+ * attributes in place (negative axes become positive, reshape's -1 becomes the
+ * inferred size) so that re-running a rule changes nothing (ir_verify relies on
+ * it), and on a user error write a message for sema to print at the call's span.
+ *
+ * Dtype rules (§5): a scalar takes the tensor's dtype; i32 with a float gives the
+ * float; two different float dtypes give f32; comparisons give f32; float ops
+ * (exp, log, softmax, ...) on i32 give f32. A CONST scalar with an integral value
+ * counts as "any dtype" (so `idx + 1` stays i32), one with a fractional value as
+ * a float (so `idx * 0.5` is f32). */
+#include "ir.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ---------------------------------------------------------------- */
+
+static bool fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Writes a user-facing message into err and returns false, so rules can
+ * `return fail(...)`. */
+static bool fail(char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return false;
+}
+
+static const Node *in_node(const Graph *g, const Node *n, int k) { return &g->nodes[n->in[k]]; }
+
+static const char *op_name(const Node *n) { return ir_ops[n->op].name; }
+
+static bool is_float(DType t) { return t != DT_I32; }
+
+/* The dtype of an op that computes in floating point. */
+static DType float_of(DType t) { return is_float(t) ? t : DT_F32; }
+
+/* Two tensor dtypes meeting in one op. */
+static DType promote(DType a, DType b) {
+  if (a == b) return a;
+  if (a == DT_I32) return b;
+  if (b == DT_I32) return a;
+  return DT_F32;
+}
+
+/* Is x a scalar next to the tensor `other` (so it adopts other's dtype)? */
+static bool is_scalar_operand(const Node *x, const Node *other) {
+  return x->shape.rank == 0 && (x->op == OP_CONST || other->shape.rank > 0);
+}
+
+/* The dtype a scalar `s` gives together with tensor `t`. */
+static DType scalar_with(const Node *s, const Node *t) {
+  if (t->dtype != DT_I32) return t->dtype;
+  if (s->op == OP_CONST) return isfinite(s->fa[0]) && s->fa[0] == floor(s->fa[0]) ? DT_I32 : DT_F32;
+  return s->dtype; /* a computed scalar: i32 with a float gives the float */
+}
+
+static DType binary_dtype(const Node *a, const Node *b) {
+  bool sa = is_scalar_operand(a, b), sb = is_scalar_operand(b, a);
+  if (sa && !sb) return scalar_with(a, b);
+  if (sb && !sa) return scalar_with(b, a);
+  return promote(a->dtype, b->dtype);
+}
+
+/* Multiplies into *acc; false on overflow past 2^62 elements. */
+static bool mul_ok(int64_t *acc, int64_t d) {
+  if (d < 0) return false;
+  if (d != 0 && *acc > ((int64_t)1 << 62) / d) return false;
+  *acc *= d;
+  return true;
+}
+
+/* Makes *axis a valid non-negative axis of a rank-`rank` tensor (Python style). */
+static bool canon_axis(const Node *n, int64_t *axis, const Shape *s, char *err, size_t errlen) {
+  int r = s->rank;
+  if (r == 0) return fail(err, errlen, "%s: axis %lld is invalid for a scalar", op_name(n), (long long)*axis);
+  if (*axis < -r || *axis >= r)
+    return fail(err, errlen, "%s: axis %lld is out of range for shape %s (valid axes: %d to %d)", op_name(n),
+                (long long)*axis, shape_str(s), -r, r - 1);
+  if (*axis < 0) *axis += r;
+  return true;
+}
+
+static Shape drop_dim(const Shape *s, int axis) {
+  Shape o = {0};
+  for (int k = 0; k < s->rank; k++)
+    if (k != axis) o.d[o.rank++] = s->d[k];
+  return o;
+}
+
+static bool need_bool(const Node *n, int64_t v, const char *what, char *err, size_t errlen) {
+  if (v == 0 || v == 1) return true;
+  return fail(err, errlen, "%s: '%s' must be true or false, got %lld", op_name(n), what, (long long)v);
+}
+
+/* ---- leaves ----------------------------------------------------------------------- */
+
+/* Leaves get their shape from the builder; the rule only checks it is sane. */
+static bool shape_leaf(const Graph *g, Node *n, char *err, size_t errlen) {
+  if (n->shape.rank < 0 || n->shape.rank > CP_MAX_RANK)
+    return fail(err, errlen, "%s: rank %d is out of range (at most %d dims)", op_name(n), n->shape.rank, CP_MAX_RANK);
+  if (n->dtype < 0 || n->dtype >= DT__COUNT) return fail(err, errlen, "%s: invalid dtype", op_name(n));
+  int64_t numel = 1;
+  for (int k = 0; k < n->shape.rank; k++) {
+    if (n->shape.d[k] < 1)
+      return fail(err, errlen, "%s: dims must be positive, got %s", op_name(n), shape_str(&n->shape));
+    if (!mul_ok(&numel, n->shape.d[k]))
+      return fail(err, errlen, "%s: shape %s has too many elements", op_name(n), shape_str(&n->shape));
+  }
+  if (n->op == OP_CONST && n->shape.rank != 0)
+    return fail(err, errlen, "const: must be a scalar, got %s", shape_str(&n->shape));
+  return true;
+}
+
+static bool shape_arange(const Graph *g, Node *n, char *err, size_t errlen) {
+  if (n->ia[0] < 1) return fail(err, errlen, "arange: n must be >= 1, got %lld", (long long)n->ia[0]);
+  n->shape = (Shape){.rank = 1, .d = {n->ia[0]}};
+  n->dtype = DT_I32;
+  return true;
+}
+
+/* ---- elementwise -------------------------------------------------------------------- */
+
+static bool broadcast_or_fail(const Node *n, const Shape *a, const Shape *b, Shape *out, char *err, size_t errlen) {
+  if (shape_broadcast(a, b, out)) return true;
+  /* Find the first mismatching dim, counted from the end as NumPy aligns them. */
+  int k = 1;
+  for (; k <= a->rank && k <= b->rank; k++) {
+    int64_t x = a->d[a->rank - k], y = b->d[b->rank - k];
+    if (x != y && x != 1 && y != 1) break;
+  }
+  const char *prefix = ir_ops[n->op].flags & OPF_OPERATOR ? "" : cp_fmt("%s: ", op_name(n));
+  if (k > a->rank || k > b->rank)
+    return fail(err, errlen, "%sshapes %s and %s do not broadcast", prefix, shape_str(a), shape_str(b));
+  return fail(err, errlen, "%sshapes %s and %s do not broadcast (%lld vs %lld at dim %d)", prefix, shape_str(a),
+              shape_str(b), (long long)a->d[a->rank - k], (long long)b->d[b->rank - k], -k);
+}
+
+static bool shape_binary(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *a = in_node(g, n, 0), *b = in_node(g, n, 1);
+  if (!broadcast_or_fail(n, &a->shape, &b->shape, &n->shape, err, errlen)) return false;
+  n->dtype = binary_dtype(a, b);
+  return true;
+}
+
+static bool shape_compare(const Graph *g, Node *n, char *err, size_t errlen) {
+  if (!shape_binary(g, n, err, errlen)) return false;
+  n->dtype = DT_F32;
+  return true;
+}
+
+static bool shape_unary(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  n->shape = x->shape;
+  n->dtype = x->dtype;
+  return true;
+}
+
+static bool shape_unary_float(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  n->shape = x->shape;
+  n->dtype = float_of(x->dtype);
+  return true;
+}
+
+/* ---- reductions ---------------------------------------------------------------------- */
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* dims[]/ndims: the axes (ndims -1: all); ia[0]: keepdims. Axes end sorted. */
+static bool shape_reduce(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (!need_bool(n, n->ia[0], "keepdims", err, errlen)) return false;
+  bool drop[CP_MAX_RANK] = {0};
+  if (n->ndims < 0) {
+    for (int k = 0; k < x->shape.rank; k++) drop[k] = true;
+  } else {
+    if (n->ndims > CP_MAX_RANK) return fail(err, errlen, "%s: too many axes (%d)", op_name(n), n->ndims);
+    for (int k = 0; k < n->ndims; k++) {
+      if (!canon_axis(n, &n->dims[k], &x->shape, err, errlen)) return false;
+      if (drop[n->dims[k]])
+        return fail(err, errlen, "%s: axis %lld is listed twice", op_name(n), (long long)n->dims[k]);
+      drop[n->dims[k]] = true;
+    }
+    qsort(n->dims, (size_t)n->ndims, sizeof n->dims[0], cmp_i64);
+  }
+  Shape o = {0};
+  for (int k = 0; k < x->shape.rank; k++) {
+    if (!drop[k]) o.d[o.rank++] = x->shape.d[k];
+    else if (n->ia[0]) o.d[o.rank++] = 1;
+  }
+  n->shape = o;
+  n->dtype = n->op == OP_MEAN ? float_of(x->dtype) : x->dtype;
+  return true;
+}
+
+/* ---- linear algebra ------------------------------------------------------------------ */
+
+/* a [..., M, K] @ b [..., K, N] -> [broadcast(...), M, N]. A 1-D operand behaves as
+ * in NumPy: a [K] is [1, K] and b [K] is [K, 1], and the added dim is removed. */
+static bool shape_matmul(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *a = in_node(g, n, 0), *b = in_node(g, n, 1);
+  const Shape *sa = &a->shape, *sb = &b->shape;
+  if (sa->rank == 0 || sb->rank == 0)
+    return fail(err, errlen, "matmul: operands must have at least 1 dim, got %s @ %s (use '*' to scale)", shape_str(sa),
+                shape_str(sb));
+  if (!is_float(a->dtype) || !is_float(b->dtype))
+    return fail(err, errlen, "matmul: operands must be float tensors, got %s%s @ %s%s", dtype_name(a->dtype),
+                shape_str(sa), dtype_name(b->dtype), shape_str(sb));
+  Shape A = *sa, B = *sb;
+  if (A.rank == 1) A = (Shape){.rank = 2, .d = {1, sa->d[0]}};
+  if (B.rank == 1) B = (Shape){.rank = 2, .d = {sb->d[0], 1}};
+  int64_t K = A.d[A.rank - 1], K2 = B.d[B.rank - 2];
+  if (K != K2)
+    return fail(err, errlen, "matmul: inner dimensions differ: %s @ %s (%lld vs %lld)", shape_str(sa), shape_str(sb),
+                (long long)K, (long long)K2);
+  Shape ba = {.rank = A.rank - 2}, bb = {.rank = B.rank - 2}, bo;
+  memcpy(ba.d, A.d, sizeof(int64_t) * (size_t)ba.rank);
+  memcpy(bb.d, B.d, sizeof(int64_t) * (size_t)bb.rank);
+  if (!shape_broadcast(&ba, &bb, &bo))
+    return fail(err, errlen, "matmul: batch dimensions %s and %s do not broadcast: %s @ %s", shape_str(&ba),
+                shape_str(&bb), shape_str(sa), shape_str(sb));
+  Shape o = bo;
+  if (sa->rank > 1) o.d[o.rank++] = A.d[A.rank - 2];
+  if (sb->rank > 1) o.d[o.rank++] = B.d[B.rank - 1];
+  n->shape = o;
+  n->dtype = promote(a->dtype, b->dtype);
+  return true;
+}
+
+static bool shape_transpose(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (x->shape.rank < 2)
+    return fail(err, errlen, "transpose: needs at least 2 dims (it swaps the last two), got %s", shape_str(&x->shape));
+  n->shape = x->shape;
+  int r = x->shape.rank;
+  n->shape.d[r - 1] = x->shape.d[r - 2];
+  n->shape.d[r - 2] = x->shape.d[r - 1];
+  n->dtype = x->dtype;
+  return true;
+}
+
+static const char *dims_str(const int64_t *d, int nd) {
+  Shape s = {.rank = nd < 0 ? 0 : nd > CP_MAX_RANK ? CP_MAX_RANK : nd};
+  memcpy(s.d, d, sizeof(int64_t) * (size_t)s.rank);
+  return shape_str(&s);
+}
+
+static bool shape_permute(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  int r = x->shape.rank;
+  if (n->ndims != r)
+    return fail(err, errlen, "permute: dims %s must list each of the %d dims of %s once", dims_str(n->dims, n->ndims),
+                r, shape_str(&x->shape));
+  bool seen[CP_MAX_RANK] = {0};
+  for (int k = 0; k < r; k++) {
+    if (!canon_axis(n, &n->dims[k], &x->shape, err, errlen)) return false;
+    if (seen[n->dims[k]])
+      return fail(err, errlen, "permute: dims %s are not a permutation (dim %lld appears twice)",
+                  dims_str(n->dims, n->ndims), (long long)n->dims[k]);
+    seen[n->dims[k]] = true;
+  }
+  Shape o = {.rank = r};
+  for (int k = 0; k < r; k++) o.d[k] = x->shape.d[n->dims[k]];
+  n->shape = o;
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* ---- shape ops ----------------------------------------------------------------------- */
+
+/* dims: the new shape; one -1 is inferred (and replaced by its value). */
+static bool shape_reshape(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (n->ndims < 0 || n->ndims > CP_MAX_RANK)
+    return fail(err, errlen, "reshape: needs 0 to %d dims, got %d", CP_MAX_RANK, n->ndims);
+  int infer = -1;
+  int64_t known = 1;
+  for (int k = 0; k < n->ndims; k++) {
+    if (n->dims[k] == -1 && infer < 0) {
+      infer = k;
+    } else if (n->dims[k] == -1) {
+      return fail(err, errlen, "reshape: only one dim may be -1, got %s", dims_str(n->dims, n->ndims));
+    } else if (n->dims[k] < 1) {
+      return fail(err, errlen, "reshape: dims must be positive or -1, got %s", dims_str(n->dims, n->ndims));
+    } else if (!mul_ok(&known, n->dims[k])) {
+      return fail(err, errlen, "reshape: shape %s has too many elements", dims_str(n->dims, n->ndims));
+    }
+  }
+  int64_t numel = shape_numel(&x->shape);
+  if (infer >= 0) {
+    if (numel % known != 0)
+      return fail(err, errlen, "reshape: cannot reshape %s (%lld elements) into %s: %lld is not a multiple of %lld",
+                  shape_str(&x->shape), (long long)numel, dims_str(n->dims, n->ndims), (long long)numel,
+                  (long long)known);
+    n->dims[infer] = numel / known;
+    known = numel;
+  }
+  if (known != numel)
+    return fail(err, errlen, "reshape: cannot reshape %s (%lld elements) into %s (%lld elements)", shape_str(&x->shape),
+                (long long)numel, dims_str(n->dims, n->ndims), (long long)known);
+  n->shape.rank = n->ndims;
+  memcpy(n->shape.d, n->dims, sizeof(int64_t) * (size_t)n->ndims);
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* ia[0] = n parts, ia[1] = axis. A macro (sema emits n SLICEs); the rule checks
+ * the call and gives the shape of one part. */
+static bool shape_split(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (!canon_axis(n, &n->ia[1], &x->shape, err, errlen)) return false;
+  int64_t parts = n->ia[0], dim = x->shape.d[n->ia[1]];
+  if (parts < 1) return fail(err, errlen, "split: the number of parts must be >= 1, got %lld", (long long)parts);
+  if (dim % parts != 0)
+    return fail(err, errlen, "split: %lld parts do not divide dim %lld of %s (size %lld)", (long long)parts,
+                (long long)n->ia[1], shape_str(&x->shape), (long long)dim);
+  n->shape = x->shape;
+  n->shape.d[n->ia[1]] = dim / parts;
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* inputs: the tensors; ia[0]: axis. Every dim but the axis must agree. */
+static bool shape_concat(const Graph *g, Node *n, char *err, size_t errlen) {
+  if (n->nin < 1) return fail(err, errlen, "concat: needs at least one tensor");
+  const Node *x0 = in_node(g, n, 0);
+  if (!canon_axis(n, &n->ia[0], &x0->shape, err, errlen)) return false;
+  int axis = (int)n->ia[0];
+  Shape o = x0->shape;
+  DType dt = x0->dtype;
+  for (int i = 1; i < n->nin; i++) {
+    const Node *xi = in_node(g, n, i);
+    if (xi->shape.rank != o.rank)
+      return fail(err, errlen, "concat: tensor %d has shape %s, of rank %d, but tensor 0 has shape %s, of rank %d", i,
+                  shape_str(&xi->shape), xi->shape.rank, shape_str(&x0->shape), o.rank);
+    for (int k = 0; k < o.rank; k++) {
+      if (k == axis || xi->shape.d[k] == x0->shape.d[k]) continue;
+      return fail(err, errlen,
+                  "concat: tensor %d has shape %s, tensor 0 has %s: they differ in dim %d (%lld vs %lld), "
+                  "only the concat axis %d may differ",
+                  i, shape_str(&xi->shape), shape_str(&x0->shape), k, (long long)xi->shape.d[k],
+                  (long long)x0->shape.d[k], axis);
+    }
+    o.d[axis] += xi->shape.d[axis];
+    dt = promote(dt, xi->dtype);
+  }
+  n->shape = o;
+  n->dtype = dt;
+  return true;
+}
+
+/* ia[0] axis, ia[1] start, ia[2] end: x[..., start:end, ...] along the axis. */
+static bool shape_slice(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (!canon_axis(n, &n->ia[0], &x->shape, err, errlen)) return false;
+  int64_t dim = x->shape.d[n->ia[0]], s = n->ia[1], e = n->ia[2];
+  if (s < 0 || s >= e || e > dim)
+    return fail(err, errlen, "slice: range %lld..%lld is invalid for dim %lld of %s (size %lld): need 0 <= start < end <= %lld",
+                (long long)s, (long long)e, (long long)n->ia[0], shape_str(&x->shape), (long long)dim,
+                (long long)dim);
+  n->shape = x->shape;
+  n->shape.d[n->ia[0]] = e - s;
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* [B, T, C] -> [B, h, T, C/h]; ia[0]: h. */
+static bool shape_split_heads(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  int64_t h = n->ia[0];
+  if (x->shape.rank != 3) return fail(err, errlen, "split_heads: expected [B, T, C], got %s", shape_str(&x->shape));
+  if (h < 1) return fail(err, errlen, "split_heads: the number of heads must be >= 1, got %lld", (long long)h);
+  int64_t C = x->shape.d[2];
+  if (C % h != 0)
+    return fail(err, errlen, "split_heads: %lld heads do not divide %lld channels", (long long)h, (long long)C);
+  n->shape = (Shape){.rank = 4, .d = {x->shape.d[0], h, x->shape.d[1], C / h}};
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* [B, h, T, d] -> [B, T, h*d]. */
+static bool shape_merge_heads(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (x->shape.rank != 4) return fail(err, errlen, "merge_heads: expected [B, h, T, d], got %s", shape_str(&x->shape));
+  const int64_t *d = x->shape.d;
+  n->shape = (Shape){.rank = 3, .d = {d[0], d[2], d[1] * d[3]}};
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* ---- indexing ------------------------------------------------------------------------ */
+
+static bool shape_embedding(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *t = in_node(g, n, 0), *idx = in_node(g, n, 1);
+  if (t->shape.rank != 2) return fail(err, errlen, "embedding: table must be [V, C], got %s", shape_str(&t->shape));
+  if (!is_float(t->dtype))
+    return fail(err, errlen, "embedding: table must be a float tensor, got %s%s", dtype_name(t->dtype),
+                shape_str(&t->shape));
+  if (idx->dtype != DT_I32)
+    return fail(err, errlen, "embedding: indices must be i32, got %s%s", dtype_name(idx->dtype),
+                shape_str(&idx->shape));
+  if (idx->shape.rank >= CP_MAX_RANK)
+    return fail(err, errlen, "embedding: indices %s have too many dims (the result would exceed %d)",
+                shape_str(&idx->shape), CP_MAX_RANK);
+  n->shape = idx->shape;
+  n->shape.d[n->shape.rank++] = t->shape.d[1];
+  n->dtype = t->dtype;
+  return true;
+}
+
+/* ---- nn ---------------------------------------------------------------------------------- */
+
+/* ia[0]: axis. */
+static bool shape_softmax(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (!canon_axis(n, &n->ia[0], &x->shape, err, errlen)) return false;
+  n->shape = x->shape;
+  n->dtype = float_of(x->dtype);
+  return true;
+}
+
+static bool check_eps(const Node *n, double eps, char *err, size_t errlen) {
+  if (eps >= 0 && isfinite(eps)) return true;
+  return fail(err, errlen, "%s: eps must be a finite number >= 0, got %g", op_name(n), eps);
+}
+
+/* Input k must be [C], C = the last dim of x. */
+static bool check_channel_vec(const Graph *g, const Node *n, int k, const char *what, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0), *w = in_node(g, n, k);
+  int64_t C = x->shape.d[x->shape.rank - 1];
+  if (w->shape.rank == 1 && w->shape.d[0] == C) return true;
+  return fail(err, errlen, "%s: %s has shape %s, expected [%lld] (the last dim of x)", op_name(n), what,
+              shape_str(&w->shape), (long long)C);
+}
+
+/* layer_norm(x, w, b, eps): fa[0] eps. */
+static bool shape_layer_norm(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (x->shape.rank < 1) return fail(err, errlen, "layer_norm: x must have at least 1 dim, got a scalar");
+  if (!check_channel_vec(g, n, 1, "weight", err, errlen) || !check_channel_vec(g, n, 2, "bias", err, errlen))
+    return false;
+  if (!check_eps(n, n->fa[0], err, errlen)) return false;
+  n->shape = x->shape;
+  n->dtype = float_of(x->dtype);
+  return true;
+}
+
+/* rms_norm(x, w, eps): fa[0] eps. */
+static bool shape_rms_norm(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (x->shape.rank < 1) return fail(err, errlen, "rms_norm: x must have at least 1 dim, got a scalar");
+  if (!check_channel_vec(g, n, 1, "weight", err, errlen)) return false;
+  if (!check_eps(n, n->fa[0], err, errlen)) return false;
+  n->shape = x->shape;
+  n->dtype = float_of(x->dtype);
+  return true;
+}
+
+/* rope(x, base): positions along dim -2, pairs along the last dim; fa[0] base. */
+static bool shape_rope(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  int r = x->shape.rank;
+  if (r < 2) return fail(err, errlen, "rope: expected [..., T, d] with at least 2 dims, got %s", shape_str(&x->shape));
+  if (x->shape.d[r - 1] % 2 != 0)
+    return fail(err, errlen, "rope: the last dim must be even (it rotates pairs), got %s", shape_str(&x->shape));
+  if (!(n->fa[0] > 0) || !isfinite(n->fa[0]))
+    return fail(err, errlen, "rope: base must be a finite number > 0, got %g", n->fa[0]);
+  n->shape = x->shape;
+  n->dtype = float_of(x->dtype);
+  return true;
+}
+
+/* sdpa(q [B,h,Tq,d], k [B,h,Tk,d], v [B,h,Tk,dv]) -> [B,h,Tq,dv]; ia[0] causal. */
+static bool shape_sdpa(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *q = in_node(g, n, 0), *k = in_node(g, n, 1), *v = in_node(g, n, 2);
+  const char *names[3] = {"q", "k", "v"};
+  const Node *qkv[3] = {q, k, v};
+  for (int i = 0; i < 3; i++)
+    if (qkv[i]->shape.rank != 4)
+      return fail(err, errlen, "sdpa: %s must be [B, h, T, d], got %s", names[i], shape_str(&qkv[i]->shape));
+  const int64_t *Q = q->shape.d, *K = k->shape.d, *V = v->shape.d;
+  if (Q[0] != K[0] || Q[1] != K[1] || Q[3] != K[3])
+    return fail(err, errlen, "sdpa: q %s and k %s must agree in B, h and d: expected k [%lld, %lld, Tk, %lld]",
+                shape_str(&q->shape), shape_str(&k->shape), (long long)Q[0], (long long)Q[1], (long long)Q[3]);
+  if (V[0] != K[0] || V[1] != K[1] || V[2] != K[2])
+    return fail(err, errlen, "sdpa: k %s and v %s must agree in B, h and T: expected v [%lld, %lld, %lld, dv]",
+                shape_str(&k->shape), shape_str(&v->shape), (long long)K[0], (long long)K[1], (long long)K[2]);
+  if (!need_bool(n, n->ia[0], "causal", err, errlen)) return false;
+  n->shape = (Shape){.rank = 4, .d = {Q[0], Q[1], Q[2], V[3]}};
+  n->dtype = float_of(promote(promote(q->dtype, k->dtype), v->dtype));
+  return true;
+}
+
+/* fa[0]: p. */
+static bool shape_dropout(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (!(n->fa[0] >= 0 && n->fa[0] < 1)) return fail(err, errlen, "dropout: p must be in [0, 1), got %g", n->fa[0]);
+  n->shape = x->shape;
+  n->dtype = float_of(x->dtype);
+  return true;
+}
+
+/* ---- loss and no-gradient ops --------------------------------------------------------------- */
+
+static bool shape_cross_entropy(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *lg = in_node(g, n, 0), *t = in_node(g, n, 1);
+  if (lg->shape.rank < 1)
+    return fail(err, errlen, "cross_entropy: logits must have a class dim [..., V], got a scalar");
+  if (t->dtype != DT_I32)
+    return fail(err, errlen, "cross_entropy: targets must be i32 class indices, got %s%s", dtype_name(t->dtype),
+                shape_str(&t->shape));
+  Shape want = drop_dim(&lg->shape, lg->shape.rank - 1);
+  if (!shape_eq(&want, &t->shape))
+    return fail(err, errlen, "cross_entropy: targets have shape %s, expected %s (the logits' shape %s without the last dim)",
+                shape_str(&t->shape), shape_str(&want), shape_str(&lg->shape));
+  n->shape = (Shape){0};
+  n->dtype = DT_F32;
+  return true;
+}
+
+/* ia[0]: axis; the result drops it. */
+static bool shape_argmax(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (!canon_axis(n, &n->ia[0], &x->shape, err, errlen)) return false;
+  n->shape = drop_dim(&x->shape, (int)n->ia[0]);
+  n->dtype = DT_I32;
+  return true;
+}
+
+/* ---- FLOP counts (forward, per node) ------------------------------------------------------- */
+
+static double out_numel(const Node *n) { return (double)shape_numel(&n->shape); }
+
+static double flops_zero(const Graph *g, const Node *n) { return 0; }
+static double flops_ew1(const Graph *g, const Node *n) { return out_numel(n); }
+static double flops_ew4(const Graph *g, const Node *n) { return 4 * out_numel(n); }
+static double flops_ew8(const Graph *g, const Node *n) { return 8 * out_numel(n); }
+static double flops_reduce(const Graph *g, const Node *n) { return (double)shape_numel(&in_node(g, n, 0)->shape); }
+static double flops_softmax(const Graph *g, const Node *n) { return 5 * out_numel(n); }
+static double flops_norm(const Graph *g, const Node *n) { return 8 * out_numel(n); }
+static double flops_rope(const Graph *g, const Node *n) { return 3 * out_numel(n); }
+
+/* 2·M·N·K per batch element: the output has batch·M·N elements, each a K-long dot. */
+static double flops_matmul(const Graph *g, const Node *n) {
+  const Shape *a = &in_node(g, n, 0)->shape;
+  return 2 * out_numel(n) * (double)a->d[a->rank - 1];
+}
+
+/* Two matmuls (q·kᵀ: 2·Tq·Tk·d, p·v: 2·Tq·Tk·dv; causal is not halved) plus a
+ * softmax over the Tq·Tk scores, per batch and head. */
+static double flops_sdpa(const Graph *g, const Node *n) {
+  const int64_t *q = in_node(g, n, 0)->shape.d, *v = in_node(g, n, 2)->shape.d;
+  double bh = (double)q[0] * (double)q[1], scores = bh * (double)q[2] * (double)v[2];
+  return 2 * scores * (double)(q[3] + v[3]) + 5 * scores;
+}
+
+static double flops_cross_entropy(const Graph *g, const Node *n) {
+  return 5 * (double)shape_numel(&in_node(g, n, 0)->shape);
+}
+
+/* ---- the table ---------------------------------------------------------------------------- */
+
+const OpInfo ir_ops[OP__COUNT] = {
+#define OP(id, name, sig, flags, shape, flops) [OP_##id] = {name, sig, flags, shape, flops},
+#include "ops.def"
+#undef OP
+};
+
+static bool callable(const OpInfo *op) { return !(op->flags & (OPF_OPERATOR | OPF_LEAF)); }
+
+const OpInfo *ir_op_by_name(const char *name, OpId *id) {
+  for (int i = 0; i < OP__COUNT; i++) {
+    if (!callable(&ir_ops[i]) || strcmp(ir_ops[i].name, name) != 0) continue;
+    if (id) *id = (OpId)i;
+    return &ir_ops[i];
+  }
+  return NULL;
+}
+
+const char *const *ir_op_names(int *n) {
+  static const char *names[OP__COUNT];
+  static int count = -1;
+  if (count < 0) {
+    count = 0;
+    for (int i = 0; i < OP__COUNT; i++)
+      if (callable(&ir_ops[i])) names[count++] = ir_ops[i].name;
+  }
+  if (n) *n = count;
+  return names;
+}

@@ -1,0 +1,1216 @@
+/* sema_model.c: elaboration of a model into one flat Graph (sema_build_model).
+ *
+ * The model body runs once at compile time, as an interpreter would: every fn call
+ * is inlined with that call's shapes, loops are unrolled (one layer per iteration
+ * of the outermost loop), `if` picks a branch, and every tensor operation becomes a
+ * Graph node whose shape rule (ops.c) is checked on the spot. Names follow Python:
+ * a fn or model body is one scope, `if`/`for` bodies open none. Param paths follow
+ * LANGUAGE.md §4 (call scopes `name = "..."` or FN_K, loop scopes LABEL.i).
+ *
+ * Errors bind V_ERR, which every later use propagates quietly, so one mistake is
+ * reported once. Runaway elaboration (huge loops, exponential call trees) is cut
+ * by fixed limits, never a hang. */
+#include "sema_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+enum {
+  MAX_NODES = 2000000,   /* a Graph larger than this is an error */
+  MAX_LOOP = 100000,     /* iterations of one loop */
+  MAX_WORK = 5000000,    /* statements, calls and loop iterations elaborated in one model */
+  MAX_SIG = 8,           /* arguments of a primitive */
+};
+
+/* ---- state ------------------------------------------------------------------------ */
+
+typedef struct FnCount {
+  const char *fn;
+  int n;
+} FnCount;
+
+/* A naming scope of param paths: the model root, a fn call, or a loop iteration. */
+typedef struct PathScope {
+  const char *path;      /* "" at the root, else "h.0.attn" */
+  VEC(FnCount) counts;   /* unnamed calls per fn in this scope: FN_K */
+} PathScope;
+
+typedef struct Binding {
+  const char *name;
+  Value v;
+} Binding;
+
+/* One running body: the model's, or one fn call's. */
+typedef struct Frame {
+  const Item *item;      /* the fn or model */
+  bool is_model;
+  VEC(Binding) vars;     /* the one scope of the body */
+  PathScope *scope;      /* current path scope (a loop iteration changes it) */
+  Span site;             /* the call that opened the frame (the model: none) */
+  bool returned;
+  Value ret;
+  struct Frame *caller;
+} Frame;
+
+typedef struct Build {
+  Sema *s;
+  Graph *g;
+  int64_t batch;
+  SemaMap paths;         /* param path -> index into sites */
+  VEC(Span) sites;       /* where each param path came from, for duplicate errors */
+  int loop_depth;        /* loops being unrolled, across calls: only depth 0 makes layers */
+  int64_t work;
+  bool stop;             /* a limit was hit: unwind without more errors */
+} Build;
+
+static Value eval(Build *b, Frame *f, const Expr *e);
+static void exec_block(Build *b, Frame *f, const Block *blk);
+
+static bool halted(const Build *b) { return b->stop || diag_too_many(); }
+
+static void limit_error(Build *b, Span at, const char *msg) {
+  if (!b->stop) diag_error(at, "%s", msg);
+  b->stop = true;
+}
+
+static bool count_work(Build *b, Span at) {
+  if (++b->work <= MAX_WORK) return true;
+  limit_error(b, at, cp_fmt("the model is too large to elaborate (more than %s statements and calls)",
+                            cp_commas(MAX_WORK)));
+  return false;
+}
+
+static Value tensor_val(int node, Span at) {
+  return (Value){.kind = V_TENSOR, .node = node, .span = at};
+}
+
+static const Shape *shape_of(const Build *b, Value v) { return &b->g->nodes[v.node].shape; }
+
+static const char *path_join(const char *a, const char *seg) {
+  return a[0] ? cp_fmt("%s.%s", a, seg) : cp_strdup(seg);
+}
+
+static PathScope *new_scope(const char *path) {
+  PathScope *ps = cp_alloc(sizeof *ps);
+  ps->path = path;
+  return ps;
+}
+
+/* K of the next unnamed call of `fn` in this scope. */
+static int next_count(PathScope *ps, const char *fn) {
+  for (int i = 0; i < ps->counts.n; i++)
+    if (strcmp(ps->counts.a[i].fn, fn) == 0) return ps->counts.a[i].n++;
+  VEC_PUSH(ps->counts, ((FnCount){fn, 1}));
+  return 0;
+}
+
+/* ---- names ----------------------------------------------------------------------------- */
+
+static Value *find_var(Frame *f, const char *name) {
+  for (int i = f->vars.n - 1; i >= 0; i--)
+    if (strcmp(f->vars.a[i].name, name) == 0) return &f->vars.a[i].v;
+  return NULL;
+}
+
+static void bind(Frame *f, const char *name, Value v) {
+  Value *p = find_var(f, name);
+  if (p)
+    *p = v;
+  else
+    VEC_PUSH(f->vars, ((Binding){name, v}));
+}
+
+static void hint_among(const char *name, const char *const *c, int n) {
+  const char *best = cp_closest(name, c, n);
+  if (best) diag_hint("did you mean '%s'?", best);
+}
+
+/* "did you mean" among the names in scope, consts and fns, and primitives. */
+static void hint_name(Build *b, Frame *f, const char *name, bool calls) {
+  VEC(const char *) c = {0};
+  if (!calls)
+    for (int i = 0; i < f->vars.n; i++) VEC_PUSH(c, f->vars.a[i].name);
+  int n;
+  const char *const *names = sema_item_names(b->s, IT_FN, &n);
+  for (int i = 0; i < n; i++) VEC_PUSH(c, names[i]);
+  if (!calls) {
+    names = sema_item_names(b->s, IT_CONST, &n);
+    for (int i = 0; i < n; i++) VEC_PUSH(c, names[i]);
+  }
+  names = ir_op_names(&n);
+  for (int i = 0; i < n; i++) VEC_PUSH(c, names[i]);
+  hint_among(name, c.a, c.n);
+}
+
+static Value lookup_name(Build *b, Frame *f, const Expr *e) {
+  Value *p = find_var(f, e->str);
+  if (p) {
+    Value v = *p;
+    v.span = e->span;
+    return v;
+  }
+  int i = sema_item_index(b->s, e->str);
+  if (i >= 0) {
+    const Item *it = sema_program(b->s)->items[i];
+    if (it->kind == IT_CONST) return sema_const_of(b->s, i, e->span);
+    diag_error(e->span, "%s '%s' is not a value", sema_item_kind_name(it->kind), e->str);
+    if (it->kind == IT_FN) diag_hint("call it: %s(...)", e->str);
+    return sema_v_err();
+  }
+  diag_error(e->span, "unknown name '%s'", e->str);
+  hint_name(b, f, e->str, false);
+  return sema_v_err();
+}
+
+/* Whether a value can be used as an operand; reports the use of a fn's missing result. */
+static bool usable(Value v) {
+  if (v.kind == V_NONE) {
+    diag_error(v.span, "'%s' returns nothing", v.s ? v.s : "this call");
+    return false;
+  }
+  return v.kind != V_ERR;
+}
+
+/* ---- nodes ---------------------------------------------------------------------------- */
+
+static int add_node(Build *b, OpId op, const int *in, int nin, Span at) {
+  if (b->g->n >= MAX_NODES) {
+    limit_error(b, at, cp_fmt("the model has more than %s nodes", cp_commas(MAX_NODES)));
+    return -1;
+  }
+  int *copy = NULL;
+  if (nin > 0) {
+    copy = cp_alloc((size_t)nin * sizeof *copy);
+    memcpy(copy, in, (size_t)nin * sizeof *copy);
+  }
+  return ir_add(b->g, op, copy, nin, at);
+}
+
+/* Runs the shape rule of the node just added; on a user error reports it and drops
+ * the node so the graph stays well formed. */
+static Value infer(Build *b, int idx, Span at) {
+  char err[512];
+  if (ir_infer(b->g, idx, err, sizeof err)) return tensor_val(idx, at);
+  diag_error(at, "%s", err);
+  if (idx == b->g->n - 1) b->g->n--;
+  return sema_v_err();
+}
+
+static bool is_num(Value v) { return v.kind == V_INT || v.kind == V_FLOAT; }
+
+/* A number used as a tensor: a rank-0 CONST taking the other operand's dtype, except
+ * that a float next to an i32 tensor gives f32. */
+static Value make_const(Build *b, Value v, int other, Span at) {
+  DType dt = v.kind == V_FLOAT ? DT_F32 : DT_I32;
+  if (other >= 0) {
+    DType t = b->g->nodes[other].dtype;
+    dt = (v.kind == V_FLOAT && t == DT_I32) ? DT_F32 : t;
+  }
+  int i = add_node(b, OP_CONST, NULL, 0, at);
+  if (i < 0) return sema_v_err();
+  Node *n = &b->g->nodes[i];
+  n->shape.rank = 0;
+  n->dtype = dt;
+  n->fa[0] = v.kind == V_INT ? (double)v.i : v.f;
+  return tensor_val(i, at);
+}
+
+/* ---- operators ----------------------------------------------------------------------- */
+
+static OpId tensor_op(AstOp op) {
+  switch (op) {
+  case AOP_ADD: return OP_ADD;
+  case AOP_SUB: return OP_SUB;
+  case AOP_MUL: return OP_MUL;
+  case AOP_DIV: return OP_DIV;
+  case AOP_MATMUL: return OP_MATMUL;
+  case AOP_EQ: return OP_EQ;
+  case AOP_NE: return OP_NE;
+  case AOP_LT: return OP_LT;
+  case AOP_LE: return OP_LE;
+  case AOP_GT: return OP_GT;
+  case AOP_GE: return OP_GE;
+  default: return OP__COUNT;
+  }
+}
+
+static Value tensor_binary(Build *b, AstOp op, Value x, Value y, Span at) {
+  OpId id = tensor_op(op);
+  if (id == OP__COUNT) {
+    diag_error(at, "'%s' is not defined on tensors", ast_op_text(op));
+    if (op == AOP_AND || op == AOP_OR) diag_hint("use '*' (and) or maximum (or) on 0/1 tensors");
+    return sema_v_err();
+  }
+  Value v[2] = {x, y};
+  for (int k = 0; k < 2; k++) {
+    if (v[k].kind == V_TENSOR) continue;
+    if (!is_num(v[k])) {
+      diag_error(at, "cannot apply '%s' to %s and %s", ast_op_text(op), sema_value_desc(x),
+                 sema_value_desc(y));
+      return sema_v_err();
+    }
+    v[k] = make_const(b, v[k], v[1 - k].node, v[k].span);
+    if (v[k].kind == V_ERR) return v[k];
+  }
+  int in[2] = {v[0].node, v[1].node};
+  int i = add_node(b, id, in, 2, at);
+  return i < 0 ? sema_v_err() : infer(b, i, at);
+}
+
+static Value eval_unary(Build *b, Frame *f, const Expr *e) {
+  Value a = eval(b, f, e->lhs);
+  if (!usable(a)) return sema_v_err();
+  if (a.kind != V_TENSOR) return sema_fold_unary(e->op, a, e->span);
+  if (e->op != AOP_NEG) {
+    diag_error(e->span, "'%s' is not defined on tensors", ast_op_text(e->op));
+    return sema_v_err();
+  }
+  int i = add_node(b, OP_NEG, &a.node, 1, e->span);
+  return i < 0 ? sema_v_err() : infer(b, i, e->span);
+}
+
+static Value eval_binary(Build *b, Frame *f, const Expr *e) {
+  Value x = eval(b, f, e->lhs);
+  if (!usable(x)) return sema_v_err();
+  /* `and`/`or` short-circuit on compile-time bools, as in Python. */
+  if ((e->op == AOP_AND || e->op == AOP_OR) && x.kind == V_BOOL && (e->op == AOP_AND ? !x.i : x.i))
+    return sema_v_bool(x.i, e->span);
+  Value y = eval(b, f, e->rhs);
+  if (!usable(y)) return sema_v_err();
+  if (x.kind == V_TENSOR || y.kind == V_TENSOR) return tensor_binary(b, e->op, x, y, e->span);
+  return sema_fold_binary(e->op, x, y, e->span);
+}
+
+static Value eval_seq(Build *b, Frame *f, const Expr *e) {
+  Value v = {.kind = e->kind == EX_TUPLE ? V_TUPLE : V_LIST, .span = e->span};
+  v.items = cp_alloc((size_t)(e->nitems + 1) * sizeof *v.items);
+  v.nitems = e->nitems;
+  bool bad = false;
+  for (int i = 0; i < e->nitems; i++) {
+    v.items[i] = eval(b, f, e->items[i]);
+    bad |= !usable(v.items[i]);
+  }
+  return bad ? sema_v_err() : v;
+}
+
+/* ---- argument matching (fns, primitives, models, initializers) --------------------- */
+
+static int find_str(const char *const *names, int n, const char *s) {
+  for (int i = 0; i < n; i++)
+    if (names[i] && strcmp(names[i], s) == 0) return i;
+  return -1;
+}
+
+/* Matches a call's arguments to the callee's parameter names, positional then
+ * keyword: slot[i] is the expression for parameter i, or NULL. The `name = "..."`
+ * keyword every call accepts goes to *scope_name (when scope_name is not NULL and
+ * the callee has no parameter of that name). Reports extra, unknown and repeated
+ * arguments. */
+static bool match_args(const Expr *call, const char *callee, const char *const *pn, int np,
+                       const Expr **slot, const Expr **scope_name) {
+  bool ok = true;
+  for (int i = 0; i < call->nitems; i++) {
+    if (i >= np) {
+      diag_error(call->items[i]->span, "'%s' takes %d argument%s, got %d", callee, np,
+                 np == 1 ? "" : "s", call->nitems);
+      ok = false;
+      break;
+    }
+    slot[i] = call->items[i];
+  }
+  for (int k = 0; k < call->nfields; k++) {
+    const Field *fd = &call->fields[k];
+    const char *kw = fd->name ? fd->name : "";
+    int j = find_str(pn, np, kw);
+    if (j < 0 && scope_name && strcmp(kw, "name") == 0 && !*scope_name) {
+      *scope_name = fd->value;
+      continue;
+    }
+    if (j < 0 && !(scope_name && strcmp(kw, "name") == 0)) {
+      diag_error(fd->name_span, "'%s' has no parameter '%s'", callee, kw);
+      hint_among(kw, pn, np);
+      ok = false;
+    } else if (j < 0 || slot[j]) {
+      diag_error(fd->name_span, "argument '%s' of '%s' is given twice", kw, callee);
+      if (j >= 0) diag_note(slot[j]->span, "first given here");
+      ok = false;
+    } else {
+      slot[j] = fd->value;
+    }
+  }
+  return ok;
+}
+
+/* ---- user fn calls ------------------------------------------------------------------- */
+
+static const char *type_desc(TypeKind k) {
+  switch (k) {
+  case TY_INT: return "an int";
+  case TY_FLOAT: return "a float";
+  case TY_BOOL: return "a bool";
+  case TY_STR: return "a str";
+  case TY_TENSOR: return "a tensor";
+  case TY_UNKNOWN: break;
+  }
+  return "a value";
+}
+
+static bool parse_dtype(const char *name, Span at, DType *out) {
+  if (dtype_parse(name, out)) return true;
+  static const char *const names[] = {"f32", "bf16", "f16", "i32"};
+  diag_error(at, "unknown dtype '%s'", name);
+  hint_among(name, names, 4);
+  return false;
+}
+
+/* The pattern as written: "[B, T, C]". */
+static const char *pattern_str(const TypeExpr *t) {
+  StrBuf sb = {0};
+  if (t->dtype) sb_puts(&sb, t->dtype);
+  sb_puts(&sb, "[");
+  for (int i = 0; i < t->ndims; i++) {
+    if (i) sb_puts(&sb, ", ");
+    sb_puts(&sb, sema_span_text(t->dims[i]->span));
+  }
+  sb_puts(&sb, "]");
+  return sb_str(&sb);
+}
+
+/* Checks one dim of a pattern against `actual`; binds names not bound earlier in
+ * the signature (frame cf). */
+static bool match_dim(Build *b, Frame *cf, const Expr *d, int64_t actual) {
+  if (d->kind == EX_NAME && strcmp(d->str, "_") == 0) return true;
+  if (d->kind == EX_NAME) {
+    Value *p = find_var(cf, d->str);
+    if (!p) {
+      bind(cf, d->str, sema_v_int(actual, d->span));
+      return true;
+    }
+    return p->kind == V_INT && p->i == actual;
+  }
+  Value v = eval(b, cf, d);
+  return v.kind == V_INT && v.i == actual;
+}
+
+static bool match_pattern(Build *b, Frame *cf, const char *callee, const Param *p, Value v, Span at) {
+  const TypeExpr *t = p->type;
+  const Node *n = &b->g->nodes[v.node];
+  DType want;
+  if (t->dtype && !parse_dtype(t->dtype, t->dtype_span, &want)) return false;
+  if (t->dtype && want != n->dtype) {
+    diag_error(at, "argument '%s' of '%s': expected dtype %s, got %s", p->name, callee,
+               dtype_name(want), dtype_name(n->dtype));
+    diag_note(p->span, "parameter '%s' declared here", p->name);
+    return false;
+  }
+  for (int i = 1; i < t->ndims; i++)
+    if (t->dims[i]->kind == EX_STAR) {
+      diag_error(t->dims[i]->span, "'*' may only be the first dim of a pattern");
+      return false;
+    }
+  Shape sh = n->shape;
+  int star = t->ndims > 0 && t->dims[0]->kind == EX_STAR;
+  int fixed = t->ndims - star;
+  bool ok = star ? sh.rank >= fixed : sh.rank == fixed;
+  for (int j = 0; ok && j < fixed; j++)
+    ok = match_dim(b, cf, t->dims[star + j], sh.d[sh.rank - fixed + j]);
+  if (!ok) {
+    diag_error(at, "argument '%s' of '%s': expected shape %s, got %s", p->name, callee,
+               pattern_str(t), shape_str(&sh));
+    diag_note(p->span, "parameter '%s' declared here", p->name);
+  }
+  return ok;
+}
+
+/* Type-checks a value for parameter p and binds it in the callee's frame. */
+static bool bind_param(Build *b, Frame *cf, const char *callee, const Param *p, Value v, Span at) {
+  if (!usable(v)) return false;
+  const TypeExpr *t = p->type;
+  bool ok = true;
+  if (t) switch (t->kind) {
+    case TY_INT: ok = v.kind == V_INT; break;
+    case TY_FLOAT:
+      if (v.kind == V_INT) v = sema_v_float((double)v.i, v.span);
+      ok = v.kind == V_FLOAT;
+      break;
+    case TY_BOOL: ok = v.kind == V_BOOL; break;
+    case TY_STR: ok = v.kind == V_STR; break;
+    case TY_TENSOR:
+      ok = v.kind == V_TENSOR;
+      if (ok && !match_pattern(b, cf, callee, p, v, at)) return false;
+      break;
+    case TY_UNKNOWN: {
+      static const char *const types[] = {"int", "float", "bool", "str"};
+      diag_error(t->span, "unknown type '%s'", t->name ? t->name : "");
+      hint_among(t->name ? t->name : "", types, 4);
+      return false;
+    }
+    }
+  if (!ok) {
+    diag_error(at, "argument '%s' of '%s' must be %s, got %s", p->name, callee, type_desc(t->kind),
+               sema_value_desc(v));
+    diag_note(p->span, "parameter '%s' declared here", p->name);
+    return false;
+  }
+  bind(cf, p->name, v);
+  return true;
+}
+
+/* "recursive call of 'a': a -> b -> a" */
+static void report_recursion(Frame *f, const Item *fn, const Expr *e) {
+  VEC(const char *) chain = {0};
+  for (Frame *c = f; c; c = c->caller) {
+    VEC_PUSH(chain, c->item->name);
+    if (c->item == fn) break;
+  }
+  StrBuf sb = {0};
+  for (int i = chain.n - 1; i >= 0; i--) sb_printf(&sb, "%s -> ", chain.a[i]);
+  sb_puts(&sb, fn->name);
+  diag_error(e->name_span, "recursive call of '%s': %s", fn->name, sb_str(&sb));
+  diag_hint("fn calls are inlined at compile time, so recursion is not allowed");
+}
+
+/* Evaluates a call's arguments in the caller's frame in source order (positional,
+ * then keywords), into vals[] by slot; *name_val gets the `name` keyword. */
+static bool eval_args(Build *b, Frame *f, const Expr *e, const Expr **slot, int np, Value *vals,
+                      const Expr *name_e, Value *name_val) {
+  bool ok = true;
+  for (int k = 0; k < e->nitems + e->nfields; k++) {
+    const Expr *a = k < e->nitems ? e->items[k] : e->fields[k - e->nitems].value;
+    if (a == name_e) {
+      *name_val = eval(b, f, a);
+      ok &= usable(*name_val);
+      continue;
+    }
+    int j = 0;
+    while (j < np && slot[j] != a) j++;
+    if (j == np) continue;
+    vals[j] = eval(b, f, a);
+    ok &= usable(vals[j]);
+  }
+  return ok;
+}
+
+/* The scope a call opens: `name = "..."`, else FN_K. */
+static PathScope *call_scope(Frame *f, const Item *fn, const Expr *name_e, Value name_v, bool *ok) {
+  const char *seg;
+  if (name_e) {
+    if (name_v.kind != V_STR || !name_v.s[0]) {
+      if (name_v.kind != V_ERR)
+        diag_error(name_e->span, "'name' must be a non-empty str, got %s", sema_value_desc(name_v));
+      *ok = false;
+      return NULL;
+    }
+    seg = name_v.s;
+  } else {
+    seg = cp_fmt("%s_%d", fn->name, next_count(f->scope, fn->name));
+  }
+  return new_scope(path_join(f->scope->path, seg));
+}
+
+static Value call_fn(Build *b, Frame *f, const Expr *e, const Item *fn) {
+  if (!count_work(b, e->span)) return sema_v_err();
+  for (Frame *c = f; c; c = c->caller)
+    if (c->item == fn) {
+      report_recursion(f, fn, e);
+      return sema_v_err();
+    }
+  int np = fn->nparams;
+  const char **pn = cp_alloc((size_t)(np + 1) * sizeof *pn);
+  for (int j = 0; j < np; j++) pn[j] = fn->params[j].name;
+  const Expr **slot = cp_alloc((size_t)(np + 1) * sizeof *slot);
+  Value *vals = cp_alloc((size_t)(np + 1) * sizeof *vals);
+  const Expr *name_e = NULL;
+  Value name_v = {0};
+  if (!match_args(e, fn->name, pn, np, slot, &name_e)) return sema_v_err();
+  bool ok = eval_args(b, f, e, slot, np, vals, name_e, &name_v);
+  PathScope *ps = call_scope(f, fn, name_e, name_v, &ok);
+  if (!ok) return sema_v_err();
+
+  Frame cf = {.item = fn, .scope = ps, .site = e->span, .caller = f};
+  for (int j = 0; j < np; j++) {
+    const Param *p = &fn->params[j];
+    if (slot[j]) {
+      ok &= bind_param(b, &cf, fn->name, p, vals[j], slot[j]->span);
+    } else if (p->def) {
+      /* A default sees the parameters bound before it. */
+      ok &= bind_param(b, &cf, fn->name, p, eval(b, &cf, p->def), p->def->span);
+    } else {
+      diag_error(e->span, "missing argument '%s' of '%s'", p->name, fn->name);
+      diag_note(p->span, "parameter '%s' declared here", p->name);
+      ok = false;
+    }
+  }
+  if (!ok) return sema_v_err();
+  int errors = diag_errors();
+  exec_block(b, &cf, &fn->body);
+  /* Attaches to the last error of the body: a backtrace of the calls that led there. */
+  if (diag_errors() > errors && !b->stop) diag_note(e->span, "in this call of '%s'", fn->name);
+  if (!cf.returned)
+    return diag_errors() > errors ? sema_v_err()
+                                  : (Value){.kind = V_NONE, .s = fn->name, .span = e->span};
+  Value r = cf.ret;
+  r.span = e->span;
+  return r;
+}
+
+/* ---- primitive calls ------------------------------------------------------------------- */
+
+typedef enum ArgKind { AK_T, AK_L, AK_I, AK_F, AK_B, AK_AX, AK_D } ArgKind;
+
+typedef struct SigArg {
+  char name[32];
+  ArgKind kind;
+  bool has_def;
+  char def[32];
+} SigArg;
+
+typedef struct Sig {
+  SigArg a[MAX_SIG];
+  const char *names[MAX_SIG];
+  int n;
+} Sig;
+
+static ArgKind parse_kind(const char *k, OpId id) {
+  static const char *const kinds[] = {"T", "L", "i", "f", "b", "ax", "D"};
+  for (int i = 0; i < 7; i++)
+    if (strcmp(k, kinds[i]) == 0) return (ArgKind)i;
+  cp_panic(__FILE__, __LINE__, "op '%s': bad kind '%s' in its signature", ir_ops[id].name, k);
+}
+
+/* The parsed OpInfo.sig of an op (static storage: it outlives arena resets). */
+static const Sig *op_sig(OpId id) {
+  static Sig cache[OP__COUNT];
+  static bool done[OP__COUNT];
+  Sig *sg = &cache[id];
+  if (done[id]) return sg;
+  memset(sg, 0, sizeof *sg);
+  const char *p = ir_ops[id].sig ? ir_ops[id].sig : "";
+  while (*p) {
+    while (*p == ' ') p++;
+    if (!*p) break;
+    cp_assert(sg->n < MAX_SIG);
+    SigArg *a = &sg->a[sg->n];
+    char kind[8] = {0};
+    size_t i = 0;
+    while (*p && *p != ':' && i + 1 < sizeof a->name) a->name[i++] = *p++;
+    cp_assert(*p == ':');
+    p++;
+    for (i = 0; *p && *p != '=' && *p != ' ' && i + 1 < sizeof kind;) kind[i++] = *p++;
+    a->kind = parse_kind(kind, id);
+    if (*p == '=') {
+      p++;
+      a->has_def = true;
+      for (i = 0; *p && *p != ' ' && i + 1 < sizeof a->def;) a->def[i++] = *p++;
+    }
+    sg->names[sg->n] = a->name;
+    sg->n++;
+  }
+  done[id] = true;
+  return sg;
+}
+
+static const char *usage(const char *op, const Sig *sg) {
+  StrBuf sb = {0};
+  sb_printf(&sb, "%s(", op);
+  for (int i = 0; i < sg->n; i++) {
+    sb_printf(&sb, "%s%s", i ? ", " : "", sg->a[i].name);
+    if (sg->a[i].has_def) sb_printf(&sb, " = %s", sg->a[i].def);
+  }
+  sb_puts(&sb, ")");
+  return sb_str(&sb);
+}
+
+static Value default_value(const SigArg *a, Span at) {
+  switch (a->kind) {
+  case AK_I: return sema_v_int(strtoll(a->def, NULL, 10), at);
+  case AK_F: return sema_v_float(strtod(a->def, NULL), at);
+  case AK_B: return sema_v_bool(strcmp(a->def, "true") == 0, at);
+  case AK_AX:
+    if (strcmp(a->def, "all") == 0) return (Value){.kind = V_STR, .s = "all", .span = at};
+    return sema_v_int(strtoll(a->def, NULL, 10), at);
+  default: cp_panic(__FILE__, __LINE__, "a default for a tensor argument '%s'", a->name);
+  }
+}
+
+static const char *kind_desc(ArgKind k) {
+  switch (k) {
+  case AK_T: return "a tensor";
+  case AK_L: return "a list of tensors";
+  case AK_I: return "an int";
+  case AK_F: return "a float";
+  case AK_B: return "a bool";
+  case AK_AX: return "an int, a tuple of ints or all";
+  case AK_D: return "a list of ints";
+  }
+  return "a value";
+}
+
+/* The attributes and inputs a primitive call fills, in signature order. */
+typedef struct PrimNode {
+  VEC(int) in;
+  int64_t ia[4];
+  int nia;
+  double fa[4];
+  int nfa;
+  int64_t dims[CP_MAX_RANK];
+  int ndims;
+} PrimNode;
+
+/* Ints of a list, tuple or single int into out[] (at most CP_MAX_RANK). */
+static bool int_list(Value v, bool single_ok, int64_t *out, int *n) {
+  if (single_ok && v.kind == V_INT) {
+    out[0] = v.i;
+    *n = 1;
+    return true;
+  }
+  if ((v.kind != V_LIST && v.kind != V_TUPLE) || v.nitems > CP_MAX_RANK) return false;
+  for (int i = 0; i < v.nitems; i++) {
+    if (v.items[i].kind != V_INT) return false;
+    out[i] = v.items[i].i;
+  }
+  *n = v.nitems;
+  return true;
+}
+
+/* Adds one bound argument to the node under construction; false on a type error. */
+static bool put_arg(Build *b, PrimNode *pn, const SigArg *a, Value v, int other) {
+  switch (a->kind) {
+  case AK_T:
+    if (is_num(v)) v = make_const(b, v, other, v.span);
+    if (v.kind != V_TENSOR) return false;
+    VEC_PUSH(pn->in, v.node);
+    return true;
+  case AK_L:
+    if (v.kind != V_LIST && v.kind != V_TUPLE) return false;
+    for (int i = 0; i < v.nitems; i++)
+      if (v.items[i].kind != V_TENSOR) return false;
+    for (int i = 0; i < v.nitems; i++) VEC_PUSH(pn->in, v.items[i].node);
+    return true;
+  case AK_I:
+  case AK_B:
+    if (v.kind != (a->kind == AK_I ? V_INT : V_BOOL)) return false;
+    cp_assert(pn->nia < 4);
+    pn->ia[pn->nia++] = v.i;
+    return true;
+  case AK_F:
+    if (!is_num(v)) return false;
+    cp_assert(pn->nfa < 4);
+    pn->fa[pn->nfa++] = v.kind == V_INT ? (double)v.i : v.f;
+    return true;
+  case AK_AX:
+    if (v.kind == V_STR && strcmp(v.s, "all") == 0) {
+      pn->ndims = -1;
+      return true;
+    }
+    return int_list(v, true, pn->dims, &pn->ndims);
+  case AK_D: return int_list(v, false, pn->dims, &pn->ndims);
+  }
+  return false;
+}
+
+/* split(x, n, axis): n SLICE nodes, after the SPLIT rule validated the call on a
+ * scratch node that never enters the graph. */
+static Value expand_split(Build *b, const PrimNode *pn, Span at) {
+  int x = pn->in.a[0];
+  Node scratch = {.op = OP_SPLIT, .in = (int *)&x, .nin = 1, .layer = b->g->cur_layer, .span = at};
+  scratch.ia[0] = pn->ia[0];
+  scratch.ia[1] = pn->ia[1];
+  char err[512];
+  if (!ir_ops[OP_SPLIT].shape(b->g, &scratch, err, sizeof err)) {
+    diag_error(at, "%s", err);
+    return sema_v_err();
+  }
+  const Shape *sh = &b->g->nodes[x].shape;
+  int64_t n = pn->ia[0], axis = pn->ia[1] < 0 ? pn->ia[1] + sh->rank : pn->ia[1];
+  cp_assert(n >= 1 && axis >= 0 && axis < sh->rank);
+  int64_t part = sh->d[axis] / n;
+  Value t = {.kind = V_TUPLE, .span = at, .nitems = (int)n};
+  t.items = cp_alloc((size_t)n * sizeof *t.items);
+  for (int64_t k = 0; k < n; k++) {
+    int i = add_node(b, OP_SLICE, &x, 1, at);
+    if (i < 0) return sema_v_err();
+    b->g->nodes[i].ia[0] = axis;
+    b->g->nodes[i].ia[1] = k * part;
+    b->g->nodes[i].ia[2] = (k + 1) * part;
+    t.items[k] = infer(b, i, at);
+    if (t.items[k].kind == V_ERR) return sema_v_err();
+  }
+  return t;
+}
+
+/* Evaluates one primitive argument; `axis = all` reads the word all. */
+static Value eval_prim_arg(Build *b, Frame *f, const SigArg *a, const Expr *x) {
+  if (a->kind == AK_AX && x->kind == EX_NAME && strcmp(x->str, "all") == 0 && !find_var(f, "all"))
+    return (Value){.kind = V_STR, .s = "all", .span = x->span};
+  return eval(b, f, x);
+}
+
+static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
+  const Sig *sg = op_sig(id);
+  const char *opname = ir_ops[id].name;
+  const Expr *slot[MAX_SIG] = {0};
+  const Expr *name_e = NULL;
+  if (!match_args(e, opname, sg->names, sg->n, slot, &name_e)) return sema_v_err();
+  for (int j = 0; j < sg->n; j++)
+    if (!slot[j] && !sg->a[j].has_def) {
+      diag_error(e->span, "missing argument '%s' of '%s'", sg->a[j].name, opname);
+      diag_hint("usage: %s", usage(opname, sg));
+      return sema_v_err();
+    }
+  Value vals[MAX_SIG];
+  bool ok = true;
+  for (int k = 0; k < e->nitems + e->nfields; k++) {
+    const Expr *x = k < e->nitems ? e->items[k] : e->fields[k - e->nitems].value;
+    for (int j = 0; j < sg->n; j++)
+      if (slot[j] == x) {
+        vals[j] = eval_prim_arg(b, f, &sg->a[j], x);
+        ok &= usable(vals[j]);
+      }
+  }
+  if (!ok) return sema_v_err();
+  int other = -1; /* the first tensor operand: numbers take its dtype */
+  for (int j = 0; j < sg->n; j++) {
+    if (!slot[j]) vals[j] = default_value(&sg->a[j], e->span);
+    if (other < 0 && sg->a[j].kind == AK_T && vals[j].kind == V_TENSOR) other = vals[j].node;
+  }
+  PrimNode pn = {0};
+  for (int j = 0; j < sg->n; j++) {
+    if (put_arg(b, &pn, &sg->a[j], vals[j], other)) continue;
+    if (halted(b)) return sema_v_err();
+    diag_error(vals[j].span, "argument '%s' of '%s' must be %s, got %s", sg->a[j].name, opname,
+               kind_desc(sg->a[j].kind), sema_value_desc(vals[j]));
+    return sema_v_err();
+  }
+  if (id == OP_SPLIT) return expand_split(b, &pn, e->span);
+  int i = add_node(b, id, pn.in.a, pn.in.n, e->span);
+  if (i < 0) return sema_v_err();
+  Node *n = &b->g->nodes[i];
+  memcpy(n->ia, pn.ia, sizeof pn.ia);
+  memcpy(n->fa, pn.fa, sizeof pn.fa);
+  memcpy(n->dims, pn.dims, sizeof pn.dims);
+  n->ndims = pn.ndims;
+  return infer(b, i, e->span);
+}
+
+/* ---- calls ------------------------------------------------------------------------------ */
+
+static const char *const init_names[] = {"zeros", "ones", "full", "normal", "uniform"};
+
+static Value eval_call(Build *b, Frame *f, const Expr *e) {
+  const char *name = e->str ? e->str : "";
+  int ii = sema_item_index(b->s, name);
+  const Item *it = ii >= 0 ? sema_program(b->s)->items[ii] : NULL;
+  if (it && it->kind == IT_FN) return call_fn(b, f, e, it);
+  OpId id;
+  const OpInfo *op = ir_op_by_name(name, &id);
+  if (op && op->sig && !(op->flags & OPF_LEAF)) return call_prim(b, f, e, id);
+  if (it) {
+    diag_error(e->name_span, "'%s' is a %s and cannot be called", name, sema_item_kind_name(it->kind));
+    if (it->kind == IT_MODEL) diag_hint("a model is instantiated by a train block: model = %s(...)", name);
+    return sema_v_err();
+  }
+  Value *local = find_var(f, name);
+  if (local) {
+    diag_error(e->name_span, "'%s' is %s, not a function", name, sema_value_desc(*local));
+    return sema_v_err();
+  }
+  diag_error(e->name_span, "unknown function '%s'", name);
+  if (find_str(init_names, 5, name) >= 0)
+    diag_hint("'%s' initializes a param: param w: [n] = %s(...)", name, name);
+  else
+    hint_name(b, f, name, true);
+  return sema_v_err();
+}
+
+static Value eval(Build *b, Frame *f, const Expr *e) {
+  if (!e || halted(b)) return sema_v_err();
+  switch (e->kind) {
+  case EX_INT:
+  case EX_FLOAT:
+  case EX_QTY:
+  case EX_STR:
+  case EX_BOOL: return sema_eval_const(b->s, e);
+  case EX_NAME: return lookup_name(b, f, e);
+  case EX_UNARY: return eval_unary(b, f, e);
+  case EX_BINARY: return eval_binary(b, f, e);
+  case EX_CALL: return eval_call(b, f, e);
+  case EX_TUPLE:
+  case EX_LIST: return eval_seq(b, f, e);
+  case EX_NAMED_LIST:
+  case EX_OBJECT:
+    diag_error(e->span, "%s are only used in settings", e->kind == EX_OBJECT ? "objects" : "named lists");
+    return sema_v_err();
+  case EX_STAR:
+    diag_error(e->span, "'*' is only allowed first in a tensor pattern: [*, C]");
+    return sema_v_err();
+  }
+  return sema_v_err();
+}
+
+/* ---- statements ------------------------------------------------------------------------- */
+
+/* A dim of an input or param: a positive compile-time int. */
+static bool eval_dim(Build *b, Frame *f, const Expr *d, int64_t *out) {
+  if (d->kind == EX_STAR || (d->kind == EX_NAME && strcmp(d->str, "_") == 0)) {
+    diag_error(d->span, "'%s' is only allowed in a fn parameter's pattern", d->kind == EX_STAR ? "*" : "_");
+    return false;
+  }
+  Value v = eval(b, f, d);
+  if (v.kind == V_ERR) return false;
+  if (v.kind != V_INT || v.i < 1) {
+    if (v.kind == V_INT)
+      diag_error(d->span, "a dimension must be at least 1, got %lld", (long long)v.i);
+    else
+      diag_error(d->span, "a dimension must be an int, got %s", sema_value_desc(v));
+    return false;
+  }
+  *out = v.i;
+  return true;
+}
+
+/* The dtype and dims of an input or param declaration. */
+static bool decl_shape(Build *b, Frame *f, const Stmt *st, bool is_input, DType *dt, Shape *sh, int *bdim) {
+  const TypeExpr *t = st->type;
+  if (!t || t->kind != TY_TENSOR) {
+    diag_error(t ? t->span : st->span, "%s needs a tensor type such as %s",
+               is_input ? "an input" : "a param", is_input ? "i32[B, T]" : "[C]");
+    return false;
+  }
+  *dt = DT_F32;
+  if (t->dtype && !parse_dtype(t->dtype, t->dtype_span, dt)) return false;
+  if (t->ndims > CP_MAX_RANK) {
+    diag_error(t->span, "a tensor has at most %d dims, got %d", CP_MAX_RANK, t->ndims);
+    return false;
+  }
+  sh->rank = t->ndims;
+  bool ok = true;
+  for (int k = 0; k < t->ndims; k++) {
+    const Expr *d = t->dims[k];
+    if (is_input && d->kind == EX_NAME && strcmp(d->str, "B") == 0) {
+      if (*bdim >= 0) {
+        diag_error(d->span, "the batch dim 'B' may appear only once");
+        ok = false;
+      }
+      *bdim = k;
+      sh->d[k] = b->batch;
+      continue;
+    }
+    ok &= eval_dim(b, f, d, &sh->d[k]);
+  }
+  return ok;
+}
+
+/* input NAME: DTYPE[dims] */
+static void do_input(Build *b, Frame *f, const Stmt *st, const char *name) {
+  bind(f, name, sema_v_err());
+  if (!f->is_model) {
+    diag_error(st->span, "'input' is only allowed in a model body");
+    return;
+  }
+  DType dt;
+  Shape sh = {0};
+  int bdim = -1;
+  if (!decl_shape(b, f, st, true, &dt, &sh, &bdim)) return;
+  for (int i = 0; i < b->g->inputs.n; i++) {
+    const Node *o = &b->g->nodes[b->g->inputs.a[i]];
+    if (strcmp(o->name, name) == 0) {
+      diag_error(st->span, "input '%s' is declared twice", name);
+      diag_note(o->span, "first declared here");
+      return;
+    }
+  }
+  int i = add_node(b, OP_INPUT, NULL, 0, st->span);
+  if (i < 0) return;
+  Node *n = &b->g->nodes[i];
+  n->shape = sh;
+  n->dtype = dt;
+  n->name = name;
+  n->ia[1] = bdim;
+  if (b->g->inputs.n == 0 || b->g->inputs.a[b->g->inputs.n - 1] != i) VEC_PUSH(b->g->inputs, i);
+  bind(f, name, tensor_val(i, st->span));
+  if (bdim >= 0 && !find_var(f, "B")) bind(f, "B", sema_v_int(b->batch, st->span));
+}
+
+/* The initializer of a param: zeros, ones, full(v), normal(std), uniform(lo, hi). */
+static bool parse_init(Build *b, Frame *f, const Expr *e, InitKind *kind, double *fa) {
+  static const char *const args[][2] = {{0}, {0}, {"value"}, {"std"}, {"lo", "hi"}};
+  static const int nargs[] = {0, 0, 1, 1, 2};
+  const char *nm = e && (e->kind == EX_NAME || e->kind == EX_CALL) ? e->str : NULL;
+  int k = nm ? find_str(init_names, 5, nm) : -1;
+  if (k < 0) {
+    diag_error(e ? e->span : SPAN_NONE,
+               "expected an initializer: zeros, ones, full(v), normal(std) or uniform(lo, hi)");
+    if (nm) hint_among(nm, init_names, 5);
+    return false;
+  }
+  *kind = (InitKind)k;
+  if (e->kind == EX_NAME) {
+    if (nargs[k] == 0) return true;
+    diag_error(e->span, "'%s' needs %s: %s(%s%s%s)", nm, nargs[k] == 1 ? "an argument" : "arguments",
+               nm, args[k][0], nargs[k] == 2 ? ", " : "", nargs[k] == 2 ? args[k][1] : "");
+    return false;
+  }
+  const Expr *slot[2] = {0};
+  if (!match_args(e, nm, args[k], nargs[k], slot, NULL)) return false;
+  for (int j = 0; j < nargs[k]; j++) {
+    if (!slot[j]) {
+      diag_error(e->span, "missing argument '%s' of '%s'", args[k][j], nm);
+      return false;
+    }
+    Value v = eval(b, f, slot[j]);
+    if (!usable(v)) return false;
+    if (!is_num(v)) {
+      diag_error(slot[j]->span, "argument '%s' of '%s' must be a number, got %s", args[k][j], nm,
+                 sema_value_desc(v));
+      return false;
+    }
+    fa[j] = v.kind == V_INT ? (double)v.i : v.f;
+  }
+  if (*kind == INIT_NORMAL && !(fa[0] > 0)) {
+    diag_error(slot[0]->span, "the std of normal must be > 0, got %g", fa[0]);
+    return false;
+  }
+  if (*kind == INIT_UNIFORM && !(fa[0] < fa[1])) {
+    diag_error(e->span, "uniform(lo, hi) needs lo < hi, got %g and %g", fa[0], fa[1]);
+    return false;
+  }
+  return true;
+}
+
+/* param NAME: DTYPE? [dims] = INIT */
+static void do_param(Build *b, Frame *f, const Stmt *st, const char *name) {
+  DType dt;
+  Shape sh = {0};
+  int bdim = -1;
+  InitKind kind = INIT_ZEROS;
+  double fa[2] = {0, 0};
+  bool ok = decl_shape(b, f, st, false, &dt, &sh, &bdim);
+  ok = parse_init(b, f, st->value, &kind, fa) && ok;
+  bind(f, name, sema_v_err());
+  if (!ok) return;
+  const char *path = path_join(f->scope->path, name);
+  Span site = f->is_model ? st->span : f->site;
+  int prev = sema_map_get(&b->paths, path);
+  if (prev >= 0) {
+    diag_error(site, "two params have the path '%s'", path);
+    diag_note(b->sites.a[prev], "the first one comes from here");
+    diag_hint("give the calls different names: name = \"...\"");
+    return;
+  }
+  int i = add_node(b, OP_PARAM, NULL, 0, st->span);
+  if (i < 0) return;
+  Node *n = &b->g->nodes[i];
+  n->shape = sh;
+  n->dtype = dt;
+  n->name = path;
+  n->ia[0] = kind;
+  n->fa[0] = fa[0];
+  n->fa[1] = fa[1];
+  if (b->g->params.n == 0 || b->g->params.a[b->g->params.n - 1] != i) VEC_PUSH(b->g->params, i);
+  sema_map_put(&b->paths, path, b->sites.n);
+  VEC_PUSH(b->sites, site);
+  bind(f, name, tensor_val(i, st->span));
+}
+
+/* a = e  /  a, b = e */
+static void do_assign(Build *b, Frame *f, const Stmt *st) {
+  Value v = eval(b, f, st->value);
+  bool ok = usable(v);
+  if (st->nnames == 1) {
+    bind(f, st->names[0], ok ? v : sema_v_err());
+    return;
+  }
+  if (ok && (v.kind == V_TUPLE || v.kind == V_LIST) && v.nitems == st->nnames) {
+    for (int i = 0; i < st->nnames; i++) bind(f, st->names[i], v.items[i]);
+    return;
+  }
+  if (ok) {
+    if (v.kind == V_TUPLE || v.kind == V_LIST)
+      diag_error(st->value->span, "cannot unpack a %s of %d values into %d names",
+                 value_kind_name(v.kind), v.nitems, st->nnames);
+    else
+      diag_error(st->value->span, "cannot unpack %s into %d names", sema_value_desc(v), st->nnames);
+  }
+  for (int i = 0; i < st->nnames; i++) bind(f, st->names[i], sema_v_err());
+}
+
+static bool is_scalar_tensor(const Build *b, Value v) {
+  return v.kind == V_TENSOR && shape_of(b, v)->rank == 0;
+}
+
+static const char *tensor_desc(const Build *b, Value v) {
+  if (v.kind == V_TENSOR) return cp_fmt("a tensor of shape %s", shape_str(shape_of(b, v)));
+  return sema_value_desc(v);
+}
+
+/* metric NAME = e */
+static void do_metric(Build *b, Frame *f, const Stmt *st, const char *name) {
+  Value v = eval(b, f, st->value);
+  bind(f, name, sema_v_err());
+  if (!usable(v)) return;
+  if (!is_scalar_tensor(b, v)) {
+    diag_error(st->value->span, "metric '%s' must be a scalar tensor, got %s", name, tensor_desc(b, v));
+    diag_hint("reduce it, e.g. mean(...)");
+    return;
+  }
+  for (int i = 0; i < b->g->metrics.n; i++)
+    if (strcmp(b->g->metrics.a[i].name, name) == 0) {
+      diag_error(st->span, "metric '%s' is reported twice", name);
+      diag_note(b->g->metrics.a[i].span, "first reported here");
+      return;
+    }
+  VEC_PUSH(b->g->metrics, ((Metric){name, v.node, st->span}));
+  bind(f, name, v);
+}
+
+/* for i in A..B [as "label"] { body }: unrolled; each iteration of an outermost loop
+ * is one layer. */
+static void do_for(Build *b, Frame *f, const Stmt *st, const char *var) {
+  Value lo = eval(b, f, st->value), hi = eval(b, f, st->value2);
+  if (!usable(lo) || !usable(hi)) return;
+  if (lo.kind != V_INT || hi.kind != V_INT) {
+    Value bad = lo.kind != V_INT ? lo : hi;
+    diag_error(bad.span, "the bounds of 'for' must be compile-time ints, got %s", sema_value_desc(bad));
+    return;
+  }
+  if (hi.i > lo.i && (hi.i - lo.i > MAX_LOOP || hi.i - lo.i < 0)) {
+    diag_error(span_join(st->value->span, st->value2->span),
+               "the loop has too many iterations (at most %s)", cp_commas(MAX_LOOP));
+    return;
+  }
+  const char *label = st->label ? st->label : "layers";
+  PathScope *outer = f->scope;
+  int saved_layer = b->g->cur_layer;
+  bool layers = b->loop_depth == 0;
+  b->loop_depth++;
+  for (int64_t i = lo.i; i < hi.i && !f->returned && !halted(b) && count_work(b, st->span); i++) {
+    f->scope = new_scope(path_join(outer->path, cp_fmt("%s.%lld", label, (long long)i)));
+    if (layers) {
+      VEC_PUSH(b->g->layer_names, f->scope->path);
+      b->g->cur_layer = b->g->layer_names.n - 1;
+    }
+    bind(f, var, sema_v_int(i, st->value->span));
+    exec_block(b, f, &st->body);
+  }
+  b->loop_depth--;
+  b->g->cur_layer = saved_layer;
+  f->scope = outer;
+}
+
+/* if cond { } else { }: the branch not taken is not checked at all. */
+static void do_if(Build *b, Frame *f, const Stmt *st) {
+  Value c = eval(b, f, st->value);
+  if (!usable(c)) return;
+  if (c.kind != V_BOOL) {
+    diag_error(st->value->span, "the condition of 'if' must be a compile-time bool, got %s",
+               sema_value_desc(c));
+    return;
+  }
+  exec_block(b, f, c.i ? &st->body : &st->orelse);
+}
+
+static void exec_stmt(Build *b, Frame *f, const Stmt *st) {
+  if (!count_work(b, st->span)) return;
+  const char *name = st->nnames > 0 && st->names[0] ? st->names[0] : "_";
+  switch (st->kind) {
+  case ST_INPUT: do_input(b, f, st, name); break;
+  case ST_PARAM: do_param(b, f, st, name); break;
+  case ST_ASSIGN:
+    if (st->nnames > 0) do_assign(b, f, st);
+    break;
+  case ST_METRIC: do_metric(b, f, st, name); break;
+  case ST_FOR: do_for(b, f, st, name); break;
+  case ST_IF: do_if(b, f, st); break;
+  case ST_RETURN:
+    if (f->is_model) {
+      diag_error(st->span, "'return' is only allowed in a fn body");
+      diag_hint("a model's result is the value it assigns to 'loss'");
+      return;
+    }
+    f->ret = st->value ? eval(b, f, st->value) : (Value){.kind = V_NONE, .s = f->item->name};
+    f->returned = true;
+    break;
+  }
+}
+
+static void exec_block(Build *b, Frame *f, const Block *blk) {
+  for (int i = 0; i < blk->n && !f->returned && !halted(b); i++)
+    if (blk->stmts[i]) exec_stmt(b, f, blk->stmts[i]);
+}
+
+/* ---- the model ------------------------------------------------------------------------- */
+
+/* Binds the model's parameters from the train block's call (compile-time values) or
+ * their defaults. */
+static bool bind_model_params(Build *b, Frame *root, const Item *model, const Expr *call) {
+  int np = model->nparams;
+  const char **pn = cp_alloc((size_t)(np + 1) * sizeof *pn);
+  for (int j = 0; j < np; j++) pn[j] = model->params[j].name;
+  const Expr **slot = cp_alloc((size_t)(np + 1) * sizeof *slot);
+  bool ok = true;
+  if (call && call->kind == EX_CALL) ok = match_args(call, model->name, pn, np, slot, NULL);
+  Span at = call ? call->span : model->name_span;
+  for (int j = 0; j < np; j++) {
+    const Param *p = &model->params[j];
+    if (p->type && p->type->kind == TY_TENSOR) {
+      diag_error(p->type->span, "a model parameter cannot be a tensor");
+      diag_hint("declare tensors fed by the data with 'input %s: ...' in the body", p->name);
+      ok = false;
+      continue;
+    }
+    Value v;
+    if (slot[j])
+      v = sema_eval_const(b->s, slot[j]);
+    else if (p->def)
+      v = eval(b, root, p->def);
+    else {
+      diag_error(at, "missing argument '%s' of model '%s'", p->name, model->name);
+      diag_note(p->span, "parameter '%s' declared here", p->name);
+      ok = false;
+      continue;
+    }
+    ok &= bind_param(b, root, model->name, p, v, slot[j] ? slot[j]->span : p->span);
+  }
+  return ok;
+}
+
+static void check_loss(Build *b, Frame *root, const Item *model) {
+  Value *loss = find_var(root, "loss");
+  if (!loss) {
+    diag_error(model->name_span, "model '%s' never assigns 'loss'", model->name);
+    diag_hint("assign the training objective, e.g. loss = cross_entropy(logits, targets)");
+    return;
+  }
+  if (loss->kind == V_ERR) return;
+  if (!is_scalar_tensor(b, *loss)) {
+    diag_error(loss->span, "'loss' must be a scalar tensor, got %s", tensor_desc(b, *loss));
+    if (loss->kind == V_TENSOR) diag_hint("reduce it, e.g. mean(...)");
+    return;
+  }
+  b->g->loss = loss->node;
+}
+
+Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t batch) {
+  if (!model || model->kind != IT_MODEL || !model->name) return NULL;
+  int errors = diag_errors();
+  if (batch < 1) {
+    diag_error(model->name_span, "the batch dim B must be at least 1, got %lld", (long long)batch);
+    return NULL;
+  }
+  Build b = {.s = s, .batch = batch};
+  b.g = ir_new(model->name);
+  b.g->batch = batch;
+  b.g->loss = -1;
+  b.g->cur_layer = -1;
+  Frame root = {.item = model, .is_model = true, .scope = new_scope(""), .site = model->name_span};
+  if (bind_model_params(&b, &root, model, call)) {
+    exec_block(&b, &root, &model->body);
+    if (!halted(&b)) check_loss(&b, &root, model);
+  }
+  if (diag_errors() > errors || b.stop) return NULL;
+  char err[512];
+  if (!ir_verify(b.g, err, sizeof err))
+    cp_panic(__FILE__, __LINE__, "the graph of model '%s' fails ir_verify: %s", model->name, err);
+  return b.g;
+}

@@ -1,0 +1,669 @@
+/* test_ops.c: every op's shape rule (shapes, dtypes, canonical axes, and each error
+ * case with its message), FLOP counts, name lookup, and ir_verify catching corrupted
+ * graphs. Builds small graphs with ir_new/ir_add. Prints "N passed, N failed" and
+ * exits non-zero on any failure. */
+#include "ir.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int passed, failed;
+static Graph *g;
+static char err[512];
+static bool covered[OP__COUNT]; /* ops whose rule succeeded at least once */
+
+static void check(bool ok, const char *what, int line) {
+  if (ok) {
+    passed++;
+    return;
+  }
+  failed++;
+  fprintf(stderr, "test_ops.c:%d: FAILED: %s\n", line, what);
+}
+#define CHECK(c) check((c), #c, __LINE__)
+
+/* ---- builders ---------------------------------------------------------------------- */
+
+/* An INPUT leaf of a dtype and shape: T(DT_F32, 2, 4, 8) is f32[4, 8]. */
+static int T(DType dt, int rank, ...) {
+  int i = ir_add(g, OP_INPUT, NULL, 0, SPAN_NONE);
+  Node *n = &g->nodes[i];
+  n->name = "x";
+  n->ia[1] = -1;
+  n->dtype = dt;
+  n->shape.rank = rank;
+  va_list ap;
+  va_start(ap, rank);
+  for (int k = 0; k < rank; k++) n->shape.d[k] = va_arg(ap, int);
+  va_end(ap);
+  VEC_PUSH(g->inputs, i);
+  return i;
+}
+
+/* A CONST scalar, as sema makes one from a number literal. */
+static int C(double v) {
+  int i = ir_add(g, OP_CONST, NULL, 0, SPAN_NONE);
+  g->nodes[i].fa[0] = v;
+  g->nodes[i].dtype = DT_F32;
+  return i;
+}
+
+/* A node with up to three inputs (-1 ends the list). */
+static int N(OpId op, int a, int b, int c) {
+  int in[3] = {a, b, c}, nin = 0;
+  while (nin < 3 && in[nin] >= 0) nin++;
+  return ir_add(g, op, in, nin, SPAN_NONE);
+}
+#define N1(op, a) N(op, a, -1, -1)
+#define N2(op, a, b) N(op, a, b, -1)
+
+static Node *at(int i) { return &g->nodes[i]; }
+static void set_dims(int i, int nd, const int64_t *d) {
+  at(i)->ndims = nd;
+  if (nd > 0) memcpy(at(i)->dims, d, sizeof(int64_t) * (size_t)nd);
+}
+
+/* The node's type as "f32[4, 8]". */
+static const char *type_of(int i) { return cp_fmt("%s%s", dtype_name(at(i)->dtype), shape_str(&at(i)->shape)); }
+
+/* Infers node i and expects success with this type. */
+static void ok_(int i, const char *want, int line) {
+  err[0] = 0;
+  bool ok = ir_infer(g, i, err, sizeof err);
+  if (ok) covered[at(i)->op] = true;
+  check(ok, cp_fmt("%s should succeed (got error: %s)", ir_ops[at(i)->op].name, err), line);
+  if (ok) check(strcmp(type_of(i), want) == 0, cp_fmt("%s gives %s, want %s", ir_ops[at(i)->op].name, type_of(i), want), line);
+}
+#define OK(i, want) ok_((i), (want), __LINE__)
+
+/* Infers node i and expects a user error whose message contains `want`, is
+ * prefixed by nothing odd and has no trailing period. */
+static void err_(int i, const char *want, int line) {
+  err[0] = 0;
+  bool ok = ir_infer(g, i, err, sizeof err);
+  check(!ok, cp_fmt("%s should fail with '%s'", ir_ops[at(i)->op].name, want), line);
+  if (ok) return;
+  size_t len = strlen(err);
+  check(len > 0 && err[len - 1] != '.', cp_fmt("message '%s' is empty or ends with a period", err), line);
+  check(strstr(err, want) != NULL, cp_fmt("message '%s' lacks '%s'", err, want), line);
+}
+#define ERR(i, want) err_((i), (want), __LINE__)
+
+/* ---- shapes and dtypes ------------------------------------------------------------ */
+
+static void test_shapes(void) {
+  Shape a = {2, {4, 8}}, b = {1, {8}}, c = {1, {3}}, s = {0}, o;
+  CHECK(strcmp(shape_str(&a), "[4, 8]") == 0);
+  CHECK(strcmp(shape_str(&s), "[]") == 0);
+  CHECK(shape_numel(&a) == 32 && shape_numel(&s) == 1);
+  CHECK(shape_eq(&a, &a) && !shape_eq(&a, &b));
+  CHECK(shape_broadcast(&a, &b, &o) && shape_eq(&o, &a));
+  CHECK(!shape_broadcast(&a, &c, &o));
+  Shape x = {3, {2, 1, 5}}, y = {2, {7, 1}}, xy = {3, {2, 7, 5}};
+  CHECK(shape_broadcast(&x, &y, &o) && shape_eq(&o, &xy));
+  DType t = DT_F32;
+  CHECK(dtype_parse("bf16", &t) && t == DT_BF16);
+  CHECK(dtype_parse("i32", &t) && t == DT_I32);
+  CHECK(!dtype_parse("f64", &t));
+  CHECK(dtype_size(DT_F32) == 4 && dtype_size(DT_BF16) == 2 && dtype_size(DT_F16) == 2 && dtype_size(DT_I32) == 4);
+  CHECK(strcmp(dtype_name(DT_F16), "f16") == 0);
+}
+
+/* ---- leaves ------------------------------------------------------------------------- */
+
+static void test_leaves(void) {
+  OK(T(DT_F32, 2, 4, 8), "f32[4, 8]");
+  OK(C(0.5), "f32[]");
+  int p = ir_add(g, OP_PARAM, NULL, 0, SPAN_NONE);
+  at(p)->shape = (Shape){1, {16}};
+  at(p)->name = "w";
+  OK(p, "f32[16]");
+  ERR(T(DT_F32, 2, 4, 0), "dims must be positive");
+  int c = C(1);
+  at(c)->shape = (Shape){1, {2}};
+  ERR(c, "must be a scalar");
+  int r = N1(OP_ARANGE, -1);
+  at(r)->ia[0] = 5;
+  OK(r, "i32[5]");
+  at(r)->ia[0] = 0;
+  ERR(r, "arange: n must be >= 1, got 0");
+}
+
+/* ---- elementwise -------------------------------------------------------------------- */
+
+static void test_binary(void) {
+  static const OpId ops[] = {OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAXIMUM, OP_MINIMUM};
+  for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+    OpId op = ops[k];
+    OK(N2(op, T(DT_F32, 2, 4, 8), T(DT_F32, 1, 8)), "f32[4, 8]");
+    OK(N2(op, T(DT_F32, 2, 4, 1), T(DT_F32, 3, 2, 1, 5)), "f32[2, 4, 5]");
+    ERR(N2(op, T(DT_F32, 2, 4, 8), T(DT_F32, 1, 3)), "shapes [4, 8] and [3] do not broadcast");
+  }
+  ERR(N2(OP_MAXIMUM, T(DT_F32, 2, 4, 8), T(DT_F32, 1, 3)), "maximum: shapes [4, 8] and [3]");
+  ERR(N2(OP_ADD, T(DT_F32, 3, 2, 4, 8), T(DT_F32, 2, 5, 8)), "(4 vs 5 at dim -2)");
+  /* dtypes: a scalar takes the tensor's dtype; i32 with a float gives the float;
+   * mixed floats give f32 */
+  OK(N2(OP_MUL, T(DT_BF16, 1, 4), C(0.5)), "bf16[4]");
+  OK(N2(OP_MUL, C(0.5), T(DT_F16, 1, 4)), "f16[4]");
+  OK(N2(OP_ADD, T(DT_I32, 1, 4), C(1)), "i32[4]");
+  OK(N2(OP_MUL, T(DT_I32, 1, 4), C(0.5)), "f32[4]");
+  OK(N2(OP_ADD, T(DT_I32, 1, 4), T(DT_BF16, 1, 4)), "bf16[4]");
+  OK(N2(OP_ADD, T(DT_BF16, 1, 4), T(DT_F16, 1, 4)), "f32[4]");
+  OK(N2(OP_ADD, T(DT_F32, 1, 4), T(DT_BF16, 0)), "f32[4]");
+  OK(N2(OP_ADD, T(DT_I32, 0), T(DT_I32, 0)), "i32[]");
+  /* each side is fine, the broadcast result has 2^90 elements */
+  ERR(N2(OP_ADD, T(DT_F32, 3, 1 << 30, 1, 1 << 30), T(DT_F32, 3, 1, 1 << 30, 1)), "too many elements");
+}
+
+static void test_compare(void) {
+  static const OpId ops[] = {OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE};
+  for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+    OK(N2(ops[k], T(DT_I32, 2, 4, 8), T(DT_I32, 2, 4, 8)), "f32[4, 8]");
+    OK(N2(ops[k], T(DT_BF16, 2, 4, 1), C(-1)), "f32[4, 1]");
+    ERR(N2(ops[k], T(DT_I32, 1, 4), T(DT_I32, 1, 5)), "do not broadcast");
+  }
+}
+
+static void test_unary(void) {
+  static const OpId keep[] = {OP_NEG, OP_RELU, OP_SQUARE};
+  static const OpId flt[] = {OP_EXP, OP_LOG, OP_SQRT, OP_RSQRT, OP_TANH, OP_SIGMOID, OP_GELU, OP_SILU, OP_POW};
+  for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {
+    OK(N1(keep[k], T(DT_BF16, 2, 3, 5)), "bf16[3, 5]");
+    OK(N1(keep[k], T(DT_I32, 1, 7)), "i32[7]");
+  }
+  for (size_t k = 0; k < sizeof flt / sizeof flt[0]; k++) {
+    OK(N1(flt[k], T(DT_F16, 2, 3, 5)), "f16[3, 5]");
+    OK(N1(flt[k], T(DT_I32, 1, 7)), "f32[7]");
+  }
+}
+
+/* ---- reductions ----------------------------------------------------------------------- */
+
+static void test_reduce(void) {
+  static const OpId ops[] = {OP_SUM, OP_MEAN, OP_MAX};
+  for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
+    OpId op = ops[k];
+    int x = T(DT_F32, 3, 2, 3, 4);
+    int r = N1(op, x);
+    at(r)->ndims = -1;
+    OK(r, "f32[]");
+    at(r)->ia[0] = 1;
+    OK(r, "f32[1, 1, 1]");
+    r = N1(op, x);
+    set_dims(r, 1, (int64_t[]){-1});
+    OK(r, "f32[2, 3]");
+    CHECK(at(r)->dims[0] == 2);
+    r = N1(op, x);
+    set_dims(r, 2, (int64_t[]){-1, 0});
+    at(r)->ia[0] = 1;
+    OK(r, "f32[1, 3, 1]");
+    CHECK(at(r)->dims[0] == 0 && at(r)->dims[1] == 2);
+    r = N1(op, x);
+    set_dims(r, 2, (int64_t[]){1, -2});
+    ERR(r, "axis 1 is listed twice");
+    r = N1(op, x);
+    set_dims(r, 1, (int64_t[]){3});
+    ERR(r, "axis 3 is out of range for shape [2, 3, 4]");
+    r = N1(op, x);
+    set_dims(r, 1, (int64_t[]){-4});
+    ERR(r, "out of range");
+    r = N1(op, x);
+    at(r)->ndims = -1;
+    at(r)->ia[0] = 2;
+    ERR(r, "'keepdims' must be true or false");
+  }
+  int m = N1(OP_MEAN, T(DT_I32, 1, 4));
+  at(m)->ndims = -1;
+  OK(m, "f32[]");
+  int s = N1(OP_SUM, T(DT_I32, 1, 4));
+  at(s)->ndims = -1;
+  OK(s, "i32[]");
+  int z = N1(OP_SUM, T(DT_F32, 0));
+  set_dims(z, 1, (int64_t[]){0});
+  ERR(z, "invalid for a scalar");
+}
+
+/* ---- linear algebra ---------------------------------------------------------------------- */
+
+static void test_matmul(void) {
+  OK(N2(OP_MATMUL, T(DT_F32, 3, 4, 256, 384), T(DT_F32, 2, 384, 1152)), "f32[4, 256, 1152]");
+  ERR(N2(OP_MATMUL, T(DT_F32, 3, 4, 256, 384), T(DT_F32, 2, 512, 1152)),
+      "matmul: inner dimensions differ: [4, 256, 384] @ [512, 1152] (384 vs 512)");
+  OK(N2(OP_MATMUL, T(DT_F32, 4, 2, 1, 3, 4), T(DT_F32, 3, 5, 4, 6)), "f32[2, 5, 3, 6]");
+  ERR(N2(OP_MATMUL, T(DT_F32, 3, 4, 2, 3), T(DT_F32, 3, 3, 3, 5)), "batch dimensions [4] and [3] do not broadcast");
+  OK(N2(OP_MATMUL, T(DT_F32, 1, 4), T(DT_F32, 2, 4, 5)), "f32[5]");
+  OK(N2(OP_MATMUL, T(DT_F32, 2, 3, 4), T(DT_F32, 1, 4)), "f32[3]");
+  OK(N2(OP_MATMUL, T(DT_F32, 1, 4), T(DT_F32, 1, 4)), "f32[]");
+  OK(N2(OP_MATMUL, T(DT_BF16, 2, 3, 4), T(DT_F16, 2, 4, 2)), "f32[3, 2]");
+  ERR(N2(OP_MATMUL, T(DT_F32, 1, 4), T(DT_F32, 1, 5)), "(4 vs 5)");
+  ERR(N2(OP_MATMUL, T(DT_F32, 0), T(DT_F32, 2, 4, 5)), "at least 1 dim");
+  ERR(N2(OP_MATMUL, T(DT_I32, 2, 3, 4), T(DT_F32, 2, 4, 5)), "must be float tensors");
+
+  OK(N1(OP_TRANSPOSE, T(DT_F32, 3, 2, 3, 4)), "f32[2, 4, 3]");
+  ERR(N1(OP_TRANSPOSE, T(DT_F32, 1, 4)), "transpose: needs at least 2 dims");
+
+  int x = T(DT_F32, 3, 2, 3, 4);
+  int p = N1(OP_PERMUTE, x);
+  set_dims(p, 3, (int64_t[]){-1, 0, 1});
+  OK(p, "f32[4, 2, 3]");
+  CHECK(at(p)->dims[0] == 2);
+  p = N1(OP_PERMUTE, x);
+  set_dims(p, 3, (int64_t[]){0, 0, 1});
+  ERR(p, "not a permutation");
+  p = N1(OP_PERMUTE, x);
+  set_dims(p, 2, (int64_t[]){1, 0});
+  ERR(p, "must list each of the 3 dims");
+  p = N1(OP_PERMUTE, x);
+  set_dims(p, 3, (int64_t[]){0, 1, 3});
+  ERR(p, "out of range");
+}
+
+/* ---- shape ops ---------------------------------------------------------------------------- */
+
+static void test_reshape(void) {
+  int x = T(DT_BF16, 2, 4, 6);
+  int r = N1(OP_RESHAPE, x);
+  set_dims(r, 2, (int64_t[]){3, -1});
+  OK(r, "bf16[3, 8]");
+  CHECK(at(r)->dims[1] == 8);
+  r = N1(OP_RESHAPE, x);
+  set_dims(r, 3, (int64_t[]){2, 2, 6});
+  OK(r, "bf16[2, 2, 6]");
+  r = N1(OP_RESHAPE, x);
+  set_dims(r, 2, (int64_t[]){-1, -1});
+  ERR(r, "only one dim may be -1");
+  r = N1(OP_RESHAPE, x);
+  set_dims(r, 2, (int64_t[]){5, 5});
+  ERR(r, "cannot reshape [4, 6] (24 elements) into [5, 5] (25 elements)");
+  r = N1(OP_RESHAPE, x);
+  set_dims(r, 2, (int64_t[]){5, -1});
+  ERR(r, "not a multiple of 5");
+  r = N1(OP_RESHAPE, x);
+  set_dims(r, 2, (int64_t[]){0, 24});
+  ERR(r, "dims must be positive or -1");
+  r = N1(OP_RESHAPE, T(DT_F32, 1, 1));
+  set_dims(r, 0, NULL);
+  OK(r, "f32[]");
+}
+
+static void test_split_concat_slice(void) {
+  int x = T(DT_F32, 2, 4, 12);
+  int s = N1(OP_SPLIT, x);
+  at(s)->ia[0] = 3;
+  at(s)->ia[1] = -1;
+  OK(s, "f32[4, 4]");
+  CHECK(at(s)->ia[1] == 1);
+  s = N1(OP_SPLIT, x);
+  at(s)->ia[0] = 5;
+  at(s)->ia[1] = 1;
+  ERR(s, "split: 5 parts do not divide dim 1 of [4, 12] (size 12)");
+  s = N1(OP_SPLIT, x);
+  at(s)->ia[0] = 0;
+  at(s)->ia[1] = 1;
+  ERR(s, "must be >= 1");
+  s = N1(OP_SPLIT, x);
+  at(s)->ia[0] = 2;
+  at(s)->ia[1] = 2;
+  ERR(s, "axis 2 is out of range");
+
+  int c = N2(OP_CONCAT, T(DT_F32, 2, 2, 3), T(DT_F32, 2, 2, 5));
+  at(c)->ia[0] = -1;
+  OK(c, "f32[2, 8]");
+  CHECK(at(c)->ia[0] == 1);
+  c = N(OP_CONCAT, T(DT_F32, 2, 2, 3), T(DT_F32, 2, 4, 3), T(DT_F32, 2, 1, 3));
+  OK(c, "f32[7, 3]");
+  c = N1(OP_CONCAT, T(DT_F32, 1, 3));
+  OK(c, "f32[3]");
+  c = N2(OP_CONCAT, T(DT_F32, 2, 2, 3), T(DT_F32, 3, 1, 2, 5));
+  at(c)->ia[0] = 1;
+  ERR(c, "tensor 1 has shape [1, 2, 5], of rank 3");
+  c = N2(OP_CONCAT, T(DT_F32, 2, 2, 3), T(DT_F32, 2, 4, 5));
+  at(c)->ia[0] = 1;
+  ERR(c, "differ in dim 0 (4 vs 2)");
+  c = N2(OP_CONCAT, T(DT_F32, 2, 2, 3), T(DT_F32, 2, 2, 5));
+  at(c)->ia[0] = 2;
+  ERR(c, "out of range");
+  int zero = ir_add(g, OP_CONCAT, NULL, 0, SPAN_NONE);
+  ERR(zero, "expected at least 1 input");
+
+  int v = T(DT_F32, 2, 4, 10);
+  int sl = N1(OP_SLICE, v);
+  at(sl)->ia[0] = -1, at(sl)->ia[1] = 2, at(sl)->ia[2] = 5;
+  OK(sl, "f32[4, 3]");
+  CHECK(at(sl)->ia[0] == 1);
+  sl = N1(OP_SLICE, v);
+  at(sl)->ia[0] = 1, at(sl)->ia[1] = 5, at(sl)->ia[2] = 5;
+  ERR(sl, "range 5..5 is invalid for dim 1 of [4, 10]");
+  sl = N1(OP_SLICE, v);
+  at(sl)->ia[0] = 1, at(sl)->ia[1] = 0, at(sl)->ia[2] = 11;
+  ERR(sl, "need 0 <= start < end <= 10");
+  sl = N1(OP_SLICE, v);
+  at(sl)->ia[0] = 0, at(sl)->ia[1] = -1, at(sl)->ia[2] = 2;
+  ERR(sl, "invalid");
+  sl = N1(OP_SLICE, v);
+  at(sl)->ia[0] = 0, at(sl)->ia[1] = 0, at(sl)->ia[2] = 4;
+  OK(sl, "f32[4, 10]");
+}
+
+static void test_heads(void) {
+  int x = T(DT_F32, 3, 2, 16, 384);
+  int s = N1(OP_SPLIT_HEADS, x);
+  at(s)->ia[0] = 6;
+  OK(s, "f32[2, 6, 16, 64]");
+  OK(N1(OP_MERGE_HEADS, s), "f32[2, 16, 384]");
+  s = N1(OP_SPLIT_HEADS, x);
+  at(s)->ia[0] = 5;
+  ERR(s, "split_heads: 5 heads do not divide 384 channels");
+  s = N1(OP_SPLIT_HEADS, x);
+  at(s)->ia[0] = 0;
+  ERR(s, "must be >= 1");
+  s = N1(OP_SPLIT_HEADS, T(DT_F32, 2, 16, 384));
+  at(s)->ia[0] = 2;
+  ERR(s, "split_heads: expected [B, T, C], got [16, 384]");
+  ERR(N1(OP_MERGE_HEADS, x), "merge_heads: expected [B, h, T, d], got [2, 16, 384]");
+}
+
+/* ---- indexing ------------------------------------------------------------------------------- */
+
+static void test_embedding(void) {
+  int tab = T(DT_F32, 2, 100, 32);
+  OK(N2(OP_EMBEDDING, tab, T(DT_I32, 2, 4, 16)), "f32[4, 16, 32]");
+  OK(N2(OP_EMBEDDING, T(DT_BF16, 2, 100, 32), T(DT_I32, 0)), "bf16[32]");
+  ERR(N2(OP_EMBEDDING, tab, T(DT_F32, 2, 4, 16)), "embedding: indices must be i32, got f32[4, 16]");
+  ERR(N2(OP_EMBEDDING, T(DT_F32, 1, 100), T(DT_I32, 1, 4)), "embedding: table must be [V, C], got [100]");
+  ERR(N2(OP_EMBEDDING, T(DT_I32, 2, 100, 4), T(DT_I32, 1, 4)), "table must be a float tensor");
+  ERR(N2(OP_EMBEDDING, tab, T(DT_I32, 8, 1, 1, 1, 1, 1, 1, 1, 2)), "too many dims");
+}
+
+/* ---- nn --------------------------------------------------------------------------------------- */
+
+static void test_softmax(void) {
+  static const OpId ops[] = {OP_SOFTMAX, OP_LOG_SOFTMAX};
+  for (int k = 0; k < 2; k++) {
+    int s = N1(ops[k], T(DT_BF16, 2, 4, 8));
+    at(s)->ia[0] = -1;
+    OK(s, "bf16[4, 8]");
+    CHECK(at(s)->ia[0] == 1);
+    s = N1(ops[k], T(DT_I32, 1, 8));
+    OK(s, "f32[8]");
+    s = N1(ops[k], T(DT_F32, 2, 4, 8));
+    at(s)->ia[0] = 2;
+    ERR(s, "axis 2 is out of range for shape [4, 8] (valid axes: -2 to 1)");
+  }
+}
+
+static void test_norms(void) {
+  int x = T(DT_F32, 3, 4, 16, 384), w = T(DT_F32, 1, 384), b = T(DT_F32, 1, 384);
+  int ln = N(OP_LAYER_NORM, x, w, b);
+  at(ln)->fa[0] = 1e-5;
+  OK(ln, "f32[4, 16, 384]");
+  ln = N(OP_LAYER_NORM, x, T(DT_F32, 1, 512), b);
+  ERR(ln, "layer_norm: weight has shape [512], expected [384] (the last dim of x)");
+  ln = N(OP_LAYER_NORM, x, w, T(DT_F32, 2, 1, 384));
+  ERR(ln, "layer_norm: bias has shape [1, 384], expected [384]");
+  ln = N(OP_LAYER_NORM, x, w, b);
+  at(ln)->fa[0] = -1;
+  ERR(ln, "eps must be");
+  ERR(N(OP_LAYER_NORM, T(DT_F32, 0), w, b), "at least 1 dim");
+
+  int rn = N2(OP_RMS_NORM, x, w);
+  at(rn)->fa[0] = 1e-6;
+  OK(rn, "f32[4, 16, 384]");
+  ERR(N2(OP_RMS_NORM, x, T(DT_F32, 1, 383)), "rms_norm: weight has shape [383], expected [384]");
+}
+
+static void test_rope_dropout(void) {
+  int r = N1(OP_ROPE, T(DT_F32, 4, 2, 4, 16, 64));
+  at(r)->fa[0] = 10000;
+  OK(r, "f32[2, 4, 16, 64]");
+  r = N1(OP_ROPE, T(DT_F32, 3, 2, 16, 63));
+  at(r)->fa[0] = 10000;
+  ERR(r, "rope: the last dim must be even");
+  r = N1(OP_ROPE, T(DT_F32, 1, 64));
+  at(r)->fa[0] = 10000;
+  ERR(r, "at least 2 dims");
+  r = N1(OP_ROPE, T(DT_F32, 2, 16, 64));
+  at(r)->fa[0] = 0;
+  ERR(r, "base must be");
+
+  int d = N1(OP_DROPOUT, T(DT_F32, 2, 4, 8));
+  at(d)->fa[0] = 0.1;
+  OK(d, "f32[4, 8]");
+  at(d)->fa[0] = 1;
+  ERR(d, "dropout: p must be in [0, 1), got 1");
+  at(d)->fa[0] = -0.1;
+  ERR(d, "dropout: p must be in [0, 1)");
+}
+
+static void test_sdpa(void) {
+  int q = T(DT_F32, 4, 2, 4, 16, 64), k = T(DT_F32, 4, 2, 4, 32, 64), v = T(DT_F32, 4, 2, 4, 32, 48);
+  int s = N(OP_SDPA, q, k, v);
+  at(s)->ia[0] = 1;
+  OK(s, "f32[2, 4, 16, 48]");
+  ERR(N(OP_SDPA, q, T(DT_F32, 4, 2, 4, 32, 32), v), "q [2, 4, 16, 64] and k [2, 4, 32, 32] must agree in B, h and d");
+  ERR(N(OP_SDPA, q, k, T(DT_F32, 4, 2, 4, 31, 48)), "must agree in B, h and T");
+  ERR(N(OP_SDPA, q, k, T(DT_F32, 4, 2, 3, 32, 48)), "must agree in B, h and T");
+  ERR(N(OP_SDPA, T(DT_F32, 3, 2, 16, 64), k, v), "sdpa: q must be [B, h, T, d], got [2, 16, 64]");
+  s = N(OP_SDPA, q, k, v);
+  at(s)->ia[0] = 2;
+  ERR(s, "'causal' must be true or false");
+}
+
+/* ---- loss and no-gradient ops ------------------------------------------------------------------ */
+
+static void test_loss(void) {
+  int lg = T(DT_F32, 3, 4, 16, 100);
+  OK(N2(OP_CROSS_ENTROPY, lg, T(DT_I32, 2, 4, 16)), "f32[]");
+  OK(N2(OP_CROSS_ENTROPY, T(DT_BF16, 1, 100), T(DT_I32, 0)), "f32[]");
+  ERR(N2(OP_CROSS_ENTROPY, lg, T(DT_F32, 2, 4, 16)), "cross_entropy: targets must be i32");
+  ERR(N2(OP_CROSS_ENTROPY, lg, T(DT_I32, 2, 4, 100)),
+      "cross_entropy: targets have shape [4, 100], expected [4, 16] (the logits' shape [4, 16, 100] without the last dim)");
+  ERR(N2(OP_CROSS_ENTROPY, T(DT_F32, 0), T(DT_I32, 0)), "got a scalar");
+
+  int a = N1(OP_ARGMAX, lg);
+  at(a)->ia[0] = -1;
+  OK(a, "i32[4, 16]");
+  CHECK(at(a)->ia[0] == 2);
+  a = N1(OP_ARGMAX, lg);
+  at(a)->ia[0] = 0;
+  OK(a, "i32[16, 100]");
+  a = N1(OP_ARGMAX, lg);
+  at(a)->ia[0] = 3;
+  ERR(a, "argmax: axis 3 is out of range");
+}
+
+static void test_arity(void) {
+  ERR(N1(OP_ADD, T(DT_F32, 1, 4)), "add: expected 2 inputs, got 1");
+  ERR(N2(OP_GELU, T(DT_F32, 1, 4), T(DT_F32, 1, 4)), "gelu: expected 1 input, got 2");
+}
+
+/* ---- FLOPs and bytes ------------------------------------------------------------------------------ */
+
+static void test_flops(void) {
+  int m = N2(OP_MATMUL, T(DT_F32, 3, 4, 256, 384), T(DT_F32, 2, 384, 1152));
+  OK(m, "f32[4, 256, 1152]");
+  CHECK(ir_node_flops(g, m) == 2.0 * 4 * 256 * 1152 * 384);
+  int mv = N2(OP_MATMUL, T(DT_F32, 2, 3, 4), T(DT_F32, 1, 4));
+  OK(mv, "f32[3]");
+  CHECK(ir_node_flops(g, mv) == 2.0 * 3 * 4);
+  int q = T(DT_F32, 4, 2, 4, 16, 64), k = T(DT_F32, 4, 2, 4, 32, 64);
+  int s = N(OP_SDPA, q, k, k);
+  at(s)->ia[0] = 1;
+  OK(s, "f32[2, 4, 16, 64]");
+  double scores = 2.0 * 4 * 16 * 32;
+  CHECK(ir_node_flops(g, s) == 4 * scores * 64 + 5 * scores);
+  int x = T(DT_F32, 2, 4, 8);
+  int ge = N1(OP_GELU, x), ad = N2(OP_ADD, x, x), sg = N1(OP_SIGMOID, x), sm = N1(OP_SOFTMAX, x), su = N1(OP_SUM, x);
+  at(su)->ndims = -1;
+  OK(ge, "f32[4, 8]");
+  OK(ad, "f32[4, 8]");
+  OK(sg, "f32[4, 8]");
+  OK(sm, "f32[4, 8]");
+  OK(su, "f32[]");
+  CHECK(ir_node_flops(g, ge) == 8 * 32 && ir_node_flops(g, ad) == 32 && ir_node_flops(g, sg) == 4 * 32);
+  CHECK(ir_node_flops(g, sm) == 5 * 32 && ir_node_flops(g, su) == 32);
+  CHECK(ir_node_flops(g, x) == 0);
+  int ce = N2(OP_CROSS_ENTROPY, x, T(DT_I32, 1, 4));
+  OK(ce, "f32[]");
+  CHECK(ir_node_flops(g, ce) == 5 * 32);
+  CHECK(ir_node_bytes(g, x) == 32 * 4);
+  CHECK(ir_node_bytes(g, T(DT_BF16, 2, 4, 8)) == 64);
+}
+
+/* ---- lookups ------------------------------------------------------------------------------------- */
+
+static void test_names(void) {
+  OpId id = OP__COUNT;
+  CHECK(ir_op_by_name("gelu", &id) == &ir_ops[OP_GELU] && id == OP_GELU);
+  CHECK(ir_op_by_name("split", &id) != NULL && id == OP_SPLIT);
+  CHECK(ir_op_by_name("matmul", &id) == NULL); /* only through @ */
+  CHECK(ir_op_by_name("add", NULL) == NULL);
+  CHECK(ir_op_by_name("param", NULL) == NULL);
+  CHECK(ir_op_by_name("maximum", NULL) != NULL);
+  CHECK(ir_op_by_name("gelu2", NULL) == NULL);
+  int n = 0;
+  const char *const *names = ir_op_names(&n);
+  bool has_gelu = false, has_add = false;
+  for (int i = 0; i < n; i++) {
+    has_gelu |= strcmp(names[i], "gelu") == 0;
+    has_add |= strcmp(names[i], "add") == 0;
+  }
+  CHECK(n > 20 && has_gelu && !has_add);
+}
+
+/* ---- the verifier and the printer -------------------------------------------------------------------- */
+
+/* A tiny model: logits = x @ w; loss = cross_entropy(logits, y). */
+static Graph *tiny(void) {
+  Graph *t = ir_new("tiny");
+  Graph *save = g;
+  g = t;
+  int x = T(DT_F32, 2, 4, 8), y = T(DT_I32, 1, 4);
+  at(x)->name = "x", at(y)->name = "y";
+  VEC_PUSH(t->layer_names, "h.0");
+  t->cur_layer = 0;
+  int w = ir_add(t, OP_PARAM, NULL, 0, SPAN_NONE);
+  at(w)->name = "h.0.w", at(w)->shape = (Shape){2, {8, 10}}, at(w)->ia[0] = INIT_NORMAL, at(w)->fa[0] = 0.02;
+  VEC_PUSH(t->params, w);
+  int m = N2(OP_MATMUL, x, w);
+  OK(m, "f32[4, 10]");
+  int sm = N1(OP_SOFTMAX, m);
+  at(sm)->ia[0] = -1;
+  OK(sm, "f32[4, 10]");
+  t->cur_layer = -1;
+  int ce = N2(OP_CROSS_ENTROPY, m, y);
+  OK(ce, "f32[]");
+  t->loss = ce;
+  Metric mt = {"acc", ce, SPAN_NONE};
+  VEC_PUSH(t->metrics, mt);
+  g = save;
+  return t;
+}
+
+static bool verifies(Graph *t) {
+  err[0] = 0;
+  return ir_verify(t, err, sizeof err);
+}
+
+static void test_verify(void) {
+  Graph *t = tiny();
+  CHECK(t->nodes[0].layer == -1 && t->nodes[3].layer == 0 && t->nodes[3].role == ROLE_FWD);
+  CHECK(verifies(t));
+  CHECK(t->nodes[3].in != NULL && t->nodes[3].in[1] == 2);
+
+  /* each corruption must be caught, then undone */
+  t->nodes[3].shape.d[1] = 11;
+  CHECK(!verifies(t) && strstr(err, "rule gives") != NULL);
+  t->nodes[3].shape.d[1] = 10;
+  t->nodes[3].dtype = DT_BF16;
+  CHECK(!verifies(t));
+  t->nodes[3].dtype = DT_F32;
+  t->nodes[3].in[0] = 4;
+  CHECK(!verifies(t) && strstr(err, "not an earlier node") != NULL);
+  t->nodes[3].in[0] = 0;
+  t->nodes[4].ia[0] = -1; /* not canonical */
+  CHECK(!verifies(t) && strstr(err, "canonical") != NULL);
+  t->nodes[4].ia[0] = 1;
+  t->loss = 3;
+  CHECK(!verifies(t) && strstr(err, "not a scalar") != NULL);
+  t->loss = 99;
+  CHECK(!verifies(t));
+  t->loss = 5;
+  t->metrics.a[0].node = 4;
+  CHECK(!verifies(t) && strstr(err, "metric 'acc'") != NULL);
+  t->metrics.a[0].node = 5;
+  t->params.a[0] = 0;
+  CHECK(!verifies(t) && strstr(err, "not a param") != NULL);
+  t->params.a[0] = 2;
+  t->nodes[4].op = OP_SPLIT;
+  CHECK(!verifies(t) && strstr(err, "macro") != NULL);
+  t->nodes[4].op = OP_SOFTMAX;
+  t->nodes[4].layer = 7;
+  CHECK(!verifies(t) && strstr(err, "layer") != NULL);
+  t->nodes[4].layer = 0;
+  t->nodes[1].dtype = (DType)9;
+  CHECK(!verifies(t) && strstr(err, "dtype") != NULL);
+  t->nodes[1].dtype = DT_I32;
+  t->nodes[2].shape.d[0] = 0;
+  CHECK(!verifies(t));
+  t->nodes[2].shape.d[0] = 8;
+  t->nodes[4].nin = 2;
+  CHECK(!verifies(t));
+  t->nodes[4].nin = 1;
+  t->nodes[0].ia[1] = 2; /* batch dim of a rank-2 input */
+  CHECK(!verifies(t) && strstr(err, "batch dim") != NULL);
+  t->nodes[0].ia[1] = 0;
+  CHECK(verifies(t));
+}
+
+static void test_print(void) {
+  Graph *t = tiny();
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  ir_print(f, t);
+  fclose(f);
+  CHECK(strstr(buf, "%3 = matmul %0, %2 : f32[4, 10]") != NULL);
+  CHECK(strstr(buf, "%2 = param \"h.0.w\" normal(0.02) : f32[8, 10]") != NULL);
+  CHECK(strstr(buf, "%4 = softmax %3, axis=1 : f32[4, 10]") != NULL);
+  CHECK(strstr(buf, "; layer h.0") != NULL);
+  CHECK(strstr(buf, "; loss = %5") != NULL);
+  CHECK(strstr(buf, "; metric acc = %5") != NULL);
+  if (failed) fputs(buf, stderr);
+  free(buf);
+}
+
+/* The checklist in ops.def: every op has a case here. */
+static void test_coverage(void) {
+  for (int op = 0; op < OP__COUNT; op++)
+    check(covered[op], cp_fmt("no passing shape-rule case for op '%s'", ir_ops[op].name), __LINE__);
+}
+
+int main(void) {
+  g = ir_new("test");
+  test_shapes();
+  test_leaves();
+  test_binary();
+  test_compare();
+  test_unary();
+  test_reduce();
+  test_matmul();
+  test_reshape();
+  test_split_concat_slice();
+  test_heads();
+  test_embedding();
+  test_softmax();
+  test_norms();
+  test_rope_dropout();
+  test_sdpa();
+  test_loss();
+  test_arity();
+  test_flops();
+  test_names();
+  test_verify();
+  test_print();
+  test_coverage();
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed ? 1 : 0;
+}
