@@ -212,8 +212,9 @@ static void pct(FILE *out, double part, double whole) {
 static void text_model(FILE *out, const Graph *g, const Stats *st) {
   fprintf(out, "model %s%s%s%s\n\n", g->model_name ? g->model_name : "?", st->file ? "  (" : "",
           st->file ? st->file : "", st->file ? ")" : "");
-  fprintf(out, "  %-16s %s (%s) in %d tensor%s\n", "parameters", cp_commas(st->params), short_count((double)st->params),
-          st->ntensors, st->ntensors == 1 ? "" : "s");
+  const char *approx = st->params >= 1000 ? cp_fmt(" (%s)", short_count((double)st->params)) : "";
+  fprintf(out, "  %-16s %s%s in %d tensor%s\n", "parameters", cp_commas(st->params), approx, st->ntensors,
+          st->ntensors == 1 ? "" : "s");
   int w = 0;
   for (int i = 0; i < st->scopes.n; i++) w = (int)fmax(w, (double)strlen(st->scopes.a[i].name));
   for (int i = 0; i < st->scopes.n; i++) {

@@ -35,6 +35,16 @@ void diag_reset(void) {
   said_limit = false;
 }
 
+/* Length of the valid UTF-8 sequence at s (at most max bytes), 0 if invalid. */
+static size_t utf8_len(const char *s, size_t max) {
+  unsigned char c = (unsigned char)s[0];
+  size_t n = c >= 0xF0 && c <= 0xF4 ? 4 : c >= 0xE0 ? 3 : c >= 0xC2 && c < 0xE0 ? 2 : 0;
+  if (n == 0 || n > max) return 0;
+  for (size_t i = 1; i < n; i++)
+    if (((unsigned char)s[i] & 0xC0) != 0x80) return 0;
+  return n;
+}
+
 /* Prints the line holding span.lo with a gutter, then ^~~~ under [lo, hi). */
 static void print_source_line(FILE *f, Span sp) {
   const char *text = src_text(sp.file);
@@ -53,17 +63,25 @@ static void print_source_line(FILE *f, Span sp) {
     to = from + 200 < end ? from + 200 : end;
   }
   fprintf(f, "%5d | ", line);
-  for (size_t i = from; i < to; i++) {
+  for (size_t i = from; i < to;) {
     unsigned char c = (unsigned char)text[i];
-    fputc(c == '\t' ? ' ' : (c < 32 || c == 127) ? '?' : c, f);
+    size_t n = c >= 0x80 ? utf8_len(text + i, to - i) : 1;
+    if (n == 0) { /* not UTF-8: show a '?' per byte so the caret stays aligned */
+      fputc('?', f);
+      i++;
+      continue;
+    }
+    if (n > 1) fwrite(text + i, 1, n, f);
+    else fputc(c == '\t' ? ' ' : (c < 32 || c == 127) ? '?' : c, f);
+    i += n;
   }
   fputs("\n      | ", f);
   size_t lo = (size_t)sp.lo, hi = (size_t)sp.hi;
   if (hi > end) hi = end;
-  for (size_t i = from; i < lo && i < to; i++) {
-    unsigned char c = (unsigned char)text[i];
-    /* keep UTF-8 continuation bytes from shifting the caret */
-    if ((c & 0xC0) != 0x80) fputc(' ', f);
+  for (size_t i = from; i < lo && i < to;) { /* one column per printed character */
+    size_t n = (unsigned char)text[i] >= 0x80 ? utf8_len(text + i, to - i) : 1;
+    fputc(' ', f);
+    i += n ? n : 1;
   }
   if (color) fputs("\033[1;32m", f);
   fputc('^', f);

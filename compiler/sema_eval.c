@@ -252,9 +252,7 @@ static Value eval_logic(Sema *s, const Expr *e) {
   return sema_fold_binary(e->op, a, b, e->span);
 }
 
-Value sema_eval_const(Sema *s, const Expr *e) {
-  if (!e) return sema_v_err();
-  if (diag_too_many()) return sema_v_err();
+static Value eval_const(Sema *s, const Expr *e) {
   switch (e->kind) {
   case EX_INT: return sema_v_int(e->ival, e->span);
   case EX_FLOAT: return sema_v_float(e->fval, e->span);
@@ -286,4 +284,23 @@ Value sema_eval_const(Sema *s, const Expr *e) {
   }
   diag_error(e->span, "expected a compile-time value");
   return sema_v_err();
+}
+
+/* Deep left-leaning trees (`x + x + ... + x`) and long const chains recurse; cut
+ * them off well before the C stack runs out. */
+enum { MAX_DEPTH = 1000 };
+static int depth;
+static bool too_deep; /* reported once per outermost evaluation */
+
+Value sema_eval_const(Sema *s, const Expr *e) {
+  if (!e || diag_too_many()) return sema_v_err();
+  if (depth >= MAX_DEPTH) {
+    if (!too_deep) diag_error(e->span, "expression too deeply nested (more than %d levels)", MAX_DEPTH);
+    too_deep = true;
+    return sema_v_err();
+  }
+  depth++;
+  Value v = eval_const(s, e);
+  if (--depth == 0) too_deep = false;
+  return v;
 }

@@ -18,8 +18,9 @@
 enum {
   MAX_NODES = 2000000,   /* a Graph larger than this is an error */
   MAX_LOOP = 100000,     /* iterations of one loop */
-  MAX_WORK = 5000000,    /* statements, calls and loop iterations elaborated in one model */
+  MAX_WORK = 1000000,    /* statements, calls and loop iterations elaborated in one model */
   MAX_SIG = 8,           /* arguments of a primitive */
+  MAX_DEPTH = 1000,      /* nesting of expressions and calls, well inside the C stack */
 };
 
 /* ---- state ------------------------------------------------------------------------ */
@@ -60,6 +61,9 @@ typedef struct Build {
   VEC(Span) sites;       /* where each param path came from, for duplicate errors */
   int loop_depth;        /* loops being unrolled, across calls: only depth 0 makes layers */
   int64_t work;
+  int depth;             /* eval() recursion */
+  int site_error;        /* diag_errors() just after an error reported at a call site ... */
+  const void *site_frame;/* ... of this frame (so the call's backtrace note is not repeated) */
   bool stop;             /* a limit was hit: unwind without more errors */
 } Build;
 
@@ -142,6 +146,18 @@ static void hint_name(Build *b, Frame *f, const char *name, bool calls) {
   hint_among(name, c.a, c.n);
 }
 
+/* Whether a body binds `name` anywhere (for the hint on a use before the binding). */
+static bool block_binds(const Block *blk, const char *name) {
+  for (int i = 0; i < blk->n; i++) {
+    const Stmt *st = blk->stmts[i];
+    if (!st) continue;
+    for (int k = 0; k < st->nnames; k++)
+      if (st->names[k] && strcmp(st->names[k], name) == 0) return true;
+    if (block_binds(&st->body, name) || block_binds(&st->orelse, name)) return true;
+  }
+  return false;
+}
+
 static Value lookup_name(Build *b, Frame *f, const Expr *e) {
   Value *p = find_var(f, e->str);
   if (p) {
@@ -158,7 +174,10 @@ static Value lookup_name(Build *b, Frame *f, const Expr *e) {
     return sema_v_err();
   }
   diag_error(e->span, "unknown name '%s'", e->str);
-  hint_name(b, f, e->str, false);
+  if (block_binds(&f->item->body, e->str))
+    diag_hint("'%s' is bound later in '%s'; a name must be bound before it is used", e->str, f->item->name);
+  else
+    hint_name(b, f, e->str, false);
   return sema_v_err();
 }
 
@@ -363,10 +382,10 @@ static bool parse_dtype(const char *name, Span at, DType *out) {
   return false;
 }
 
-/* The pattern as written: "[B, T, C]". */
+/* The dims of a pattern as written: "[B, T, C]" (dtypes are checked and reported
+ * separately). */
 static const char *pattern_str(const TypeExpr *t) {
   StrBuf sb = {0};
-  if (t->dtype) sb_puts(&sb, t->dtype);
   sb_puts(&sb, "[");
   for (int i = 0; i < t->ndims; i++) {
     if (i) sb_puts(&sb, ", ");
@@ -545,7 +564,9 @@ static Value call_fn(Build *b, Frame *f, const Expr *e, const Item *fn) {
   int errors = diag_errors();
   exec_block(b, &cf, &fn->body);
   /* Attaches to the last error of the body: a backtrace of the calls that led there. */
-  if (diag_errors() > errors && !b->stop) diag_note(e->span, "in this call of '%s'", fn->name);
+  if (diag_errors() > errors && !b->stop &&
+      !(b->site_error == diag_errors() && b->site_frame == (const void *)&cf))
+    diag_note(e->span, "in this call of '%s'", fn->name);
   if (!cf.returned)
     return diag_errors() > errors ? sema_v_err()
                                   : (Value){.kind = V_NONE, .s = fn->name, .span = e->span};
@@ -811,6 +832,7 @@ static Value eval_call(Build *b, Frame *f, const Expr *e) {
     return sema_v_err();
   }
   Value *local = find_var(f, name);
+  if (local && local->kind == V_ERR) return sema_v_err();
   if (local) {
     diag_error(e->name_span, "'%s' is %s, not a function", name, sema_value_desc(*local));
     return sema_v_err();
@@ -823,8 +845,7 @@ static Value eval_call(Build *b, Frame *f, const Expr *e) {
   return sema_v_err();
 }
 
-static Value eval(Build *b, Frame *f, const Expr *e) {
-  if (!e || halted(b)) return sema_v_err();
+static Value eval_expr(Build *b, Frame *f, const Expr *e) {
   switch (e->kind) {
   case EX_INT:
   case EX_FLOAT:
@@ -846,6 +867,18 @@ static Value eval(Build *b, Frame *f, const Expr *e) {
     return sema_v_err();
   }
   return sema_v_err();
+}
+
+static Value eval(Build *b, Frame *f, const Expr *e) {
+  if (!e || halted(b)) return sema_v_err();
+  if (b->depth >= MAX_DEPTH) {
+    limit_error(b, e->span, cp_fmt("expressions and calls nest too deeply (more than %d levels)", MAX_DEPTH));
+    return sema_v_err();
+  }
+  b->depth++;
+  Value v = eval_expr(b, f, e);
+  b->depth--;
+  return v;
 }
 
 /* ---- statements ------------------------------------------------------------------------- */
@@ -903,23 +936,24 @@ static bool decl_shape(Build *b, Frame *f, const Stmt *st, bool is_input, DType 
 
 /* input NAME: DTYPE[dims] */
 static void do_input(Build *b, Frame *f, const Stmt *st, const char *name) {
-  bind(f, name, sema_v_err());
   if (!f->is_model) {
     diag_error(st->span, "'input' is only allowed in a model body");
+    bind(f, name, sema_v_err());
     return;
   }
-  DType dt;
-  Shape sh = {0};
-  int bdim = -1;
-  if (!decl_shape(b, f, st, true, &dt, &sh, &bdim)) return;
   for (int i = 0; i < b->g->inputs.n; i++) {
     const Node *o = &b->g->nodes[b->g->inputs.a[i]];
     if (strcmp(o->name, name) == 0) {
       diag_error(st->span, "input '%s' is declared twice", name);
       diag_note(o->span, "first declared here");
-      return;
+      return; /* the name keeps the first input */
     }
   }
+  bind(f, name, sema_v_err());
+  DType dt;
+  Shape sh = {0};
+  int bdim = -1;
+  if (!decl_shape(b, f, st, true, &dt, &sh, &bdim)) return;
   int i = add_node(b, OP_INPUT, NULL, 0, st->span);
   if (i < 0) return;
   Node *n = &b->g->nodes[i];
@@ -996,6 +1030,8 @@ static void do_param(Build *b, Frame *f, const Stmt *st, const char *name) {
     diag_error(site, "two params have the path '%s'", path);
     diag_note(b->sites.a[prev], "the first one comes from here");
     diag_hint("give the calls different names: name = \"...\"");
+    b->site_error = diag_errors();
+    b->site_frame = f;
     return;
   }
   int i = add_node(b, OP_PARAM, NULL, 0, st->span);

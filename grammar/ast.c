@@ -154,7 +154,7 @@ static void print_type(FILE *out, const TypeExpr *t) {
   case TY_FLOAT: fputs("float", out); return;
   case TY_BOOL: fputs("bool", out); return;
   case TY_STR: fputs("str", out); return;
-  case TY_UNKNOWN: fprintf(out, "%s?", t->name); return;
+  case TY_UNKNOWN: fputs(t->name, out); return;
   case TY_TENSOR:
     if (t->dtype) fputs(t->dtype, out);
     fputc('[', out);

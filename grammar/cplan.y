@@ -50,6 +50,9 @@ typedef struct LexState {
   int prev;              /* the one before it */
   bool fatal;            /* stop: report nothing more, the scanner returns end of file */
   bool bad_char;         /* an error was reported by the scanner since the last token */
+  bool closing;          /* emitting closers for brackets left open (see item_follows) */
+  int quiet_to;          /* no syntax errors at tokens before this offset */
+  int else_reported;      /* end of the `else` last reported as starting a line */
   bool after_bad_char;   /* ... just before the last token (its syntax error is noise) */
   ItemVec items;         /* START_PROGRAM: the items parsed */
   Expr *expr;            /* START_EXPR: the expression */
@@ -633,6 +636,7 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, LexS
   if (st->fatal || diag_too_many() || st->after_bad_char) return 0;
   yysymbol_kind_t tok = yypcontext_token(ctx);
   Span at = *yypcontext_location(ctx);
+  if (at.lo < st->quiet_to) return 0;
   yysymbol_kind_t exp[YYNTOKENS];
   int n = yypcontext_expected_tokens(ctx, exp, YYNTOKENS);
   bool has[YYNTOKENS] = {0};
@@ -672,9 +676,8 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, LexS
       continue;
     if (newline && (strcmp(name, "';'") == 0 || strcmp(name, "','") == 0)) continue;
     if (closer && (strcmp(name, "'('") == 0 || strcmp(name, "'='") == 0)) continue;
-    if (nw > 0 && strcmp(words[0], "a statement") != 0 && strcmp(words[0], "a setting name") != 0 &&
-        (k == YYSYMBOL_NEWLINE || k == YYSYMBOL_YYEOF))
-      continue; /* "expected an item" / "an expression" says enough */
+    if (summarized && (k == YYSYMBOL_NEWLINE || k == YYSYMBOL_YYEOF))
+      continue; /* "expected an item" / "a statement" ... says enough */
     words[nw++] = name;
   }
   if (nw > 5) nw = 5;
@@ -684,6 +687,11 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, LexS
       sb_printf(&b, "%s%s", i == 0 ? "" : i == nw - 1 ? " or " : ", ", words[i]);
   }
   diag_error(at, "%s", sb_str(&b));
+  if (tok == YYSYMBOL_YYEOF && st->depth > 0) {
+    int lo = st->opened_at[st->depth - 1];
+    diag_note((Span){st->file, lo, lo + 1}, "the '%c' opened here is never closed",
+              st->brackets[st->depth - 1]);
+  }
   if (tok == YYSYMBOL_NEWLINE && nw == 1 && strcmp(words[0], "'{'") == 0)
     diag_hint("the '{' that opens a body must be on the same line as its header");
   if (tok == YYSYMBOL_EQ || tok == YYSYMBOL_NE || tok == YYSYMBOL_LE || tok == YYSYMBOL_GE ||

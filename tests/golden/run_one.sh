@@ -5,7 +5,7 @@
 # `# EXIT:` (default 0). Expectations live beside a golden file, and in
 # tests/golden/examples/ for examples/*.cplan. UPDATE=1 re-blesses them.
 set -u
-cplanc=$1
+cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 file=$2
 dir=$(cd "$(dirname "$file")" && pwd)
 base=$(basename "$file" .cplan)
