@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct Source {
   char *path;
@@ -69,6 +70,13 @@ void src_linecol(int file, int off, int *line, int *col) {
 int src_load(const char *path) {
   FILE *f = fopen(path, "rb");
   if (!f) return -1;
+  struct stat st;
+  if (fstat(fileno(f), &st) == 0 && !S_ISREG(st.st_mode)) {
+    /* a directory, a FIFO or /dev/zero: never block or read forever on one */
+    fclose(f);
+    errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
+    return -1;
+  }
   char buf[65536];
   size_t n;
   size_t total = 0;
