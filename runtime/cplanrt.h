@@ -1,0 +1,156 @@
+/* cplanrt.h: the public interface of libcplanrt, the runtime that generated plan.c links with.
+ *
+ * It is the only header generated code includes.  Sections follow the source files:
+ *   errors        (every file)  how failures are reported
+ *   data.c                      the data sources of docs/language.md §8: tokens, adder, tensors
+ *   safetensors.c               safetensors reading and writing (checkpoints, the tensors source)
+ *
+ * Conventions: functions return 0 on success and -1 on failure, or a pointer that is NULL on
+ * failure; on failure they fill the RtError the caller passes (which may be NULL) with one line
+ * naming the file and what is wrong.  Nothing here calls exit() or prints. */
+#ifndef CPLANRT_H
+#define CPLANRT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- errors -------------------------------------------------------------------------------- */
+
+#define RT_ERROR_MAX 512
+
+typedef struct RtError {
+  char msg[RT_ERROR_MAX]; /* "data/train.bin: bad magic 12345 (expected 20240520): ..." */
+} RtError;
+
+/* Formats a message into err (when not NULL) and returns -1, so `return rt_errf(...)` reads well. */
+int rt_errf(RtError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- data.c: tokens(path) ------------------------------------------------------------------- */
+
+/* llm.c's token file: 256 little-endian int32 (magic, version, count, ...) then uint16 tokens. */
+#define RT_TOKENS_MAGIC 20240520
+#define RT_TOKENS_VERSION 1
+#define RT_TOKENS_HEADER_INTS 256
+
+typedef struct RtTokens RtTokens;
+
+/* Reads and validates the whole file: magic, version, that the size matches the count, and that
+ * every token is < vocab (the first bad one is named by position and value). */
+RtTokens *rt_tokens_open(const char *path, int vocab, RtError *err);
+void rt_tokens_close(RtTokens *t);
+int64_t rt_tokens_count(const RtTokens *t);
+
+/* S = floor((ntokens - 1) / (N*T)), the number of distinct steps before the data wraps around.
+ * Returns -1 with an error saying how many tokens are needed when S would be 0. */
+int64_t rt_tokens_steps(const RtTokens *t, int64_t n, int64_t seq, RtError *err);
+
+/* Samples [j0, j1) of step `step` for global batch N and sequence length T (§8): sample j reads
+ * tokens [o + j*T, o + j*T + T + 1) with o = (step mod S)*N*T.  Row r = j - j0 of `inputs` and
+ * `targets` (each (j1 - j0) x T int32, row-major) gets the first T and the last T of them. */
+int rt_tokens_batch(const RtTokens *t, int64_t n, int64_t seq, int64_t step, int64_t j0,
+                    int64_t j1, int32_t *inputs, int32_t *targets, RtError *err);
+
+/* ---- data.c: adder(digits = d) -------------------------------------------------------------- */
+
+/* Tokens of the adder task (vocab 13). */
+enum { RT_ADD_PLUS = 10, RT_ADD_EQUALS = 11, RT_ADD_END = 12, RT_ADD_VOCAB = 13 };
+#define RT_ADDER_MAX_DIGITS 9 /* a*10^d + b must fit in 64 bits */
+
+/* A problem is a + b with a, b < 10^d.  Its key is a*10^d + b.
+ *
+ * Sequence (3d+3 tokens, then RT_ADD_END up to T+1): the d digits of a (most significant first,
+ * zero-padded), '+', the d digits of b, '=', the d+1 digits of c = a+b least significant FIRST
+ * (zero-padded), e.g. d=2, 12+34: 1 2 + 3 4 = 6 4 0 end...  inputs = tokens[0, T), targets =
+ * tokens[1, T+1) with every target -1 except those that are digits of c.
+ *
+ * Held out: ((key * 2654435761) mod 2^32) mod 10 == 0 (rt_adder_held_out).
+ *
+ * Training order (counter-based, the same under every strategy and rank count): sample j of step
+ * s with seed `seed` is the first attempt k = 0, 1, ... whose problem is not held out, where
+ *   r = splitmix64(splitmix64(splitmix64(splitmix64(seed) ^ s) ^ j) ^ k),
+ *   a = (r mod 2^32) mod 10^d,  b = (r div 2^32) mod 10^d,
+ * and splitmix64(x) is the finalizer of Steele et al.'s SplitMix64 applied to x + 0x9e3779b97f4a7c15
+ * (rt_splitmix64).  About one attempt in ten is rejected.
+ *
+ * Evaluation order: the held-out problems sorted by key, H of them; evaluation sample i (i = s*N
+ * + j counted from the start of each evaluation) is the (i mod H)-th.  For d <= 3 the list is
+ * built when the source is opened; for larger d it has 10^(2d)/10 entries, too many to list, so
+ * sample i is drawn instead exactly as training sample (s, j) but from seed ~seed and ACCEPTING
+ * only held-out problems. */
+typedef struct RtAdder RtAdder;
+
+RtAdder *rt_adder_open(int digits, int64_t seed, RtError *err);
+void rt_adder_close(RtAdder *a);
+int rt_adder_digits(const RtAdder *a);
+uint64_t rt_splitmix64(uint64_t x);
+int rt_adder_held_out(int digits, uint64_t a, uint64_t b);
+/* The problem of training (eval = 0) or evaluation (eval = 1) sample j of step s. */
+void rt_adder_problem(const RtAdder *a, int eval, int64_t step, int64_t n, int64_t j,
+                      uint64_t *pa, uint64_t *pb);
+/* Writes the T+1 tokens of a + b into seq; -1 with an error when T+1 < 3d+3. */
+int rt_adder_sequence(int digits, uint64_t a, uint64_t b, int64_t seq_len, int32_t *seq,
+                      RtError *err);
+/* Samples [j0, j1) of step s, as rt_tokens_batch. */
+int rt_adder_batch(const RtAdder *a, int eval, int64_t n, int64_t seq, int64_t step, int64_t j0,
+                   int64_t j1, int32_t *inputs, int32_t *targets, RtError *err);
+
+/* ---- safetensors.c -------------------------------------------------------------------------- */
+
+/* Checklist: if you add a dtype, update the table in safetensors.c. */
+typedef enum RtDtype {
+  RT_F64, RT_F32, RT_F16, RT_BF16, RT_I64, RT_I32, RT_I16, RT_I8, RT_U8, RT_U16, RT_BOOL,
+  RT_DTYPE_COUNT
+} RtDtype;
+
+#define RT_ST_MAX_DIMS 8
+#define RT_ST_MAX_HEADER (100 * 1024 * 1024) /* the safetensors library's own limit */
+
+typedef struct RtStTensor {
+  const char *name;               /* param path, e.g. "h.0.attn.c_attn.weight" */
+  RtDtype dtype;
+  int ndim;                       /* 0 is a scalar */
+  int64_t shape[RT_ST_MAX_DIMS];
+  void *data;                     /* elements, little-endian, row-major; in a file that
+                                     rt_st_write did not write it may be unaligned */
+} RtStTensor;
+
+const char *rt_dtype_name(RtDtype d);   /* "F32" */
+size_t rt_dtype_size(RtDtype d);        /* bytes per element */
+int64_t rt_st_numel(const RtStTensor *t);
+
+/* Writes PATH.tmp, syncs it, then renames it to PATH, so a crash never leaves half a file.
+ * meta_keys/meta_values (n_meta pairs, may be 0) become the "__metadata__" object. */
+int rt_st_write(const char *path, const RtStTensor *tensors, int n, const char *const *meta_keys,
+                const char *const *meta_values, int n_meta, RtError *err);
+
+typedef struct RtStFile RtStFile;
+
+/* Loads the whole file and validates it: header length, JSON, known dtypes, shapes, offsets
+ * inside the data and not overlapping, sizes equal to dtype size * shape, no duplicate names. */
+RtStFile *rt_st_open(const char *path, RtError *err);
+void rt_st_close(RtStFile *f);
+const char *rt_st_path(const RtStFile *f);
+int rt_st_count(const RtStFile *f);
+const RtStTensor *rt_st_tensor(const RtStFile *f, int i); /* in header order */
+const RtStTensor *rt_st_find(const RtStFile *f, const char *name); /* NULL when absent */
+const char *rt_st_meta(const RtStFile *f, const char *key);   /* NULL when absent */
+/* Copies tensor `name` into dst after checking it exists with this dtype and shape. */
+int rt_st_read(const RtStFile *f, const char *name, RtDtype dtype, int ndim,
+               const int64_t *shape, void *dst, RtError *err);
+
+/* ---- data.c: tensors(path) ------------------------------------------------------------------ */
+
+/* A safetensors file with one F32 or I32 tensor per model input, named as the inputs, whose first
+ * dim counts samples (the same count for all).  Sample j of step s is row (s*N + j) mod rows. */
+typedef struct RtTensorSource RtTensorSource;
+
+RtTensorSource *rt_tsrc_open(const char *path, const char *const *inputs, int n_inputs,
+                             RtError *err);
+void rt_tsrc_close(RtTensorSource *s);
+int64_t rt_tsrc_rows(const RtTensorSource *s);
+const RtStTensor *rt_tsrc_input(const RtTensorSource *s, int i); /* for shape checks */
+/* Copies rows for samples [j0, j1) of step s of input i into out, packed. */
+int rt_tsrc_batch(const RtTensorSource *s, int i, int64_t n, int64_t step, int64_t j0,
+                  int64_t j1, void *out, RtError *err);
+
+#endif
