@@ -6,6 +6,9 @@
 #include "cplan.h"
 #include "ir.h"
 #include "sema.h"
+#include "../runtime/cplanrt.h"
+
+#include <errno.h>
 
 #include <stdlib.h>
 #include <string.h>
@@ -20,12 +23,16 @@ typedef struct Options {
   const char *stage;  /* emit --stage=... */
   bool json;
   VEC(const char *) sets; /* --set key=value */
+  const char *out;    /* data: -o PATH */
+  const char *val;    /* data: --val FRACTION */
+  const char *kind;   /* data: the kind of input ("text") */
 } Options;
 
 typedef int (*CmdFn)(Options *o);
 
 static int cmd_check(Options *o);
 static int cmd_emit(Options *o);
+static int cmd_data(Options *o);
 
 /* The subcommand table: --help, dispatch and "did you mean" read it.
  * Checklist: a new command needs a row here and a section in README.md. */
@@ -59,9 +66,21 @@ static const Command commands[] = {
     {"build", NULL, "compile a training program (not yet available)", NULL},
     {"run", NULL, "build and run a training program (not yet available)", NULL},
     {"calibrate", NULL, "measure this machine for the cost model (not yet available)", NULL},
-    {"data", NULL, "prepare training data (not yet available)", NULL},
+    {"data", cmd_data, "turn a text file into training data (byte-level tokens)",
+     "usage: cplanc data text FILE -o OUT.bin [--val FRACTION]\n"
+     "\n"
+     "Writes the bytes of FILE as tokens (vocab 256) in llm.c's token format, which\n"
+     "`data = tokens(\"OUT.bin\")` reads. With --val, the last FRACTION of the bytes\n"
+     "(0 < FRACTION < 1) goes to a validation file beside OUT, named OUT with\n"
+     "`.bin` replaced by `_val.bin`, and the rest to OUT.\n"},
 };
 enum { NCOMMANDS = sizeof commands / sizeof commands[0] };
+
+static const Command *command_named(const char *name) {
+  for (int i = 0; i < NCOMMANDS; i++)
+    if (strcmp(commands[i].name, name) == 0) return &commands[i];
+  cp_unreachable();
+}
 
 static void print_help(FILE *f) {
   fprintf(f,
@@ -180,13 +199,13 @@ static int cmd_check(Options *o) {
 
 static int cmd_emit(Options *o) {
   static const char *const stages[] = {"ast", "ir"};
-  if (!o->stage) return usage_error(&commands[1], "emit needs --stage=STAGE%s", "");
+  if (!o->stage) return usage_error(command_named("emit"), "emit needs --stage=STAGE%s", "");
   bool ast = strcmp(o->stage, "ast") == 0;
   if (!ast && strcmp(o->stage, "ir") != 0) {
     const char *near = cp_closest(o->stage, stages, 2);
     fprintf(stderr, "cplanc: unknown stage '%s'%s%s%s\n", o->stage, near ? " (did you mean '" : "",
             near ? near : "", near ? "'?)" : "");
-    fprintf(stderr, "%s", commands[1].usage);
+    fprintf(stderr, "%s", command_named("emit")->usage);
     return EXIT_USAGE;
   }
   Front fe;
@@ -199,6 +218,53 @@ static int cmd_emit(Options *o) {
     Graph *g = elaborate(&fe, fe.models.a[i]);
     if (g) ir_print(stdout, g);
   }
+  return finish();
+}
+
+/* `cplanc data text FILE -o OUT [--val F]`: byte-level tokens, as nanoGPT's
+ * shakespeare_char does with characters, so any text trains with vocab 256. */
+static int write_token_file(const char *path, const unsigned char *bytes, int64_t n) {
+  uint16_t *toks = cp_alloc((size_t)(n > 0 ? n : 1) * sizeof *toks);
+  for (int64_t i = 0; i < n; i++) toks[i] = bytes[i];
+  RtError err = {0};
+  if (rt_tokens_write(path, toks, n, &err) < 0) {
+    diag_error(SPAN_NONE, "%s", err.msg);
+    return -1;
+  }
+  printf("wrote %s tokens to %s\n", cp_commas(n), path);
+  return 0;
+}
+
+static const char *val_path(const char *out) {
+  size_t n = strlen(out);
+  if (n > 4 && strcmp(out + n - 4, ".bin") == 0) return cp_fmt("%.*s_val.bin", (int)(n - 4), out);
+  return cp_fmt("%s_val.bin", out);
+}
+
+static int cmd_data(Options *o) {
+  const Command *c = command_named("data");
+  if (!o->kind || strcmp(o->kind, "text") != 0)
+    return usage_error(c, "unknown data kind '%s': the kind is 'text'", o->kind ? o->kind : "");
+  if (!o->out) return usage_error(c, "data text needs -o OUT.bin%s", "");
+  double frac = 0;
+  if (o->val) {
+    char *end;
+    frac = strtod(o->val, &end);
+    if (*end || !(frac > 0 && frac < 1)) return usage_error(c, "--val takes a fraction between 0 and 1, got '%s'", o->val);
+  }
+  int file = src_load(o->file);
+  if (file < 0) {
+    diag_error(SPAN_NONE, "cannot open '%s': %s", o->file, strerror(errno));
+    return finish();
+  }
+  const unsigned char *bytes = (const unsigned char *)src_text(file);
+  int64_t n = (int64_t)src_len(file), nval = (int64_t)(frac * (double)n);
+  if (n - nval < 2) {
+    diag_error(SPAN_NONE, "'%s' has %lld bytes: too little text to train on", o->file, (long long)n);
+    return finish();
+  }
+  if (write_token_file(o->out, bytes, n - nval) == 0 && nval > 0)
+    write_token_file(val_path(o->out), bytes + (n - nval), nval);
   return finish();
 }
 
@@ -241,8 +307,14 @@ static int run_command(const Command *c, int argc, char **argv) {
       o.model = v;
     } else if (opt_value(argc, argv, &i, "--stage", &v, &status)) {
       o.stage = v;
+    } else if (c->run == cmd_data && opt_value(argc, argv, &i, "-o", &v, &status)) {
+      o.out = v;
+    } else if (c->run == cmd_data && opt_value(argc, argv, &i, "--val", &v, &status)) {
+      o.val = v;
     } else if (a[0] == '-' && a[1]) {
       return usage_error(c, "unknown option '%s'", a);
+    } else if (c->run == cmd_data && !o.kind) {
+      o.kind = a;
     } else if (o.file) {
       return usage_error(c, "more than one input file ('%s')", a);
     } else {

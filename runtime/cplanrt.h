@@ -40,6 +40,9 @@ RtTokens *rt_tokens_open(const char *path, int vocab, RtError *err);
 void rt_tokens_close(RtTokens *t);
 int64_t rt_tokens_count(const RtTokens *t);
 
+/* Writes tokens (each < 65536) as an llm.c token file, through PATH.tmp and rename(). */
+int rt_tokens_write(const char *path, const uint16_t *tokens, int64_t n, RtError *err);
+
 /* S = floor((ntokens - 1) / (N*T)), the number of distinct steps before the data wraps around.
  * Returns -1 with an error saying how many tokens are needed when S would be 0. */
 int64_t rt_tokens_steps(const RtTokens *t, int64_t n, int64_t seq, RtError *err);

@@ -339,3 +339,42 @@ int rt_tsrc_batch(const RtTensorSource *s, int i, int64_t n, int64_t step, int64
   }
   return 0;
 }
+
+/* ---- writing token files (cplanc data) ------------------------------------------------------ */
+
+static int write_tokens_body(FILE *fp, const uint16_t *tokens, int64_t n) {
+  int32_t hdr[RT_TOKENS_HEADER_INTS] = {0};
+  hdr[0] = RT_TOKENS_MAGIC;
+  hdr[1] = RT_TOKENS_VERSION;
+  hdr[2] = (int32_t)n;
+  unsigned char le[4 * RT_TOKENS_HEADER_INTS];
+  for (int i = 0; i < RT_TOKENS_HEADER_INTS; i++)
+    for (int b = 0; b < 4; b++) le[4 * i + b] = (unsigned char)((uint32_t)hdr[i] >> (8 * b));
+  if (fwrite(le, 1, sizeof le, fp) != sizeof le) return -1;
+  for (int64_t i = 0; i < n; i++) {
+    unsigned char t[2] = {(unsigned char)(tokens[i] & 0xff), (unsigned char)(tokens[i] >> 8)};
+    if (fwrite(t, 1, 2, fp) != 2) return -1;
+  }
+  return fflush(fp);
+}
+
+int rt_tokens_write(const char *path, const uint16_t *tokens, int64_t n, RtError *err) {
+  if (n < 0 || n > INT32_MAX) return rt_errf(err, "%s: %lld tokens do not fit the header's int32 count", path, (long long)n);
+  size_t plen = strlen(path);
+  char *tmp = malloc(plen + 5);
+  if (!tmp) return rt_errf(err, "%s: out of memory", path);
+  memcpy(tmp, path, plen);
+  memcpy(tmp + plen, ".tmp", 5);
+  int rc = 0;
+  FILE *fp = fopen(tmp, "wb");
+  if (!fp) rc = rt_errf(err, "%s: cannot create: %s", tmp, strerror(errno));
+  else {
+    int bad = write_tokens_body(fp, tokens, n), e = errno;
+    if (fclose(fp) != 0 && !bad) { bad = -1; e = errno; }
+    if (bad) rc = rt_errf(err, "%s: write failed: %s", tmp, strerror(e));
+    else if (rename(tmp, path) != 0) rc = rt_errf(err, "%s: cannot rename %s to it: %s", path, tmp, strerror(errno));
+    if (rc) remove(tmp);
+  }
+  free(tmp);
+  return rc;
+}

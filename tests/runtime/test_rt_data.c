@@ -126,6 +126,26 @@ static void test_tokens_errors(void) {
 
 /* ---- adder ------------------------------------------------------------------------------------- */
 
+/* What rt_tokens_write writes, rt_tokens_open reads back, token for token. */
+static void test_tokens_write(void) {
+  RtError e = {0};
+  char path[320];
+  snprintf(path, sizeof path, "%s/written.bin", dir);
+  uint16_t toks[300];
+  for (int i = 0; i < 300; i++) toks[i] = (uint16_t)(i * 7 % 256);
+  CHECK(rt_tokens_write(path, toks, 300, &e) == 0, "write: %s", e.msg);
+  RtTokens *t = rt_tokens_open(path, 256, &e);
+  CHECK(t, "reopen written.bin: %s", e.msg);
+  if (!t) return;
+  CHECK(rt_tokens_count(t) == 300, "written count");
+  int32_t in[10], tg[10];
+  CHECK(rt_tokens_batch(t, 1, 10, 1, 0, 1, in, tg, &e) == 0, "batch: %s", e.msg);
+  CHECK(in[0] == toks[10] && tg[9] == toks[20], "written tokens read back in order");
+  rt_tokens_close(t);
+  snprintf(path, sizeof path, "%s/no/such/dir/x.bin", dir);
+  CHECK(rt_tokens_write(path, toks, 3, &e) < 0 && strstr(e.msg, "cannot create"), "unwritable path: %s", e.msg);
+}
+
 static void test_adder_format(void) {
   RtError e = {""};
   int32_t seq[12];
@@ -384,6 +404,7 @@ int main(void) {
   if (!mkdtemp(dir)) { perror("mkdtemp"); return 1; }
   test_tokens_batches();
   test_tokens_errors();
+  test_tokens_write();
   test_adder_format();
   test_adder_order();
   test_adder_split(2, 0, 1);
