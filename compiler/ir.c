@@ -83,6 +83,8 @@ static bool bad(char *err, size_t errlen, const char *fmt, ...) {
 Graph *ir_new(const char *model_name) {
   Graph *g = cp_alloc(sizeof *g);
   g->loss = -1;
+  g->grad_norm = -1;
+  g->accum = 1;
   g->cur_layer = -1;
   g->model_name = model_name ? cp_strdup(model_name) : NULL;
   return g;
@@ -104,6 +106,7 @@ int ir_add(Graph *g, OpId op, const int *in, int nin, Span span) {
     n->in = cp_alloc((size_t)nin * sizeof *n->in);
     memcpy(n->in, in, (size_t)nin * sizeof *n->in);
   }
+  n->fwd = -1;
   n->layer = g->cur_layer;
   n->role = ROLE_FWD;
   n->span = span;
@@ -125,6 +128,7 @@ static void op_arity(OpId op, int *fixed, bool *variadic) {
 }
 
 static bool arity_ok(const Node *n, char *err, size_t errlen) {
+  if (n->op == OP_GRAD) return true; /* its arity follows its forward node: the rule checks it */
   int fixed;
   bool variadic;
   op_arity(n->op, &fixed, &variadic);
@@ -184,7 +188,7 @@ static bool verify_node(const Graph *g, int i, char *err, size_t errlen) {
     return bad(err, errlen, "node %%%d (%s): layer %d out of range", i, op->name, n->layer);
   if (n->role != ROLE_FWD && n->role != ROLE_BWD && n->role != ROLE_UPD)
     return bad(err, errlen, "node %%%d (%s): invalid role %d", i, op->name, (int)n->role);
-  if ((n->op == OP_PARAM || n->op == OP_INPUT) && !n->name)
+  if ((n->op == OP_PARAM || n->op == OP_INPUT || n->op == OP_STATE || n->op == OP_SCALAR_IN) && !n->name)
     return bad(err, errlen, "node %%%d (%s): has no name", i, op->name);
   if (n->op == OP_INPUT && (n->ia[1] < -1 || n->ia[1] >= n->shape.rank))
     return bad(err, errlen, "node %%%d (input '%s'): batch dim %lld out of range", i, n->name, (long long)n->ia[1]);
@@ -227,6 +231,15 @@ bool ir_verify(const Graph *g, char *err, size_t errlen) {
   if (nparams != g->params.n)
     return bad(err, errlen, "graph has %d param nodes but lists %d params", nparams, g->params.n);
   if (g->loss != -1 && !verify_scalar(g, g->loss, "loss", err, errlen)) return false;
+  if (g->grad_norm != -1 && !verify_scalar(g, g->grad_norm, "grad_norm", err, errlen)) return false;
+  if (!verify_list(g, g->states.a, g->states.n, OP_STATE, "state", err, errlen)) return false;
+  if (g->grads.n != 0 && g->grads.n != g->params.n)
+    return bad(err, errlen, "graph lists %d grads for %d params", g->grads.n, g->params.n);
+  for (int k = 0; k < g->grads.n; k++) {
+    int gi = g->grads.a[k];
+    if (gi != -1 && (gi < 0 || gi >= g->n || !shape_eq(&g->nodes[gi].shape, &g->nodes[g->params.a[k]].shape)))
+      return bad(err, errlen, "grad of param '%s' is %%%d, not a node of its shape", g->nodes[g->params.a[k]].name, gi);
+  }
   for (int k = 0; k < g->metrics.n; k++)
     if (!verify_scalar(g, g->metrics.a[k].node, cp_fmt("metric '%s'", g->metrics.a[k].name), err, errlen))
       return false;

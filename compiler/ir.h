@@ -46,6 +46,7 @@ typedef struct Node {
   int64_t dims[CP_MAX_RANK];
   int ndims;
   const char *name;   /* PARAM: its path ("h.0.attn.c_attn.weight"); INPUT: its name */
+  int fwd;            /* GRAD: the forward node whose input gradient this is; -1 otherwise */
   int layer;          /* index into Graph.layer_names, or -1 outside every loop */
   Role role;
   Span span;          /* the .cplan text it came from */
@@ -65,6 +66,12 @@ typedef struct Graph {
   VEC(Metric) metrics;
   VEC(const char *) layer_names; /* "h.0", "h.1", ...: one per loop iteration */
   int loss;           /* node index of the scalar loss, -1 if none */
+  /* Filled by autodiff and the optimizer lowering (training graphs only): */
+  VEC(int) grads;     /* per param (parallel to params): its gradient for one micro-batch, -1
+                         when the loss does not depend on it */
+  VEC(int) states;    /* STATE nodes: optimizer moments and gradient accumulators */
+  int grad_norm;      /* node of the global gradient norm (before clipping), -1 if none */
+  int64_t accum;      /* micro-batches per optimizer step (the gradient seed is 1/accum) */
   int cur_layer;      /* the layer new nodes get (sema sets it while unrolling) */
   const char *model_name;
   int64_t batch;      /* the value B was bound to when the graph was built */
@@ -77,6 +84,7 @@ enum {
   OPF_ELEMENTWISE = 1 << 2, /* output shape = broadcast of the inputs */
   OPF_NOGRAD = 1 << 3,      /* not differentiable: comparisons, argmax, arange */
   OPF_MACRO = 1 << 4,       /* expanded by sema into other ops (split) */
+  OPF_INTERNAL = 1 << 5,    /* made by passes (autodiff, optimizer), never by a call */
 };
 
 typedef struct OpInfo {

@@ -121,6 +121,43 @@ static bool shape_leaf(const Graph *g, Node *n, char *err, size_t errlen) {
   return true;
 }
 
+/* ---- internal ops of training graphs (autodiff, optimizer) ------------------------------ */
+
+/* GRAD: inputs [dy, forward inputs..., forward node]; the type of forward input ia[0]. These
+ * are made by passes, so a failure here is a bug in the pass, reported by ir_verify. */
+static bool shape_grad(const Graph *g, Node *n, char *err, size_t errlen) {
+  if (n->fwd < 0 || n->fwd >= g->n) return fail(err, errlen, "grad: forward node %d out of range", n->fwd);
+  const Node *f = &g->nodes[n->fwd];
+  if (ir_ops[f->op].flags & (OPF_LEAF | OPF_NOGRAD))
+    return fail(err, errlen, "grad: %s has no gradient", ir_ops[f->op].name);
+  if (n->nin != f->nin + 2) return fail(err, errlen, "grad: expected %d inputs, got %d", f->nin + 2, n->nin);
+  if (n->in[n->nin - 1] != n->fwd) return fail(err, errlen, "grad: the last input must be the forward node");
+  for (int k = 0; k < f->nin; k++)
+    if (n->in[1 + k] != f->in[k]) return fail(err, errlen, "grad: input %d is not the forward node's input %d", 1 + k, k);
+  const Node *dy = in_node(g, n, 0);
+  if (!shape_eq(&dy->shape, &f->shape))
+    return fail(err, errlen, "grad: dy %s does not match the forward output %s", shape_str(&dy->shape), shape_str(&f->shape));
+  if (n->ia[0] < 0 || n->ia[0] >= f->nin) return fail(err, errlen, "grad: input index %lld out of range", (long long)n->ia[0]);
+  const Node *x = &g->nodes[f->in[n->ia[0]]];
+  if (!is_float(x->dtype)) return fail(err, errlen, "grad: input %lld of %s is an integer tensor", (long long)n->ia[0], ir_ops[f->op].name);
+  n->shape = x->shape;
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* ASSIGN / ACCUM: dst (a PARAM or STATE) and a value of exactly its type. */
+static bool shape_assign(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *dst = in_node(g, n, 0), *v = in_node(g, n, 1);
+  if (dst->op != OP_PARAM && dst->op != OP_STATE)
+    return fail(err, errlen, "%s: the destination must be a param or state, got %s", op_name(n), ir_ops[dst->op].name);
+  if (!shape_eq(&dst->shape, &v->shape) || dst->dtype != v->dtype)
+    return fail(err, errlen, "%s: value %s%s does not match the destination %s%s", op_name(n), dtype_name(v->dtype),
+                shape_str(&v->shape), dtype_name(dst->dtype), shape_str(&dst->shape));
+  n->shape = dst->shape;
+  n->dtype = dst->dtype;
+  return true;
+}
+
 static bool shape_arange(const Graph *g, Node *n, char *err, size_t errlen) {
   if (n->ia[0] < 1) return fail(err, errlen, "arange: n must be >= 1, got %lld", (long long)n->ia[0]);
   n->shape = (Shape){.rank = 1, .d = {n->ia[0]}};
@@ -545,6 +582,10 @@ static bool shape_argmax(const Graph *g, Node *n, char *err, size_t errlen) {
 static double out_numel(const Node *n) { return (double)shape_numel(&n->shape); }
 
 static double flops_zero(const Graph *g, const Node *n) { return 0; }
+/* A backward costs about what its forward does, per input gradient (2x for a matmul). */
+static double flops_grad(const Graph *g, const Node *n) {
+  return n->fwd >= 0 && n->fwd < g->n ? ir_ops[g->nodes[n->fwd].op].flops(g, &g->nodes[n->fwd]) : 0;
+}
 static double flops_ew1(const Graph *g, const Node *n) { return out_numel(n); }
 static double flops_ew4(const Graph *g, const Node *n) { return 4 * out_numel(n); }
 static double flops_ew8(const Graph *g, const Node *n) { return 8 * out_numel(n); }
@@ -579,7 +620,7 @@ const OpInfo ir_ops[OP__COUNT] = {
 #undef OP
 };
 
-static bool callable(const OpInfo *op) { return !(op->flags & (OPF_OPERATOR | OPF_LEAF)); }
+static bool callable(const OpInfo *op) { return !(op->flags & (OPF_OPERATOR | OPF_LEAF | OPF_INTERNAL)); }
 
 const OpInfo *ir_op_by_name(const char *name, OpId *id) {
   for (int i = 0; i < OP__COUNT; i++) {

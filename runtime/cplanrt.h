@@ -156,4 +156,112 @@ const RtStTensor *rt_tsrc_input(const RtTensorSource *s, int i); /* for shape ch
 int rt_tsrc_batch(const RtTensorSource *s, int i, int64_t n, int64_t step, int64_t j0,
                   int64_t j1, void *out, RtError *err);
 
+/* ---- train.c: the training program's main loop ------------------------------------------------
+ *
+ * A program built by `cplanc build` is plan.c (generated) + this runtime. plan.c defines one
+ * RtPlan, the specialized code of its step, and
+ *     int main(int argc, char **argv) { return rt_main(argc, argv, &cplan_plan); }
+ * Everything that is the same for every model lives here: flags, data feeding, the progress
+ * line, metrics, checkpoints and resume, signals, NaN detection, param initialization.
+ * Checklist: a field added here is filled by codegen/emit_c.c and read by train.c. */
+
+/* How a param starts (the values of compiler/ir.h InitKind). */
+typedef enum RtInit { RT_INIT_ZEROS, RT_INIT_ONES, RT_INIT_FULL, RT_INIT_NORMAL, RT_INIT_UNIFORM } RtInit;
+
+typedef struct RtPlanParam {
+  const char *name;             /* param path: "h.0.attn.c_attn.weight" (checkpoint tensor name) */
+  int rank;
+  int64_t shape[RT_ST_MAX_DIMS];
+  int64_t numel;
+  int64_t offset;               /* in floats, into RtRun.params */
+  RtInit init;
+  double init_a, init_b;        /* full(a), normal(std = a), uniform(lo = a, hi = b) */
+} RtPlanParam;
+
+typedef struct RtPlanState {
+  const char *name;             /* "<param path>.exp_avg", "<param path>.grad", ... */
+  int64_t numel;
+  int64_t offset;               /* in floats, into RtRun.state */
+  int saved;                    /* 1: optimizer state, saved in checkpoints; 0: gradient
+                                   accumulators, zero at every step boundary */
+} RtPlanState;
+
+typedef struct RtPlanInput {
+  const char *name;             /* the model input's name */
+  int rank;
+  int64_t shape[RT_ST_MAX_DIMS];/* per micro-batch: shape[0] is the micro-batch size */
+  RtDtype dtype;                /* RT_I32 or RT_F32 */
+} RtPlanInput;
+
+typedef enum RtDataKind { RT_DATA_TOKENS, RT_DATA_ADDER, RT_DATA_TENSORS } RtDataKind;
+
+typedef struct RtRun RtRun;
+
+typedef struct RtPlan {
+  const char *model;            /* the model's name */
+  const char *source;           /* the .cplan file it was built from */
+  const char *source_hash;      /* identifies the build (checkpoints record it) */
+  /* params, optimizer state and gradient buffers, each in one f32 array */
+  int nparams;
+  const RtPlanParam *params;
+  int64_t param_floats;
+  int nstates;
+  const RtPlanState *states;
+  int64_t state_floats;
+  int64_t work_bytes;           /* the arena activations and gradients live in */
+  /* inputs, in the model's declaration order; for tokens and adder data: (inputs, targets) */
+  int ninputs;
+  const RtPlanInput *inputs;
+  int nmetrics;
+  const char *const *metric_names;
+  /* data (paths resolved when the plan was built) */
+  RtDataKind data_kind;
+  const char *data_path, *val_path; /* val_path NULL: no evaluation data */
+  int digits;                   /* adder */
+  int64_t vocab;                /* tokens are checked against it */
+  int64_t seq_len;              /* T: dim 1 of the first input */
+  /* the plan */
+  int64_t batch, micro, accum;  /* batch = micro * accum on one device */
+  int64_t steps;                /* the schedule's length (--steps may stop earlier) */
+  int64_t seed;
+  int64_t eval_every, eval_batches;
+  int64_t ckpt_every, ckpt_keep;/* 0: no checkpoints unless flags ask */
+  const char *ckpt_dir;
+  int64_t log_every;
+  const char *log_file;         /* metrics JSONL from the plan, NULL: none */
+  double flops_per_step;        /* forward + backward FLOPs of one optimizer step */
+  /* the generated code */
+  double (*lr_at)(int64_t step);/* the schedule, step counted from 0 */
+  /* One micro-batch: forward, backward, and ACCUM into the gradient buffers (the gradient is
+   * seeded with 1/accum). inputs[i] points at plan->inputs[i]'s data. Writes the loss and the
+   * metrics (nmetrics values) of this micro-batch. */
+  void (*micro_step)(RtRun *run, const void *const *inputs, double *loss, double *metrics);
+  /* After accum micro-steps: clipping, the optimizer update of params and state, and zeroing of
+   * the gradient buffers. Returns the global gradient norm before clipping. */
+  double (*update)(RtRun *run);
+  /* Forward only, for evaluation: loss and metrics of one micro-batch. */
+  void (*eval_step)(RtRun *run, const void *const *inputs, double *loss, double *metrics);
+} RtPlan;
+
+/* What the generated code reads and writes while it runs. */
+struct RtRun {
+  const RtPlan *plan;
+  float *params;                /* plan->param_floats */
+  float *state;                 /* plan->state_floats */
+  unsigned char *work;          /* plan->work_bytes, 64-byte aligned */
+  int64_t step;                 /* the optimizer step being computed, from 0 */
+  int64_t micro_index;          /* 0 .. accum-1 within the step */
+  int threads;
+};
+
+/* Parses the program's flags (--help lists them), trains, and returns the exit status:
+ * 0 success (also after SIGINT/SIGTERM, which finish the step and write a checkpoint), 1 an
+ * error (bad data, NaN loss, I/O), 2 bad usage. */
+int rt_main(int argc, char **argv, const RtPlan *plan);
+
+/* The counter-based generator behind init values and dropout masks: a uniform double in
+ * [0, 1) from (seed, a 64-bit key, an element index), the same on every rank and strategy. */
+double rt_uniform(uint64_t seed, uint64_t key, uint64_t index);
+uint64_t rt_hash_str(const char *s); /* the key of a param path */
+
 #endif

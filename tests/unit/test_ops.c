@@ -634,6 +634,55 @@ static void test_print(void) {
   free(buf);
 }
 
+/* The internal ops of training graphs: state, scalar_in, grad, assign, accum. */
+static void test_internal(void) {
+  int p = ir_add(g, OP_PARAM, NULL, 0, SPAN_NONE);
+  at(p)->shape = (Shape){2, {8, 3}};
+  at(p)->name = "w";
+  OK(p, "f32[8, 3]");
+  int st = ir_add(g, OP_STATE, NULL, 0, SPAN_NONE);
+  at(st)->shape = (Shape){2, {8, 3}};
+  at(st)->name = "w.exp_avg";
+  OK(st, "f32[8, 3]");
+  int lr = ir_add(g, OP_SCALAR_IN, NULL, 0, SPAN_NONE);
+  at(lr)->name = "lr";
+  OK(lr, "f32[]");
+  /* y = x @ w; the gradient of w (input 1) has w's type */
+  int x = T(DT_F32, 2, 4, 8), y = N2(OP_MATMUL, x, p);
+  OK(y, "f32[4, 3]");
+  int dy = T(DT_F32, 2, 4, 3);
+  int gin[4] = {dy, x, p, y};
+  int gw = ir_add(g, OP_GRAD, gin, 4, SPAN_NONE);
+  at(gw)->fwd = y;
+  at(gw)->ia[0] = 1;
+  OK(gw, "f32[8, 3]");
+  at(gw)->ia[0] = 0;
+  OK(gw, "f32[4, 8]");
+  at(gw)->ia[0] = 2;
+  ERR(gw, "input index 2 out of range");
+  at(gw)->ia[0] = 1;
+  at(gw)->in[0] = x;
+  ERR(gw, "does not match the forward output");
+  at(gw)->in[0] = dy;
+  at(gw)->in[3] = x;
+  ERR(gw, "the last input must be the forward node");
+  at(gw)->in[3] = y;
+  OK(gw, "f32[8, 3]");
+  int idx = T(DT_I32, 1, 4), e = N2(OP_EMBEDDING, p, idx);
+  OK(e, "f32[4, 3]");
+  int gin2[4] = {dy, p, idx, e};
+  int gi = ir_add(g, OP_GRAD, gin2, 4, SPAN_NONE);
+  at(gi)->fwd = e;
+  at(gi)->ia[0] = 1;
+  ERR(gi, "is an integer tensor");
+  at(gi)->ia[0] = 0;
+  OK(gi, "f32[8, 3]");
+  OK(N2(OP_ASSIGN, st, gw), "f32[8, 3]");
+  OK(N2(OP_ACCUM, p, gw), "f32[8, 3]");
+  ERR(N2(OP_ASSIGN, st, dy), "does not match the destination");
+  ERR(N2(OP_ASSIGN, x, x), "the destination must be a param or state");
+}
+
 /* The checklist in ops.def: every op has a case here. */
 static void test_coverage(void) {
   for (int op = 0; op < OP__COUNT; op++)
@@ -658,6 +707,7 @@ int main(void) {
   test_rope_dropout();
   test_sdpa();
   test_loss();
+  test_internal();
   test_arity();
   test_flops();
   test_names();
