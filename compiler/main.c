@@ -2,10 +2,12 @@
  * subcommands, runs the passes in order (parse -> sema -> settings -> elaborate ->
  * report), and maps the outcome to the exit status: 0 success, 1 user error (a
  * diagnostic was printed), 2 bad usage. */
+#include "build.h"
 #include "check.h"
 #include "cplan.h"
 #include "ir.h"
 #include "sema.h"
+#include "train.h"
 #include "../runtime/cplanrt.h"
 
 #include <errno.h>
@@ -26,6 +28,9 @@ typedef struct Options {
   const char *out;    /* data: -o PATH */
   const char *val;    /* data: --val FRACTION */
   const char *kind;   /* data: the kind of input ("text") */
+  const char *keep_c; /* build: --keep-c DIR */
+  char **rest;        /* run: the program's arguments, after `--` */
+  int nrest;
 } Options;
 
 typedef int (*CmdFn)(Options *o);
@@ -33,6 +38,8 @@ typedef int (*CmdFn)(Options *o);
 static int cmd_check(Options *o);
 static int cmd_emit(Options *o);
 static int cmd_data(Options *o);
+static int cmd_build(Options *o);
+static int cmd_run(Options *o);
 
 /* The subcommand table: --help, dispatch and "did you mean" read it.
  * Checklist: a new command needs a row here and a section in README.md. */
@@ -61,10 +68,32 @@ static const Command commands[] = {
      "\n"
      "Stages available:\n"
      "  ast   the syntax tree, after imports are resolved\n"
-     "  ir    the forward Graph IR of the model, one line per node\n"},
+     "  ir    the forward Graph IR of the model, one line per node\n"
+     "  grad  the training graph: forward, backward (gradients, accumulation) and the\n"
+     "        optimizer update of the train block, one line per node\n"
+     "  c     the generated C program plan.c of the train block (what `build` compiles)\n"},
     {"plan", NULL, "rank parallel strategies for the mesh (not yet available)", NULL},
-    {"build", NULL, "compile a training program (not yet available)", NULL},
-    {"run", NULL, "build and run a training program (not yet available)", NULL},
+    {"build", cmd_build, "compile a training program for one CPU",
+     "usage: cplanc build FILE -o PROG [--train NAME] [--set KEY=VALUE]... [--keep-c DIR]\n"
+     "\n"
+     "Compiles the train block of FILE into the executable PROG: autodiff, the optimizer,\n"
+     "memory planning, then plan.c (C, one kernel call per IR node) compiled with the\n"
+     "system C compiler and linked with the cplan runtime, its kernels and OpenBLAS.\n"
+     "`PROG --help` lists the program's flags.\n"
+     "\n"
+     "  -o PROG         the executable to write\n"
+     "  --keep-c DIR    also write the generated plan.c into DIR\n"
+     "  --train NAME    the train block to use when the file has several\n"
+     "  --set KEY=VALUE override a setting (see `cplanc check --help`)\n"
+     "\n"
+     "Environment: CPLAN_HOME (an installed cplan: include/ and lib/), CPLAN_CC (the C\n"
+     "compiler, default cc).\n"},
+    {"run", cmd_run, "build (cached) and run a training program",
+     "usage: cplanc run FILE [--train NAME] [--set KEY=VALUE]... [-- PROGRAM ARGS...]\n"
+     "\n"
+     "Builds FILE as `cplanc build` does into a cache, unless the same sources, overrides\n"
+     "and cplanc version were built before, then runs the program with the arguments\n"
+     "after `--`. The cache is .cplan-cache/ next to FILE, or $CPLAN_CACHE.\n"},
     {"calibrate", NULL, "measure this machine for the cost model (not yet available)", NULL},
     {"data", cmd_data, "turn a text file into training data (byte-level tokens)",
      "usage: cplanc data text FILE -o OUT.bin [--val FRACTION]\n"
@@ -197,12 +226,48 @@ static int cmd_check(Options *o) {
   return finish();
 }
 
+/* The train block's model, elaborated; NULL after a diagnostic (also when there is no train
+ * block: build, run and `emit --stage=c` need one). */
+static Graph *train_model(Options *o, Front *fe, const char *what) {
+  if (!front_end(o, fe, true)) return NULL;
+  if (!fe->train) {
+    diag_error(SPAN_NONE, "%s needs a train block: %s has none", what, o->file);
+    return NULL;
+  }
+  return elaborate(fe, fe->train->model);
+}
+
+static int emit_c(Options *o) {
+  Front fe;
+  Graph *g = train_model(o, &fe, "--stage=c");
+  if (g) build_emit_c(stdout, g, fe.train);
+  return finish();
+}
+
+static int cmd_build(Options *o) {
+  if (!o->out) return usage_error(command_named("build"), "build needs -o PROG%s", "");
+  Front fe;
+  Graph *g = train_model(o, &fe, "build");
+  if (!g) return finish();
+  BuildOpts bo = {.out = o->out, .keep_c = o->keep_c, .hash = build_hash(o->sets.a, o->sets.n, o->train)};
+  build_program(g, fe.train, &bo);
+  return finish();
+}
+
+static int cmd_run(Options *o) {
+  Front fe;
+  Graph *g = train_model(o, &fe, "run");
+  if (g) build_run(g, fe.train, o->file, build_hash(o->sets.a, o->sets.n, o->train), o->rest, o->nrest);
+  return finish();
+}
+
 static int cmd_emit(Options *o) {
-  static const char *const stages[] = {"ast", "ir"};
+  static const char *const stages[] = {"ast", "ir", "grad", "c"};
   if (!o->stage) return usage_error(command_named("emit"), "emit needs --stage=STAGE%s", "");
-  bool ast = strcmp(o->stage, "ast") == 0;
-  if (!ast && strcmp(o->stage, "ir") != 0) {
-    const char *near = cp_closest(o->stage, stages, 2);
+  bool ast = strcmp(o->stage, "ast") == 0, grad = strcmp(o->stage, "grad") == 0;
+  if (strcmp(o->stage, "c") == 0) return emit_c(o);
+  if (!ast && !grad && strcmp(o->stage, "ir") != 0) {
+    const char *near = cp_closest(o->stage, stages, 4);
     fprintf(stderr, "cplanc: unknown stage '%s'%s%s%s\n", o->stage, near ? " (did you mean '" : "",
             near ? near : "", near ? "'?)" : "");
     fprintf(stderr, "%s", command_named("emit")->usage);
@@ -214,8 +279,13 @@ static int cmd_emit(Options *o) {
     ast_print(stdout, fe.prog);
     return finish();
   }
+  if (grad && !fe.train) {
+    diag_error(SPAN_NONE, "--stage=grad needs a train block: %s has none", o->file);
+    return finish();
+  }
   for (int i = 0; i < fe.models.n && !diag_too_many(); i++) {
     Graph *g = elaborate(&fe, fe.models.a[i]);
+    if (g && grad && !train_graph(g, fe.train)) continue;
     if (g) ir_print(stdout, g);
   }
   return finish();
@@ -307,8 +377,14 @@ static int run_command(const Command *c, int argc, char **argv) {
       o.model = v;
     } else if (opt_value(argc, argv, &i, "--stage", &v, &status)) {
       o.stage = v;
-    } else if (c->run == cmd_data && opt_value(argc, argv, &i, "-o", &v, &status)) {
+    } else if ((c->run == cmd_data || c->run == cmd_build) && opt_value(argc, argv, &i, "-o", &v, &status)) {
       o.out = v;
+    } else if (c->run == cmd_build && opt_value(argc, argv, &i, "--keep-c", &v, &status)) {
+      o.keep_c = v;
+    } else if (c->run == cmd_run && strcmp(a, "--") == 0) {
+      o.rest = argv + i + 1;
+      o.nrest = argc - i - 1;
+      break;
     } else if (c->run == cmd_data && opt_value(argc, argv, &i, "--val", &v, &status)) {
       o.val = v;
     } else if (a[0] == '-' && a[1]) {

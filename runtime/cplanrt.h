@@ -4,6 +4,8 @@
  *   errors        (every file)  how failures are reported
  *   data.c                      the data sources of docs/language.md §8: tokens, adder, tensors
  *   safetensors.c               safetensors reading and writing (checkpoints, the tensors source)
+ *   train.c                     rt_main, the training program's main loop; rt_uniform
+ *   checkpoint.c                params files and checkpoints
  *
  * Conventions: functions return 0 on success and -1 on failure, or a pointer that is NULL on
  * failure; on failure they fill the RtError the caller passes (which may be NULL) with one line
@@ -263,5 +265,35 @@ int rt_main(int argc, char **argv, const RtPlan *plan);
  * [0, 1) from (seed, a 64-bit key, an element index), the same on every rank and strategy. */
 double rt_uniform(uint64_t seed, uint64_t key, uint64_t index);
 uint64_t rt_hash_str(const char *s); /* the key of a param path */
+
+/* ---- checkpoint.c: params files and checkpoints (added with train.c) -------------------------
+ *
+ * A checkpoint is a directory DIR/step_000500/ (500 = the steps done = the step a resume starts
+ * at) holding model.safetensors (the params, F32, named by param path and shaped as declared, so
+ * PyTorch's safetensors loads them), optimizer.safetensors (the states with saved = 1, F32, flat)
+ * and state.json.  It is written as step_000500.tmp/ and renamed, so a step_NNNNNN directory is
+ * always complete. */
+
+typedef struct RtCkptInfo {
+  int64_t step;                 /* steps done: the step a resume starts at */
+  int64_t seed;                 /* plan->seed of the run that wrote it */
+  double loss;                  /* the loss of the last step done (NaN when none) */
+  int64_t data_offset;          /* tokens: the first token step `step` reads; -1 otherwise */
+  char plan_hash[128];          /* plan->source_hash ("" when the plan has none) */
+} RtCkptInfo;
+
+/* Writes the params as a safetensors file (through PATH.tmp and rename). */
+int rt_params_save(const RtRun *run, const char *path, RtError *err);
+/* Reads every param by path name; each must be present as F32 with its declared shape. */
+int rt_params_load(RtRun *run, const char *path, RtError *err);
+/* Writes DIR/step_<info->step>/ (creating DIR); its path goes to out (nout bytes). */
+int rt_ckpt_save(const RtRun *run, const char *dir, const RtCkptInfo *info, char *out,
+                 size_t nout, RtError *err);
+/* The latest complete checkpoint under dir (or dir itself when it holds a state.json). */
+int rt_ckpt_find(const char *dir, char *out, size_t nout, RtError *err);
+/* Restores params and saved states (other states are zeroed) and reads state.json into info. */
+int rt_ckpt_load(RtRun *run, const char *ckpt, RtCkptInfo *info, RtError *err);
+/* Deletes all but the newest `keep` complete checkpoints under dir (keep <= 0: none). */
+int rt_ckpt_prune(const char *dir, int64_t keep, RtError *err);
 
 #endif

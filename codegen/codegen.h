@@ -1,0 +1,25 @@
+/* codegen.h: the emitters (DESIGN.md §2). Each turns a training Graph into source text that the
+ * build step compiles and links with runtime/ (libcplanrt) and kernels/ (libcplankernels). */
+#ifndef CPLAN_CODEGEN_H
+#define CPLAN_CODEGEN_H
+
+#include "../compiler/ir.h"
+#include "../compiler/sema.h"
+
+#include <stdio.h>
+
+/* ---- emit_c.c: the C host program plan.c for one CPU device ---------------------------------
+ *
+ * g is a training graph (after train_graph()) whose batch dim is bound to the micro-batch; t its
+ * train block. Writes plan.c: the RtPlan `cplan_plan` (params, states, inputs, data, schedule),
+ * micro_step (FWD+BWD nodes), update (UPD nodes, then zeroing of the gradient accumulators),
+ * eval_step (FWD nodes, no dropout), lr_at, and main() calling rt_main(). Every kernel call is
+ * commented with its IR node and the .cplan line it came from. Activations and gradients live
+ * at offsets of one arena that memplan.c assigns. source_hash identifies the build (checkpoints
+ * record it). Returns false after diagnostics (an op or setting this backend does not support). */
+bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash);
+
+/* The arena bytes the last successful cg_emit_c planned (its peak over the phases). */
+int64_t cg_last_work_bytes(void);
+
+#endif

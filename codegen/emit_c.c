@@ -1,0 +1,1107 @@
+/* emit_c.c: the C emitter. Turns a training Graph into plan.c, the host program of one CPU device
+ * (DESIGN.md §6): one function per phase, one kernel call per IR node (or per group of GRAD nodes
+ * one backward kernel computes), each preceded by the IR node and its .cplan line.
+ *
+ * Where values live:
+ *   PARAM -> run->params + offset (P(off)); STATE -> run->state + offset (S(off));
+ *   INPUT -> the runtime's input arrays; CONST -> a static array; SCALAR_IN -> a local;
+ *   views (reshape, ASSIGN/ACCUM results, gradients that equal their dy) -> the buffer they view;
+ *   everything else -> run->work at an offset memplan.c assigns by liveness (F(off), I(off)).
+ * A transpose whose every reader is a matmul (or its gradient) is not materialized: the GEMM
+ * reads its input with the transpose flag. */
+#include "codegen.h"
+
+#include "../compiler/memplan.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+enum { PH_TRAIN, PH_EVAL, PH__COUNT };
+
+typedef enum LocKind { L_NONE, L_PARAM, L_STATE, L_INPUT, L_CONST, L_SCALAR, L_WORK, L_ALIAS } LocKind;
+
+typedef struct NodeCg {
+  LocKind kind;
+  int64_t off;            /* PARAM/STATE: offset in floats; INPUT: which input */
+  int alias;              /* L_ALIAS: the node whose buffer this one is */
+  bool trans;             /* a transpose left to the GEMM (kind L_ALIAS of its input) */
+  int leader;             /* GRAD: the node whose kernel call computes it (itself if first) */
+  int64_t aux, scratch;   /* bytes: side outputs kept for the backward; a temporary */
+  int64_t woff[PH__COUNT], aoff[PH__COUNT], soff[PH__COUNT]; /* arena offsets per phase */
+} NodeCg;
+
+typedef struct Cg {
+  const Graph *g;
+  const TrainConf *t;
+  FILE *out;
+  NodeCg *nc;
+  char **irline;          /* the IR printer's line of each node */
+  int ph;                 /* the phase being emitted */
+  bool ok;
+  int64_t work[PH__COUNT];
+  int64_t param_floats, state_floats;
+} Cg;
+
+static int64_t last_work_bytes;
+
+int64_t cg_last_work_bytes(void) { return last_work_bytes; }
+
+/* ---- small helpers ------------------------------------------------------------------------- */
+
+static const Node *nd(const Cg *c, int i) { return &c->g->nodes[i]; }
+static const Node *in(const Cg *c, int i, int k) { return &c->g->nodes[c->g->nodes[i].in[k]]; }
+static int64_t numel(const Node *n) { return shape_numel(&n->shape); }
+static int64_t align16(int64_t floats) { return (floats + 15) / 16 * 16; }
+
+static bool unsupported(Cg *c, int i, const char *what) {
+  diag_error(nd(c, i)->span, "%s is not supported on the cpu backend yet", what);
+  c->ok = false;
+  return false;
+}
+
+/* Product of dims [lo, hi) of a shape. */
+static int64_t dims_prod(const Shape *s, int lo, int hi) {
+  int64_t p = 1;
+  for (int k = lo; k < hi; k++) p *= s->d[k];
+  return p;
+}
+
+/* Follows views to the node that owns the memory. */
+static int root(const Cg *c, int i) {
+  while (c->nc[i].kind == L_ALIAS) i = c->nc[i].alias;
+  return i;
+}
+
+static bool is_executed(const Node *n) { return !(ir_ops[n->op].flags & OPF_LEAF); }
+
+static bool in_phase(const Node *n, int ph) {
+  if (!is_executed(n)) return false;
+  return ph == PH_TRAIN || n->role == ROLE_FWD;
+}
+
+/* ---- where values live ---------------------------------------------------------------------- */
+
+/* A transpose can stay virtual when only GEMMs read it: matmuls, the matmul's gradients, and its
+ * own gradient (which lists it as an input only to keep it alive). */
+static bool transpose_virtual(const Cg *c, int t) {
+  const Graph *g = c->g;
+  for (int i = t + 1; i < g->n; i++) {
+    const Node *n = &g->nodes[i];
+    for (int k = 0; k < n->nin; k++) {
+      if (n->in[k] != t) continue;
+      if (n->op == OP_MATMUL) continue;
+      if (n->op == OP_GRAD && (g->nodes[n->fwd].op == OP_MATMUL || n->fwd == t)) continue;
+      return false;
+    }
+  }
+  if (g->loss == t) return false;
+  for (int k = 0; k < g->metrics.n; k++)
+    if (g->metrics.a[k].node == t) return false;
+  return true;
+}
+
+/* A GRAD that equals its dy: of reshape, and of add/sub (input a) without broadcasting. */
+static bool grad_is_dy(const Cg *c, const Node *n) {
+  const Node *f = nd(c, n->fwd);
+  if (f->op == OP_RESHAPE) return true;
+  const Node *x = nd(c, f->in[n->ia[0]]);
+  if (!shape_eq(&x->shape, &f->shape) || x->dtype != f->dtype) return false;
+  return f->op == OP_ADD || (f->op == OP_SUB && n->ia[0] == 0);
+}
+
+static void place_leaves(Cg *c) {
+  const Graph *g = c->g;
+  for (int k = 0; k < g->params.n; k++) {
+    NodeCg *p = &c->nc[g->params.a[k]];
+    p->kind = L_PARAM, p->off = c->param_floats;
+    c->param_floats += align16(numel(nd(c, g->params.a[k])));
+  }
+  for (int k = 0; k < g->states.n; k++) {
+    NodeCg *s = &c->nc[g->states.a[k]];
+    s->kind = L_STATE, s->off = c->state_floats;
+    c->state_floats += align16(numel(nd(c, g->states.a[k])));
+  }
+  for (int k = 0; k < g->inputs.n; k++) c->nc[g->inputs.a[k]].kind = L_INPUT, c->nc[g->inputs.a[k]].off = k;
+}
+
+static void set_alias(Cg *c, int i, int to) {
+  c->nc[i].kind = L_ALIAS;
+  c->nc[i].alias = to;
+}
+
+static bool multi_grad(OpId op) {
+  return (op >= OP_ADD && op <= OP_MINIMUM) || op == OP_LAYER_NORM || op == OP_RMS_NORM || op == OP_SDPA;
+}
+
+/* Kinds, views, GRAD groups, and the extra bytes some kernels need. */
+static void place_nodes(Cg *c) {
+  const Graph *g = c->g;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    NodeCg *x = &c->nc[i];
+    x->leader = i;
+    if (n->op == OP_CONST) x->kind = L_CONST;
+    else if (n->op == OP_SCALAR_IN) x->kind = L_SCALAR;
+    else if (n->op == OP_RESHAPE || n->op == OP_ASSIGN || n->op == OP_ACCUM) set_alias(c, i, n->in[0]);
+    else if (n->op == OP_TRANSPOSE && transpose_virtual(c, i)) set_alias(c, i, n->in[0]), x->trans = true;
+    else if (n->op == OP_GRAD && grad_is_dy(c, n)) set_alias(c, i, n->in[0]);
+    else if (x->kind == L_NONE) x->kind = L_WORK;
+    if (n->op == OP_LAYER_NORM) x->aux = 2 * dims_prod(&n->shape, 0, n->shape.rank - 1) * 4;
+    if (n->op == OP_RMS_NORM) x->aux = dims_prod(&n->shape, 0, n->shape.rank - 1) * 4;
+    if (n->op == OP_SDPA) x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * n->shape.d[2] * 4;
+    if (n->op == OP_DROPOUT) x->scratch = numel(n);
+    if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
+    if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) x->scratch = n->shape.d[2] * n->shape.d[2] * 4;
+  }
+  /* GRADs of one forward node with one dy share a kernel call where one backward kernel computes
+   * several input gradients: the first one makes the call. */
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (n->op != OP_GRAD || c->nc[i].leader != i || c->nc[i].kind == L_ALIAS || !multi_grad(nd(c, n->fwd)->op))
+      continue;
+    for (int j = i + 1; j < g->n; j++) {
+      const Node *m = nd(c, j);
+      if (m->op == OP_GRAD && m->fwd == n->fwd && m->in[0] == n->in[0] && m->role == n->role &&
+          c->nc[j].kind != L_ALIAS)
+        c->nc[j].leader = i;
+    }
+  }
+}
+
+/* ---- memory planning -------------------------------------------------------------------------- */
+
+/* Plans one phase: positions in execution order, buffers from definition to last read, aux from
+ * the forward node to its last GRAD, scratch at its node. Values the phase hands out (loss,
+ * metrics, the gradient norm) live to the end. */
+static void plan_phase(Cg *c, int ph) {
+  const Graph *g = c->g;
+  int *pos = cp_alloc(sizeof(int) * (size_t)g->n), *last = cp_alloc(sizeof(int) * (size_t)g->n);
+  int *alast = cp_alloc(sizeof(int) * (size_t)g->n), np = 0;
+  for (int i = 0; i < g->n; i++) pos[i] = last[i] = alast[i] = -1;
+  for (int i = 0; i < g->n; i++)
+    if (in_phase(nd(c, i), ph)) pos[i] = np++;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (pos[i] < 0) continue;
+    int p = pos[c->nc[i].leader];
+    for (int k = 0; k < n->nin; k++) {
+      int r = root(c, n->in[k]);
+      if (last[r] < p) last[r] = p;
+    }
+    int r = root(c, i);
+    if (last[r] < p) last[r] = p;
+    if (n->op == OP_GRAD && alast[n->fwd] < p) alast[n->fwd] = p;
+  }
+  int outs[64 + 2], nout = 0;
+  outs[nout++] = g->loss;
+  if (ph == PH_TRAIN) outs[nout++] = g->grad_norm;
+  for (int k = 0; k < g->metrics.n && k < 64; k++) outs[nout++] = g->metrics.a[k].node;
+  for (int k = 0; k < nout; k++)
+    if (outs[k] >= 0) last[root(c, outs[k])] = np;
+
+  VEC(MpBuf) bufs = {0};
+  VEC(int64_t *) dest = {0};
+  for (int i = 0; i < g->n; i++) {
+    if (pos[i] < 0) continue;
+    const Node *n = nd(c, i);
+    NodeCg *x = &c->nc[i];
+    int p = pos[x->leader];
+    if (x->kind == L_WORK) {
+      VEC_PUSH(bufs, ((MpBuf){(int64_t)ir_node_bytes(c->g, i), p, last[i] < p ? p : last[i], 0}));
+      VEC_PUSH(dest, &x->woff[ph]);
+    }
+    if (x->aux) {
+      int e = alast[i] > p ? alast[i] : p;
+      VEC_PUSH(bufs, ((MpBuf){x->aux, p, e, 0}));
+      VEC_PUSH(dest, &x->aoff[ph]);
+    }
+    if (x->scratch && !(ph == PH_EVAL && n->op == OP_DROPOUT)) {
+      VEC_PUSH(bufs, ((MpBuf){x->scratch, p, p, 0}));
+      VEC_PUSH(dest, &x->soff[ph]);
+    }
+  }
+  c->work[ph] = mp_plan(bufs.a, bufs.n);
+  cp_assert(mp_check(bufs.a, bufs.n, c->work[ph]) < 0);
+  for (int k = 0; k < bufs.n; k++) *dest.a[k] = bufs.a[k].offset;
+}
+
+/* ---- operands -------------------------------------------------------------------------------- */
+
+/* The C expression of node i's data pointer in the phase being emitted. */
+static const char *ptr(const Cg *c, int i) {
+  int r = root(c, i);
+  const NodeCg *x = &c->nc[r];
+  const Node *n = nd(c, r);
+  switch (x->kind) {
+  case L_PARAM: return cp_fmt("P(%lld)", (long long)x->off);
+  case L_STATE: return cp_fmt("S(%lld)", (long long)x->off);
+  case L_INPUT: return cp_fmt("in%lld", (long long)x->off);
+  case L_CONST: return cp_fmt("K%d", r);
+  case L_SCALAR: return cp_fmt("sc%d", r);
+  case L_WORK: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : "F", (long long)x->woff[c->ph]);
+  default: cp_unreachable();
+  }
+}
+
+static const char *aux_ptr(const Cg *c, int i, int64_t extra_floats) {
+  return cp_fmt("F(%lld)", (long long)(c->nc[i].aoff[c->ph] + extra_floats * 4));
+}
+
+static const char *shape_ints(const Shape *s) {
+  StrBuf b = {0};
+  sb_puts(&b, "(const int[]){");
+  for (int k = 0; k < s->rank; k++) sb_printf(&b, "%s%lld", k ? ", " : "", (long long)s->d[k]);
+  if (s->rank == 0) sb_puts(&b, "1");
+  sb_puts(&b, "}");
+  return sb_str(&b);
+}
+
+/* A float literal: 1 -> "1.0f", 1e-06 -> "1e-06f". */
+static const char *flt(double v) {
+  if (isnan(v)) return "NAN";
+  if (isinf(v)) return v > 0 ? "INFINITY" : "-INFINITY";
+  const char *s = cp_fmt("%.9g", v);
+  return cp_fmt("%s%sf", s, strpbrk(s, ".e") ? "" : ".0");
+}
+
+/* ---- comments -------------------------------------------------------------------------------- */
+
+/* The IR printer's lines, one per node (the header line dropped). */
+static void ir_lines(Cg *c) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&buf, &len);
+  cp_assert(m != NULL);
+  ir_print(m, c->g);
+  fclose(m);
+  c->irline = cp_alloc(sizeof(char *) * (size_t)c->g->n);
+  char *s = strchr(buf, '\n');
+  for (int i = 0; i < c->g->n && s; i++) {
+    char *e = strchr(s + 1, '\n');
+    size_t n = e ? (size_t)(e - s - 1) : strlen(s + 1);
+    char *line = cp_strndup(s + 1, n), *o = line;
+    for (char *p = line; *p; p++) { /* squeeze the printer's column padding; no comment ends early */
+      if (p[0] == ' ' && p[1] == ' ' && p[2] == ' ') continue;
+      *o++ = (p[0] == '*' && p[1] == '/') ? '+' : *p;
+    }
+    *o = 0;
+    c->irline[i] = line;
+    s = e;
+  }
+  free(buf);
+}
+
+/* The source line a node came from, trimmed, or "" . */
+static const char *src_line_text(Span sp) {
+  if (sp.file < 0 || sp.file >= src_count()) return "";
+  const char *t = src_text(sp.file);
+  int lo = sp.lo, hi = sp.lo;
+  while (lo > 0 && t[lo - 1] != '\n') lo--;
+  while (t[hi] && t[hi] != '\n') hi++;
+  while (lo < hi && (t[lo] == ' ' || t[lo] == '\t')) lo++;
+  char *s = cp_strndup(t + lo, (size_t)(hi - lo));
+  for (char *p = s; *p; p++)
+    if ((p[0] == '*' && p[1] == '/') || (p[0] == '/' && p[1] == '*')) p[1] = ' ';
+  return s;
+}
+
+static void comment(Cg *c, int i) {
+  const char *text = src_line_text(nd(c, i)->span);
+  fprintf(c->out, "  /* %s */\n", c->irline[i]);
+  if (*text) fprintf(c->out, "  /*   | %s */\n", text);
+}
+
+/* ---- forward kernels --------------------------------------------------------------------- */
+
+#define EMIT(...) fprintf(c->out, __VA_ARGS__)
+
+static const char *const unary_k[] = {"K_NEG", "K_EXP", "K_LOG", "K_SQRT", "K_RSQRT", "K_TANH",
+                                       "K_SIGMOID", "K_RELU", "K_GELU", "K_SILU", "K_SQUARE", "K_POW"};
+static const char *const binary_k[] = {"K_ADD", "K_SUB", "K_MUL", "K_DIV", "K_MAXIMUM", "K_MINIMUM",
+                                        "K_EQ", "K_NE", "K_LT", "K_LE", "K_GT", "K_GE"};
+
+/* An operand repeats with period numel(x) over the output when x's shape, leading 1s dropped, is
+ * a suffix of the output's shape. */
+static bool periodic(const Shape *x, const Shape *out) {
+  int lo = 0;
+  while (lo < x->rank && x->d[lo] == 1) lo++;
+  int r = x->rank - lo;
+  if (r > out->rank) return false;
+  for (int k = 0; k < r; k++)
+    if (x->d[lo + k] != out->d[out->rank - r + k]) return false;
+  return true;
+}
+
+static void emit_binary(Cg *c, int i) {
+  const Node *n = nd(c, i), *a = in(c, i, 0), *b = in(c, i, 1);
+  const char *op = binary_k[n->op - OP_ADD];
+  if (a->dtype == DT_I32 && b->dtype == DT_I32) {
+    EMIT("  k_binary_i32_forward(%s, %s, %s, %s, %d, %s, %s, %d);\n", op, ptr(c, i), ptr(c, n->in[0]),
+         shape_ints(&a->shape), a->shape.rank, ptr(c, n->in[1]), shape_ints(&b->shape), b->shape.rank);
+  } else if (a->dtype == DT_I32 || b->dtype == DT_I32) {
+    unsupported(c, i, "arithmetic mixing i32 and float tensors");
+  } else if (periodic(&a->shape, &n->shape) && periodic(&b->shape, &n->shape)) {
+    EMIT("  k_binary_period_forward(%s, %s, %s, %lld, %s, %lld, %lld);\n", op, ptr(c, i), ptr(c, n->in[0]),
+         (long long)numel(a), ptr(c, n->in[1]), (long long)numel(b), (long long)numel(n));
+  } else {
+    EMIT("  k_binary_forward(%s, %s, %s, %s, %d, %s, %s, %d);\n", op, ptr(c, i), ptr(c, n->in[0]),
+         shape_ints(&a->shape), a->shape.rank, ptr(c, n->in[1]), shape_ints(&b->shape), b->shape.rank);
+  }
+}
+
+static void emit_unary(Cg *c, int i) {
+  const Node *n = nd(c, i);
+  if (n->dtype != DT_F32 || in(c, i, 0)->dtype != DT_F32) {
+    unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
+    return;
+  }
+  EMIT("  k_unary_forward(%s, %s, %s, %lld, %s);\n", unary_k[n->op - OP_NEG], ptr(c, i), ptr(c, n->in[0]),
+       (long long)numel(n), flt(n->op == OP_POW ? n->fa[0] : 0));
+}
+
+/* A reduction over contiguous axes as [outer, n, inner]; false for other axis sets. */
+static bool reduce_dims(const Node *n, const Shape *x, int64_t *outer, int64_t *len, int64_t *inner) {
+  if (n->ndims <= 0) { /* all axes, or none (a copy) */
+    *outer = 1, *len = n->ndims < 0 ? shape_numel(x) : 1, *inner = n->ndims < 0 ? 1 : shape_numel(x);
+    return true;
+  }
+  int a0 = (int)n->dims[0], a1 = (int)n->dims[n->ndims - 1];
+  if (a1 - a0 + 1 != n->ndims) return false;
+  *outer = dims_prod(x, 0, a0), *len = dims_prod(x, a0, a1 + 1), *inner = dims_prod(x, a1 + 1, x->rank);
+  return true;
+}
+
+static void emit_reduce(Cg *c, int i) {
+  const Node *n = nd(c, i), *x = in(c, i, 0);
+  int64_t o, l, r;
+  if (x->dtype != DT_F32) {
+    unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
+    return;
+  }
+  if (!reduce_dims(n, &x->shape, &o, &l, &r)) {
+    unsupported(c, i, "a reduction over axes that are not adjacent");
+    return;
+  }
+  EMIT("  k_%s_forward(%s, %s, %lld, %lld, %lld);\n", ir_ops[n->op].name, ptr(c, i), ptr(c, n->in[0]),
+       (long long)o, (long long)l, (long long)r);
+}
+
+/* A matmul operand as batches of matrices: rows x cols as stored, and the batch stride (0:
+ * shared). The logical operand is [batch..., M, K] (a) or [batch..., K, N] (b). */
+typedef struct MmOperand {
+  const char *p;
+  bool t;          /* stored transposed (a virtual transpose) */
+  int64_t stride;  /* elements between batches, 0 when shared */
+} MmOperand;
+
+typedef struct Mm {
+  int64_t nb, m, k, n;
+  MmOperand a, b;
+  int64_t sc;
+} Mm;
+
+/* The GEMM view of matmul f (node fi); batches of an operand are the product of its dims but the
+ * last two (a 1-D operand has none). */
+static bool mm_setup(Cg *c, const Node *f, int fi, Mm *mm) {
+  const Node *a = nd(c, f->in[0]), *b = nd(c, f->in[1]);
+  const Shape *sa = &a->shape, *sb = &b->shape;
+  mm->m = sa->rank >= 2 ? sa->d[sa->rank - 2] : 1;
+  mm->k = sa->d[sa->rank - 1];
+  mm->n = sb->rank >= 2 ? sb->d[sb->rank - 1] : 1;
+  int64_t ba = sa->rank > 2 ? dims_prod(sa, 0, sa->rank - 2) : 1;
+  int64_t bb = sb->rank > 2 ? dims_prod(sb, 0, sb->rank - 2) : 1;
+  /* Each operand is either shared or has every batch of the output, in the output's order. */
+  mm->nb = shape_numel(&f->shape) / (mm->m * mm->n);
+  if ((ba != mm->nb && ba != 1) || (bb != mm->nb && bb != 1))
+    return unsupported(c, fi, "a matmul whose batch dims broadcast partially");
+  mm->a = (MmOperand){ptr(c, f->in[0]), c->nc[f->in[0]].trans, ba == 1 ? 0 : mm->m * mm->k};
+  mm->b = (MmOperand){ptr(c, f->in[1]), c->nc[f->in[1]].trans, bb == 1 ? 0 : mm->k * mm->n};
+  mm->sc = mm->m * mm->n;
+  return true;
+}
+
+static void emit_matmul(Cg *c, int i) {
+  Mm mm;
+  if (!mm_setup(c, nd(c, i), i, &mm)) return;
+  EMIT("  k_gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lld, %lld, %lld, 0.0f);\n", ptr(c, i), mm.a.p, mm.b.p,
+       (long long)mm.nb, (long long)mm.m, (long long)mm.n, (long long)mm.k, mm.a.t, mm.b.t, (long long)mm.a.stride,
+       (long long)mm.b.stride, (long long)mm.sc);
+}
+
+static uint64_t node_key(int i) { /* splitmix64 of the node index: the dropout stream of node i */
+  uint64_t z = (uint64_t)i + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static void emit_dropout(Cg *c, int i) {
+  const Node *n = nd(c, i);
+  if (c->ph == PH_EVAL || n->fa[0] == 0) {
+    EMIT("  k_dropout_forward(%s, %s, NULL, %lld, %s); /* evaluation: the identity */\n", ptr(c, i),
+         ptr(c, n->in[0]), (long long)numel(n), flt(n->fa[0]));
+    return;
+  }
+  const char *mask = cp_fmt("B(%lld)", (long long)c->nc[i].soff[c->ph]);
+  EMIT("  dropout_mask(run, %s, %lld, %.17g, 0x%016llxULL);\n", mask, (long long)numel(n), n->fa[0],
+       (unsigned long long)node_key(i));
+  EMIT("  k_dropout_forward(%s, %s, %s, %lld, %s);\n", ptr(c, i), ptr(c, n->in[0]), mask, (long long)numel(n),
+       flt(n->fa[0]));
+}
+
+/* rows and the last dim of a tensor (the [rows, n] view of softmax, norms, cross_entropy) */
+static int64_t rows_of(const Node *n) { return dims_prod(&n->shape, 0, n->shape.rank - 1); }
+static int64_t last_dim(const Node *n) { return n->shape.rank ? n->shape.d[n->shape.rank - 1] : 1; }
+
+static void emit_shape_op(Cg *c, int i) {
+  const Node *n = nd(c, i), *x = in(c, i, 0);
+  const char *o = ptr(c, i), *xp = ptr(c, n->in[0]);
+  const int64_t *d = x->shape.d;
+  if (x->dtype != DT_F32) {
+    unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
+    return;
+  }
+  switch (n->op) {
+  case OP_TRANSPOSE:
+    EMIT("  k_transpose_forward(%s, %s, %lld, %lld, %lld);\n", o, xp, (long long)dims_prod(&x->shape, 0, x->shape.rank - 2),
+         (long long)d[x->shape.rank - 2], (long long)d[x->shape.rank - 1]);
+    break;
+  case OP_PERMUTE: {
+    Shape perm = {.rank = n->ndims};
+    for (int k = 0; k < n->ndims; k++) perm.d[k] = n->dims[k];
+    EMIT("  k_permute_forward(%s, %s, %s, %d, %s);\n", o, xp, shape_ints(&x->shape), x->shape.rank, shape_ints(&perm));
+    break;
+  }
+  case OP_SLICE: {
+    int ax = (int)n->ia[0];
+    EMIT("  k_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", o, xp, (long long)dims_prod(&x->shape, 0, ax),
+         (long long)d[ax], (long long)dims_prod(&x->shape, ax + 1, x->shape.rank), (long long)n->ia[1],
+         (long long)n->ia[2]);
+    break;
+  }
+  case OP_SPLIT_HEADS:
+    EMIT("  k_split_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", o, xp, (long long)d[0], (long long)d[1],
+         (long long)d[2], (long long)n->ia[0]);
+    break;
+  case OP_MERGE_HEADS:
+    EMIT("  k_merge_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", o, xp, (long long)d[0], (long long)d[2],
+         (long long)(d[1] * d[3]), (long long)d[1]);
+    break;
+  default: cp_unreachable();
+  }
+}
+
+static void emit_concat(Cg *c, int i) {
+  const Node *n = nd(c, i);
+  int ax = (int)n->ia[0];
+  StrBuf xs = {0}, ns = {0};
+  for (int k = 0; k < n->nin; k++) {
+    if (in(c, i, k)->dtype != DT_F32) {
+      unsupported(c, i, "concat of i32 tensors");
+      return;
+    }
+    sb_printf(&xs, "%s%s", k ? ", " : "", ptr(c, n->in[k]));
+    sb_printf(&ns, "%s%lld", k ? ", " : "", (long long)in(c, i, k)->shape.d[ax]);
+  }
+  EMIT("  k_concat_forward(%s, (const float *const[]){%s}, (const int[]){%s}, %d, %lld, %lld);\n", ptr(c, i),
+       sb_str(&xs), sb_str(&ns), n->nin, (long long)dims_prod(&n->shape, 0, ax),
+       (long long)dims_prod(&n->shape, ax + 1, n->shape.rank));
+}
+
+static void emit_nn(Cg *c, int i) {
+  const Node *n = nd(c, i);
+  const char *o = ptr(c, i), *x = ptr(c, n->in[0]);
+  int64_t rows = rows_of(n), cc = last_dim(n);
+  switch (n->op) {
+  case OP_SOFTMAX:
+  case OP_LOG_SOFTMAX:
+    if (n->ia[0] != n->shape.rank - 1) {
+      unsupported(c, i, "softmax over an axis other than the last");
+      return;
+    }
+    EMIT("  k_%s_forward(%s, %s, %lld, %lld);\n", ir_ops[n->op].name, o, x, (long long)rows, (long long)cc);
+    break;
+  case OP_LAYER_NORM:
+    if (c->ph == PH_EVAL) EMIT("  k_layer_norm_forward(%s, NULL, NULL, %s, %s, %s, %lld, %lld, %s);\n", o, x,
+                               ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc, flt(n->fa[0]));
+    else EMIT("  k_layer_norm_forward(%s, %s, %s, %s, %s, %s, %lld, %lld, %s);\n", o, aux_ptr(c, i, 0),
+              aux_ptr(c, i, rows), x, ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc,
+              flt(n->fa[0]));
+    break;
+  case OP_RMS_NORM:
+    EMIT("  k_rms_norm_forward(%s, %s, %s, %s, %lld, %lld, %s);\n", o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0), x,
+         ptr(c, n->in[1]), (long long)rows, (long long)cc, flt(n->fa[0]));
+    break;
+  case OP_ROPE:
+    EMIT("  k_rope_forward(%s, %s, %lld, %lld, %lld, %s);\n", o, x, (long long)dims_prod(&n->shape, 0, n->shape.rank - 2),
+         (long long)n->shape.d[n->shape.rank - 2], (long long)cc, flt(n->fa[0]));
+    break;
+  case OP_SDPA: {
+    const int64_t *q = in(c, i, 0)->shape.d, *k = in(c, i, 1)->shape.d, *v = in(c, i, 2)->shape.d;
+    if (q[2] != k[2] || v[3] != q[3]) {
+      unsupported(c, i, "sdpa with different query and key lengths or value width");
+      return;
+    }
+    EMIT("  k_sdpa_fast_forward(%s, %s, %s, %s, %s, %lld, %lld, %lld, %d);\n", o, aux_ptr(c, i, 0), x,
+         ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3],
+         (int)n->ia[0]);
+    break;
+  }
+  default: cp_unreachable();
+  }
+}
+
+static void emit_forward(Cg *c, int i) {
+  const Node *n = nd(c, i);
+  switch (n->op) {
+  case OP_ARANGE: EMIT("  k_arange_forward(%s, %lld);\n", ptr(c, i), (long long)n->ia[0]); break;
+  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
+  case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: emit_binary(c, i); break;
+  case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
+  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: emit_unary(c, i); break;
+  case OP_SUM: case OP_MEAN: case OP_MAX: emit_reduce(c, i); break;
+  case OP_MATMUL: emit_matmul(c, i); break;
+  case OP_TRANSPOSE:
+    if (c->nc[i].trans) {
+      EMIT("  /* not materialized: the GEMMs reading it use the transpose flag */\n");
+      break;
+    }
+    emit_shape_op(c, i);
+    break;
+  case OP_PERMUTE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS: emit_shape_op(c, i); break;
+  case OP_RESHAPE: EMIT("  /* a view of %%%d: no copy */\n", n->in[0]); break;
+  case OP_CONCAT: emit_concat(c, i); break;
+  case OP_EMBEDDING: {
+    const Node *t = in(c, i, 0);
+    EMIT("  k_embedding_forward(%s, %s, %s, %lld, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]), ptr(c, n->in[1]),
+         (long long)numel(in(c, i, 1)), (long long)t->shape.d[0], (long long)t->shape.d[1]);
+    break;
+  }
+  case OP_SOFTMAX: case OP_LOG_SOFTMAX: case OP_LAYER_NORM: case OP_RMS_NORM: case OP_ROPE: case OP_SDPA:
+    emit_nn(c, i);
+    break;
+  case OP_DROPOUT: emit_dropout(c, i); break;
+  case OP_CROSS_ENTROPY: {
+    const Node *lg = in(c, i, 0);
+    EMIT("  %s[0] = k_cross_entropy_forward(NULL, %s, %s, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]),
+         ptr(c, n->in[1]), (long long)rows_of(lg), (long long)last_dim(lg));
+    break;
+  }
+  case OP_ARGMAX: {
+    const Node *x = in(c, i, 0);
+    int ax = (int)n->ia[0];
+    EMIT("  k_argmax_forward(%s, %s, %lld, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]),
+         (long long)dims_prod(&x->shape, 0, ax), (long long)x->shape.d[ax],
+         (long long)dims_prod(&x->shape, ax + 1, x->shape.rank));
+    break;
+  }
+  case OP_ASSIGN:
+    if (root(c, n->in[1]) != root(c, n->in[0]))
+      EMIT("  memcpy(%s, %s, %lld);\n", ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)ir_node_bytes(c->g, i));
+    break;
+  case OP_ACCUM:
+    EMIT("  k_accum(%s, %s, %lld);\n", ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(n));
+    break;
+  default: unsupported(c, i, cp_fmt("the op '%s'", ir_ops[n->op].name));
+  }
+}
+
+/* ---- backward kernels --------------------------------------------------------------------- */
+
+/* The gradient buffers a group's kernel writes, indexed by forward input ("NULL" when not
+ * wanted or when that gradient is a view of dy). Zeroes those the kernel accumulates into. */
+static void group_outputs(Cg *c, int lead, const char **dst, int nmax, bool zero) {
+  const Node *l = nd(c, lead);
+  for (int k = 0; k < nmax; k++) dst[k] = "NULL";
+  for (int j = lead; j < c->g->n; j++) {
+    const Node *m = nd(c, j);
+    if (m->op != OP_GRAD || c->nc[j].leader != lead || c->nc[j].kind == L_ALIAS) continue;
+    cp_assert(m->ia[0] < nmax);
+    dst[m->ia[0]] = ptr(c, j);
+    if (zero) EMIT("  memset(%s, 0, %lld);\n", dst[m->ia[0]], (long long)ir_node_bytes(c->g, j));
+  }
+  (void)l;
+}
+
+static void emit_grad_binary(Cg *c, int i, const Node *f) {
+  const Node *a = nd(c, f->in[0]), *b = nd(c, f->in[1]);
+  const char *d[2];
+  group_outputs(c, i, d, 2, true);
+  const char *op = binary_k[f->op - OP_ADD], *dy = ptr(c, nd(c, i)->in[0]);
+  if (periodic(&a->shape, &f->shape) && periodic(&b->shape, &f->shape))
+    EMIT("  k_binary_period_backward(%s, %s, %lld, %s, %lld, %s, %s, %s, %lld);\n", op, d[0], (long long)numel(a), d[1],
+         (long long)numel(b), dy, ptr(c, f->in[0]), ptr(c, f->in[1]), (long long)numel(f));
+  else
+    EMIT("  k_binary_backward(%s, %s, %s, %s, %s, %s, %d, %s, %s, %d);\n", op, d[0], d[1], dy, ptr(c, f->in[0]),
+         shape_ints(&a->shape), a->shape.rank, ptr(c, f->in[1]), shape_ints(&b->shape), b->shape.rank);
+}
+
+static void emit_grad_matmul(Cg *c, int i, const Node *f) {
+  const Node *n = nd(c, i);
+  Mm mm;
+  if (!mm_setup(c, f, n->fwd, &mm)) return;
+  const char *dy = ptr(c, n->in[0]);
+  if (n->ia[0] == 0) /* dA = dY @ B^T */
+    EMIT("  k_gemm(%s, %s, %s, %lld, %lld, %lld, %lld, 0, %d, %lld, %lld, %lld, 0.0f);\n", ptr(c, i), dy, mm.b.p,
+         (long long)mm.nb, (long long)mm.m, (long long)mm.k, (long long)mm.n, !mm.b.t, (long long)mm.sc,
+         (long long)mm.b.stride, (long long)mm.a.stride);
+  else /* dB = A^T @ dY */
+    EMIT("  k_gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, 0, %lld, %lld, %lld, 0.0f);\n", ptr(c, i), mm.a.p, dy,
+         (long long)mm.nb, (long long)mm.k, (long long)mm.n, (long long)mm.m, !mm.a.t, (long long)mm.a.stride,
+         (long long)mm.sc, (long long)mm.b.stride);
+}
+
+static void emit_grad_nn(Cg *c, int i, const Node *f) {
+  const Node *n = nd(c, i);
+  const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[0]);
+  int64_t rows = rows_of(f), cc = last_dim(f), bytes = (int64_t)ir_node_bytes(c->g, i);
+  const char *d[3];
+  switch (f->op) {
+  case OP_SOFTMAX:
+  case OP_LOG_SOFTMAX:
+    EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    EMIT("  k_%s_backward(%s, %s, %s, %lld, %lld);\n", ir_ops[f->op].name, dx, dy, ptr(c, n->fwd), (long long)rows,
+         (long long)cc);
+    break;
+  case OP_LAYER_NORM:
+    group_outputs(c, i, d, 3, true);
+    EMIT("  k_layer_norm_backward(%s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld);\n", d[0], d[1], d[2], dy, x,
+         ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, rows), (long long)rows, (long long)cc);
+    break;
+  case OP_RMS_NORM:
+    group_outputs(c, i, d, 2, true);
+    EMIT("  k_rms_norm_backward(%s, %s, %s, %s, %s, %s, %lld, %lld);\n", d[0], d[1], dy, x, ptr(c, f->in[1]),
+         aux_ptr(c, n->fwd, 0), (long long)rows, (long long)cc);
+    break;
+  case OP_ROPE:
+    EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    EMIT("  k_rope_backward(%s, %s, %lld, %lld, %lld, %s);\n", dx, dy, (long long)dims_prod(&f->shape, 0, f->shape.rank - 2),
+         (long long)f->shape.d[f->shape.rank - 2], (long long)cc, flt(f->fa[0]));
+    break;
+  case OP_SDPA: {
+    const int64_t *q = nd(c, f->in[0])->shape.d;
+    group_outputs(c, i, d, 3, false);
+    EMIT("  k_sdpa_fast_backward(%s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, F(%lld));\n", d[0], d[1], d[2], dy,
+         aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]), ptr(c, f->in[2]), (long long)(q[0] * q[1]), (long long)q[2],
+         (long long)q[3], (long long)c->nc[i].soff[c->ph]);
+    break;
+  }
+  case OP_DROPOUT: {
+    const char *mask = cp_fmt("B(%lld)", (long long)c->nc[i].soff[c->ph]);
+    EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    if (f->fa[0] > 0)
+      EMIT("  dropout_mask(run, %s, %lld, %.17g, 0x%016llxULL); /* the forward's mask again */\n", mask,
+           (long long)numel(f), f->fa[0], (unsigned long long)node_key(n->fwd));
+    EMIT("  k_dropout_backward(%s, %s, %s, %lld, %s);\n", dx, dy, f->fa[0] > 0 ? mask : "NULL", (long long)numel(f),
+         flt(f->fa[0]));
+    break;
+  }
+  case OP_CROSS_ENTROPY: {
+    const Node *lg = nd(c, f->in[0]);
+    EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    EMIT("  k_cross_entropy_backward(%s, %s[0], %s, %s, %lld, %lld);\n", dx, dy, x, ptr(c, f->in[1]),
+         (long long)rows_of(lg), (long long)last_dim(lg));
+    break;
+  }
+  default: cp_unreachable();
+  }
+}
+
+static void emit_grad_shape(Cg *c, int i, const Node *f) {
+  const Node *n = nd(c, i), *x = nd(c, f->in[n->ia[0]]);
+  const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]);
+  const int64_t *d = x->shape.d;
+  int64_t bytes = (int64_t)ir_node_bytes(c->g, i);
+  switch (f->op) {
+  case OP_TRANSPOSE:
+    EMIT("  k_transpose_forward(%s, %s, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&x->shape, 0, x->shape.rank - 2),
+         (long long)d[x->shape.rank - 1], (long long)d[x->shape.rank - 2]);
+    break;
+  case OP_PERMUTE: {
+    Shape perm = {.rank = f->ndims};
+    for (int k = 0; k < f->ndims; k++) perm.d[k] = f->dims[k];
+    EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    EMIT("  k_permute_backward(%s, %s, %s, %d, %s);\n", dx, dy, shape_ints(&x->shape), x->shape.rank, shape_ints(&perm));
+    break;
+  }
+  case OP_SLICE: {
+    int ax = (int)f->ia[0];
+    EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    EMIT("  k_slice_backward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&x->shape, 0, ax),
+         (long long)d[ax], (long long)dims_prod(&x->shape, ax + 1, x->shape.rank), (long long)f->ia[1], (long long)f->ia[2]);
+    break;
+  }
+  case OP_CONCAT: {
+    int ax = (int)f->ia[0];
+    int64_t start = 0;
+    for (int k = 0; k < n->ia[0]; k++) start += nd(c, f->in[k])->shape.d[ax];
+    EMIT("  k_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&f->shape, 0, ax),
+         (long long)f->shape.d[ax], (long long)dims_prod(&f->shape, ax + 1, f->shape.rank), (long long)start,
+         (long long)(start + d[ax]));
+    break;
+  }
+  case OP_SPLIT_HEADS:
+    EMIT("  k_merge_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)d[0], (long long)d[1],
+         (long long)d[2], (long long)f->ia[0]);
+    break;
+  case OP_MERGE_HEADS:
+    EMIT("  k_split_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)d[0], (long long)d[2],
+         (long long)(d[1] * d[3]), (long long)d[1]);
+    break;
+  case OP_EMBEDDING:
+    EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    EMIT("  k_embedding_backward(%s, %s, %s, %lld, %lld, %lld);\n", dx, dy, ptr(c, f->in[1]),
+         (long long)numel(nd(c, f->in[1])), (long long)d[0], (long long)d[1]);
+    break;
+  default: cp_unreachable();
+  }
+}
+
+static void emit_grad(Cg *c, int i) {
+  const Node *n = nd(c, i), *f = nd(c, n->fwd);
+  if (c->nc[i].kind == L_ALIAS) {
+    EMIT("  /* the gradient is dy itself (%%%d): no kernel */\n", n->in[0]);
+    return;
+  }
+  if (c->nc[i].leader != i) {
+    EMIT("  /* computed together with %%%d */\n", c->nc[i].leader);
+    return;
+  }
+  int64_t bytes = (int64_t)ir_node_bytes(c->g, i);
+  const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[n->ia[0]]);
+  switch (f->op) {
+  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
+    emit_grad_binary(c, i, f);
+    break;
+  case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
+  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW:
+    EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    EMIT("  k_unary_backward(%s, %s, %s, %s, %s, %lld, %s);\n", unary_k[f->op - OP_NEG], dx, dy, x, ptr(c, n->fwd),
+         (long long)numel(n), flt(f->op == OP_POW ? f->fa[0] : 0));
+    break;
+  case OP_SUM: case OP_MEAN: case OP_MAX: {
+    int64_t o, l, r;
+    if (!reduce_dims(f, &nd(c, f->in[0])->shape, &o, &l, &r)) {
+      unsupported(c, n->fwd, "a reduction over axes that are not adjacent");
+      return;
+    }
+    EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    if (f->op == OP_MAX)
+      EMIT("  k_max_backward(%s, %s, %s, %lld, %lld, %lld);\n", dx, dy, x, (long long)o, (long long)l, (long long)r);
+    else
+      EMIT("  k_%s_backward(%s, %s, %lld, %lld, %lld);\n", ir_ops[f->op].name, dx, dy, (long long)o, (long long)l,
+           (long long)r);
+    break;
+  }
+  case OP_MATMUL: emit_grad_matmul(c, i, f); break;
+  case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_CONCAT: case OP_SPLIT_HEADS: case OP_MERGE_HEADS:
+  case OP_EMBEDDING:
+    emit_grad_shape(c, i, f);
+    break;
+  case OP_SOFTMAX: case OP_LOG_SOFTMAX: case OP_LAYER_NORM: case OP_RMS_NORM: case OP_ROPE: case OP_SDPA:
+  case OP_DROPOUT: case OP_CROSS_ENTROPY:
+    emit_grad_nn(c, i, f);
+    break;
+  default: unsupported(c, n->fwd, cp_fmt("the gradient of '%s'", ir_ops[f->op].name));
+  }
+}
+
+/* ---- the phases --------------------------------------------------------------------------------- */
+
+static void emit_node(Cg *c, int i) {
+  comment(c, i);
+  if (nd(c, i)->op == OP_GRAD) emit_grad(c, i);
+  else emit_forward(c, i);
+}
+
+static void emit_scalar_ins(Cg *c) {
+  const OptimizerConf *o = &c->t->optimizer;
+  for (int i = 0; i < c->g->n; i++) {
+    const Node *n = nd(c, i);
+    if (n->op != OP_SCALAR_IN) continue;
+    const char *v = NULL;
+    if (strcmp(n->name, "lr") == 0) v = "lr_at(run->step)";
+    else if (strcmp(n->name, "bc1") == 0) v = cp_fmt("1.0 - pow(%.17g, (double)(run->step + 1))", o->beta1);
+    else if (strcmp(n->name, "bc2") == 0) v = cp_fmt("1.0 - pow(%.17g, (double)(run->step + 1))", o->beta2);
+    else cp_panic(__FILE__, __LINE__, "unknown scalar input '%s'", n->name);
+    EMIT("  float sc%d[1] = {(float)(%s)}; /* %s */\n", i, v, n->name);
+  }
+}
+
+/* The value of a scalar node as a double. */
+static const char *scalar_value(Cg *c, int i) {
+  return cp_fmt("(double)%s[0]", ptr(c, i));
+}
+
+static void emit_phase_fn(Cg *c, int ph, const char *sig, const char *why) {
+  const Graph *g = c->g;
+  c->ph = ph;
+  EMIT("\n/* %s */\n%s {\n", why, sig);
+  EMIT("  unsigned char *w = run->work;\n  (void)w;\n");
+  if (ph == PH_TRAIN && strstr(sig, "update")) {
+    emit_scalar_ins(c);
+    for (int i = 0; i < g->n; i++)
+      if (nd(c, i)->role == ROLE_UPD && is_executed(nd(c, i))) emit_node(c, i);
+    EMIT("  /* the gradient accumulators start the next step at zero */\n");
+    for (int k = 0; k < g->states.n; k++) {
+      const Node *s = nd(c, g->states.a[k]);
+      if (!s->ia[1]) EMIT("  memset(%s, 0, %lld); /* %s */\n", ptr(c, g->states.a[k]), (long long)ir_node_bytes(g, g->states.a[k]), s->name);
+    }
+    EMIT("  return %s;\n}\n", g->grad_norm >= 0 ? scalar_value(c, g->grad_norm) : "0.0");
+    return;
+  }
+  for (int k = 0; k < g->inputs.n; k++) {
+    const Node *x = nd(c, g->inputs.a[k]);
+    const char *ty = x->dtype == DT_I32 ? "int32_t" : "float";
+    EMIT("  %s *in%d = (%s *)inputs[%d]; /* %s */\n", ty, k, ty, k, x->name);
+  }
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (!in_phase(n, ph) || n->role == ROLE_UPD) continue;
+    emit_node(c, i);
+  }
+  EMIT("  *loss = %s;\n", g->loss >= 0 ? scalar_value(c, g->loss) : "0.0");
+  for (int k = 0; k < g->metrics.n; k++)
+    EMIT("  metrics[%d] = %s; /* %s */\n", k, scalar_value(c, g->metrics.a[k].node), g->metrics.a[k].name);
+  if (!g->metrics.n) EMIT("  (void)metrics;\n");
+  EMIT("}\n");
+}
+
+/* ---- the tables of the RtPlan ----------------------------------------------------------------- */
+
+static const char *c_string(const char *s) {
+  if (!s) return "NULL";
+  StrBuf b = {0};
+  sb_puts(&b, "\"");
+  for (const char *p = s; *p; p++) {
+    if (*p == '"' || *p == '\\') sb_printf(&b, "\\%c", *p);
+    else if ((unsigned char)*p < 32) sb_printf(&b, "\\%03o", (unsigned char)*p);
+    else sb_printf(&b, "%c", *p);
+  }
+  sb_puts(&b, "\"");
+  return sb_str(&b);
+}
+
+static const char *shape_list(const Shape *s) {
+  StrBuf b = {0};
+  sb_puts(&b, "{");
+  for (int k = 0; k < s->rank; k++) sb_printf(&b, "%s%lld", k ? ", " : "", (long long)s->d[k]);
+  sb_puts(&b, "}");
+  return sb_str(&b);
+}
+
+static void emit_tables(Cg *c) {
+  const Graph *g = c->g;
+  static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
+  EMIT("\nstatic const RtPlanParam params[] = {\n");
+  for (int k = 0; k < g->params.n; k++) {
+    const Node *p = nd(c, g->params.a[k]);
+    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", c_string(p->name), p->shape.rank, shape_list(&p->shape),
+         (long long)numel(p), (long long)c->nc[g->params.a[k]].off, inits[p->ia[0]], p->fa[0], p->fa[1]);
+  }
+  if (!g->params.n) EMIT("    {0},\n");
+  EMIT("};\n\nstatic const RtPlanState states[] = {\n");
+  for (int k = 0; k < g->states.n; k++) {
+    const Node *s = nd(c, g->states.a[k]);
+    EMIT("    {%s, %lld, %lld, %d},\n", c_string(s->name), (long long)numel(s), (long long)c->nc[g->states.a[k]].off,
+         (int)s->ia[1]);
+  }
+  if (!g->states.n) EMIT("    {0},\n");
+  EMIT("};\n\nstatic const RtPlanInput inputs_[] = {\n");
+  for (int k = 0; k < g->inputs.n; k++) {
+    const Node *x = nd(c, g->inputs.a[k]);
+    EMIT("    {%s, %d, %s, %s},\n", c_string(x->name), x->shape.rank, shape_list(&x->shape),
+         x->dtype == DT_I32 ? "RT_I32" : "RT_F32");
+  }
+  EMIT("};\n\nstatic const char *const metric_names[] = {");
+  for (int k = 0; k < g->metrics.n; k++) EMIT("%s%s", k ? ", " : "", c_string(g->metrics.a[k].name));
+  if (!g->metrics.n) EMIT("NULL");
+  EMIT("};\n");
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (n->op != OP_CONST) continue;
+    if (n->dtype == DT_I32) EMIT("static int32_t K%d[1] = {%lld};\n", i, (long long)n->fa[0]);
+    else EMIT("static float K%d[1] = {%s};\n", i, flt(n->fa[0]));
+  }
+}
+
+/* lr_at: the schedule of docs/language.md §8, step counted from 0. */
+static void emit_lr(Cg *c) {
+  const TrainConf *t = c->t;
+  const ScheduleConf *s = &t->schedule;
+  double lr = t->optimizer.lr;
+  EMIT("\n/* the learning rate schedule (%s) */\nstatic double lr_at(int64_t step) {\n",
+       s->kind == SCHED_CONSTANT ? "constant" : s->kind == SCHED_COSINE ? "cosine" : "linear");
+  EMIT("  const double lr = %.17g;\n", lr);
+  if (s->kind == SCHED_CONSTANT) {
+    EMIT("  (void)step;\n  return lr;\n}\n");
+    return;
+  }
+  EMIT("  const int64_t warmup = %lld, steps = %lld;\n  const double end = %.17g;\n", (long long)s->warmup,
+       (long long)t->steps, s->end_lr);
+  EMIT("  if (step < warmup) return lr * (double)(step + 1) / (double)warmup;\n");
+  EMIT("  if (steps <= warmup) return end;\n");
+  EMIT("  double x = (double)(step - warmup) / (double)(steps - warmup);\n  if (x > 1) x = 1;\n");
+  if (s->kind == SCHED_COSINE) EMIT("  return end + 0.5 * (lr - end) * (1.0 + cos(3.14159265358979323846 * x));\n}\n");
+  else EMIT("  return lr + (end - lr) * x;\n}\n");
+}
+
+/* Settings paths are relative to the working directory of the compile (the front end resolved
+ * them against the .cplan file); the program gets them absolute so it runs from anywhere. */
+static const char *abs_path(const char *p) {
+  char cwd[4096];
+  if (!p || p[0] == '/' || !getcwd(cwd, sizeof cwd)) return p;
+  return cp_fmt("%s/%s", cwd, p[0] == '.' && p[1] == '/' ? p + 2 : p);
+}
+
+/* ---- data and plan figures ------------------------------------------------------------------ */
+
+/* tokens and adder feed (inputs, targets): exactly two i32 [B, T] inputs. */
+static bool check_inputs(Cg *c) {
+  const Graph *g = c->g;
+  if (c->t->data.kind == DATA_TENSORS) return true;
+  bool ok = g->inputs.n == 2;
+  for (int k = 0; ok && k < 2; k++) {
+    const Node *x = nd(c, g->inputs.a[k]);
+    ok = x->dtype == DT_I32 && x->shape.rank == 2;
+  }
+  if (ok) ok = shape_eq(&nd(c, g->inputs.a[0])->shape, &nd(c, g->inputs.a[1])->shape);
+  if (ok) return true;
+  diag_error(c->t->data.span, "%s data feeds two i32 [B, T] inputs (inputs, targets), but model '%s' has %d input%s",
+             c->t->data.kind == DATA_TOKENS ? "tokens" : "adder", g->model_name, g->inputs.n, g->inputs.n == 1 ? "" : "s");
+  for (int k = 0; k < g->inputs.n; k++) {
+    const Node *x = nd(c, g->inputs.a[k]);
+    diag_note(x->span, "input '%s' is %s%s", x->name, dtype_name(x->dtype), shape_str(&x->shape));
+  }
+  return false;
+}
+
+/* The bound on token values: dim 0 of the embedding table that reads input 0, else the last
+ * dim of the loss's logits. */
+static int64_t vocab_of(const Cg *c) {
+  const Graph *g = c->g;
+  if (g->inputs.n == 0) return 0;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (n->op == OP_EMBEDDING && n->in[1] == g->inputs.a[0]) return nd(c, n->in[0])->shape.d[0];
+  }
+  if (g->loss >= 0 && nd(c, g->loss)->op == OP_CROSS_ENTROPY) return last_dim(in(c, g->loss, 0));
+  return 65536;
+}
+
+static double step_flops(const Cg *c) {
+  double f = 0;
+  for (int i = 0; i < c->g->n; i++)
+    if (nd(c, i)->role != ROLE_UPD) f += ir_node_flops(c->g, i);
+  return f * (double)(c->g->accum > 0 ? c->g->accum : 1);
+}
+
+static void emit_plan(Cg *c, const char *hash) {
+  const Graph *g = c->g;
+  const TrainConf *t = c->t;
+  int64_t micro = g->batch, accum = g->accum > 0 ? g->accum : 1;
+  static const char *const kinds[] = {"RT_DATA_TOKENS", "RT_DATA_ADDER", "RT_DATA_TENSORS"};
+  int64_t seq = g->inputs.n && nd(c, g->inputs.a[0])->shape.rank > 1 ? nd(c, g->inputs.a[0])->shape.d[1] : 0;
+  EMIT("\nconst RtPlan cplan_plan = {\n");
+  EMIT("    .model = %s,\n    .source = %s,\n    .source_hash = %s,\n", c_string(g->model_name),
+       c_string(t->span.file >= 0 ? src_path(t->span.file) : ""), c_string(hash));
+  EMIT("    .nparams = %d,\n    .params = params,\n    .param_floats = %lld,\n", g->params.n, (long long)c->param_floats);
+  EMIT("    .nstates = %d,\n    .states = states,\n    .state_floats = %lld,\n", g->states.n, (long long)c->state_floats);
+  EMIT("    .work_bytes = %lld, /* training %s, evaluation %s */\n", (long long)last_work_bytes,
+       cp_bytes_str((double)c->work[PH_TRAIN]), cp_bytes_str((double)c->work[PH_EVAL]));
+  EMIT("    .ninputs = %d,\n    .inputs = inputs_,\n    .nmetrics = %d,\n    .metric_names = metric_names,\n",
+       g->inputs.n, g->metrics.n);
+  EMIT("    .data_kind = %s,\n    .data_path = %s,\n    .val_path = %s,\n    .digits = %lld,\n", kinds[t->data.kind],
+       c_string(abs_path(t->data.path)), c_string(abs_path(t->data.val_path)), (long long)t->data.digits);
+  EMIT("    .vocab = %lld,\n    .seq_len = %lld,\n", (long long)vocab_of(c), (long long)seq);
+  EMIT("    .batch = %lld,\n    .micro = %lld,\n    .accum = %lld,\n    .steps = %lld,\n    .seed = %lld,\n",
+       (long long)t->batch, (long long)micro, (long long)accum, (long long)t->steps, (long long)t->seed);
+  EMIT("    .eval_every = %lld,\n    .eval_batches = %lld,\n", (long long)t->eval_every, (long long)t->eval_batches);
+  EMIT("    .ckpt_every = %lld,\n    .ckpt_keep = %lld,\n    .ckpt_dir = %s,\n", (long long)t->ckpt_every,
+       (long long)t->ckpt_keep, c_string(abs_path(t->ckpt_dir)));
+  EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, c_string(abs_path(t->log_file)));
+  EMIT("    .flops_per_step = %.17g,\n", step_flops(c));
+  EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n};\n");
+  EMIT("\nint main(int argc, char **argv) { return rt_main(argc, argv, &cplan_plan); }\n");
+}
+
+static void emit_prelude(Cg *c) {
+  const Graph *g = c->g;
+  const char *src = c->t->span.file >= 0 ? src_path(c->t->span.file) : "?";
+  EMIT("/* plan.c: the training program of model '%s' from %s, generated by cplanc %s. Do not edit.\n"
+       " *\n"
+       " * micro_step runs the forward and backward pass of one micro-batch (%lld samples) and adds the\n"
+       " * gradients into the accumulators; update clips and applies the %s update once per step;\n"
+       " * eval_step runs the forward pass only. Params live in run->params (P), optimizer state and\n"
+       " * gradient accumulators in run->state (S), everything else at planned offsets of the\n"
+       " * run->work arena (F: f32, I: i32, B: bytes). */\n",
+       g->model_name, src, CPLAN_VERSION, (long long)g->batch, optimizer_name(c->t->optimizer.kind));
+  EMIT("#include \"cplanrt.h\"\n#include \"fast.h\"\n#include \"ref.h\"\n\n#include <math.h>\n#include <stdint.h>\n"
+       "#include <string.h>\n\n");
+  EMIT("#define P(off) (run->params + (off))\n#define S(off) (run->state + (off))\n"
+       "#define F(off) ((float *)(w + (off)))\n#define I(off) ((int32_t *)(w + (off)))\n#define B(off) ((uint8_t *)(w + (off)))\n");
+  EMIT("\nextern const RtPlan cplan_plan;\n");
+}
+
+static void emit_dropout_helper(Cg *c) {
+  bool any = false;
+  for (int i = 0; i < c->g->n; i++) any |= nd(c, i)->op == OP_DROPOUT;
+  if (!any) return;
+  EMIT("\n/* keep[i] for dropout node `key` in this micro-batch: the counter-based generator keyed by\n"
+       " * (seed, node, micro-batch counter, element), the same under every strategy. */\n"
+       "static void dropout_mask(const RtRun *run, uint8_t *keep, long n, double p, uint64_t key) {\n"
+       "  uint64_t counter = (uint64_t)(run->step * cplan_plan.accum + run->micro_index);\n"
+       "  uint64_t k = rt_splitmix64(key ^ rt_splitmix64(counter));\n"
+       "  for (long i = 0; i < n; i++) keep[i] = rt_uniform((uint64_t)cplan_plan.seed, k, (uint64_t)i) >= p;\n"
+       "}\n");
+}
+
+/* ---- entry -------------------------------------------------------------------------------------- */
+
+static bool check_conf(Cg *c) {
+  const TrainConf *t = c->t;
+  if (t->precision != PREC_F32) {
+    diag_error(t->span, "precision %s is not supported on the cpu backend yet", precision_name(t->precision));
+    diag_hint("use `precision = f32` (or --set train.precision=f32)");
+    return false;
+  }
+  if (t->mesh && t->mesh->device.kind != DEV_CPU) {
+    diag_error(t->mesh->span, "mesh '%s' has %s devices: this version builds for one CPU only",
+               t->mesh->name ? t->mesh->name : "?", t->mesh->device.name);
+    return false;
+  }
+  return check_inputs(c);
+}
+
+bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash) {
+  Cg c = {.g = g, .t = t, .out = out, .ok = true};
+  if (!check_conf(&c)) return false;
+  c.nc = cp_alloc(sizeof(NodeCg) * (size_t)(g->n ? g->n : 1));
+  place_leaves(&c);
+  place_nodes(&c);
+  for (int i = 0; i < g->n; i++)
+    if (numel(nd(&c, i)) > INT32_MAX) {
+      diag_error(nd(&c, i)->span, "a tensor of %s elements is too large for the cpu kernels (at most 2^31 - 1)",
+                 cp_commas(numel(nd(&c, i))));
+      return false;
+    }
+  plan_phase(&c, PH_TRAIN);
+  plan_phase(&c, PH_EVAL);
+  last_work_bytes = c.work[PH_TRAIN] > c.work[PH_EVAL] ? c.work[PH_TRAIN] : c.work[PH_EVAL];
+  if (last_work_bytes == 0) last_work_bytes = MP_ALIGN;
+  ir_lines(&c);
+  emit_prelude(&c);
+  emit_tables(&c);
+  emit_lr(&c);
+  emit_dropout_helper(&c);
+  emit_phase_fn(&c, PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                "one micro-batch: the forward pass, the backward pass, gradient accumulation");
+  emit_phase_fn(&c, PH_TRAIN, "static double update(RtRun *run)",
+                "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
+  emit_phase_fn(&c, PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                "evaluation: the forward pass only, dropout off");
+  emit_plan(&c, source_hash);
+  return c.ok;
+}

@@ -1,0 +1,572 @@
+/* llvm.c: fused elementwise CPU kernels through the LLVM 14 C API (see llvm.h for the contract).
+ *
+ * The pipeline per call: check every kernel, build one function per kernel (a loop nest over
+ * the collapsed output dims with the kernel's DAG evaluated in the innermost body), verify the
+ * module, run the new pass manager's default<O3> for a TargetMachine of the host CPU (loop and
+ * SLP vectorization on), then print the IR or emit an object file.
+ *
+ * exp/log/tanh are emitted inline as Cephes' single-precision polynomials rather than calls to
+ * llvm.exp.f32 & co.: LLVM 14 through the C API has no vector math library to map those calls
+ * to, so a loop calling them would stay scalar (or call expf eight times per vector). */
+#include "llvm.h"
+
+#include <llvm-c/Analysis.h>
+#include <llvm-c/Core.h>
+#include <llvm-c/Target.h>
+#include <llvm-c/TargetMachine.h>
+#include <llvm-c/Transforms/PassBuilder.h>
+
+#include <ctype.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- kernel checks ------------------------------------------------------------------------ */
+
+static bool fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static bool fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (err && errlen) vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return false;
+}
+
+static bool is_c_ident(const char *s) {
+  if (!s || !*s || isdigit((unsigned char)*s)) return false;
+  for (; *s; s++)
+    if (!isalnum((unsigned char)*s) && *s != '_') return false;
+  return true;
+}
+
+/* Input k's shape broadcasts to the output shape: right-aligned dims equal or 1. */
+static bool input_ok(const CgKernel *k, int i, char *err, size_t errlen) {
+  const CgInput *in = &k->inputs[i];
+  if (in->rank < 0 || in->rank > k->rank)
+    return fail(err, errlen, "kernel %s: input %d has rank %d, the output has rank %d", k->name, i,
+                in->rank, k->rank);
+  for (int d = 0; d < in->rank; d++) {
+    int64_t id = in->shape[d], od = k->shape[k->rank - in->rank + d];
+    if (id != od && id != 1)
+      return fail(err, errlen, "kernel %s: input %d dim %d is %lld, does not broadcast to %lld",
+                  k->name, i, d, (long long)id, (long long)od);
+  }
+  return true;
+}
+
+static bool node_ok(const CgKernel *k, int j, char *err, size_t errlen) {
+  const CgNode *n = &k->nodes[j];
+  switch (n->kind) {
+  case CG_INPUT:
+    if (n->input < 0 || n->input >= k->ninputs)
+      return fail(err, errlen, "kernel %s: node %d reads input %d of %d", k->name, j, n->input,
+                  k->ninputs);
+    return true;
+  case CG_CONST: return true;
+  case CG_UNARY:
+    if (n->op < 0 || n->op >= K_UNARY_COUNT)
+      return fail(err, errlen, "kernel %s: node %d has unary op %d", k->name, j, n->op);
+    if (n->a < 0 || n->a >= j)
+      return fail(err, errlen, "kernel %s: node %d reads node %d", k->name, j, n->a);
+    return true;
+  case CG_BINARY:
+    if (n->op < 0 || n->op >= K_BINARY_COUNT)
+      return fail(err, errlen, "kernel %s: node %d has binary op %d", k->name, j, n->op);
+    if (n->a < 0 || n->a >= j || n->b < 0 || n->b >= j)
+      return fail(err, errlen, "kernel %s: node %d reads nodes %d, %d", k->name, j, n->a, n->b);
+    return true;
+  }
+  return fail(err, errlen, "kernel %s: node %d has kind %d", k->name, j, (int)n->kind);
+}
+
+bool cg_llvm_check(const CgKernel *k, char *err, size_t errlen) {
+  if (!is_c_ident(k->name))
+    return fail(err, errlen, "kernel name '%s' is not a C identifier", k->name ? k->name : "(null)");
+  if (k->rank < 0 || k->rank > CG_MAX_RANK)
+    return fail(err, errlen, "kernel %s: rank %d (at most %d)", k->name, k->rank, CG_MAX_RANK);
+  for (int d = 0; d < k->rank; d++)
+    if (k->shape[d] < 0) return fail(err, errlen, "kernel %s: negative dim %d", k->name, d);
+  if (k->ninputs < 0 || (k->ninputs > 0 && !k->inputs))
+    return fail(err, errlen, "kernel %s: bad input list", k->name);
+  for (int i = 0; i < k->ninputs; i++)
+    if (!input_ok(k, i, err, errlen)) return false;
+  if (k->nnodes <= 0 || !k->nodes) return fail(err, errlen, "kernel %s: no nodes", k->name);
+  for (int j = 0; j < k->nnodes; j++)
+    if (!node_ok(k, j, err, errlen)) return false;
+  return true;
+}
+
+char *cg_llvm_prototype(const CgKernel *k, char *buf, size_t buflen) {
+  snprintf(buf, buflen, "void %s(float *restrict out, const float *const *in);", k->name);
+  return buf;
+}
+
+/* ---- the loop nest ---------------------------------------------------------------------------
+ * The output is walked row-major. Each input gets an element stride per output dim (0 where it
+ * is broadcast); dims of size 1 are dropped and adjacent dims merged wherever every input (and
+ * the output) steps through them as through one dim, so a same-shape kernel is a single loop
+ * and x[B,T,C] + b[C] is a loop over B*T around a loop over C. */
+
+typedef struct Nest {
+  int depth;                              /* loops, outermost first; 0 only for an empty output */
+  int64_t n[CG_MAX_RANK];                 /* trip counts */
+  int64_t ostride[CG_MAX_RANK];           /* output element strides */
+  int64_t (*istride)[CG_MAX_RANK];        /* [ninputs][depth] input element strides */
+} Nest;
+
+/* Element strides of input i over the output's dims (before collapsing). */
+static void input_strides(const CgKernel *k, int i, int64_t *st) {
+  const CgInput *in = &k->inputs[i];
+  int64_t s = 1;
+  for (int d = k->rank - 1; d >= 0; d--) {
+    int id = d - (k->rank - in->rank);
+    if (id < 0 || in->shape[id] == 1) {
+      st[d] = 0;
+    } else {
+      st[d] = s;
+      s *= in->shape[id];
+    }
+  }
+}
+
+/* Fills nest from the kernel's shapes. Returns false for an empty output (no loops to run). */
+static bool nest_build(const CgKernel *k, Nest *nest) {
+  int64_t full[CG_MAX_RANK + 1][CG_MAX_RANK]; /* row 0: output, rows 1..: inputs */
+  int64_t s = 1;
+  for (int d = k->rank - 1; d >= 0; d--) {
+    full[0][d] = s;
+    s *= k->shape[d];
+  }
+  if (s == 0) return false;
+  for (int i = 0; i < k->ninputs; i++) input_strides(k, i, full[i + 1]);
+  int rows = k->ninputs + 1, depth = 0;
+  int64_t n[CG_MAX_RANK], st[CG_MAX_RANK + 1][CG_MAX_RANK];
+  for (int d = 0; d < k->rank; d++) {
+    if (k->shape[d] == 1) continue;
+    /* merge dim d into the previous kept loop when every tensor steps through them as one */
+    bool merge = depth > 0;
+    for (int r = 0; r < rows && merge; r++) merge = st[r][depth - 1] == full[r][d] * k->shape[d];
+    if (merge) {
+      n[depth - 1] *= k->shape[d];
+      for (int r = 0; r < rows; r++) st[r][depth - 1] = full[r][d];
+      continue;
+    }
+    n[depth] = k->shape[d];
+    for (int r = 0; r < rows; r++) st[r][depth] = full[r][d];
+    depth++;
+  }
+  if (depth == 0) { /* a scalar output, or all dims 1: one iteration */
+    n[0] = 1;
+    for (int r = 0; r < rows; r++) st[r][0] = 0;
+    depth = 1;
+  }
+  nest->depth = depth;
+  memcpy(nest->n, n, sizeof n);
+  memcpy(nest->ostride, st[0], sizeof st[0]);
+  for (int i = 0; i < k->ninputs; i++) memcpy(nest->istride[i], st[i + 1], sizeof st[0]);
+  return true;
+}
+
+/* ---- IR building helpers -------------------------------------------------------------------- */
+
+typedef struct Gen {
+  LLVMContextRef ctx;
+  LLVMModuleRef mod;
+  LLVMBuilderRef b;
+  LLVMTypeRef f32, i32, i64, i1, pf, ppf;
+  LLVMValueRef fn;
+  const CgKernel *k;
+  const Nest *nest;
+  LLVMValueRef *inptr; /* per input: its float* */
+  LLVMValueRef out;
+} Gen;
+
+static LLVMValueRef cf(Gen *g, double v) { return LLVMConstReal(g->f32, v); }
+static LLVMValueRef ci32(Gen *g, int v) { return LLVMConstInt(g->i32, (unsigned long long)(long long)v, 1); }
+static LLVMValueRef ci64(Gen *g, int64_t v) { return LLVMConstInt(g->i64, (unsigned long long)v, 1); }
+static LLVMValueRef fadd(Gen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFAdd(g->b, a, b, ""); }
+static LLVMValueRef fsub(Gen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFSub(g->b, a, b, ""); }
+static LLVMValueRef fmul(Gen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFMul(g->b, a, b, ""); }
+static LLVMValueRef fdiv(Gen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFDiv(g->b, a, b, ""); }
+static LLVMValueRef fcmp(Gen *g, LLVMRealPredicate p, LLVMValueRef a, LLVMValueRef b) {
+  return LLVMBuildFCmp(g->b, p, a, b, "");
+}
+static LLVMValueRef sel(Gen *g, LLVMValueRef c, LLVMValueRef a, LLVMValueRef b) {
+  return LLVMBuildSelect(g->b, c, a, b, "");
+}
+
+/* A call of the f32 overload of an LLVM intrinsic ("llvm.floor"), declared on first use. */
+static LLVMValueRef intrinsic(Gen *g, const char *name, LLVMValueRef *args, unsigned nargs) {
+  unsigned id = LLVMLookupIntrinsicID(name, strlen(name));
+  LLVMTypeRef ty[1] = {g->f32};
+  LLVMValueRef decl = LLVMGetIntrinsicDeclaration(g->mod, id, ty, 1);
+  LLVMTypeRef fty = LLVMIntrinsicGetType(g->ctx, id, ty, 1);
+  return LLVMBuildCall2(g->b, fty, decl, args, nargs, "");
+}
+static LLVMValueRef call1(Gen *g, const char *name, LLVMValueRef x) { return intrinsic(g, name, &x, 1); }
+
+/* Horner: c[0] x^(n-1) + ... + c[n-1] */
+static LLVMValueRef poly(Gen *g, LLVMValueRef x, const double *c, int n) {
+  LLVMValueRef y = cf(g, c[0]);
+  for (int i = 1; i < n; i++) y = fadd(g, fmul(g, y, x), cf(g, c[i]));
+  return y;
+}
+
+/* 2^n for an i32 n in [-126, 127], built from the exponent bits */
+static LLVMValueRef pow2i(Gen *g, LLVMValueRef n) {
+  LLVMValueRef bits = LLVMBuildShl(g->b, LLVMBuildAdd(g->b, n, ci32(g, 127), ""), ci32(g, 23), "");
+  return LLVMBuildBitCast(g->b, bits, g->f32, "");
+}
+
+/* ---- transcendentals (Cephes expf, logf, tanhf) ------------------------------------------- */
+
+/* e^x: x = n ln2 + r, |r| <= ln2/2, e^r by a degree-7 polynomial, times 2^n (as two factors so
+ * that n = 128 and the subnormal range need no special exponent bits). */
+static LLVMValueRef gen_exp(Gen *g, LLVMValueRef x) {
+  static const double P[] = {1.9875691500E-4, 1.3981999507E-3, 8.3334519073E-3,
+                             4.1665795894E-2, 1.6666665459E-1, 5.0000001201E-1};
+  LLVMValueRef xc = sel(g, fcmp(g, LLVMRealOGT, x, cf(g, 89.0)), cf(g, 89.0), x);
+  xc = sel(g, fcmp(g, LLVMRealOLT, xc, cf(g, -104.0)), cf(g, -104.0), xc);
+  LLVMValueRef fx = call1(g, "llvm.floor", fadd(g, fmul(g, xc, cf(g, 1.44269504088896341)), cf(g, 0.5)));
+  LLVMValueRef r = fsub(g, xc, fmul(g, fx, cf(g, 0.693359375)));
+  r = fsub(g, r, fmul(g, fx, cf(g, -2.12194440e-4)));
+  LLVMValueRef r2 = fmul(g, r, r);
+  LLVMValueRef y = fadd(g, fadd(g, fmul(g, poly(g, r, P, 6), r2), r), cf(g, 1.0));
+  LLVMValueRef n = LLVMBuildFPToSI(g->b, fx, g->i32, "");
+  LLVMValueRef n1 = LLVMBuildAShr(g->b, n, ci32(g, 1), "");
+  LLVMValueRef n2 = LLVMBuildSub(g->b, n, n1, "");
+  y = fmul(g, fmul(g, y, pow2i(g, n1)), pow2i(g, n2));
+  y = sel(g, fcmp(g, LLVMRealOGT, x, cf(g, 88.72283905206835)), cf(g, __builtin_inff()), y);
+  y = sel(g, fcmp(g, LLVMRealOLT, x, cf(g, -103.97207708)), cf(g, 0.0), y);
+  return sel(g, fcmp(g, LLVMRealUNO, x, x), x, y); /* NaN in, NaN out */
+}
+
+/* ln x: x = m 2^e with m in [sqrt(1/2), sqrt(2)), ln(m) by a polynomial in m - 1. Subnormal
+ * inputs are scaled by 2^23 first; 0, negatives, +inf and NaN are patched at the end. */
+static LLVMValueRef gen_log(Gen *g, LLVMValueRef x) {
+  static const double P[] = {7.0376836292E-2,  -1.1514610310E-1, 1.1676998740E-1,
+                             -1.2420140846E-1, 1.4249322787E-1,  -1.6668057665E-1,
+                             2.0000714765E-1,  -2.4999993993E-1, 3.3333331174E-1};
+  LLVMValueRef small = fcmp(g, LLVMRealOLT, x, cf(g, 1.17549435e-38));
+  LLVMValueRef xs = sel(g, small, fmul(g, x, cf(g, 8388608.0)), x);
+  LLVMValueRef ix = LLVMBuildBitCast(g->b, xs, g->i32, "");
+  LLVMValueRef e = LLVMBuildAnd(g->b, LLVMBuildLShr(g->b, ix, ci32(g, 23), ""), ci32(g, 0xff), "");
+  e = LLVMBuildSub(g->b, e, sel(g, small, ci32(g, 126 + 23), ci32(g, 126)), "");
+  LLVMValueRef mb = LLVMBuildOr(g->b, LLVMBuildAnd(g->b, ix, ci32(g, 0x007fffff), ""), ci32(g, 0x3f000000), "");
+  LLVMValueRef m = LLVMBuildBitCast(g->b, mb, g->f32, "");
+  LLVMValueRef lt = fcmp(g, LLVMRealOLT, m, cf(g, 0.707106781186547524));
+  e = LLVMBuildSub(g->b, e, LLVMBuildZExt(g->b, lt, g->i32, ""), "");
+  m = sel(g, lt, fsub(g, fadd(g, m, m), cf(g, 1.0)), fsub(g, m, cf(g, 1.0)));
+  LLVMValueRef fe = LLVMBuildSIToFP(g->b, e, g->f32, "");
+  LLVMValueRef z = fmul(g, m, m);
+  LLVMValueRef y = fmul(g, fmul(g, poly(g, m, P, 9), m), z);
+  y = fadd(g, y, fmul(g, fe, cf(g, -2.12194440e-4)));
+  y = fadd(g, y, fmul(g, z, cf(g, -0.5)));
+  LLVMValueRef r = fadd(g, fadd(g, m, y), fmul(g, fe, cf(g, 0.693359375)));
+  r = sel(g, fcmp(g, LLVMRealOEQ, x, cf(g, __builtin_inff())), x, r);
+  r = sel(g, fcmp(g, LLVMRealOEQ, x, cf(g, 0.0)), cf(g, -__builtin_inff()), r);
+  r = sel(g, fcmp(g, LLVMRealOLT, x, cf(g, 0.0)), cf(g, __builtin_nanf("")), r);
+  return sel(g, fcmp(g, LLVMRealUNO, x, x), x, r);
+}
+
+/* tanh x: an odd polynomial for |x| < 0.625 (where 1 - 2/(e^2x + 1) would cancel), else
+ * 1 - 2/(e^2|x| + 1) with the sign of x. */
+static LLVMValueRef gen_tanh(Gen *g, LLVMValueRef x) {
+  static const double P[] = {-5.70498872745E-3, 2.06390887954E-2, -5.37397155531E-2,
+                             1.33314422036E-1, -3.33332819422E-1};
+  LLVMValueRef ax = call1(g, "llvm.fabs", x);
+  LLVMValueRef z = fmul(g, x, x);
+  LLVMValueRef ps = fadd(g, fmul(g, fmul(g, poly(g, z, P, 5), z), x), x);
+  LLVMValueRef e = gen_exp(g, fadd(g, ax, ax));
+  LLVMValueRef pl = fsub(g, cf(g, 1.0), fdiv(g, cf(g, 2.0), fadd(g, e, cf(g, 1.0))));
+  LLVMValueRef args[2] = {pl, x};
+  pl = intrinsic(g, "llvm.copysign", args, 2);
+  return sel(g, fcmp(g, LLVMRealOLT, ax, cf(g, 0.625)), ps, pl);
+}
+
+/* x / (1 + e^-t): sigmoid (x = 1, t = x), silu (t = x) and gelu (t = 2u) */
+static LLVMValueRef over_1_exp(Gen *g, LLVMValueRef num, LLVMValueRef t) {
+  LLVMValueRef e = gen_exp(g, LLVMBuildFNeg(g->b, t, ""));
+  return fdiv(g, num, fadd(g, cf(g, 1.0), e));
+}
+
+/* x^c for a compile-time c: multiplications for integer |c| <= 64, sqrt for 1/2, else e^(c ln x) */
+static LLVMValueRef gen_pow(Gen *g, LLVMValueRef x, float c) {
+  if (c == 0.5f) return call1(g, "llvm.sqrt", x);
+  if (c == (float)(int)c && c >= -64 && c <= 64) {
+    int e = (int)(c < 0 ? -c : c);
+    LLVMValueRef r = cf(g, 1.0), sq = x;
+    for (; e; e >>= 1) { /* square-and-multiply, unrolled at generation time */
+      if (e & 1) r = fmul(g, r, sq);
+      if (e > 1) sq = fmul(g, sq, sq);
+    }
+    return c < 0 ? fdiv(g, cf(g, 1.0), r) : r;
+  }
+  return gen_exp(g, fmul(g, cf(g, c), gen_log(g, x)));
+}
+
+/* ---- the ops ---------------------------------------------------------------------------------- */
+
+static LLVMValueRef gen_unary(Gen *g, int op, LLVMValueRef x, float c) {
+  switch ((KUnary)op) {
+  case K_NEG: return LLVMBuildFNeg(g->b, x, "");
+  case K_EXP: return gen_exp(g, x);
+  case K_LOG: return gen_log(g, x);
+  case K_SQRT: return call1(g, "llvm.sqrt", x);
+  case K_RSQRT: return fdiv(g, cf(g, 1.0), call1(g, "llvm.sqrt", x));
+  case K_TANH: return gen_tanh(g, x);
+  case K_SIGMOID: return over_1_exp(g, cf(g, 1.0), x);
+  case K_RELU: return sel(g, fcmp(g, LLVMRealOGT, x, cf(g, 0.0)), x, cf(g, 0.0));
+  case K_GELU: { /* 0.5 x (1 + tanh u) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3) */
+    LLVMValueRef x3 = fmul(g, fmul(g, x, x), x);
+    LLVMValueRef u = fmul(g, cf(g, 0.7978845608028654), fadd(g, x, fmul(g, cf(g, 0.044715), x3)));
+    return over_1_exp(g, x, fadd(g, u, u));
+  }
+  case K_SILU: return over_1_exp(g, x, x);
+  case K_SQUARE: return fmul(g, x, x);
+  case K_POW: return gen_pow(g, x, c);
+  case K_UNARY_COUNT: break;
+  }
+  return NULL; /* cg_llvm_check rejected it */
+}
+
+static LLVMValueRef gen_binary(Gen *g, int op, LLVMValueRef a, LLVMValueRef b) {
+  static const LLVMRealPredicate cmp[] = {
+      [K_EQ] = LLVMRealOEQ, [K_NE] = LLVMRealUNE, [K_LT] = LLVMRealOLT,
+      [K_LE] = LLVMRealOLE, [K_GT] = LLVMRealOGT, [K_GE] = LLVMRealOGE};
+  switch ((KBinary)op) {
+  case K_ADD: return fadd(g, a, b);
+  case K_SUB: return fsub(g, a, b);
+  case K_MUL: return fmul(g, a, b);
+  case K_DIV: return fdiv(g, a, b);
+  /* as ref.c: a > b ? a : b, so a NaN in a gives b */
+  case K_MAXIMUM: return sel(g, fcmp(g, LLVMRealOGT, a, b), a, b);
+  case K_MINIMUM: return sel(g, fcmp(g, LLVMRealOLT, a, b), a, b);
+  case K_EQ: case K_NE: case K_LT: case K_LE: case K_GT: case K_GE:
+    return sel(g, fcmp(g, cmp[op], a, b), cf(g, 1.0), cf(g, 0.0));
+  case K_BINARY_COUNT: break;
+  }
+  return NULL;
+}
+
+static LLVMValueRef load_at(Gen *g, LLVMValueRef base, LLVMValueRef off) {
+  LLVMValueRef p = LLVMBuildInBoundsGEP2(g->b, g->f32, base, &off, 1, "");
+  LLVMValueRef v = LLVMBuildLoad2(g->b, g->f32, p, "");
+  LLVMSetAlignment(v, 4);
+  return v;
+}
+
+/* The kernel's DAG at one element: offs[i] is input i's element offset. Returns the output. */
+static LLVMValueRef gen_element(Gen *g, LLVMValueRef *offs) {
+  const CgKernel *k = g->k;
+  LLVMValueRef *v = calloc((size_t)k->nnodes, sizeof *v), r;
+  for (int j = 0; j < k->nnodes; j++) {
+    const CgNode *n = &k->nodes[j];
+    switch (n->kind) {
+    case CG_INPUT: v[j] = load_at(g, g->inptr[n->input], offs[n->input]); break;
+    case CG_CONST: v[j] = cf(g, n->value); break;
+    case CG_UNARY: v[j] = gen_unary(g, n->op, v[n->a], n->value); break;
+    case CG_BINARY: v[j] = gen_binary(g, n->op, v[n->a], v[n->b]); break;
+    }
+  }
+  r = v[k->nnodes - 1];
+  free(v);
+  return r;
+}
+
+/* One loop of the nest at `level`, in rotated (do-while) form since every trip count is >= 1.
+ * base[i] / obase: offsets of the inputs and the output at this loop's first iteration. Leaves
+ * the builder in the loop's exit block. */
+static void gen_loop(Gen *g, int level, LLVMValueRef *base, LLVMValueRef obase) {
+  const Nest *ns = g->nest;
+  int ni = g->k->ninputs;
+  LLVMBasicBlockRef pre = LLVMGetInsertBlock(g->b);
+  LLVMBasicBlockRef body = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "loop");
+  LLVMBasicBlockRef exit = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "done");
+  LLVMBuildBr(g->b, body);
+  LLVMPositionBuilderAtEnd(g->b, body);
+  LLVMValueRef i = LLVMBuildPhi(g->b, g->i64, "i");
+  LLVMValueRef *offs = calloc((size_t)ni + 1, sizeof *offs);
+  for (int k = 0; k < ni; k++)
+    offs[k] = LLVMBuildAdd(g->b, base[k], LLVMBuildMul(g->b, i, ci64(g, ns->istride[k][level]), ""), "");
+  LLVMValueRef ooff = LLVMBuildAdd(g->b, obase, LLVMBuildMul(g->b, i, ci64(g, ns->ostride[level]), ""), "");
+  if (level + 1 < ns->depth) {
+    gen_loop(g, level + 1, offs, ooff);
+  } else {
+    LLVMValueRef p = LLVMBuildInBoundsGEP2(g->b, g->f32, g->out, &ooff, 1, "");
+    LLVMSetAlignment(LLVMBuildStore(g->b, gen_element(g, offs), p), 4);
+  }
+  free(offs);
+  LLVMValueRef next = LLVMBuildAdd(g->b, i, ci64(g, 1), "");
+  LLVMValueRef more = LLVMBuildICmp(g->b, LLVMIntSLT, next, ci64(g, ns->n[level]), "");
+  LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
+  LLVMBuildCondBr(g->b, more, body, exit);
+  LLVMValueRef in_vals[2] = {ci64(g, 0), next};
+  LLVMBasicBlockRef in_blocks[2] = {pre, latch};
+  LLVMAddIncoming(i, in_vals, in_blocks, 2);
+  LLVMPositionBuilderAtEnd(g->b, exit);
+}
+
+static void add_attr(Gen *g, LLVMValueRef fn, LLVMAttributeIndex idx, const char *name) {
+  unsigned kind = LLVMGetEnumAttributeKindForName(name, strlen(name));
+  LLVMAddAttributeAtIndex(fn, idx, LLVMCreateEnumAttribute(g->ctx, kind, 0));
+}
+
+/* void NAME(float *noalias out, const float *const *in) */
+static LLVMValueRef declare_kernel(Gen *g, const char *name) {
+  LLVMTypeRef params[2] = {g->pf, g->ppf};
+  LLVMTypeRef fty = LLVMFunctionType(LLVMVoidTypeInContext(g->ctx), params, 2, 0);
+  LLVMValueRef fn = LLVMAddFunction(g->mod, name, fty);
+  add_attr(g, fn, LLVMAttributeFunctionIndex, "nounwind");
+  add_attr(g, fn, 1, "noalias"); /* what lets the vectorizer skip run-time overlap checks */
+  add_attr(g, fn, 1, "nocapture");
+  add_attr(g, fn, 2, "nocapture");
+  add_attr(g, fn, 2, "readonly");
+  return fn;
+}
+
+static void gen_kernel(Gen *g, const CgKernel *k) {
+  int64_t (*istride)[CG_MAX_RANK] = calloc((size_t)k->ninputs + 1, sizeof *istride);
+  Nest nest = {.istride = istride};
+  bool any = nest_build(k, &nest);
+  g->k = k;
+  g->nest = &nest;
+  g->fn = declare_kernel(g, k->name);
+  LLVMPositionBuilderAtEnd(g->b, LLVMAppendBasicBlockInContext(g->ctx, g->fn, "entry"));
+  g->out = LLVMGetParam(g->fn, 0);
+  LLVMValueRef in = LLVMGetParam(g->fn, 1);
+  g->inptr = calloc((size_t)k->ninputs + 1, sizeof *g->inptr);
+  LLVMValueRef *zero = calloc((size_t)k->ninputs + 1, sizeof *zero);
+  for (int i = 0; i < k->ninputs; i++) { /* the input pointers, loaded once */
+    LLVMValueRef idx = ci64(g, i);
+    LLVMValueRef slot = LLVMBuildInBoundsGEP2(g->b, g->pf, in, &idx, 1, "");
+    g->inptr[i] = LLVMBuildLoad2(g->b, g->pf, slot, "");
+    LLVMSetAlignment(g->inptr[i], 8);
+    zero[i] = ci64(g, 0);
+  }
+  if (any) gen_loop(g, 0, zero, ci64(g, 0));
+  LLVMBuildRetVoid(g->b);
+  free(zero);
+  free(g->inptr);
+  free(istride);
+}
+
+/* ---- module, target, passes --------------------------------------------------------------- */
+
+typedef struct Compiled {
+  LLVMContextRef ctx;
+  LLVMModuleRef mod;
+  LLVMTargetMachineRef tm;
+} Compiled;
+
+static void compiled_free(Compiled *c) {
+  if (c->tm) LLVMDisposeTargetMachine(c->tm);
+  if (c->mod) LLVMDisposeModule(c->mod);
+  if (c->ctx) LLVMContextDispose(c->ctx);
+}
+
+/* A TargetMachine for the host CPU with its features; PIC so the object links into PIE. */
+static bool host_machine(Compiled *c, char *err, size_t errlen) {
+  static bool inited;
+  if (!inited && (LLVMInitializeNativeTarget() || LLVMInitializeNativeAsmPrinter()))
+    return fail(err, errlen, "LLVM: cannot initialise the native target");
+  inited = true;
+  char *triple = LLVMGetDefaultTargetTriple(), *msg = NULL;
+  LLVMTargetRef target;
+  if (LLVMGetTargetFromTriple(triple, &target, &msg)) {
+    fail(err, errlen, "LLVM: no target for %s: %s", triple, msg ? msg : "?");
+    LLVMDisposeMessage(msg);
+    LLVMDisposeMessage(triple);
+    return false;
+  }
+  char *cpu = LLVMGetHostCPUName(), *features = LLVMGetHostCPUFeatures();
+  c->tm = LLVMCreateTargetMachine(target, triple, cpu, features, LLVMCodeGenLevelAggressive,
+                                  LLVMRelocPIC, LLVMCodeModelDefault);
+  LLVMSetTarget(c->mod, triple);
+  LLVMDisposeMessage(cpu);
+  LLVMDisposeMessage(features);
+  LLVMDisposeMessage(triple);
+  if (!c->tm) return fail(err, errlen, "LLVM: cannot create a target machine for the host CPU");
+  LLVMTargetDataRef dl = LLVMCreateTargetDataLayout(c->tm);
+  LLVMSetModuleDataLayout(c->mod, dl);
+  LLVMDisposeTargetData(dl);
+  return true;
+}
+
+static bool optimize(Compiled *c, char *err, size_t errlen) {
+  LLVMPassBuilderOptionsRef o = LLVMCreatePassBuilderOptions();
+  LLVMPassBuilderOptionsSetLoopVectorization(o, 1);
+  LLVMPassBuilderOptionsSetSLPVectorization(o, 1);
+  LLVMPassBuilderOptionsSetLoopInterleaving(o, 1);
+  LLVMPassBuilderOptionsSetLoopUnrolling(o, 1);
+  LLVMErrorRef e = LLVMRunPasses(c->mod, "default<O3>", c->tm, o);
+  LLVMDisposePassBuilderOptions(o);
+  if (!e) return true;
+  char *msg = LLVMGetErrorMessage(e);
+  fail(err, errlen, "LLVM: optimization failed: %s", msg);
+  LLVMDisposeErrorMessage(msg);
+  return false;
+}
+
+/* Checks, builds, verifies and optimizes the n kernels into c (freed by the caller). */
+static bool compile(Compiled *c, const CgKernel *ks, int n, char *err, size_t errlen) {
+  for (int i = 0; i < n; i++)
+    if (!cg_llvm_check(&ks[i], err, errlen)) return false;
+  c->ctx = LLVMContextCreate();
+  c->mod = LLVMModuleCreateWithNameInContext("cplan_kernels", c->ctx);
+  if (!host_machine(c, err, errlen)) return false;
+  Gen g = {.ctx = c->ctx, .mod = c->mod, .b = LLVMCreateBuilderInContext(c->ctx)};
+  g.f32 = LLVMFloatTypeInContext(c->ctx);
+  g.i32 = LLVMInt32TypeInContext(c->ctx);
+  g.i64 = LLVMInt64TypeInContext(c->ctx);
+  g.i1 = LLVMInt1TypeInContext(c->ctx);
+  g.pf = LLVMPointerType(g.f32, 0);
+  g.ppf = LLVMPointerType(g.pf, 0);
+  bool ok = true;
+  for (int i = 0; i < n && ok; i++) {
+    if (LLVMGetNamedFunction(c->mod, ks[i].name))
+      ok = fail(err, errlen, "two kernels are named %s", ks[i].name);
+    else
+      gen_kernel(&g, &ks[i]);
+  }
+  LLVMDisposeBuilder(g.b);
+  if (!ok) return false;
+  char *msg = NULL;
+  if (LLVMVerifyModule(c->mod, LLVMReturnStatusAction, &msg)) {
+    fail(err, errlen, "LLVM: the generated module does not verify (a bug in codegen/llvm.c): %s", msg);
+    LLVMDisposeMessage(msg);
+    return false;
+  }
+  LLVMDisposeMessage(msg);
+  /* CPLAN_LLVM_RAW=FILE keeps the unoptimized IR, to replay the optimizer with opt-14 and its
+   * -pass-remarks-missed=loop-vectorize when a loop does not vectorize */
+  const char *raw = getenv("CPLAN_LLVM_RAW");
+  if (raw && *raw) LLVMPrintModuleToFile(c->mod, raw, NULL);
+  return optimize(c, err, errlen);
+}
+
+bool cg_llvm_object(const CgKernel *ks, int n, const char *obj_path, char *err, size_t errlen) {
+  Compiled c = {0};
+  bool ok = compile(&c, ks, n, err, errlen);
+  char *msg = NULL;
+  if (ok && LLVMTargetMachineEmitToFile(c.tm, c.mod, (char *)obj_path, LLVMObjectFile, &msg)) {
+    ok = fail(err, errlen, "LLVM: cannot write %s: %s", obj_path, msg ? msg : "?");
+    LLVMDisposeMessage(msg);
+  }
+  compiled_free(&c);
+  return ok;
+}
+
+char *cg_llvm_ir(const CgKernel *ks, int n, char *err, size_t errlen) {
+  Compiled c = {0};
+  char *out = NULL;
+  if (compile(&c, ks, n, err, errlen)) {
+    char *text = LLVMPrintModuleToString(c.mod);
+    out = strdup(text);
+    LLVMDisposeMessage(text);
+    if (!out) fail(err, errlen, "out of memory");
+  }
+  compiled_free(&c);
+  return out;
+}

@@ -1,0 +1,141 @@
+/* autodiff.c: reverse-mode differentiation of a forward Graph (DESIGN.md §4).
+ *
+ * The backward pass is appended after the forward nodes, so the graph stays in topological
+ * order. Each forward node's input gradient is one GRAD node whose meaning is "the backward
+ * kernel of that op, for that input" (ops.def): the op table, not this file, knows the math, and
+ * the reference kernels (kernels/cpu/ref.h) compute it. This pass only decides which gradients
+ * exist and how contributions of several consumers are summed. */
+#include "train.h"
+
+#include <string.h>
+
+static bool is_float(DType t) { return t != DT_I32; }
+
+/* needs[i]: node i is a float value that depends on a param through differentiable ops, so a
+ * gradient flows into it. Integer values (indices, targets) and no-grad ops cut the flow. */
+static bool *depends_on_params(const Graph *g, int nfwd) {
+  bool *needs = cp_alloc((size_t)(nfwd > 0 ? nfwd : 1) * sizeof *needs);
+  for (int i = 0; i < nfwd; i++) {
+    const Node *n = &g->nodes[i];
+    if (n->op == OP_PARAM) {
+      needs[i] = is_float(n->dtype);
+      continue;
+    }
+    if (ir_ops[n->op].flags & (OPF_LEAF | OPF_NOGRAD)) continue;
+    for (int k = 0; k < n->nin && !needs[i]; k++) needs[i] = needs[n->in[k]];
+    needs[i] = needs[i] && is_float(n->dtype);
+  }
+  return needs;
+}
+
+/* Appends a node made by this pass: role backward, the layer and span it differentiates. */
+static int add_bwd(Graph *g, OpId op, const int *in, int nin, int like) {
+  Span span = g->nodes[like].span;
+  int layer = g->nodes[like].layer;
+  int i = ir_add(g, op, in, nin, span);
+  g->nodes[i].role = ROLE_BWD;
+  g->nodes[i].layer = layer;
+  return i;
+}
+
+static void infer_or_die(Graph *g, int i) {
+  char err[512];
+  if (!ir_infer(g, i, err, sizeof err)) cp_panic(__FILE__, __LINE__, "autodiff made a bad node %%%d: %s", i, err);
+}
+
+/* The seed d loss = 1/accum: each micro-batch's loss is a mean over its samples, and the
+ * step's loss is the mean of the micro-batches' losses. */
+static int seed(Graph *g, int64_t accum) {
+  int i = add_bwd(g, OP_CONST, NULL, 0, g->loss);
+  g->nodes[i].fa[0] = 1.0 / (double)accum;
+  g->nodes[i].dtype = g->nodes[g->loss].dtype;
+  infer_or_die(g, i);
+  return i;
+}
+
+/* Adds contribution `d` to the gradient of value v (an ADD when it already has one). */
+static void contribute(Graph *g, int *grad, int v, int d) {
+  if (grad[v] < 0) {
+    grad[v] = d;
+    return;
+  }
+  int in[2] = {grad[v], d};
+  grad[v] = add_bwd(g, OP_ADD, in, 2, v);
+  infer_or_die(g, grad[v]);
+}
+
+/* GRAD of input k of forward node f, given dy: inputs [dy, f's inputs..., f]. */
+static int grad_node(Graph *g, int f, int k, int dy) {
+  int nin = g->nodes[f].nin;
+  int *in = cp_alloc((size_t)(nin + 2) * sizeof *in);
+  in[0] = dy;
+  memcpy(in + 1, g->nodes[f].in, (size_t)nin * sizeof *in);
+  in[nin + 1] = f;
+  int i = add_bwd(g, OP_GRAD, in, nin + 2, f);
+  g->nodes[i].fwd = f;
+  g->nodes[i].ia[0] = k;
+  infer_or_die(g, i);
+  return i;
+}
+
+/* A STATE "<path>.grad" and ACCUM(state, grad) per param with a gradient. */
+static void accumulate(Graph *g) {
+  for (int p = 0; p < g->params.n; p++) {
+    int gi = g->grads.a[p], pi = g->params.a[p];
+    if (gi < 0) continue;
+    int s = add_bwd(g, OP_STATE, NULL, 0, pi);
+    Node *sn = &g->nodes[s];
+    sn->name = cp_fmt("%s.grad", g->nodes[pi].name);
+    sn->shape = g->nodes[pi].shape;
+    sn->dtype = g->nodes[pi].dtype;
+    sn->ia[0] = pi;
+    sn->ia[1] = 0;
+    infer_or_die(g, s);
+    VEC_PUSH(g->states, s);
+    int in[2] = {s, gi};
+    infer_or_die(g, add_bwd(g, OP_ACCUM, in, 2, pi));
+  }
+}
+
+bool ad_backward(Graph *g, int64_t accum) {
+  cp_assert(accum >= 1 && g->grads.n == 0);
+  if (g->loss < 0) {
+    diag_error(SPAN_NONE, "model '%s' has no loss: nothing to train", g->model_name ? g->model_name : "?");
+    return false;
+  }
+  int nfwd = g->n;
+  bool *needs = depends_on_params(g, nfwd);
+  int *grad = cp_alloc((size_t)nfwd * sizeof *grad);
+  for (int i = 0; i < nfwd; i++) grad[i] = -1;
+  g->accum = accum;
+  if (needs[g->loss]) grad[g->loss] = seed(g, accum);
+  /* Reverse order: when node i is reached, every consumer (all later) has contributed. */
+  for (int i = g->loss; i >= 0; i--) {
+    const Node *n = &g->nodes[i];
+    if (grad[i] < 0 || (ir_ops[n->op].flags & (OPF_LEAF | OPF_NOGRAD))) continue;
+    for (int k = 0; k < g->nodes[i].nin; k++) {
+      int x = g->nodes[i].in[k];
+      if (!needs[x]) continue;
+      contribute(g, grad, x, grad_node(g, i, k, grad[i]));
+    }
+  }
+  for (int p = 0; p < g->params.n; p++) VEC_PUSH(g->grads, grad[g->params.a[p]]);
+  accumulate(g);
+  return true;
+}
+
+/* The micro-batch B is bound to and the gradient accumulation it implies: the global batch is
+ * dp * micro * accum (language.md §6); unpinned fields default to one device, one micro-batch. */
+static int64_t accum_steps(const TrainConf *t) {
+  int64_t micro = t->strategy.micro > 0 ? t->strategy.micro : t->batch;
+  int64_t dp = t->strategy.dp > 0 ? t->strategy.dp : 1;
+  cp_assert(micro > 0 && t->batch % (micro * dp) == 0);
+  return t->batch / (micro * dp);
+}
+
+bool train_graph(Graph *g, const TrainConf *t) {
+  if (!ad_backward(g, accum_steps(t)) || !opt_lower(g, t)) return false;
+  char err[512];
+  if (!ir_verify(g, err, sizeof err)) cp_panic(__FILE__, __LINE__, "training graph fails ir_verify: %s", err);
+  return true;
+}

@@ -1,0 +1,252 @@
+/* build.c: `cplanc build` and `cplanc run` (build.h). The passes after the front end run here in
+ * order: train_graph (autodiff, optimizer) -> cg_emit_c (memory planning, plan.c) -> the system C
+ * compiler, which links plan.c with libcplanrt, libcplankernels, OpenBLAS and cJSON. Where those
+ * live comes from cplan_config.h, written by CMake, or from $CPLAN_HOME. */
+#include "build.h"
+
+#include "../codegen/codegen.h"
+#include "cplan_config.h"
+#include "train.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- the hash that names a build ----------------------------------------------------------- */
+
+static void fnv(uint64_t *h, const void *data, size_t n) {
+  const unsigned char *p = data;
+  for (size_t i = 0; i < n; i++) *h = (*h ^ p[i]) * 0x100000001b3ULL;
+}
+
+static void fnv_str(uint64_t h[2], const char *s) {
+  size_t n = s ? strlen(s) + 1 : 0; /* the terminator separates consecutive strings */
+  fnv(&h[0], s ? s : "", n);
+  fnv(&h[1], s ? s : "", n);
+}
+
+const char *build_hash(const char *const *sets, int nsets, const char *train) {
+  uint64_t h[2] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL};
+  fnv_str(h, "cplanc " CPLAN_VERSION);
+  for (int f = 0; f < src_count(); f++) {
+    fnv_str(h, src_path(f));
+    fnv(&h[0], src_text(f), src_len(f));
+    fnv(&h[1], src_text(f), src_len(f));
+  }
+  for (int k = 0; k < nsets; k++) fnv_str(h, sets[k]);
+  fnv_str(h, train ? train : "");
+  return cp_fmt("%016llx%016llx", (unsigned long long)h[0], (unsigned long long)h[1]);
+}
+
+/* ---- running the C compiler ------------------------------------------------------------------- */
+
+typedef VEC(const char *) Argv;
+
+/* Appends each space-separated word of s. */
+static void push_words(Argv *a, const char *s) {
+  while (*s) {
+    while (*s == ' ') s++;
+    const char *e = s;
+    while (*e && *e != ' ') e++;
+    if (e > s) VEC_PUSH(*a, cp_strndup(s, (size_t)(e - s)));
+    s = e;
+  }
+}
+
+static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
+
+/* The compile-and-link command for plan.c -> out. NULL after a diagnostic when the runtime or
+ * kernel libraries are missing. */
+static Argv *cc_command(const char *plan_c, const char *out) {
+  const char *home = getenv("CPLAN_HOME"), *cc = getenv("CPLAN_CC");
+  const char *inc[2], *lib[2];
+  if (home && *home) {
+    inc[0] = inc[1] = cp_fmt("%s/include", home);
+    lib[0] = cp_fmt("%s/lib/libcplanrt.a", home), lib[1] = cp_fmt("%s/lib/libcplankernels.a", home);
+  } else {
+    inc[0] = CPLAN_SOURCE_DIR "/runtime", inc[1] = CPLAN_SOURCE_DIR "/kernels/cpu";
+    lib[0] = CPLAN_BINARY_DIR "/runtime/libcplanrt.a", lib[1] = CPLAN_BINARY_DIR "/kernels/libcplankernels.a";
+  }
+  for (int k = 0; k < 2; k++)
+    if (!file_exists(lib[k])) {
+      diag_error(SPAN_NONE, "cannot find the library %s that training programs link with", lib[k]);
+      diag_hint("build cplan first (cmake --build), or set CPLAN_HOME to an installed cplan");
+      return NULL;
+    }
+  Argv *a = cp_alloc(sizeof *a);
+  push_words(a, cc && *cc ? cc : CPLAN_CC);
+  push_words(a, "-std=gnu11 -O2 -march=native -w");
+  VEC_PUSH(*a, cp_fmt("-I%s", inc[0]));
+  VEC_PUSH(*a, cp_fmt("-I%s", inc[1]));
+  push_words(a, CPLAN_EXTRA_CFLAGS);
+  VEC_PUSH(*a, plan_c);
+  VEC_PUSH(*a, "-o");
+  VEC_PUSH(*a, out);
+  VEC_PUSH(*a, lib[0]);
+  VEC_PUSH(*a, lib[1]);
+  push_words(a, CPLAN_EXTRA_LIBS);
+  VEC_PUSH(*a, (const char *)NULL);
+  return a;
+}
+
+/* Runs argv with stdout and stderr into log; true when it exits with status 0. */
+static bool run_logged(Argv *a, const char *log) {
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+    execvp(a->a[0], (char *const *)a->a);
+    fprintf(stderr, "cannot run %s: %s\n", a->a[0], strerror(errno));
+    _exit(127);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return false;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static char *read_all(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return cp_strdup("");
+  StrBuf b = {0};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf - 1, f)) > 0) {
+    buf[n] = 0;
+    sb_puts(&b, buf);
+  }
+  fclose(f);
+  return (char *)sb_str(&b);
+}
+
+static bool compile(const char *dir, const char *out) {
+  const char *plan_c = cp_fmt("%s/plan.c", dir), *log = cp_fmt("%s/cc.log", dir);
+  Argv *a = cc_command(plan_c, out);
+  if (!a) return false;
+  if (run_logged(a, log)) return true;
+  StrBuf cmd = {0};
+  for (int k = 0; a->a[k]; k++) sb_printf(&cmd, "%s%s", k ? " " : "", a->a[k]);
+  fprintf(stderr, "cplanc: internal error: the generated program does not compile. This is a bug in cplanc;\n"
+                  "please report it with the file. The command was:\n  %s\n%s",
+          sb_str(&cmd), read_all(log));
+  diag_error(SPAN_NONE, "compiling the generated plan.c failed (internal error, see above)");
+  return false;
+}
+
+/* ---- plan.c --------------------------------------------------------------------------------------- */
+
+static bool mkdir_p(const char *path) {
+  char *p = cp_strdup(path);
+  for (char *s = p + 1; *s; s++) {
+    if (*s != '/') continue;
+    *s = 0;
+    if (mkdir(p, 0755) < 0 && errno != EEXIST) return false;
+    *s = '/';
+  }
+  return mkdir(p, 0755) == 0 || errno == EEXIST;
+}
+
+static bool copy_file(const char *from, const char *to) {
+  FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+  bool ok = in && out;
+  char buf[1 << 16];
+  size_t n;
+  while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+  if (in) fclose(in);
+  if (out && fclose(out) != 0) ok = false;
+  return ok;
+}
+
+static bool write_plan_c(Graph *g, const TrainConf *t, const char *path, const char *hash) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    diag_error(SPAN_NONE, "cannot write %s: %s", path, strerror(errno));
+    return false;
+  }
+  bool ok = cg_emit_c(f, g, t, hash);
+  if (fclose(f) != 0 && ok) {
+    diag_error(SPAN_NONE, "cannot write %s: %s", path, strerror(errno));
+    ok = false;
+  }
+  return ok;
+}
+
+static void remove_dir(const char *dir) {
+  static const char *const files[] = {"plan.c", "cc.log"};
+  for (int k = 0; k < 2; k++) unlink(cp_fmt("%s/%s", dir, files[k]));
+  rmdir(dir);
+}
+
+bool build_emit_c(FILE *out, Graph *g, const TrainConf *t) {
+  if (!train_graph(g, t)) return false;
+  return cg_emit_c(out, g, t, "emit");
+}
+
+bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o) {
+  if (!train_graph(g, t)) return false;
+  const char *tmp = getenv("TMPDIR");
+  char *dir = cp_fmt("%s/cplan-build-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir)) {
+    diag_error(SPAN_NONE, "cannot create a temporary directory %s: %s", dir, strerror(errno));
+    return false;
+  }
+  const char *plan_c = cp_fmt("%s/plan.c", dir);
+  bool ok = write_plan_c(g, t, plan_c, o->hash ? o->hash : "");
+  if (ok && o->keep_c) {
+    const char *to = cp_fmt("%s/plan.c", o->keep_c);
+    if (!mkdir_p(o->keep_c) || !copy_file(plan_c, to)) {
+      diag_error(SPAN_NONE, "--keep-c: cannot write %s: %s", to, strerror(errno));
+      ok = false;
+    }
+  }
+  ok = ok && compile(dir, o->out);
+  remove_dir(dir);
+  if (ok && !o->quiet)
+    fprintf(stderr, "cplanc: built %s (model %s, %d param tensors, arena %s)\n", o->out, g->model_name,
+            g->params.n, cp_bytes_str((double)cg_last_work_bytes()));
+  return ok;
+}
+
+/* ---- run: the cache -------------------------------------------------------------------------------- */
+
+static const char *cache_dir(const char *file) {
+  const char *env = getenv("CPLAN_CACHE");
+  if (env && *env) return env;
+  const char *slash = strrchr(file, '/');
+  if (!slash) return ".cplan-cache";
+  return cp_fmt("%.*s/.cplan-cache", (int)(slash - file), file);
+}
+
+bool build_run(Graph *g, const TrainConf *t, const char *file, const char *hash, char **args, int nargs) {
+  const char *dir = cache_dir(file);
+  if (!mkdir_p(dir)) {
+    diag_error(SPAN_NONE, "cannot create the build cache %s: %s", dir, strerror(errno));
+    diag_hint("set CPLAN_CACHE to a writable directory");
+    return false;
+  }
+  const char *prog = cp_fmt("%s/%s-%.16s", dir, g->model_name, hash);
+  if (access(prog, X_OK) != 0) {
+    /* Built under a temporary name and renamed, so a concurrent run never sees half a program. */
+    const char *tmp = cp_fmt("%s.tmp%ld", prog, (long)getpid());
+    BuildOpts o = {.out = tmp, .hash = hash, .quiet = true};
+    fprintf(stderr, "cplanc: building %s\n", prog);
+    if (!build_program(g, t, &o)) return false;
+    if (rename(tmp, prog) != 0) {
+      diag_error(SPAN_NONE, "cannot rename %s to %s: %s", tmp, prog, strerror(errno));
+      return false;
+    }
+  }
+  char **argv = cp_alloc(sizeof(char *) * (size_t)(nargs + 2));
+  argv[0] = (char *)prog;
+  for (int k = 0; k < nargs; k++) argv[k + 1] = args[k];
+  fflush(stdout);
+  fflush(stderr);
+  execv(prog, argv);
+  diag_error(SPAN_NONE, "cannot run %s: %s", prog, strerror(errno));
+  return false;
+}

@@ -1,0 +1,34 @@
+/* build.h: `cplanc build` and `cplanc run`: from an elaborated model to an executable training
+ * program (train_graph, memory planning, cg_emit_c, the system C compiler), and the build cache
+ * `run` keeps. The driver (main.c) runs the front end and hands over the graph. */
+#ifndef CPLAN_BUILD_H
+#define CPLAN_BUILD_H
+
+#include "ir.h"
+#include "sema.h"
+
+typedef struct BuildOpts {
+  const char *out;         /* the executable to write */
+  const char *keep_c;      /* NULL, or a directory to copy plan.c into */
+  const char *hash;        /* identifies the build (build_hash) */
+  bool quiet;              /* no "built PROG" line */
+} BuildOpts;
+
+/* Lowers g (the train block's model, B bound to the micro-batch) to a training graph, emits
+ * plan.c into a temporary directory and compiles and links it into o->out. False after a
+ * diagnostic; a failing C compile is an internal error that shows the compiler's output. */
+bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o);
+
+/* Lowers g to a training graph and prints plan.c (`cplanc emit --stage=c`). */
+bool build_emit_c(FILE *out, Graph *g, const TrainConf *t);
+
+/* A hex digest of every source text the front end read (the file, its imports, the --set
+ * pseudo-sources), the overrides, the train block name and the cplanc version. */
+const char *build_hash(const char *const *sets, int nsets, const char *train);
+
+/* `cplanc run`: builds into the cache (CPLAN_CACHE, else .cplan-cache/ next to file) unless a
+ * program with this hash is there, then replaces this process with it, passing args (nargs).
+ * Returns only on failure (false after a diagnostic). */
+bool build_run(Graph *g, const TrainConf *t, const char *file, const char *hash, char **args, int nargs);
+
+#endif

@@ -1,0 +1,189 @@
+/* fusion.c: the fusion pass (see fusion.h for the rule and how the emitter uses the result).
+ *
+ * Three sweeps over the graph: count consumers, decide each fusable node's group root from the
+ * last node to the first (a node's only consumer is always decided before it), then number the
+ * groups in root order and build each group's CgKernel for codegen/llvm.c. */
+#include "fusion.h"
+
+#include <string.h>
+
+bool fusion_kernel_op(OpId op, bool *unary, int *kop) {
+  static const struct { OpId op; bool unary; int k; } map[] = {
+      {OP_ADD, false, K_ADD},       {OP_SUB, false, K_SUB},         {OP_MUL, false, K_MUL},
+      {OP_DIV, false, K_DIV},       {OP_MAXIMUM, false, K_MAXIMUM}, {OP_MINIMUM, false, K_MINIMUM},
+      {OP_EQ, false, K_EQ},         {OP_NE, false, K_NE},           {OP_LT, false, K_LT},
+      {OP_LE, false, K_LE},         {OP_GT, false, K_GT},           {OP_GE, false, K_GE},
+      {OP_NEG, true, K_NEG},        {OP_EXP, true, K_EXP},          {OP_LOG, true, K_LOG},
+      {OP_SQRT, true, K_SQRT},      {OP_RSQRT, true, K_RSQRT},      {OP_TANH, true, K_TANH},
+      {OP_SIGMOID, true, K_SIGMOID}, {OP_RELU, true, K_RELU},       {OP_GELU, true, K_GELU},
+      {OP_SILU, true, K_SILU},      {OP_SQUARE, true, K_SQUARE},    {OP_POW, true, K_POW},
+  };
+  for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+    if (map[i].op == op) {
+      *unary = map[i].unary;
+      *kop = map[i].k;
+      return true;
+    }
+  return false;
+}
+
+/* A rank-0 CONST, inlined into kernels as a constant (whatever its dtype: its value is fa[0]). */
+static bool is_scalar_const(const Node *n) { return n->op == OP_CONST && n->shape.rank == 0; }
+
+/* Values the program reads after the graph runs: they need their own buffer. */
+static bool *graph_outputs(const Graph *g) {
+  bool *out = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  if (g->loss >= 0) out[g->loss] = true;
+  if (g->grad_norm >= 0) out[g->grad_norm] = true;
+  for (int i = 0; i < g->metrics.n; i++) out[g->metrics.a[i].node] = true;
+  for (int i = 0; i < g->grads.n; i++)
+    if (g->grads.a[i] >= 0) out[g->grads.a[i]] = true;
+  return out;
+}
+
+static bool fusable(const Graph *g, int i, const bool *outputs) {
+  const Node *n = &g->nodes[i];
+  bool unary;
+  int kop;
+  if (!(ir_ops[n->op].flags & OPF_ELEMENTWISE) || n->dtype != DT_F32 || outputs[i]) return false;
+  if (!fusion_kernel_op(n->op, &unary, &kop) || n->shape.rank > CG_MAX_RANK) return false;
+  for (int k = 0; k < n->nin; k++) {
+    const Node *x = &g->nodes[n->in[k]];
+    if (x->dtype != DT_F32 && !is_scalar_const(x)) return false;
+  }
+  return true;
+}
+
+/* root[i]: the root of node i's group, -1 when i is not fused. */
+static int *assign_roots(const Graph *g) {
+  int *nuse = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  int *user = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  int *root = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  bool *outputs = graph_outputs(g);
+  for (int i = 0; i < g->n; i++)
+    for (int k = 0; k < g->nodes[i].nin; k++) {
+      int x = g->nodes[i].in[k];
+      if (nuse[x] && user[x] == i) continue; /* x * x: one consumer */
+      nuse[x]++;
+      user[x] = i;
+    }
+  for (int i = g->n - 1; i >= 0; i--) {
+    root[i] = -1;
+    if (!fusable(g, i, outputs)) continue;
+    root[i] = i;
+    if (nuse[i] != 1) continue;
+    int c = user[i], r = root[c];
+    if (r >= 0 && g->nodes[c].role == g->nodes[i].role &&
+        shape_eq(&g->nodes[i].shape, &g->nodes[r].shape))
+      root[i] = r;
+  }
+  return root;
+}
+
+/* ---- building a group's kernel ---------------------------------------------------------- */
+
+typedef struct KBuild {
+  const Graph *g;
+  FusionGroup *gr;
+  int *kidx;              /* per graph node: its kernel node index, -1 if none yet */
+  VEC(CgNode) nodes;
+  VEC(CgInput) inputs;
+} KBuild;
+
+static int push_node(KBuild *b, CgNode n) {
+  VEC_PUSH(b->nodes, n);
+  return b->nodes.n - 1;
+}
+
+/* The kernel node that reads graph node x from outside the group (a constant or an input). */
+static int outside_value(KBuild *b, int x) {
+  const Node *n = &b->g->nodes[x];
+  if (b->kidx[x] >= 0) return b->kidx[x];
+  if (is_scalar_const(n)) {
+    b->kidx[x] = push_node(b, (CgNode){.kind = CG_CONST, .value = (float)n->fa[0]});
+    return b->kidx[x];
+  }
+  CgInput in = {.rank = n->shape.rank};
+  for (int d = 0; d < n->shape.rank; d++) in.shape[d] = n->shape.d[d];
+  VEC_PUSH(b->inputs, in);
+  VEC_PUSH(b->gr->leaves, x);
+  b->kidx[x] = push_node(b, (CgNode){.kind = CG_INPUT, .input = b->inputs.n - 1});
+  return b->kidx[x];
+}
+
+static void add_member(KBuild *b, int m) {
+  const Node *n = &b->g->nodes[m];
+  int ops[2] = {-1, -1}, kop;
+  bool unary;
+  cp_assert(fusion_kernel_op(n->op, &unary, &kop) && n->nin == (unary ? 1 : 2));
+  for (int k = 0; k < n->nin; k++) ops[k] = outside_value(b, n->in[k]);
+  CgNode kn = {.kind = unary ? CG_UNARY : CG_BINARY, .op = kop, .a = ops[0], .b = ops[1]};
+  if (n->op == OP_POW) kn.value = (float)n->fa[0];
+  b->kidx[m] = push_node(b, kn);
+}
+
+static void build_kernel(const Graph *g, FusionGroup *gr, int *kidx) {
+  KBuild b = {.g = g, .gr = gr, .kidx = kidx};
+  for (int j = 0; j < gr->nodes.n; j++) add_member(&b, gr->nodes.a[j]);
+  const Node *r = &g->nodes[gr->root];
+  CgKernel *k = &gr->kernel;
+  k->name = cp_fmt("k_ew_%d", gr->root);
+  k->rank = r->shape.rank;
+  for (int d = 0; d < r->shape.rank; d++) k->shape[d] = r->shape.d[d];
+  k->inputs = b.inputs.a;
+  k->ninputs = b.inputs.n;
+  k->nodes = b.nodes.a;
+  k->nnodes = b.nodes.n;
+  /* leave kidx all -1 for the next group */
+  for (int j = 0; j < gr->nodes.n; j++) kidx[gr->nodes.a[j]] = -1;
+  for (int j = 0; j < gr->leaves.n; j++) kidx[gr->leaves.a[j]] = -1;
+  for (int j = 0; j < gr->nodes.n; j++) {
+    const Node *n = &g->nodes[gr->nodes.a[j]];
+    for (int q = 0; q < n->nin; q++) kidx[n->in[q]] = -1;
+  }
+}
+
+Fusion *fusion_run(const Graph *g) {
+  Fusion *f = cp_alloc(sizeof *f);
+  int *root = assign_roots(g);
+  int *gid = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  f->group = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++)
+    if (root[i] == i) gid[i] = f->ngroups++;
+  f->groups = cp_alloc(sizeof(FusionGroup) * (size_t)(f->ngroups + 1));
+  f->kernels = cp_alloc(sizeof(CgKernel) * (size_t)(f->ngroups + 1));
+  for (int i = 0; i < g->n; i++) {
+    f->group[i] = root[i] >= 0 ? gid[root[i]] : -1;
+    if (root[i] < 0) continue;
+    FusionGroup *gr = &f->groups[f->group[i]];
+    VEC_PUSH(gr->nodes, i);
+    gr->root = root[i];
+  }
+  int *kidx = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) kidx[i] = -1;
+  for (int j = 0; j < f->ngroups; j++) {
+    build_kernel(g, &f->groups[j], kidx);
+    f->kernels[j] = f->groups[j].kernel;
+  }
+  return f;
+}
+
+bool fusion_is_root(const Fusion *f, int i) {
+  int j = f->group[i];
+  return j >= 0 && f->groups[j].root == i;
+}
+
+void fusion_print(FILE *out, const Graph *g, const Fusion *f) {
+  for (int j = 0; j < f->ngroups; j++) {
+    const FusionGroup *gr = &f->groups[j];
+    fprintf(out, "group %d: root %%%d = %s, nodes", j, gr->root, ir_ops[g->nodes[gr->root].op].name);
+    for (int k = 0; k < gr->nodes.n; k++) fprintf(out, " %%%d", gr->nodes.a[k]);
+    fprintf(out, ", leaves");
+    for (int k = 0; k < gr->leaves.n; k++) {
+      int x = gr->leaves.a[k];
+      bool bc = !shape_eq(&g->nodes[x].shape, &g->nodes[gr->root].shape);
+      fprintf(out, " %%%d%s", x, bc ? " (broadcast)" : "");
+    }
+    fprintf(out, ", kernel %s\n", gr->kernel.name);
+  }
+}

@@ -1,0 +1,27 @@
+/* train.h: turning a forward Graph into a training graph (DESIGN.md §4).
+ *
+ * autodiff.c appends the backward pass (role ROLE_BWD) and the gradient accumulators;
+ * optimizer.c appends clipping and the optimizer update (role ROLE_UPD) per docs/language.md §8.
+ * Codegen runs FWD+BWD nodes once per micro-batch and UPD nodes once per optimizer step; the
+ * runtime zeroes the unsaved STATEs (the "<path>.grad" accumulators) at every step boundary. */
+#ifndef CPLAN_TRAIN_H
+#define CPLAN_TRAIN_H
+
+#include "ir.h"
+#include "sema.h"
+
+/* Appends the backward pass of g->loss, seeded with 1/accum: GRAD nodes (summed with ADD where a
+ * value has several consumers), fills g->grads (parallel to g->params, -1 where the loss does not
+ * depend on the param), sets g->accum, and adds per param with a gradient a STATE "<path>.grad"
+ * and an ACCUM(state, grad) node. False (with a diagnostic) when the graph has no loss. */
+bool ad_backward(Graph *g, int64_t accum);
+
+/* Appends global-norm clipping (g->grad_norm is always set) and the optimizer update of every
+ * param that has a gradient, reading the ACCUM nodes ad_backward made. Requires ad_backward. */
+bool opt_lower(Graph *g, const TrainConf *t);
+
+/* ad_backward with accum = batch / (dp * micro) (B of g must be bound to the micro-batch), then
+ * opt_lower and ir_verify. False after a diagnostic. */
+bool train_graph(Graph *g, const TrainConf *t);
+
+#endif

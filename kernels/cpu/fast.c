@@ -1,0 +1,191 @@
+/* fast.c: the f32 CPU kernels of fast.h: GEMM through OpenBLAS, elementwise ops without the
+ * per-element broadcast index arithmetic of the reference, and attention built on sgemm. */
+#include "fast.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+
+/* ---- GEMM ------------------------------------------------------------------------------------ */
+
+static void sgemm1(float *c, const float *a, const float *b, int m, int n, int k, int ta, int tb,
+                   float beta) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n,
+              k, 1.0f, a, ta ? m : k, b, tb ? k : n, beta, c, n);
+}
+
+void k_gemm(float *c, const float *a, const float *b, int nb, int m, int n, int k, int ta, int tb,
+            long sa, long sb, long sc, float beta) {
+  k_assert(nb >= 1 && m >= 1 && n >= 1 && k >= 1);
+  long mk = (long)m * k, kn = (long)k * n, mn = (long)m * n;
+  /* A weight shared by every batch: the batches are rows of one taller A. */
+  if (nb > 1 && !ta && sb == 0 && sa == mk && sc == mn) {
+    sgemm1(c, a, b, nb * m, n, k, 0, tb, beta);
+    return;
+  }
+  /* The gradient of a shared weight: A^T B summed over batches is one product with a longer k. */
+  if (nb > 1 && sc == 0 && ta && !tb && sa == mk && sb == kn) {
+    sgemm1(c, a, b, m, n, nb * k, 1, 0, beta);
+    return;
+  }
+  for (int i = 0; i < nb; i++)
+    sgemm1(c + i * sc, a + i * sa, b + i * sb, m, n, k, ta, tb, sc == 0 && i > 0 ? 1.0f : beta);
+}
+
+/* ---- elementwise ------------------------------------------------------------------------------ */
+
+static float binary_f(KBinary op, float x, float y) {
+  switch (op) {
+  case K_ADD: return x + y;
+  case K_SUB: return x - y;
+  case K_MUL: return x * y;
+  case K_DIV: return x / y;
+  case K_MAXIMUM: return x > y ? x : y;
+  case K_MINIMUM: return x < y ? x : y;
+  case K_EQ: return x == y;
+  case K_NE: return x != y;
+  case K_LT: return x < y;
+  case K_LE: return x <= y;
+  case K_GT: return x > y;
+  case K_GE: return x >= y;
+  default: k_assert(!"binary op");
+  }
+  return 0;
+}
+
+void k_binary_period_forward(KBinary op, float *out, const float *a, long na, const float *b,
+                             long nb, long n) {
+  k_assert(na >= 1 && nb >= 1 && n % na == 0 && n % nb == 0);
+  /* the common cases get loops the compiler vectorizes */
+  if (op == K_ADD && na == n && nb == n) {
+    for (long i = 0; i < n; i++) out[i] = a[i] + b[i];
+  } else if (op == K_ADD && na == n) {
+    for (long i = 0; i < n; i += nb)
+      for (long j = 0; j < nb; j++) out[i + j] = a[i + j] + b[j];
+  } else if (op == K_MUL && na == n && nb == 1) {
+    for (long i = 0; i < n; i++) out[i] = a[i] * b[0];
+  } else if (op == K_MUL && na == n && nb == n) {
+    for (long i = 0; i < n; i++) out[i] = a[i] * b[i];
+  } else {
+    for (long i = 0; i < n; i++) out[i] = binary_f(op, a[i % na], b[i % nb]);
+  }
+}
+
+/* d(a op b)/da and /db at one element; ties of maximum/minimum split the gradient evenly, as
+ * the reference (and PyTorch) do. */
+static void binary_grad(KBinary op, float x, float y, float g, float *gx, float *gy) {
+  switch (op) {
+  case K_ADD: *gx = g, *gy = g; return;
+  case K_SUB: *gx = g, *gy = -g; return;
+  case K_MUL: *gx = g * y, *gy = g * x; return;
+  case K_DIV: *gx = g / y, *gy = -g * x / (y * y); return;
+  case K_MAXIMUM:
+  case K_MINIMUM: {
+    float wx = x == y ? 0.5f : (op == K_MAXIMUM) == (x > y) ? 1.0f : 0.0f;
+    *gx = g * wx, *gy = g * (1.0f - wx);
+    return;
+  }
+  default: k_assert(!"binary op without a gradient");
+  }
+}
+
+void k_binary_period_backward(KBinary op, float *da, long na, float *db, long nb,
+                              const float *dout, const float *a, const float *b, long n) {
+  k_assert(na >= 1 && nb >= 1 && n % na == 0 && n % nb == 0);
+  if (op == K_ADD && nb < n && (na == n || !da)) { /* the bias gradient: a column sum */
+    if (da)
+      for (long i = 0; i < n; i++) da[i] += dout[i];
+    if (db)
+      for (long i = 0; i < n; i += nb)
+        for (long j = 0; j < nb; j++) db[j] += dout[i + j];
+    return;
+  }
+  for (long i = 0; i < n; i++) {
+    float gx, gy;
+    binary_grad(op, a[i % na], b[i % nb], dout[i], &gx, &gy);
+    if (da) da[i % na] += gx;
+    if (db) db[i % nb] += gy;
+  }
+}
+
+static int32_t binary_i(KBinary op, int32_t x, int32_t y) {
+  switch (op) {
+  case K_ADD: return (int32_t)((uint32_t)x + (uint32_t)y);
+  case K_SUB: return (int32_t)((uint32_t)x - (uint32_t)y);
+  case K_MUL: return (int32_t)((uint32_t)x * (uint32_t)y);
+  case K_DIV: return y == 0 || (x == INT32_MIN && y == -1) ? 0 : x / y;
+  case K_MAXIMUM: return x > y ? x : y;
+  case K_MINIMUM: return x < y ? x : y;
+  default: return binary_f(op, (float)x, (float)y) != 0; /* comparisons, exact on small ints */
+  }
+}
+
+void k_binary_i32_forward(KBinary op, void *out, const int32_t *a, const int *ashape, int arank,
+                          const int32_t *b, const int *bshape, int brank) {
+  int oshape[K_MAXDIM];
+  int orank = k_bcast_shape(oshape, ashape, arank, bshape, brank);
+  long n = k_numel(oshape, orank);
+  for (long i = 0; i < n; i++) {
+    int32_t x = a[k_bcast_index(i, oshape, orank, ashape, arank)];
+    int32_t y = b[k_bcast_index(i, oshape, orank, bshape, brank)];
+    if (op >= K_EQ) ((float *)out)[i] = (float)binary_i(op, x, y);
+    else ((int32_t *)out)[i] = binary_i(op, x, y);
+  }
+}
+
+void k_accum(float *dst, const float *x, long n) {
+  for (long i = 0; i < n; i++) dst[i] += x[i];
+}
+
+/* ---- attention ------------------------------------------------------------------------------- */
+
+void k_sdpa_fast_forward(float *out, float *att, const float *q, const float *k, const float *v,
+                         int nb, int t, int d, int causal) {
+  k_assert(nb >= 0 && t > 0 && d > 0);
+  float scale = 1.0f / sqrtf((float)d);
+  for (long z = 0; z < nb; z++) {
+    long o = z * t * d;
+    float *a = att + z * t * t;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, scale, q + o, d, k + o, d, 0.0f,
+                a, t);
+    for (int i = 0; i < t; i++) {
+      float *r = a + (long)i * t;
+      int end = causal ? i + 1 : t; /* keys after the query are masked: probability 0 */
+      float m = r[0];
+      for (int j = 1; j < end; j++) m = r[j] > m ? r[j] : m;
+      float s = 0;
+      for (int j = 0; j < end; j++) s += (r[j] = expf(r[j] - m));
+      float inv = 1.0f / s;
+      for (int j = 0; j < end; j++) r[j] *= inv;
+      for (int j = end; j < t; j++) r[j] = 0;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, a, t, v + o, d, 0.0f,
+                out + o, d);
+  }
+}
+
+void k_sdpa_fast_backward(float *dq, float *dk, float *dv, const float *dout, const float *att,
+                          const float *q, const float *k, const float *v, int nb, int t, int d,
+                          float *scratch) {
+  k_assert(nb >= 0 && t > 0 && d > 0);
+  float scale = 1.0f / sqrtf((float)d);
+  for (long z = 0; z < nb; z++) {
+    long o = z * t * d;
+    const float *a = att + z * t * t, *g = dout + o;
+    if (dv) /* dV = P^T dO */
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, a, t, g, d, 0.0f, dv + o, d);
+    if (!dq && !dk) continue;
+    /* dP = dO V^T, then dS = P * (dP - rowsum(dP * P)) * scale; masked P = 0 gives dS = 0 */
+    float *ds = scratch;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, 1.0f, g, d, v + o, d, 0.0f, ds, t);
+    for (int i = 0; i < t; i++) {
+      float *r = ds + (long)i * t;
+      const float *p = a + (long)i * t;
+      float dot = 0;
+      for (int j = 0; j < t; j++) dot += r[j] * p[j];
+      for (int j = 0; j < t; j++) r[j] = p[j] * (r[j] - dot) * scale;
+    }
+    if (dq) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, ds, t, k + o, d, 0.0f, dq + o, d);
+    if (dk) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, ds, t, q + o, d, 0.0f, dk + o, d);
+  }
+}

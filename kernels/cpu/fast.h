@@ -1,0 +1,47 @@
+/* fast.h: f32 CPU kernels that generated plans call where the reference (ref.h) is too slow.
+ *
+ * Same conventions as ref.h (contiguous row-major data, explicit int shapes, k_assert on bad
+ * arguments) with one difference: kernels here WRITE their outputs unless the name or comment
+ * says they accumulate, so callers need no memset before them.
+ * Every kernel here is checked against its ref.h twin in tests/e2e/test_fast_kernels.c.
+ * Checklist: a new kernel needs its prototype here, its body in fast.c and a comparison test. */
+#ifndef CPLAN_KERNELS_FAST_H
+#define CPLAN_KERNELS_FAST_H
+
+#include "ref.h"
+
+/* Batched GEMM through OpenBLAS: for each i < nb, C_i = beta*C_i + op(A_i) @ op(B_i), where
+ * op(A_i) is m x k (stored k x m when ta), op(B_i) is k x n (stored n x k when tb), and
+ * A_i = a + i*sa, B_i = b + i*sb, C_i = c + i*sc. A stride of 0 shares the operand; sc == 0
+ * sums every batch into one C (beta applies once). Batches that are contiguous are folded into
+ * one sgemm call. */
+void k_gemm(float *c, const float *a, const float *b, int nb, int m, int n, int k, int ta, int tb,
+            long sa, long sb, long sc, float beta);
+
+/* Elementwise binary op where each operand repeats with a period: out[i] = a[i % na] op
+ * b[i % nb] for i < n. That is NumPy broadcasting whenever an operand's shape, without leading
+ * 1s, is a suffix of the output shape (a bias [C] against [B, T, C], a scalar, equal shapes). */
+void k_binary_period_forward(KBinary op, float *out, const float *a, long na, const float *b,
+                             long nb, long n);
+/* Its backward; ACCUMULATES into da (na values) and db (nb values), either may be NULL. */
+void k_binary_period_backward(KBinary op, float *da, long na, float *db, long nb,
+                              const float *dout, const float *a, const float *b, long n);
+
+/* Elementwise binary op on i32 operands with NumPy broadcasting; comparisons write f32 1.0/0.0
+ * into out (float *), arithmetic writes i32 (int32_t *). Division truncates toward zero. */
+void k_binary_i32_forward(KBinary op, void *out, const int32_t *a, const int *ashape, int arank,
+                          const int32_t *b, const int *bshape, int brank);
+
+/* dst[i] += x[i]: gradient accumulation. */
+void k_accum(float *dst, const float *x, long n);
+
+/* sdpa on q, k, v [nb, t, d] with the probabilities saved in att [nb, t, t], as
+ * k_sdpa_forward, with the two products done by sgemm. */
+void k_sdpa_fast_forward(float *out, float *att, const float *q, const float *k, const float *v,
+                         int nb, int t, int d, int causal);
+/* Its backward; WRITES dq, dk, dv (any may be NULL); scratch holds t*t floats. */
+void k_sdpa_fast_backward(float *dq, float *dk, float *dv, const float *dout, const float *att,
+                          const float *q, const float *k, const float *v, int nb, int t, int d,
+                          float *scratch);
+
+#endif

@@ -1,0 +1,325 @@
+/* checkpoint.c: params files (--init, --save-init, --save) and training checkpoints.
+ *
+ * A checkpoint is DIR/step_000500/ with model.safetensors, optimizer.safetensors and state.json
+ *   {"format": "cplan-ckpt/1", "model", "step", "seed", "plan_hash", "loss", "data_offset"}
+ * (see cplanrt.h).  It is built in DIR/step_000500.tmp/ and renamed, so a directory without the
+ * .tmp suffix is complete; a crash leaves at most a .tmp directory, which the next save of that
+ * step replaces and rt_ckpt_find ignores.  Resume is exact because everything else a step
+ * depends on (data order, dropout masks, the schedule) is a function of the step number. */
+#include "cplanrt.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CKPT_FORMAT "cplan-ckpt/1"
+#define PATH_MAX_LEN 4096
+
+/* ---- params files -------------------------------------------------------------------------- */
+
+/* Metadata "format": "pt" is what safetensors.torch.save_file writes; Hugging Face loaders
+ * check it. */
+static const char *const meta_keys[] = {"format"};
+static const char *const meta_values[] = {"pt"};
+
+int rt_params_save(const RtRun *run, const char *path, RtError *err) {
+  const RtPlan *p = run->plan;
+  RtStTensor *ts = calloc((size_t)p->nparams + 1, sizeof *ts);
+  if (!ts) return rt_errf(err, "%s: out of memory", path);
+  for (int i = 0; i < p->nparams; i++) {
+    const RtPlanParam *pp = &p->params[i];
+    ts[i].name = pp->name;
+    ts[i].dtype = RT_F32;
+    ts[i].ndim = pp->rank;
+    memcpy(ts[i].shape, pp->shape, sizeof ts[i].shape);
+    ts[i].data = run->params + pp->offset;
+  }
+  int rc = rt_st_write(path, ts, p->nparams, meta_keys, meta_values, 1, err);
+  free(ts);
+  return rc;
+}
+
+int rt_params_load(RtRun *run, const char *path, RtError *err) {
+  const RtPlan *p = run->plan;
+  RtStFile *f = rt_st_open(path, err);
+  if (!f) return -1;
+  int rc = 0;
+  for (int i = 0; i < p->nparams && rc == 0; i++) {
+    const RtPlanParam *pp = &p->params[i];
+    rc = rt_st_read(f, pp->name, RT_F32, pp->rank, pp->shape, run->params + pp->offset, err);
+  }
+  rt_st_close(f);
+  return rc;
+}
+
+/* buf = a + b, or an error when that does not fit in PATH_MAX_LEN. */
+static int join(char *buf, const char *a, const char *b, RtError *err) {
+  if (snprintf(buf, PATH_MAX_LEN, "%s%s", a, b) >= PATH_MAX_LEN)
+    return rt_errf(err, "%s%s: path too long", a, b);
+  return 0;
+}
+
+/* ---- directories ----------------------------------------------------------------------------- */
+
+/* mkdir -p: creates every missing component of dir. */
+static int make_dirs(const char *dir, RtError *err) {
+  char buf[PATH_MAX_LEN];
+  if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
+    return rt_errf(err, "%s: path too long", dir);
+  for (char *s = buf + 1;; s++) {
+    int end = *s == '\0';
+    if (*s == '/' || end) {
+      *s = '\0';
+      if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+        return rt_errf(err, "%s: cannot create directory: %s", buf, strerror(errno));
+      if (end) break;
+      *s = '/';
+    }
+  }
+  struct stat st;
+  if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
+    return rt_errf(err, "%s: not a directory", dir);
+  return 0;
+}
+
+/* Removes a checkpoint directory: it only ever holds plain files, so one level suffices. */
+static int remove_dir(const char *dir, RtError *err) {
+  DIR *d = opendir(dir);
+  if (!d) return errno == ENOENT ? 0 : rt_errf(err, "%s: %s", dir, strerror(errno));
+  struct dirent *e;
+  char path[PATH_MAX_LEN];
+  while ((e = readdir(d)) != NULL) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    unlink(path);
+  }
+  closedir(d);
+  if (rmdir(dir) != 0) return rt_errf(err, "%s: cannot remove: %s", dir, strerror(errno));
+  return 0;
+}
+
+/* Makes a rename inside dir durable (best effort: some file systems refuse to sync a dir). */
+static void sync_dir(const char *dir) {
+  int fd = open(dir, O_RDONLY);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+}
+
+/* The step of a complete checkpoint directory name "step_<digits>", or -1. */
+static int64_t ckpt_step_of(const char *name) {
+  if (strncmp(name, "step_", 5) != 0 || name[5] == '\0') return -1;
+  for (const char *s = name + 5; *s; s++)
+    if (*s < '0' || *s > '9') return -1;
+  return strtoll(name + 5, NULL, 10);
+}
+
+static int is_file(const char *path) {
+  struct stat st;
+  return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* The steps of the complete checkpoints in dir, newest first, in a malloc'ed array. */
+static int list_ckpts(const char *dir, int64_t **steps, int *n, RtError *err) {
+  *steps = NULL;
+  *n = 0;
+  DIR *d = opendir(dir);
+  if (!d) return rt_errf(err, "%s: cannot open checkpoint directory: %s", dir, strerror(errno));
+  int cap = 0;
+  struct dirent *e;
+  char path[PATH_MAX_LEN];
+  while ((e = readdir(d)) != NULL) {
+    int64_t s = ckpt_step_of(e->d_name);
+    snprintf(path, sizeof path, "%s/%s/state.json", dir, e->d_name);
+    if (s < 0 || !is_file(path)) continue;
+    if (*n == cap) {
+      cap = cap ? 2 * cap : 16;
+      int64_t *grown = realloc(*steps, (size_t)cap * sizeof **steps);
+      if (!grown) { closedir(d); return rt_errf(err, "%s: out of memory", dir); }
+      *steps = grown;
+    }
+    (*steps)[(*n)++] = s;
+  }
+  closedir(d);
+  for (int i = 1; i < *n; i++) /* insertion sort, newest first: there are few */
+    for (int j = i; j > 0 && (*steps)[j] > (*steps)[j - 1]; j--) {
+      int64_t t = (*steps)[j];
+      (*steps)[j] = (*steps)[j - 1];
+      (*steps)[j - 1] = t;
+    }
+  return 0;
+}
+
+/* ---- state.json ------------------------------------------------------------------------------ */
+
+static int write_state(const char *path, const RtPlan *p, const RtCkptInfo *info, RtError *err) {
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddStringToObject(j, "format", CKPT_FORMAT);
+  cJSON_AddStringToObject(j, "model", p->model ? p->model : "");
+  cJSON_AddNumberToObject(j, "step", (double)info->step);
+  cJSON_AddNumberToObject(j, "seed", (double)info->seed);
+  cJSON_AddStringToObject(j, "plan_hash", info->plan_hash);
+  if (isfinite(info->loss)) cJSON_AddNumberToObject(j, "loss", info->loss);
+  else cJSON_AddNullToObject(j, "loss");
+  cJSON_AddNumberToObject(j, "data_offset", (double)info->data_offset);
+  char *text = cJSON_Print(j);
+  cJSON_Delete(j);
+  if (!text) return rt_errf(err, "%s: out of memory", path);
+  FILE *fp = fopen(path, "w");
+  int ok = fp && fputs(text, fp) >= 0 && fputc('\n', fp) != EOF && fflush(fp) == 0 &&
+           fsync(fileno(fp)) == 0;
+  if (fp && fclose(fp) != 0) ok = 0;
+  free(text);
+  return ok ? 0 : rt_errf(err, "%s: cannot write: %s", path, strerror(errno));
+}
+
+static char *read_text(const char *path, RtError *err) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp) { rt_errf(err, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+  fseek(fp, 0, SEEK_END);
+  long n = ftell(fp);
+  fseek(fp, 0, SEEK_SET);
+  char *buf = n >= 0 && n < (1 << 20) ? malloc((size_t)n + 1) : NULL;
+  if (!buf || fread(buf, 1, (size_t)n, fp) != (size_t)n) {
+    rt_errf(err, "%s: cannot read", path);
+    free(buf);
+    buf = NULL;
+  } else {
+    buf[n] = '\0';
+  }
+  fclose(fp);
+  return buf;
+}
+
+static int read_state(const char *path, RtCkptInfo *info, RtError *err) {
+  char *text = read_text(path, err);
+  if (!text) return -1;
+  cJSON *j = cJSON_Parse(text);
+  free(text);
+  const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(j, "format");
+  const cJSON *step = cJSON_GetObjectItemCaseSensitive(j, "step");
+  const cJSON *seed = cJSON_GetObjectItemCaseSensitive(j, "seed");
+  const cJSON *hash = cJSON_GetObjectItemCaseSensitive(j, "plan_hash");
+  const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
+  const cJSON *off = cJSON_GetObjectItemCaseSensitive(j, "data_offset");
+  int rc = 0;
+  if (!j || !cJSON_IsString(fmt) || strcmp(fmt->valuestring, CKPT_FORMAT) != 0 ||
+      !cJSON_IsNumber(step) || step->valuedouble < 0 || !cJSON_IsNumber(seed) ||
+      !cJSON_IsString(hash)) {
+    rc = rt_errf(err, "%s: not a %s state file (needs format, step, seed, plan_hash)", path,
+                 CKPT_FORMAT);
+  } else {
+    info->step = (int64_t)step->valuedouble;
+    info->seed = (int64_t)seed->valuedouble;
+    info->loss = cJSON_IsNumber(loss) ? loss->valuedouble : NAN;
+    info->data_offset = cJSON_IsNumber(off) ? (int64_t)off->valuedouble : -1;
+    snprintf(info->plan_hash, sizeof info->plan_hash, "%s", hash->valuestring);
+  }
+  cJSON_Delete(j);
+  return rc;
+}
+
+/* ---- checkpoints ----------------------------------------------------------------------------- */
+
+static int write_states(const RtRun *run, const char *path, RtError *err) {
+  const RtPlan *p = run->plan;
+  RtStTensor *ts = calloc((size_t)p->nstates + 1, sizeof *ts);
+  if (!ts) return rt_errf(err, "%s: out of memory", path);
+  int n = 0;
+  for (int i = 0; i < p->nstates; i++) {
+    const RtPlanState *s = &p->states[i];
+    if (!s->saved) continue;
+    ts[n] = (RtStTensor){.name = s->name, .dtype = RT_F32, .ndim = 1, .shape = {s->numel},
+                         .data = run->state + s->offset};
+    n++;
+  }
+  int rc = rt_st_write(path, ts, n, meta_keys, meta_values, 1, err);
+  free(ts);
+  return rc;
+}
+
+int rt_ckpt_save(const RtRun *run, const char *dir, const RtCkptInfo *info, char *out,
+                 size_t nout, RtError *err) {
+  char tmp[PATH_MAX_LEN], fin[PATH_MAX_LEN], file[PATH_MAX_LEN], name[64];
+  if (make_dirs(dir, err) != 0) return -1;
+  snprintf(name, sizeof name, "/step_%06lld", (long long)info->step);
+  if (join(fin, dir, name, err) != 0 || join(tmp, fin, ".tmp", err) != 0) return -1;
+  if (remove_dir(tmp, err) != 0) return -1; /* a leftover of a crash */
+  if (mkdir(tmp, 0777) != 0)
+    return rt_errf(err, "%s: cannot create directory: %s", tmp, strerror(errno));
+  if (join(file, tmp, "/model.safetensors", err) != 0 || rt_params_save(run, file, err) != 0)
+    return -1;
+  if (join(file, tmp, "/optimizer.safetensors", err) != 0 || write_states(run, file, err) != 0)
+    return -1;
+  if (join(file, tmp, "/state.json", err) != 0 || write_state(file, run->plan, info, err) != 0)
+    return -1;
+  sync_dir(tmp);
+  if (remove_dir(fin, err) != 0) return -1; /* the same step saved again */
+  if (rename(tmp, fin) != 0)
+    return rt_errf(err, "%s: cannot rename to %s: %s", tmp, fin, strerror(errno));
+  sync_dir(dir);
+  if (out) snprintf(out, nout, "%s", fin);
+  return 0;
+}
+
+int rt_ckpt_find(const char *dir, char *out, size_t nout, RtError *err) {
+  char path[PATH_MAX_LEN];
+  snprintf(path, sizeof path, "%s/state.json", dir);
+  if (is_file(path)) { snprintf(out, nout, "%s", dir); return 0; }
+  int64_t *steps;
+  int n;
+  if (list_ckpts(dir, &steps, &n, err) != 0) return -1;
+  if (n == 0) {
+    free(steps);
+    return rt_errf(err, "%s: no complete checkpoint (step_NNNNNN/ with a state.json) in it", dir);
+  }
+  snprintf(out, nout, "%s/step_%06lld", dir, (long long)steps[0]);
+  free(steps);
+  return 0;
+}
+
+static int read_states(RtRun *run, const char *path, RtError *err) {
+  const RtPlan *p = run->plan;
+  RtStFile *f = rt_st_open(path, err);
+  if (!f) return -1;
+  int rc = 0;
+  for (int i = 0; i < p->nstates && rc == 0; i++) {
+    const RtPlanState *s = &p->states[i];
+    float *dst = run->state + s->offset;
+    if (s->saved) rc = rt_st_read(f, s->name, RT_F32, 1, &s->numel, dst, err);
+    else memset(dst, 0, (size_t)s->numel * sizeof *dst);
+  }
+  rt_st_close(f);
+  return rc;
+}
+
+int rt_ckpt_load(RtRun *run, const char *ckpt, RtCkptInfo *info, RtError *err) {
+  char file[PATH_MAX_LEN];
+  if (join(file, ckpt, "/state.json", err) != 0 || read_state(file, info, err) != 0) return -1;
+  if (join(file, ckpt, "/model.safetensors", err) != 0 || rt_params_load(run, file, err) != 0)
+    return -1;
+  if (join(file, ckpt, "/optimizer.safetensors", err) != 0) return -1;
+  return read_states(run, file, err);
+}
+
+int rt_ckpt_prune(const char *dir, int64_t keep, RtError *err) {
+  if (keep <= 0) return 0;
+  int64_t *steps;
+  int n, rc = 0;
+  if (list_ckpts(dir, &steps, &n, err) != 0) return -1;
+  char path[PATH_MAX_LEN];
+  for (int i = (int)(keep < n ? keep : n); i < n && rc == 0; i++) {
+    snprintf(path, sizeof path, "%s/step_%06lld", dir, (long long)steps[i]);
+    rc = remove_dir(path, err);
+  }
+  free(steps);
+  return rc;
+}

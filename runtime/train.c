@@ -1,0 +1,716 @@
+/* train.c: rt_main, the main loop of every program `cplanc build` writes (see cplanrt.h).
+ *
+ * What is the same for every model lives here, so plan.c only holds the specialized step:
+ * flags, opening and checking the data, the arenas, param initialization, the step loop with
+ * gradient accumulation, evaluation, the metrics JSONL, the progress line, checkpoints and exact
+ * resume, SIGINT/SIGTERM, and stopping on a non-finite loss.
+ *
+ * Everything the run prints goes to stderr (the progress line is for a terminal, the rest is a
+ * log); the metrics file is the machine-readable record.  rt_main keeps no global state except
+ * the signal flag, which it resets, and it restores the signal handlers it replaced, so it can be
+ * called several times in one process (the tests do). */
+#include "cplanrt.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* OpenBLAS's thread count, when the program links OpenBLAS; weak so the runtime does not. */
+extern void openblas_set_num_threads(int) __attribute__((weak));
+
+#define RT_PI 3.14159265358979323846
+
+/* ---- the counter-based generator ------------------------------------------------------------ */
+
+/* uniform = the top 53 bits of splitmix64(splitmix64(splitmix64(seed) ^ key) ^ index) / 2^53:
+ * each value depends only on its coordinates, so any shard of any tensor can be generated alone
+ * and every strategy and rank count gets the same numbers. */
+double rt_uniform(uint64_t seed, uint64_t key, uint64_t index) {
+  uint64_t r = rt_splitmix64(rt_splitmix64(rt_splitmix64(seed) ^ key) ^ index);
+  return (double)(r >> 11) * 0x1p-53;
+}
+
+/* 64-bit FNV-1a of the bytes of s (rt_uniform mixes it further). */
+uint64_t rt_hash_str(const char *s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+  return h;
+}
+
+/* Param init, keyed by (plan->seed, rt_hash_str(path), element index i):
+ *   normal(std): std * sqrt(-2 ln(1 - u1)) * cos(2 pi u2), u1 = rt_uniform(seed, key, 2i),
+ *                u2 = rt_uniform(seed, key, 2i + 1) (Box-Muller, one value per element);
+ *   uniform(lo, hi): lo + (hi - lo) * rt_uniform(seed, key, i);
+ *   zeros, ones, full(v): constants.  Values are computed in double, then rounded to f32. */
+static void init_param(const RtPlan *p, const RtPlanParam *pp, float *dst) {
+  uint64_t seed = (uint64_t)p->seed, key = rt_hash_str(pp->name);
+  double a = pp->init_a, b = pp->init_b;
+  for (int64_t i = 0; i < pp->numel; i++) {
+    uint64_t k = (uint64_t)i;
+    double v = 0;
+    switch (pp->init) {
+    case RT_INIT_ZEROS: v = 0; break;
+    case RT_INIT_ONES: v = 1; break;
+    case RT_INIT_FULL: v = a; break;
+    case RT_INIT_NORMAL: {
+      double u1 = rt_uniform(seed, key, 2 * k), u2 = rt_uniform(seed, key, 2 * k + 1);
+      v = a * sqrt(-2.0 * log(1.0 - u1)) * cos(2.0 * RT_PI * u2);
+      break;
+    }
+    case RT_INIT_UNIFORM: v = a + (b - a) * rt_uniform(seed, key, k); break;
+    }
+    dst[i] = (float)v;
+  }
+}
+
+/* ---- flags ---------------------------------------------------------------------------------- */
+
+typedef struct Opts {
+  int64_t steps;                /* -1: plan->steps */
+  const char *data, *init, *save_init, *save, *metrics, *ckpt_dir, *resume;
+  int64_t ckpt_every;           /* -1: the plan's */
+  int64_t threads;              /* 0: the online CPUs */
+  int64_t quiet, help;
+} Opts;
+
+typedef enum FlagKind { FLAG_INT, FLAG_STR, FLAG_BOOL } FlagKind;
+
+/* Checklist: a flag added here is read in setup()/train() and tested in test_rt_train.c. */
+static const struct Flag {
+  const char *name, *arg, *help;
+  FlagKind kind;
+  size_t off;
+  int64_t min;                  /* FLAG_INT: the least value accepted */
+} flags[] = {
+  {"--steps", "N", "stop after step N (the LR schedule still spans the plan's steps)", FLAG_INT,
+   offsetof(Opts, steps), 0},
+  {"--data", "PATH", "train on PATH instead of the plan's data file", FLAG_STR,
+   offsetof(Opts, data), 0},
+  {"--init", "FILE", "load the initial params from a safetensors file (by param path)", FLAG_STR,
+   offsetof(Opts, init), 0},
+  {"--save-init", "FILE", "write the initial params to FILE, then train", FLAG_STR,
+   offsetof(Opts, save_init), 0},
+  {"--save", "FILE", "write the final params to FILE (safetensors)", FLAG_STR,
+   offsetof(Opts, save), 0},
+  {"--metrics", "FILE", "write one JSON object per step to FILE (JSONL)", FLAG_STR,
+   offsetof(Opts, metrics), 0},
+  {"--checkpoint-dir", "DIR", "write checkpoints under DIR (DIR/step_000500/)", FLAG_STR,
+   offsetof(Opts, ckpt_dir), 0},
+  {"--checkpoint-every", "N", "write a checkpoint every N steps (0: never)", FLAG_INT,
+   offsetof(Opts, ckpt_every), 0},
+  {"--resume", "DIR", "continue exactly from the latest checkpoint in DIR", FLAG_STR,
+   offsetof(Opts, resume), 0},
+  {"--threads", "N", "compute threads (default: the online CPUs)", FLAG_INT,
+   offsetof(Opts, threads), 1},
+  {"--quiet", NULL, "print nothing but errors", FLAG_BOOL, offsetof(Opts, quiet), 0},
+  {"--help", NULL, "print this help", FLAG_BOOL, offsetof(Opts, help), 0},
+};
+#define NFLAGS ((int)(sizeof flags / sizeof flags[0]))
+
+static const char *prog_name(const char *argv0) {
+  const char *s = argv0 ? strrchr(argv0, '/') : NULL;
+  return s ? s + 1 : argv0 ? argv0 : "train";
+}
+
+static void usage(FILE *fp, const char *prog, const RtPlan *p) {
+  fprintf(fp, "usage: %s [flags]\n\nTrains %s (built from %s) for %lld steps.\n\nflags:\n", prog,
+          p->model ? p->model : "the model", p->source ? p->source : "?", (long long)p->steps);
+  for (int i = 0; i < NFLAGS; i++) {
+    char left[40];
+    snprintf(left, sizeof left, "%s%s%s", flags[i].name, flags[i].arg ? " " : "",
+             flags[i].arg ? flags[i].arg : "");
+    fprintf(fp, "  %-24s %s\n", left, flags[i].help);
+  }
+  fprintf(fp, "\nexit status: 0 done (also after SIGINT/SIGTERM, which checkpoint first), "
+              "1 error, 2 bad usage\n");
+}
+
+static int parse_int(const char *s, int64_t min, int64_t *out) {
+  char *end;
+  long long v = strtoll(s, &end, 10);
+  if (!*s || *end || v < min) return -1;
+  *out = v;
+  return 0;
+}
+
+/* Sets one flag from its value; -1 with a message in err on bad usage. */
+static int set_flag(Opts *o, const struct Flag *f, const char *val, RtError *err) {
+  char *field = (char *)o + f->off;
+  if (f->kind == FLAG_BOOL) {
+    if (val) return rt_errf(err, "%s takes no value", f->name);
+    *(int64_t *)field = 1;
+    return 0;
+  }
+  if (!val) return rt_errf(err, "%s needs a value (%s)", f->name, f->arg);
+  if (f->kind == FLAG_STR) {
+    *(const char **)field = val;
+    return 0;
+  }
+  if (parse_int(val, f->min, (int64_t *)field) != 0)
+    return rt_errf(err, "%s: '%s' is not an integer >= %lld", f->name, val, (long long)f->min);
+  return 0;
+}
+
+/* Accepts "--flag value" and "--flag=value". */
+static int parse_flags(int argc, char **argv, Opts *o, RtError *err) {
+  *o = (Opts){.steps = -1, .ckpt_every = -1};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i], *eq = strchr(a, '=');
+    size_t n = eq ? (size_t)(eq - a) : strlen(a);
+    const struct Flag *f = NULL;
+    for (int k = 0; k < NFLAGS; k++)
+      if (strlen(flags[k].name) == n && !strncmp(flags[k].name, a, n)) f = &flags[k];
+    if (!f) return rt_errf(err, "unknown flag '%s' (--help lists them)", a);
+    const char *val = eq ? eq + 1 : NULL;
+    if (!eq && f->kind != FLAG_BOOL) val = i + 1 < argc ? argv[++i] : NULL;
+    if (set_flag(o, f, val, err) != 0) return -1;
+  }
+  if (o->init && o->resume) return rt_errf(err, "--init and --resume exclude each other");
+  return 0;
+}
+
+/* The flag values that only make sense against the plan. */
+static int check_flags(const Opts *o, const RtPlan *p, RtError *err) {
+  if (o->steps > p->steps)
+    return rt_errf(err, "--steps %lld is beyond the plan's %lld steps (the schedule's length)",
+                   (long long)o->steps, (long long)p->steps);
+  return 0;
+}
+
+/* ---- the trainer ---------------------------------------------------------------------------- */
+
+typedef struct Trainer {
+  const RtPlan *p;
+  Opts o;
+  const char *prog;
+  RtRun run;
+  /* data */
+  const char *data_path;
+  RtTokens *tok, *val_tok;
+  RtAdder *adder;
+  RtTensorSource *ts, *val_ts;
+  int has_val;
+  void **bufs;                  /* one micro-batch per input */
+  const void **cbufs;           /* the same pointers, as micro_step takes them */
+  double *mets, *msum;          /* metrics of a micro-batch, and their sum */
+  /* the run */
+  int64_t start, stop;
+  const char *ckpt_dir;         /* NULL: no periodic checkpoints */
+  int64_t ckpt_every, ckpt_keep;
+  int64_t last_ckpt;            /* the step of the last checkpoint written, -1: none */
+  FILE *metrics;
+  int tty, verbose;
+  int live;                     /* a progress line is on the terminal, not yet ended */
+  double loss;                  /* of the last step */
+  double time_sum;              /* seconds of the steps after the first, for the ETA */
+  int64_t timed;
+} Trainer;
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig) { stop_signal = sig; }
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void say(Trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* A log line on stderr, unless --quiet; on a terminal it first clears the progress line. */
+static void say(Trainer *t, const char *fmt, ...) {
+  if (!t->verbose) return;
+  if (t->live) fputs("\r\033[K", stderr);
+  t->live = 0;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
+static int fail(const Trainer *t, const char *msg) {
+  if (t->live) fputs("\r\033[K", stderr);
+  fprintf(stderr, "%s: error: %s\n", t->prog, msg);
+  return 1;
+}
+
+static int64_t input_numel(const RtPlanInput *in) {
+  int64_t n = 1;
+  for (int d = 0; d < in->rank; d++) n *= in->shape[d];
+  return n;
+}
+
+/* ---- setup: data ------------------------------------------------------------------------------ */
+
+/* Tokens and adder data feed (inputs, targets): two [micro, T] int32 inputs. */
+static int check_seq_inputs(const RtPlan *p, RtError *err) {
+  if (p->ninputs != 2) return rt_errf(err, "token data feeds 2 inputs, the model has %d", p->ninputs);
+  for (int i = 0; i < 2; i++) {
+    const RtPlanInput *in = &p->inputs[i];
+    if (in->dtype != RT_I32 || in->rank != 2 || in->shape[0] != p->micro ||
+        in->shape[1] != p->seq_len)
+      return rt_errf(err, "input '%s' must be i32 [%lld, %lld] to take token data", in->name,
+                     (long long)p->micro, (long long)p->seq_len);
+  }
+  return 0;
+}
+
+static int open_tokens(Trainer *t, RtError *err) {
+  const RtPlan *p = t->p;
+  int vocab = p->vocab > 0 && p->vocab < 65536 ? (int)p->vocab : 65536;
+  if (!(t->tok = rt_tokens_open(t->data_path, vocab, err))) return -1;
+  if (rt_tokens_steps(t->tok, p->batch, p->seq_len, err) < 0) return -1;
+  if (p->val_path) {
+    if (!(t->val_tok = rt_tokens_open(p->val_path, vocab, err))) return -1;
+    if (rt_tokens_steps(t->val_tok, p->batch, p->seq_len, err) < 0) return -1;
+    t->has_val = 1;
+  }
+  return 0;
+}
+
+static int open_adder(Trainer *t, RtError *err) {
+  const RtPlan *p = t->p;
+  if (t->o.data) return rt_errf(err, "--data: adder data is generated, it has no file");
+  if (p->vocab > 0 && p->vocab < RT_ADD_VOCAB)
+    return rt_errf(err, "adder data has %d tokens but the model's vocab is %lld", RT_ADD_VOCAB,
+                   (long long)p->vocab);
+  if (p->seq_len + 1 < 3 * (int64_t)p->digits + 3)
+    return rt_errf(err, "adder(digits = %d) needs a sequence length of at least %d, the model "
+                   "has %lld", p->digits, 3 * p->digits + 2, (long long)p->seq_len);
+  if (!(t->adder = rt_adder_open(p->digits, p->seed, err))) return -1;
+  t->has_val = 1;
+  return 0;
+}
+
+/* Every plan input must be in the file with the plan's dtype and per-sample shape. */
+static int check_tensors(const Trainer *t, const RtTensorSource *s, const char *path,
+                         RtError *err) {
+  const RtPlan *p = t->p;
+  for (int i = 0; i < p->ninputs; i++) {
+    const RtPlanInput *in = &p->inputs[i];
+    const RtStTensor *st = rt_tsrc_input(s, i);
+    int ok = st->dtype == in->dtype && st->ndim == in->rank;
+    for (int d = 1; ok && d < in->rank; d++) ok = st->shape[d] == in->shape[d];
+    if (!ok)
+      return rt_errf(err, "%s: tensor '%s' is %s with %d dims, the model wants %s [N, ...] of "
+                     "rank %d matching its input", path, in->name, rt_dtype_name(st->dtype),
+                     st->ndim, rt_dtype_name(in->dtype), in->rank);
+  }
+  return 0;
+}
+
+static int open_tensors(Trainer *t, RtError *err) {
+  const RtPlan *p = t->p;
+  const char **names = calloc((size_t)p->ninputs + 1, sizeof *names);
+  if (!names) return rt_errf(err, "out of memory");
+  for (int i = 0; i < p->ninputs; i++) names[i] = p->inputs[i].name;
+  int rc = -1;
+  if ((t->ts = rt_tsrc_open(t->data_path, names, p->ninputs, err)) &&
+      check_tensors(t, t->ts, t->data_path, err) == 0) {
+    rc = 0;
+    if (p->val_path) {
+      rc = -1;
+      if ((t->val_ts = rt_tsrc_open(p->val_path, names, p->ninputs, err)) &&
+          check_tensors(t, t->val_ts, p->val_path, err) == 0)
+        rc = 0, t->has_val = 1;
+    }
+  }
+  free(names);
+  return rc;
+}
+
+static int open_data(Trainer *t, RtError *err) {
+  const RtPlan *p = t->p;
+  t->data_path = t->o.data ? t->o.data : p->data_path;
+  switch (p->data_kind) {
+  case RT_DATA_TOKENS:
+    if (check_seq_inputs(p, err) != 0) return -1;
+    return open_tokens(t, err);
+  case RT_DATA_ADDER:
+    if (check_seq_inputs(p, err) != 0) return -1;
+    return open_adder(t, err);
+  case RT_DATA_TENSORS: return open_tensors(t, err);
+  }
+  return rt_errf(err, "unknown data kind %d", (int)p->data_kind);
+}
+
+/* Fills the input buffers with micro-batch m of step `step` (of evaluation batch `step`). */
+static int fill_inputs(Trainer *t, int eval, int64_t step, int64_t m, RtError *err) {
+  const RtPlan *p = t->p;
+  int64_t j0 = m * p->micro, j1 = j0 + p->micro;
+  switch (p->data_kind) {
+  case RT_DATA_TOKENS:
+    return rt_tokens_batch(eval ? t->val_tok : t->tok, p->batch, p->seq_len, step, j0, j1,
+                           t->bufs[0], t->bufs[1], err);
+  case RT_DATA_ADDER:
+    return rt_adder_batch(t->adder, eval, p->batch, p->seq_len, step, j0, j1, t->bufs[0],
+                          t->bufs[1], err);
+  case RT_DATA_TENSORS:
+    for (int i = 0; i < p->ninputs; i++)
+      if (rt_tsrc_batch(eval ? t->val_ts : t->ts, i, p->batch, step, j0, j1, t->bufs[i], err))
+        return -1;
+    return 0;
+  }
+  return -1;
+}
+
+/* ---- setup: memory, params, flags ------------------------------------------------------------ */
+
+static int alloc_all(Trainer *t, RtError *err) {
+  const RtPlan *p = t->p;
+  RtRun *r = &t->run;
+  size_t work = ((size_t)p->work_bytes + 63) / 64 * 64;
+  r->plan = p;
+  r->params = calloc((size_t)p->param_floats + 1, sizeof(float));
+  r->state = calloc((size_t)p->state_floats + 1, sizeof(float));
+  r->work = aligned_alloc(64, work ? work : 64);
+  if (!r->params || !r->state || !r->work)
+    return rt_errf(err, "out of memory: params %lld, state %lld and work %lld bytes",
+                   (long long)p->param_floats * 4, (long long)p->state_floats * 4,
+                   (long long)p->work_bytes);
+  memset(r->work, 0, work); /* generated code never reads it first; this keeps runs identical */
+  t->bufs = calloc((size_t)p->ninputs + 1, sizeof *t->bufs);
+  t->cbufs = calloc((size_t)p->ninputs + 1, sizeof *t->cbufs);
+  t->mets = calloc((size_t)p->nmetrics + 1, sizeof *t->mets);
+  t->msum = calloc((size_t)p->nmetrics + 1, sizeof *t->msum);
+  if (!t->bufs || !t->cbufs || !t->mets || !t->msum) return rt_errf(err, "out of memory");
+  for (int i = 0; i < p->ninputs; i++) {
+    t->bufs[i] = calloc((size_t)input_numel(&p->inputs[i]) + 1, 4);
+    if (!t->bufs[i]) return rt_errf(err, "out of memory for input '%s'", p->inputs[i].name);
+    t->cbufs[i] = t->bufs[i];
+  }
+  return 0;
+}
+
+static void free_all(Trainer *t) {
+  for (int i = 0; t->bufs && i < t->p->ninputs; i++) free(t->bufs[i]);
+  free(t->bufs);
+  free(t->cbufs);
+  free(t->mets);
+  free(t->msum);
+  free(t->run.params);
+  free(t->run.state);
+  free(t->run.work);
+  rt_tokens_close(t->tok);
+  rt_tokens_close(t->val_tok);
+  rt_adder_close(t->adder);
+  rt_tsrc_close(t->ts);
+  rt_tsrc_close(t->val_ts);
+  if (t->metrics) fclose(t->metrics);
+}
+
+/* Resumes from --resume (checking the checkpoint belongs to this plan), loads --init, or
+ * initializes every param from its RtPlanParam. */
+static int load_or_init(Trainer *t, RtError *err) {
+  const RtPlan *p = t->p;
+  if (t->o.resume) {
+    char dir[4096];
+    RtCkptInfo info;
+    if (rt_ckpt_find(t->o.resume, dir, sizeof dir, err) != 0) return -1;
+    if (rt_ckpt_load(&t->run, dir, &info, err) != 0) return -1;
+    const char *hash = p->source_hash ? p->source_hash : "";
+    if (strcmp(info.plan_hash, hash) != 0)
+      return rt_errf(err, "%s: written by build '%s', this is build '%s': a resume would not be "
+                     "exact (retrain, or --init %s/model.safetensors to start over from it)",
+                     dir, info.plan_hash, hash, dir);
+    if (info.seed != p->seed)
+      return rt_errf(err, "%s: written with seed %lld, the plan has seed %lld", dir,
+                     (long long)info.seed, (long long)p->seed);
+    t->start = info.step;
+    t->last_ckpt = info.step;
+    say(t, "resumed from %s at step %lld", dir, (long long)info.step);
+    return 0;
+  }
+  if (t->o.init) return rt_params_load(&t->run, t->o.init, err);
+  for (int i = 0; i < p->nparams; i++)
+    init_param(p, &p->params[i], t->run.params + p->params[i].offset);
+  return 0;
+}
+
+static int resolve_run(Trainer *t, RtError *err) {
+  const RtPlan *p = t->p;
+  if (p->micro * p->accum != p->batch || p->micro <= 0 || p->accum <= 0)
+    return rt_errf(err, "bad plan: batch %lld != micro %lld x accum %lld", (long long)p->batch,
+                   (long long)p->micro, (long long)p->accum);
+  t->stop = t->o.steps >= 0 ? t->o.steps : p->steps;
+  t->ckpt_every = t->o.ckpt_every >= 0 ? t->o.ckpt_every : p->ckpt_every;
+  t->ckpt_keep = p->ckpt_keep;
+  t->ckpt_dir = t->o.ckpt_dir ? t->o.ckpt_dir : p->ckpt_dir;
+  if (t->ckpt_every > 0 && !t->ckpt_dir) t->ckpt_dir = "ckpt";
+  int64_t threads = t->o.threads;
+  if (threads <= 0) threads = sysconf(_SC_NPROCESSORS_ONLN);
+  t->run.threads = threads > 0 ? (int)threads : 1;
+  if (openblas_set_num_threads) openblas_set_num_threads(t->run.threads);
+  return 0;
+}
+
+/* ---- output ------------------------------------------------------------------------------------ */
+
+/* 124.4M, 1.2k: a count for people. */
+static const char *human(char *buf, size_t n, double v, const char *unit) {
+  const char *suf[] = {"", "k", "M", "G", "T", "P"};
+  int i = 0;
+  while (fabs(v) >= 1000 && i < 5) v /= 1000, i++;
+  snprintf(buf, n, i ? "%.1f%s%s" : "%.0f%s%s", v, suf[i], unit);
+  return buf;
+}
+
+static const char *duration(char *buf, size_t n, double s) {
+  long long x = (long long)(s + 0.5);
+  if (x >= 3600) snprintf(buf, n, "%lldh%02lldm", x / 3600, x / 60 % 60);
+  else if (x >= 60) snprintf(buf, n, "%lldm%02llds", x / 60, x % 60);
+  else snprintf(buf, n, "%llds", x);
+  return buf;
+}
+
+static void banner(Trainer *t) {
+  const RtPlan *p = t->p;
+  char a[32], b[32], c[32], d[32];
+  int64_t n = 0;
+  for (int i = 0; i < p->nparams; i++) n += p->params[i].numel;
+  say(t, "%s (%s): %s params; arenas: params %s, state %s, work %s", p->model ? p->model : "?",
+      p->source ? p->source : "?", human(a, sizeof a, (double)n, ""),
+      human(b, sizeof b, 4.0 * (double)p->param_floats, "B"),
+      human(c, sizeof c, 4.0 * (double)p->state_floats, "B"),
+      human(d, sizeof d, (double)p->work_bytes, "B"));
+  if (p->data_kind == RT_DATA_ADDER)
+    say(t, "data: adder(digits = %d), evaluation on the held-out problems", p->digits);
+  else if (p->data_kind == RT_DATA_TOKENS)
+    say(t, "data: tokens %s (%s tokens)%s%s", t->data_path,
+        human(a, sizeof a, (double)rt_tokens_count(t->tok), ""), t->has_val ? ", val " : "",
+        t->has_val ? p->val_path : "");
+  else
+    say(t, "data: tensors %s (%lld rows)%s%s", t->data_path, (long long)rt_tsrc_rows(t->ts),
+        t->has_val ? ", val " : "", t->has_val ? p->val_path : "");
+  say(t, "batch %lld = micro %lld x accum %lld, seq %lld; steps %lld..%lld of %lld; threads %d",
+      (long long)p->batch, (long long)p->micro, (long long)p->accum, (long long)p->seq_len,
+      (long long)t->start, (long long)t->stop, (long long)p->steps, t->run.threads);
+}
+
+static double tokens_per_step(const RtPlan *p) {
+  return (double)p->batch * (double)(p->seq_len > 0 ? p->seq_len : 1);
+}
+
+/* The live line on a terminal, else a log line every log_every steps, the first and the last. */
+static void progress(Trainer *t, int64_t s, double lr, double gn, double sec) {
+  if (!t->verbose) return;
+  const RtPlan *p = t->p;
+  char tps[32], gf[32], eta[32];
+  human(tps, sizeof tps, tokens_per_step(p) / sec, "");
+  human(gf, sizeof gf, p->flops_per_step / sec, "FLOP/s");
+  double per = t->timed ? t->time_sum / (double)t->timed : sec;
+  duration(eta, sizeof eta, per * (double)(t->stop - s - 1));
+  if (t->tty) {
+    fprintf(stderr, "\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | %s tok/s | %s | ETA %s",
+            (long long)s + 1, (long long)t->stop, t->loss, lr, tps, gf, eta);
+    fflush(stderr);
+    t->live = 1;
+    return;
+  }
+  int64_t every = p->log_every > 0 ? p->log_every : 10;
+  if (s != t->start && s + 1 != t->stop && (s + 1) % every != 0) return;
+  say(t, "step %lld/%lld | loss %.6f | lr %.4e | norm %.4f | %.1f ms | %s tok/s | %s | ETA %s",
+      (long long)s + 1, (long long)t->stop, t->loss, lr, gn, 1e3 * sec, tps, gf, eta);
+}
+
+static void add_metrics(cJSON *j, const RtPlan *p, const char *prefix, const double *v) {
+  char key[256];
+  for (int i = 0; i < p->nmetrics; i++) {
+    snprintf(key, sizeof key, "%s%s", prefix, p->metric_names[i]);
+    cJSON_AddNumberToObject(j, key, v[i]);
+  }
+}
+
+static int write_metrics(Trainer *t, cJSON *j, RtError *err) {
+  if (!t->metrics) return 0;
+  char *line = cJSON_PrintUnformatted(j);
+  int ok = line && fprintf(t->metrics, "%s\n", line) > 0 && fflush(t->metrics) == 0;
+  free(line);
+  return ok ? 0 : rt_errf(err, "%s: cannot write the metrics", t->o.metrics ? t->o.metrics
+                                                                             : t->p->log_file);
+}
+
+/* ---- the loop ------------------------------------------------------------------------------------ */
+
+/* Evaluation: eval_batches batches of the validation data from its start; the mean loss and
+ * metrics of their micro-batches go into j as val_loss and val_<metric>. */
+static int evaluate(Trainer *t, int64_t s, cJSON *j, RtError *err) {
+  const RtPlan *p = t->p;
+  double lsum = 0, loss;
+  int64_t n = 0, nb = p->eval_batches > 0 ? p->eval_batches : 10;
+  memset(t->msum, 0, (size_t)p->nmetrics * sizeof *t->msum);
+  for (int64_t b = 0; b < nb; b++)
+    for (int64_t m = 0; m < p->accum; m++, n++) {
+      if (fill_inputs(t, 1, b, m, err) != 0) return -1;
+      t->run.micro_index = m;
+      p->eval_step(&t->run, t->cbufs, &loss, t->mets);
+      lsum += loss;
+      for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
+    }
+  for (int i = 0; i < p->nmetrics; i++) t->msum[i] /= (double)n;
+  cJSON_AddNumberToObject(j, "val_loss", lsum / (double)n);
+  add_metrics(j, p, "val_", t->msum);
+  char line[1024];
+  int k = snprintf(line, sizeof line, "eval step %lld: val_loss %.6f", (long long)s + 1,
+                   lsum / (double)n);
+  for (int i = 0; i < p->nmetrics && k < (int)sizeof line; i++)
+    k += snprintf(line + k, sizeof line - (size_t)k, " val_%s %.6f", p->metric_names[i],
+                  t->msum[i]);
+  say(t, "%s", line);
+  return 0;
+}
+
+/* One optimizer step: accum micro-batches, then the update.  The loss and metrics are the means
+ * of the micro-batches' (they are of equal size). */
+static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
+  const RtPlan *p = t->p;
+  double lsum = 0, loss;
+  memset(t->msum, 0, (size_t)p->nmetrics * sizeof *t->msum);
+  t->run.step = s;
+  for (int64_t m = 0; m < p->accum; m++) {
+    if (fill_inputs(t, 0, s, m, err) != 0) return -1;
+    t->run.micro_index = m;
+    p->micro_step(&t->run, t->cbufs, &loss, t->mets);
+    lsum += loss;
+    for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
+  }
+  *gn = p->update(&t->run);
+  t->loss = lsum / (double)p->accum;
+  for (int i = 0; i < p->nmetrics; i++) t->msum[i] /= (double)p->accum;
+  if (!isfinite(t->loss))
+    return rt_errf(err, "step %lld (counted from 0): the loss is %s: stopping (a lower learning rate or `clip` "
+                   "may help)", (long long)s, isnan(t->loss) ? "NaN" : "infinite");
+  return 0;
+}
+
+static int checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
+  RtCkptInfo info = {.step = done, .seed = t->p->seed, .loss = t->loss, .data_offset = -1};
+  snprintf(info.plan_hash, sizeof info.plan_hash, "%s", t->p->source_hash ? t->p->source_hash : "");
+  if (t->p->data_kind == RT_DATA_TOKENS) {
+    int64_t S = rt_tokens_steps(t->tok, t->p->batch, t->p->seq_len, NULL);
+    info.data_offset = S > 0 ? done % S * t->p->batch * t->p->seq_len : -1;
+  }
+  char path[4096];
+  if (rt_ckpt_save(&t->run, dir, &info, path, sizeof path, err) != 0) return -1;
+  t->last_ckpt = done;
+  say(t, "checkpoint %s", path);
+  return rt_ckpt_prune(dir, t->ckpt_keep, err);
+}
+
+static int eval_due(const Trainer *t, int64_t s) {
+  const RtPlan *p = t->p;
+  if (!t->has_val || p->eval_every <= 0 || !p->eval_step) return 0;
+  return (s + 1) % p->eval_every == 0 || s + 1 == t->stop;
+}
+
+/* Step s and everything that follows it: metrics line, progress, eval, checkpoint. */
+static int step_and_report(Trainer *t, int64_t s, RtError *err) {
+  const RtPlan *p = t->p;
+  double gn, t0 = now_s();
+  if (one_step(t, s, &gn, err) != 0) return -1;
+  double sec = now_s() - t0, lr = p->lr_at ? p->lr_at(s) : 0;
+  if (s > t->start) t->time_sum += sec, t->timed++;
+  cJSON *j = cJSON_CreateObject();
+  cJSON_AddNumberToObject(j, "step", (double)s);
+  cJSON_AddNumberToObject(j, "loss", t->loss);
+  cJSON_AddNumberToObject(j, "lr", lr);
+  cJSON_AddNumberToObject(j, "grad_norm", gn);
+  cJSON_AddNumberToObject(j, "ms", 1e3 * sec);
+  cJSON_AddNumberToObject(j, "tokens_per_s", tokens_per_step(p) / sec);
+  add_metrics(j, p, "", t->msum);
+  progress(t, s, lr, gn, sec);
+  int rc = eval_due(t, s) ? evaluate(t, s, j, err) : 0;
+  if (rc == 0) rc = write_metrics(t, j, err);
+  cJSON_Delete(j);
+  if (rc == 0 && t->ckpt_every > 0 && ((s + 1) % t->ckpt_every == 0 || s + 1 == t->stop))
+    rc = checkpoint(t, t->ckpt_dir, s + 1, err);
+  return rc;
+}
+
+/* The steps [start, stop); a signal ends the loop after the step it arrived in, with a
+ * checkpoint. Returns 1 when interrupted. */
+static int train_loop(Trainer *t, RtError *err) {
+  for (int64_t s = t->start; s < t->stop; s++) {
+    if (step_and_report(t, s, err) != 0) return -1;
+    if (stop_signal) {
+      const char *dir = t->ckpt_dir ? t->ckpt_dir : "ckpt";
+      if (t->last_ckpt != s + 1 && checkpoint(t, dir, s + 1, err) != 0) return -1;
+      say(t, "%s after step %lld: checkpoint in %s; continue with --resume %s",
+          stop_signal == SIGINT ? "interrupted" : "terminated", (long long)s + 1, dir, dir);
+      return 1;
+    }
+  }
+  if (t->live) fputc('\n', stderr);
+  t->live = 0;
+  return 0;
+}
+
+static int open_metrics(Trainer *t, RtError *err) {
+  const char *path = t->o.metrics ? t->o.metrics : t->p->log_file;
+  if (!path) return 0;
+  /* as llm.c: a resumed run appends to the log of the run it continues */
+  t->metrics = fopen(path, t->o.resume ? "a" : "w");
+  return t->metrics ? 0 : rt_errf(err, "%s: cannot open for writing", path);
+}
+
+static int setup(Trainer *t, RtError *err) {
+  if (resolve_run(t, err) != 0 || open_data(t, err) != 0 || alloc_all(t, err) != 0 ||
+      load_or_init(t, err) != 0)
+    return -1;
+  if (t->o.save_init && rt_params_save(&t->run, t->o.save_init, err) != 0) return -1;
+  if (open_metrics(t, err) != 0) return -1;
+  banner(t);
+  return 0;
+}
+
+static int run_all(Trainer *t) {
+  RtError err = {""};
+  if (setup(t, &err) != 0) return fail(t, err.msg);
+  int rc = train_loop(t, &err);
+  if (rc < 0) return fail(t, err.msg);
+  if (rc == 1) {
+    if (t->o.save) say(t, "--save %s skipped: the run did not finish", t->o.save);
+    return 0;
+  }
+  if (t->o.save) {
+    if (rt_params_save(&t->run, t->o.save, &err) != 0) return fail(t, err.msg);
+    say(t, "saved the params to %s", t->o.save);
+  }
+  return 0;
+}
+
+int rt_main(int argc, char **argv, const RtPlan *plan) {
+  Trainer t = {.p = plan, .prog = prog_name(argc > 0 ? argv[0] : NULL), .last_ckpt = -1,
+               .loss = NAN};
+  RtError err = {""};
+  if (parse_flags(argc, argv, &t.o, &err) != 0 || check_flags(&t.o, plan, &err) != 0) {
+    fprintf(stderr, "%s: error: %s\n", t.prog, err.msg);
+    return 2;
+  }
+  if (t.o.help) {
+    usage(stdout, t.prog, plan);
+    return 0;
+  }
+  t.verbose = !t.o.quiet;
+  t.tty = isatty(STDERR_FILENO);
+  /* SA_RESETHAND: a second Ctrl-C kills a run that is slow to finish its step */
+  struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND}, old_int, old_term;
+  sigemptyset(&sa.sa_mask);
+  stop_signal = 0;
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  int rc = run_all(&t);
+  sigaction(SIGINT, &old_int, NULL);
+  sigaction(SIGTERM, &old_term, NULL);
+  stop_signal = 0;
+  free_all(&t);
+  return rc;
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# emit_c.sh CPLANC SRCDIR: emits plan.c (`cplanc emit --stage=c`) for every example and e2e model
+# and checks that it compiles (cc -fsyntax-only against the runtime and kernel headers), so a
+# broken emission fails CI even where nothing is trained. GPU examples are retargeted to one CPU
+# in f32 with a small batch through --set, as a user would.
+set -u
+cplanc=$1 src=$(cd "$2" && pwd)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/cplan_emit_c.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail=0
+check() { # check FILE [--set ...]
+  local f=$1; shift
+  local name; name=$(basename "$f" .cplan)
+  if ! "$cplanc" emit --stage=c "$@" "$f" >"$tmp/$name.c" 2>"$tmp/$name.err"; then
+    echo "FAILED: cplanc emit --stage=c $* $f"; grep -v warning "$tmp/$name.err" | head -20; fail=1; return
+  fi
+  grep -q "^const RtPlan cplan_plan = {" "$tmp/$name.c" || { echo "FAILED: $f: no cplan_plan"; fail=1; }
+  grep -q "^int main(int argc, char \*\*argv) { return rt_main(argc, argv, &cplan_plan); }" "$tmp/$name.c" ||
+    { echo "FAILED: $f: no main"; fail=1; }
+  if ! cc -std=gnu11 -fsyntax-only -Wall -Wno-unused-function -Werror -I"$src/runtime" -I"$src/kernels/cpu" \
+      "$tmp/$name.c" 2>"$tmp/$name.cc"; then
+    echo "FAILED: plan.c of $f does not compile:"; head -20 "$tmp/$name.cc"; fail=1; return
+  fi
+  echo "ok: $f ($(wc -l <"$tmp/$name.c") lines)"
+}
+gpu=(--set train.precision=f32 --set train.batch=8)
+check "$src/examples/gpt.cplan"
+check "$src/examples/gpt2.cplan" "${gpu[@]}" --set mesh.dgx_h100.device=cpu
+check "$src/examples/llama.cplan" "${gpu[@]}" --set mesh.workstation.device=cpu
+for f in "$src"/tests/e2e/*.cplan; do check "$f"; done
+
+# The unsupported precision is a diagnostic, not a crash.
+if "$cplanc" emit --stage=c "$src/examples/llama.cplan" >/dev/null 2>"$tmp/bf16.err" ||
+   ! grep -q "precision bf16 is not supported on the cpu backend yet" "$tmp/bf16.err"; then
+  echo "FAILED: bf16 on the cpu backend is not diagnosed"; cat "$tmp/bf16.err"; fail=1
+fi
+exit $fail

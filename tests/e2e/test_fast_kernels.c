@@ -1,0 +1,115 @@
+/* test_fast_kernels.c: every kernel of kernels/cpu/fast.h against its reference (ref.h) on
+ * random data: GEMM in each transpose and batching mode plans use, the periodic elementwise ops
+ * and their gradients, and attention forward and backward. */
+#include "fast.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+static float *rnd(long n) {
+  float *p = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  for (long i = 0; i < n; i++) p[i] = (float)rand() / (float)RAND_MAX * 2.0f - 1.0f;
+  return p;
+}
+
+static float *zeros(long n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
+
+static void expect_close(const char *what, const float *a, const float *b, long n, float tol) {
+  for (long i = 0; i < n; i++)
+    if (!(fabsf(a[i] - b[i]) <= tol * (1.0f + fabsf(b[i])))) {
+      fprintf(stderr, "FAILED %s: element %ld is %g, expected %g\n", what, i, a[i], b[i]);
+      failures++;
+      return;
+    }
+}
+
+/* transposed copy of nb matrices r x c */
+static float *transposed(const float *x, int nb, int r, int c) {
+  float *t = malloc(sizeof(float) * (size_t)nb * r * c);
+  k_transpose_forward(t, x, nb, r, c);
+  return t;
+}
+
+static void test_gemm(void) {
+  int nb = 3, m = 5, k = 7, n = 4;
+  float *a = rnd(nb * m * k), *b = rnd(k * n), *bb = rnd(nb * k * n), *dy = rnd(nb * m * n);
+  float *ref = zeros(nb * m * n), *out = zeros(nb * m * n);
+  /* shared weight (one folded sgemm), and a transposed (virtual) weight */
+  k_matmul_forward(ref, a, b, nb, m, k, n, 0);
+  k_gemm(out, a, b, nb, m, n, k, 0, 0, (long)m * k, 0, (long)m * n, 0.0f);
+  expect_close("gemm shared b", out, ref, nb * m * n, 1e-5f);
+  float *bt = transposed(b, 1, k, n);
+  k_gemm(out, a, bt, nb, m, n, k, 0, 1, (long)m * k, 0, (long)m * n, 0.0f);
+  expect_close("gemm transposed b", out, ref, nb * m * n, 1e-5f);
+  /* batched b */
+  k_matmul_forward(ref, a, bb, nb, m, k, n, 1);
+  k_gemm(out, a, bb, nb, m, n, k, 0, 0, (long)m * k, (long)k * n, (long)m * n, 0.0f);
+  expect_close("gemm batched", out, ref, nb * m * n, 1e-5f);
+  /* backward of the shared weight: dA = dY B^T, dB = sum A^T dY */
+  float *da = zeros(nb * m * k), *db = zeros(k * n), *rda = zeros(nb * m * k), *rdb = zeros(k * n);
+  k_matmul_backward(rda, rdb, dy, a, b, nb, m, k, n, 0);
+  k_gemm(da, dy, b, nb, m, k, n, 0, 1, (long)m * n, 0, (long)m * k, 0.0f);
+  k_gemm(db, a, dy, nb, k, n, m, 1, 0, (long)m * k, (long)m * n, 0, 0.0f);
+  expect_close("gemm dA", da, rda, nb * m * k, 1e-5f);
+  expect_close("gemm dB summed", db, rdb, k * n, 1e-5f);
+}
+
+static void test_binary(void) {
+  long n = 6 * 8, nb = 8;
+  float *a = rnd(n), *b = rnd(nb), *ref = zeros(n), *out = zeros(n);
+  int ash[2] = {6, 8}, bsh[1] = {8};
+  for (KBinary op = K_ADD; op < K_BINARY_GRAD_END; op++) {
+    k_binary_forward(op, ref, a, ash, 2, b, bsh, 1);
+    k_binary_period_forward(op, out, a, n, b, nb, n);
+    expect_close(k_binary_names[op], out, ref, n, 1e-6f);
+    float *dy = rnd(n), *da = zeros(n), *db = zeros(nb), *rda = zeros(n), *rdb = zeros(nb);
+    k_binary_backward(op, rda, rdb, dy, a, ash, 2, b, bsh, 1);
+    k_binary_period_backward(op, da, n, db, nb, dy, a, b, n);
+    expect_close("binary backward da", da, rda, n, 1e-5f);
+    expect_close("binary backward db", db, rdb, nb, 1e-5f);
+  }
+}
+
+static void test_sdpa(int causal) {
+  int nb = 2, t = 6, d = 4;
+  long sz = (long)nb * t * d, asz = (long)nb * t * t;
+  float *q = rnd(sz), *k = rnd(sz), *v = rnd(sz), *dy = rnd(sz);
+  float *o = zeros(sz), *ro = zeros(sz), *att = zeros(asz), *ratt = zeros(asz);
+  k_sdpa_forward(ro, ratt, q, k, v, nb, t, d, causal);
+  k_sdpa_fast_forward(o, att, q, k, v, nb, t, d, causal);
+  expect_close("sdpa out", o, ro, sz, 1e-5f);
+  expect_close("sdpa att", att, ratt, asz, 1e-5f);
+  float *dq = zeros(sz), *dk = zeros(sz), *dv = zeros(sz), *rq = zeros(sz), *rk = zeros(sz), *rv = zeros(sz);
+  k_sdpa_backward(rq, rk, rv, dy, ratt, q, k, v, nb, t, d);
+  k_sdpa_fast_backward(dq, dk, dv, dy, att, q, k, v, nb, t, d, zeros((long)t * t));
+  expect_close("sdpa dq", dq, rq, sz, 1e-4f);
+  expect_close("sdpa dk", dk, rk, sz, 1e-4f);
+  expect_close("sdpa dv", dv, rv, sz, 1e-4f);
+}
+
+static void test_i32(void) {
+  int32_t a[6] = {1, 2, 3, 4, 5, 6}, b[3] = {1, 0, 6};
+  int ash[2] = {2, 3}, bsh[1] = {3};
+  float eq[6], want[6] = {1, 0, 0, 0, 0, 1};
+  k_binary_i32_forward(K_EQ, eq, a, ash, 2, b, bsh, 1);
+  expect_close("i32 eq", eq, want, 6, 0);
+  int32_t sum[6];
+  k_binary_i32_forward(K_ADD, sum, a, ash, 2, b, bsh, 1);
+  if (sum[2] != 9 || sum[4] != 5) fprintf(stderr, "FAILED i32 add\n"), failures++;
+}
+
+int main(void) {
+  srand(7);
+  test_gemm();
+  test_binary();
+  test_sdpa(0);
+  test_sdpa(1);
+  test_i32();
+  if (failures) fprintf(stderr, "%d failure(s)\n", failures);
+  else printf("fast kernels: ok\n");
+  return failures != 0;
+}
