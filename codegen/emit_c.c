@@ -194,12 +194,12 @@ static void plan_phase(Cg *c, int ph) {
     if (last[r] < p) last[r] = p;
     if (n->op == OP_GRAD && alast[n->fwd] < p) alast[n->fwd] = p;
   }
-  int outs[64 + 2], nout = 0;
-  outs[nout++] = g->loss;
-  if (ph == PH_TRAIN) outs[nout++] = g->grad_norm;
-  for (int k = 0; k < g->metrics.n && k < 64; k++) outs[nout++] = g->metrics.a[k].node;
-  for (int k = 0; k < nout; k++)
-    if (outs[k] >= 0) last[root(c, outs[k])] = np;
+  VEC(int) outs = {0};
+  VEC_PUSH(outs, g->loss);
+  if (ph == PH_TRAIN) VEC_PUSH(outs, g->grad_norm);
+  for (int k = 0; k < g->metrics.n; k++) VEC_PUSH(outs, g->metrics.a[k].node);
+  for (int k = 0; k < outs.n; k++)
+    if (outs.a[k] >= 0) last[root(c, outs.a[k])] = np;
 
   VEC(MpBuf) bufs = {0};
   VEC(int64_t *) dest = {0};
