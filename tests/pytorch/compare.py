@@ -8,7 +8,9 @@
   compare.py losses CPLAN_METRICS.jsonl REF.jsonl [--final CPLAN.safetensors REF.safetensors]
       prints the losses of both side by side with their relative difference; exit 1 when a
       step is missing or differs by more than 2e-4 (relative).  The final params, when given,
-      are compared too (|a - b| <= 1e-4 * (1 + |b|)), but only reported.
+      are compared too (|a - b| <= 1e-4 * (1 + |b|)), but only reported (Adam turns tiny
+      gradient differences into differences of up to lr per step, so params are a noisier
+      check than losses).
 """
 import json
 import os
@@ -94,7 +96,14 @@ def compare_params(mine_path, ref_path):
         if k not in mine:
             continue
         a = mine[k].astype(np.float64).reshape(b.shape)
-        err = float(np.max(np.abs(a - b) / (1.0 + np.abs(b)))) if b.size else 0.0
+        e = np.abs(a - b) / (1.0 + np.abs(b))
+        if k.endswith("c_attn.bias"):
+            # The k third of the fused q/k/v bias has a zero gradient in exact arithmetic (a
+            # constant added to every score of a row cancels in the softmax), so both sides see
+            # rounding noise there, which Adam scales up to +-lr: not a meaningful difference.
+            third = b.shape[-1] // 3
+            e = np.concatenate((e[..., :third], e[..., 2 * third:]), axis=-1)
+        err = float(np.max(e)) if e.size else 0.0
         if err > worst:
             worst_name, worst = k, err
     verdict = "within" if worst <= PARAM_TOL and not missing else "OVER"
