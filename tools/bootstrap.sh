@@ -15,7 +15,7 @@ PKGS=(
   libopenmpi-dev openmpi-bin      # CPU ranks and the NCCL bootstrap
   libopenblas-dev                 # CPU GEMM
   coinor-libcbc-dev               # the ILP of the search
-  python3                         # test helpers
+  python3 python3-numpy python3-torch   # the PyTorch reference the training tests compare with
 )
 
 missing=()
