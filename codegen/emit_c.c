@@ -11,6 +11,7 @@
  * reads its input with the transpose flag. */
 #include "codegen.h"
 
+#include "../compiler/fusion.h"
 #include "../compiler/memplan.h"
 
 #include <math.h>
@@ -20,14 +21,17 @@
 
 enum { PH_TRAIN, PH_EVAL, PH__COUNT };
 
-typedef enum LocKind { L_NONE, L_PARAM, L_STATE, L_INPUT, L_CONST, L_SCALAR, L_WORK, L_ALIAS } LocKind;
+/* L_FUSED: a member of a fused group other than its root: it lives only in the registers of the
+ * group's kernel (no buffer, no call). */
+typedef enum LocKind { L_NONE, L_PARAM, L_STATE, L_INPUT, L_CONST, L_SCALAR, L_WORK, L_ALIAS, L_FUSED } LocKind;
 
 typedef struct NodeCg {
   LocKind kind;
   int64_t off;            /* PARAM/STATE: offset in floats; INPUT: which input */
   int alias;              /* L_ALIAS: the node whose buffer this one is */
   bool trans;             /* a transpose left to the GEMM (kind L_ALIAS of its input) */
-  int leader;             /* GRAD: the node whose kernel call computes it (itself if first) */
+  int leader;             /* the node whose kernel call computes it: itself, the first GRAD of a
+                             backward kernel, or the root of its fused group */
   int64_t aux, scratch;   /* bytes: side outputs kept for the backward; a temporary */
   int64_t woff[PH__COUNT], aoff[PH__COUNT], soff[PH__COUNT]; /* arena offsets per phase */
 } NodeCg;
@@ -35,6 +39,7 @@ typedef struct NodeCg {
 typedef struct Cg {
   const Graph *g;
   const TrainConf *t;
+  const Fusion *fu;       /* the fused elementwise groups (compiler/fusion.h) */
   FILE *out;
   NodeCg *nc;
   char **irline;          /* the IR printer's line of each node */
@@ -45,8 +50,14 @@ typedef struct Cg {
 } Cg;
 
 static int64_t last_work_bytes;
+static const Fusion *last_fusion;
 
 int64_t cg_last_work_bytes(void) { return last_work_bytes; }
+
+int cg_last_kernels(const CgKernel **kernels) {
+  *kernels = last_fusion ? last_fusion->kernels : NULL;
+  return last_fusion ? last_fusion->ngroups : 0;
+}
 
 /* ---- small helpers ------------------------------------------------------------------------- */
 
@@ -142,6 +153,11 @@ static void place_nodes(Cg *c) {
     const Node *n = nd(c, i);
     NodeCg *x = &c->nc[i];
     x->leader = i;
+    if (c->fu->group[i] >= 0) { /* the group's kernel call at its root computes it */
+      x->leader = c->fu->groups[c->fu->group[i]].root;
+      x->kind = x->leader == i ? L_WORK : L_FUSED;
+      continue;
+    }
     if (n->op == OP_CONST) x->kind = L_CONST;
     else if (n->op == OP_SCALAR_IN) x->kind = L_SCALAR;
     else if (n->op == OP_RESHAPE || n->op == OP_ASSIGN || n->op == OP_ACCUM) set_alias(c, i, n->in[0]);
@@ -159,12 +175,13 @@ static void place_nodes(Cg *c) {
    * several input gradients: the first one makes the call. */
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
-    if (n->op != OP_GRAD || c->nc[i].leader != i || c->nc[i].kind == L_ALIAS || !multi_grad(nd(c, n->fwd)->op))
+    if (n->op != OP_GRAD || c->nc[i].leader != i || c->nc[i].kind == L_ALIAS || c->fu->group[i] >= 0 ||
+        !multi_grad(nd(c, n->fwd)->op))
       continue;
     for (int j = i + 1; j < g->n; j++) {
       const Node *m = nd(c, j);
       if (m->op == OP_GRAD && m->fwd == n->fwd && m->in[0] == n->in[0] && m->role == n->role &&
-          c->nc[j].kind != L_ALIAS)
+          c->nc[j].kind != L_ALIAS && c->fu->group[j] < 0)
         c->nc[j].leader = i;
     }
   }
@@ -343,7 +360,7 @@ static void emit_binary(Cg *c, int i) {
   } else if (a->dtype == DT_I32 || b->dtype == DT_I32) {
     unsupported(c, i, "arithmetic mixing i32 and float tensors");
   } else if (periodic(&a->shape, &n->shape) && periodic(&b->shape, &n->shape)) {
-    EMIT("  k_binary_period_forward(%s, %s, %s, %lld, %s, %lld, %lld);\n", op, ptr(c, i), ptr(c, n->in[0]),
+    EMIT("  kf_binary_period_forward(%s, %s, %s, %lld, %s, %lld, %lld);\n", op, ptr(c, i), ptr(c, n->in[0]),
          (long long)numel(a), ptr(c, n->in[1]), (long long)numel(b), (long long)numel(n));
   } else {
     EMIT("  k_binary_forward(%s, %s, %s, %s, %d, %s, %s, %d);\n", op, ptr(c, i), ptr(c, n->in[0]),
@@ -357,7 +374,7 @@ static void emit_unary(Cg *c, int i) {
     unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
     return;
   }
-  EMIT("  k_unary_forward(%s, %s, %s, %lld, %s);\n", unary_k[n->op - OP_NEG], ptr(c, i), ptr(c, n->in[0]),
+  EMIT("  kf_unary_forward(%s, %s, %s, %lld, %s);\n", unary_k[n->op - OP_NEG], ptr(c, i), ptr(c, n->in[0]),
        (long long)numel(n), flt(n->op == OP_POW ? n->fa[0] : 0));
 }
 
@@ -384,7 +401,7 @@ static void emit_reduce(Cg *c, int i) {
     unsupported(c, i, "a reduction over axes that are not adjacent");
     return;
   }
-  EMIT("  k_%s_forward(%s, %s, %lld, %lld, %lld);\n", ir_ops[n->op].name, ptr(c, i), ptr(c, n->in[0]),
+  EMIT("  %s_%s_forward(%s, %s, %lld, %lld, %lld);\n", n->op == OP_MAX ? "k" : "kf", ir_ops[n->op].name, ptr(c, i), ptr(c, n->in[0]),
        (long long)o, (long long)l, (long long)r);
 }
 
@@ -465,7 +482,7 @@ static void emit_shape_op(Cg *c, int i) {
   }
   switch (n->op) {
   case OP_TRANSPOSE:
-    EMIT("  k_transpose_forward(%s, %s, %lld, %lld, %lld);\n", o, xp, (long long)dims_prod(&x->shape, 0, x->shape.rank - 2),
+    EMIT("  kf_transpose_forward(%s, %s, %lld, %lld, %lld);\n", o, xp, (long long)dims_prod(&x->shape, 0, x->shape.rank - 2),
          (long long)d[x->shape.rank - 2], (long long)d[x->shape.rank - 1]);
     break;
   case OP_PERMUTE: {
@@ -476,17 +493,17 @@ static void emit_shape_op(Cg *c, int i) {
   }
   case OP_SLICE: {
     int ax = (int)n->ia[0];
-    EMIT("  k_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", o, xp, (long long)dims_prod(&x->shape, 0, ax),
+    EMIT("  kf_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", o, xp, (long long)dims_prod(&x->shape, 0, ax),
          (long long)d[ax], (long long)dims_prod(&x->shape, ax + 1, x->shape.rank), (long long)n->ia[1],
          (long long)n->ia[2]);
     break;
   }
   case OP_SPLIT_HEADS:
-    EMIT("  k_split_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", o, xp, (long long)d[0], (long long)d[1],
+    EMIT("  kf_split_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", o, xp, (long long)d[0], (long long)d[1],
          (long long)d[2], (long long)n->ia[0]);
     break;
   case OP_MERGE_HEADS:
-    EMIT("  k_merge_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", o, xp, (long long)d[0], (long long)d[2],
+    EMIT("  kf_merge_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", o, xp, (long long)d[0], (long long)d[2],
          (long long)(d[1] * d[3]), (long long)d[1]);
     break;
   default: cp_unreachable();
@@ -505,7 +522,7 @@ static void emit_concat(Cg *c, int i) {
     sb_printf(&xs, "%s%s", k ? ", " : "", ptr(c, n->in[k]));
     sb_printf(&ns, "%s%lld", k ? ", " : "", (long long)in(c, i, k)->shape.d[ax]);
   }
-  EMIT("  k_concat_forward(%s, (const float *const[]){%s}, (const int[]){%s}, %d, %lld, %lld);\n", ptr(c, i),
+  EMIT("  kf_concat_forward(%s, (const float *const[]){%s}, (const int[]){%s}, %d, %lld, %lld);\n", ptr(c, i),
        sb_str(&xs), sb_str(&ns), n->nin, (long long)dims_prod(&n->shape, 0, ax),
        (long long)dims_prod(&n->shape, ax + 1, n->shape.rank));
 }
@@ -521,17 +538,17 @@ static void emit_nn(Cg *c, int i) {
       unsupported(c, i, "softmax over an axis other than the last");
       return;
     }
-    EMIT("  k_%s_forward(%s, %s, %lld, %lld);\n", ir_ops[n->op].name, o, x, (long long)rows, (long long)cc);
+    EMIT("  kf_%s_forward(%s, %s, %lld, %lld);\n", ir_ops[n->op].name, o, x, (long long)rows, (long long)cc);
     break;
   case OP_LAYER_NORM:
-    if (c->ph == PH_EVAL) EMIT("  k_layer_norm_forward(%s, NULL, NULL, %s, %s, %s, %lld, %lld, %s);\n", o, x,
+    if (c->ph == PH_EVAL) EMIT("  kf_layer_norm_forward(%s, NULL, NULL, %s, %s, %s, %lld, %lld, %s);\n", o, x,
                                ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc, flt(n->fa[0]));
-    else EMIT("  k_layer_norm_forward(%s, %s, %s, %s, %s, %s, %lld, %lld, %s);\n", o, aux_ptr(c, i, 0),
+    else EMIT("  kf_layer_norm_forward(%s, %s, %s, %s, %s, %s, %lld, %lld, %s);\n", o, aux_ptr(c, i, 0),
               aux_ptr(c, i, rows), x, ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc,
               flt(n->fa[0]));
     break;
   case OP_RMS_NORM:
-    EMIT("  k_rms_norm_forward(%s, %s, %s, %s, %lld, %lld, %s);\n", o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0), x,
+    EMIT("  kf_rms_norm_forward(%s, %s, %s, %s, %lld, %lld, %s);\n", o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0), x,
          ptr(c, n->in[1]), (long long)rows, (long long)cc, flt(n->fa[0]));
     break;
   case OP_ROPE:
@@ -575,7 +592,7 @@ static void emit_forward(Cg *c, int i) {
   case OP_CONCAT: emit_concat(c, i); break;
   case OP_EMBEDDING: {
     const Node *t = in(c, i, 0);
-    EMIT("  k_embedding_forward(%s, %s, %s, %lld, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]), ptr(c, n->in[1]),
+    EMIT("  kf_embedding_forward(%s, %s, %s, %lld, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]), ptr(c, n->in[1]),
          (long long)numel(in(c, i, 1)), (long long)t->shape.d[0], (long long)t->shape.d[1]);
     break;
   }
@@ -585,7 +602,7 @@ static void emit_forward(Cg *c, int i) {
   case OP_DROPOUT: emit_dropout(c, i); break;
   case OP_CROSS_ENTROPY: {
     const Node *lg = in(c, i, 0);
-    EMIT("  %s[0] = k_cross_entropy_forward(NULL, %s, %s, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]),
+    EMIT("  %s[0] = kf_cross_entropy_forward(NULL, %s, %s, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]),
          ptr(c, n->in[1]), (long long)rows_of(lg), (long long)last_dim(lg));
     break;
   }
@@ -631,7 +648,7 @@ static void emit_grad_binary(Cg *c, int i, const Node *f) {
   group_outputs(c, i, d, 2, true);
   const char *op = binary_k[f->op - OP_ADD], *dy = ptr(c, nd(c, i)->in[0]);
   if (periodic(&a->shape, &f->shape) && periodic(&b->shape, &f->shape))
-    EMIT("  k_binary_period_backward(%s, %s, %lld, %s, %lld, %s, %s, %s, %lld);\n", op, d[0], (long long)numel(a), d[1],
+    EMIT("  kf_binary_period_backward(%s, %s, %lld, %s, %lld, %s, %s, %s, %lld);\n", op, d[0], (long long)numel(a), d[1],
          (long long)numel(b), dy, ptr(c, f->in[0]), ptr(c, f->in[1]), (long long)numel(f));
   else
     EMIT("  k_binary_backward(%s, %s, %s, %s, %s, %s, %d, %s, %s, %d);\n", op, d[0], d[1], dy, ptr(c, f->in[0]),
@@ -662,17 +679,17 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
   case OP_SOFTMAX:
   case OP_LOG_SOFTMAX:
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
-    EMIT("  k_%s_backward(%s, %s, %s, %lld, %lld);\n", ir_ops[f->op].name, dx, dy, ptr(c, n->fwd), (long long)rows,
+    EMIT("  kf_%s_backward(%s, %s, %s, %lld, %lld);\n", ir_ops[f->op].name, dx, dy, ptr(c, n->fwd), (long long)rows,
          (long long)cc);
     break;
   case OP_LAYER_NORM:
     group_outputs(c, i, d, 3, true);
-    EMIT("  k_layer_norm_backward(%s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld);\n", d[0], d[1], d[2], dy, x,
+    EMIT("  kf_layer_norm_backward(%s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld);\n", d[0], d[1], d[2], dy, x,
          ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, rows), (long long)rows, (long long)cc);
     break;
   case OP_RMS_NORM:
     group_outputs(c, i, d, 2, true);
-    EMIT("  k_rms_norm_backward(%s, %s, %s, %s, %s, %s, %lld, %lld);\n", d[0], d[1], dy, x, ptr(c, f->in[1]),
+    EMIT("  kf_rms_norm_backward(%s, %s, %s, %s, %s, %s, %lld, %lld);\n", d[0], d[1], dy, x, ptr(c, f->in[1]),
          aux_ptr(c, n->fwd, 0), (long long)rows, (long long)cc);
     break;
   case OP_ROPE:
@@ -701,7 +718,7 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
   case OP_CROSS_ENTROPY: {
     const Node *lg = nd(c, f->in[0]);
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
-    EMIT("  k_cross_entropy_backward(%s, %s[0], %s, %s, %lld, %lld);\n", dx, dy, x, ptr(c, f->in[1]),
+    EMIT("  kf_cross_entropy_backward(%s, %s[0], %s, %s, %lld, %lld);\n", dx, dy, x, ptr(c, f->in[1]),
          (long long)rows_of(lg), (long long)last_dim(lg));
     break;
   }
@@ -716,7 +733,7 @@ static void emit_grad_shape(Cg *c, int i, const Node *f) {
   int64_t bytes = (int64_t)ir_node_bytes(c->g, i);
   switch (f->op) {
   case OP_TRANSPOSE:
-    EMIT("  k_transpose_forward(%s, %s, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&x->shape, 0, x->shape.rank - 2),
+    EMIT("  kf_transpose_forward(%s, %s, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&x->shape, 0, x->shape.rank - 2),
          (long long)d[x->shape.rank - 1], (long long)d[x->shape.rank - 2]);
     break;
   case OP_PERMUTE: {
@@ -729,7 +746,7 @@ static void emit_grad_shape(Cg *c, int i, const Node *f) {
   case OP_SLICE: {
     int ax = (int)f->ia[0];
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
-    EMIT("  k_slice_backward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&x->shape, 0, ax),
+    EMIT("  kf_slice_backward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&x->shape, 0, ax),
          (long long)d[ax], (long long)dims_prod(&x->shape, ax + 1, x->shape.rank), (long long)f->ia[1], (long long)f->ia[2]);
     break;
   }
@@ -737,22 +754,22 @@ static void emit_grad_shape(Cg *c, int i, const Node *f) {
     int ax = (int)f->ia[0];
     int64_t start = 0;
     for (int k = 0; k < n->ia[0]; k++) start += nd(c, f->in[k])->shape.d[ax];
-    EMIT("  k_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&f->shape, 0, ax),
+    EMIT("  kf_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&f->shape, 0, ax),
          (long long)f->shape.d[ax], (long long)dims_prod(&f->shape, ax + 1, f->shape.rank), (long long)start,
          (long long)(start + d[ax]));
     break;
   }
   case OP_SPLIT_HEADS:
-    EMIT("  k_merge_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)d[0], (long long)d[1],
+    EMIT("  kf_merge_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)d[0], (long long)d[1],
          (long long)d[2], (long long)f->ia[0]);
     break;
   case OP_MERGE_HEADS:
-    EMIT("  k_split_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)d[0], (long long)d[2],
+    EMIT("  kf_split_heads_forward(%s, %s, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)d[0], (long long)d[2],
          (long long)(d[1] * d[3]), (long long)d[1]);
     break;
   case OP_EMBEDDING:
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
-    EMIT("  k_embedding_backward(%s, %s, %s, %lld, %lld, %lld);\n", dx, dy, ptr(c, f->in[1]),
+    EMIT("  kf_embedding_backward(%s, %s, %s, %lld, %lld, %lld);\n", dx, dy, ptr(c, f->in[1]),
          (long long)numel(nd(c, f->in[1])), (long long)d[0], (long long)d[1]);
     break;
   default: cp_unreachable();
@@ -778,7 +795,7 @@ static void emit_grad(Cg *c, int i) {
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW:
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
-    EMIT("  k_unary_backward(%s, %s, %s, %s, %s, %lld, %s);\n", unary_k[f->op - OP_NEG], dx, dy, x, ptr(c, n->fwd),
+    EMIT("  kf_unary_backward(%s, %s, %s, %s, %s, %lld, %s);\n", unary_k[f->op - OP_NEG], dx, dy, x, ptr(c, n->fwd),
          (long long)numel(n), flt(f->op == OP_POW ? f->fa[0] : 0));
     break;
   case OP_SUM: case OP_MEAN: case OP_MAX: {
@@ -791,7 +808,7 @@ static void emit_grad(Cg *c, int i) {
     if (f->op == OP_MAX)
       EMIT("  k_max_backward(%s, %s, %s, %lld, %lld, %lld);\n", dx, dy, x, (long long)o, (long long)l, (long long)r);
     else
-      EMIT("  k_%s_backward(%s, %s, %lld, %lld, %lld);\n", ir_ops[f->op].name, dx, dy, (long long)o, (long long)l,
+      EMIT("  kf_%s_backward(%s, %s, %lld, %lld, %lld);\n", ir_ops[f->op].name, dx, dy, (long long)o, (long long)l,
            (long long)r);
     break;
   }
@@ -810,7 +827,22 @@ static void emit_grad(Cg *c, int i) {
 
 /* ---- the phases --------------------------------------------------------------------------------- */
 
+/* A fused group's one call, at its root: the comment lists every member. */
+static void emit_fused(Cg *c, int i) {
+  const FusionGroup *gr = &c->fu->groups[c->fu->group[i]];
+  if (gr->nodes.n > 1) EMIT("  /* fused: %d nodes, one pass */\n", gr->nodes.n);
+  for (int k = 0; k < gr->nodes.n; k++) comment(c, gr->nodes.a[k]);
+  StrBuf in = {0};
+  for (int k = 0; k < gr->leaves.n; k++) sb_printf(&in, "%s%s", k ? ", " : "", ptr(c, gr->leaves.a[k]));
+  if (gr->leaves.n) EMIT("  %s(%s, (const float *const[]){%s});\n", gr->kernel.name, ptr(c, i), sb_str(&in));
+  else EMIT("  %s(%s, NULL);\n", gr->kernel.name, ptr(c, i));
+}
+
 static void emit_node(Cg *c, int i) {
+  if (c->fu->group[i] >= 0) {
+    if (fusion_is_root(c->fu, i)) emit_fused(c, i);
+    return;
+  }
   comment(c, i);
   if (nd(c, i)->op == OP_GRAD) emit_grad(c, i);
   else emit_forward(c, i);
@@ -1038,11 +1070,14 @@ static void emit_prelude(Cg *c) {
        " * gradient accumulators in run->state (S), everything else at planned offsets of the\n"
        " * run->work arena (F: f32, I: i32, B: bytes). */\n",
        g->model_name, src, CPLAN_VERSION, (long long)g->batch, optimizer_name(c->t->optimizer.kind));
-  EMIT("#include \"cplanrt.h\"\n#include \"fast.h\"\n#include \"ref.h\"\n\n#include <math.h>\n#include <stdint.h>\n"
+  EMIT("#include \"cplanrt.h\"\n#include \"fast.h\"\n#include \"fast_nn.h\"\n#include \"ref.h\"\n\n#include <math.h>\n#include <stdint.h>\n"
        "#include <string.h>\n\n");
   EMIT("#define P(off) (run->params + (off))\n#define S(off) (run->state + (off))\n"
        "#define F(off) ((float *)(w + (off)))\n#define I(off) ((int32_t *)(w + (off)))\n#define B(off) ((uint8_t *)(w + (off)))\n");
   EMIT("\nextern const RtPlan cplan_plan;\n");
+  if (c->fu->ngroups) EMIT("\n/* fused elementwise kernels, generated through LLVM into kernels.o */\n");
+  char proto[256];
+  for (int k = 0; k < c->fu->ngroups; k++) EMIT("%s\n", cg_llvm_prototype(&c->fu->kernels[k], proto, sizeof proto));
 }
 
 static void emit_dropout_helper(Cg *c) {
@@ -1075,10 +1110,26 @@ static bool check_conf(Cg *c) {
   return check_inputs(c);
 }
 
+/* CPLAN_FUSION=0 in the environment turns the fusion pass off: every node gets its own
+ * reference or fast kernel call, as before fusion existed. A debugging and A/B switch (the
+ * `cplanc run` cache does not key on it). */
+static bool fusion_enabled(void) {
+  const char *e = getenv("CPLAN_FUSION");
+  return !(e && strcmp(e, "0") == 0);
+}
+
+static Fusion *no_fusion(const Graph *g) {
+  Fusion *f = cp_alloc(sizeof *f);
+  f->group = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) f->group[i] = -1;
+  return f;
+}
+
 bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash) {
   Cg c = {.g = g, .t = t, .out = out, .ok = true};
   if (!check_conf(&c)) return false;
   c.nc = cp_alloc(sizeof(NodeCg) * (size_t)(g->n ? g->n : 1));
+  c.fu = last_fusion = fusion_enabled() ? fusion_run(g) : no_fusion(g);
   place_leaves(&c);
   place_nodes(&c);
   for (int i = 0; i < g->n; i++)

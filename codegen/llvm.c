@@ -130,19 +130,20 @@ static void input_strides(const CgKernel *k, int i, int64_t *st) {
   }
 }
 
-/* Fills nest from the kernel's shapes. Returns false for an empty output (no loops to run). */
+/* Fills nest from the kernel's shapes. Returns false for an empty output (no loops to run).
+ * The stride tables have one row per tensor (the output, then every input: a fused kernel may
+ * have dozens of inputs), so they live on the heap. */
 static bool nest_build(const CgKernel *k, Nest *nest) {
-  int64_t full[CG_MAX_RANK + 1][CG_MAX_RANK]; /* row 0: output, rows 1..: inputs */
-  int64_t s = 1;
+  int rows = k->ninputs + 1, depth = 0;
+  int64_t (*full)[CG_MAX_RANK] = calloc((size_t)rows, sizeof *full); /* row 0: output, 1..: inputs */
+  int64_t (*st)[CG_MAX_RANK] = calloc((size_t)rows, sizeof *st);
+  int64_t n[CG_MAX_RANK] = {0}, s = 1;
   for (int d = k->rank - 1; d >= 0; d--) {
     full[0][d] = s;
     s *= k->shape[d];
   }
-  if (s == 0) return false;
-  for (int i = 0; i < k->ninputs; i++) input_strides(k, i, full[i + 1]);
-  int rows = k->ninputs + 1, depth = 0;
-  int64_t n[CG_MAX_RANK], st[CG_MAX_RANK + 1][CG_MAX_RANK];
-  for (int d = 0; d < k->rank; d++) {
+  for (int i = 0; i < k->ninputs && s != 0; i++) input_strides(k, i, full[i + 1]);
+  for (int d = 0; d < k->rank && s != 0; d++) {
     if (k->shape[d] == 1) continue;
     /* merge dim d into the previous kept loop when every tensor steps through them as one */
     bool merge = depth > 0;
@@ -165,7 +166,9 @@ static bool nest_build(const CgKernel *k, Nest *nest) {
   memcpy(nest->n, n, sizeof n);
   memcpy(nest->ostride, st[0], sizeof st[0]);
   for (int i = 0; i < k->ninputs; i++) memcpy(nest->istride[i], st[i + 1], sizeof st[0]);
-  return true;
+  free(full);
+  free(st);
+  return s != 0;
 }
 
 /* ---- IR building helpers -------------------------------------------------------------------- */

@@ -61,7 +61,7 @@ static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
 /* The compile-and-link command for plan.c -> out. NULL after a diagnostic when the runtime or
  * kernel libraries are missing. */
-static Argv *cc_command(const char *plan_c, const char *out) {
+static Argv *cc_command(const char *plan_c, const char *obj, const char *out) {
   const char *home = getenv("CPLAN_HOME"), *cc = getenv("CPLAN_CC");
   const char *inc[2], *lib[2];
   if (home && *home) {
@@ -84,6 +84,7 @@ static Argv *cc_command(const char *plan_c, const char *out) {
   VEC_PUSH(*a, cp_fmt("-I%s", inc[1]));
   push_words(a, CPLAN_EXTRA_CFLAGS);
   VEC_PUSH(*a, plan_c);
+  if (obj) VEC_PUSH(*a, obj);
   VEC_PUSH(*a, "-o");
   VEC_PUSH(*a, out);
   VEC_PUSH(*a, lib[0]);
@@ -124,9 +125,10 @@ static char *read_all(const char *path) {
   return (char *)sb_str(&b);
 }
 
-static bool compile(const char *dir, const char *out) {
+/* Compiles dir/plan.c, with dir/kernels.o when obj (the fused kernels), into out. */
+static bool compile(const char *dir, bool obj, const char *out) {
   const char *plan_c = cp_fmt("%s/plan.c", dir), *log = cp_fmt("%s/cc.log", dir);
-  Argv *a = cc_command(plan_c, out);
+  Argv *a = cc_command(plan_c, obj ? cp_fmt("%s/kernels.o", dir) : NULL, out);
   if (!a) return false;
   if (run_logged(a, log)) return true;
   StrBuf cmd = {0};
@@ -176,15 +178,46 @@ static bool write_plan_c(Graph *g, const TrainConf *t, const char *path, const c
   return ok;
 }
 
+/* The fused elementwise kernels plan.c calls, generated through LLVM into path. *obj says
+ * whether there is an object to link (a plan without fusable nodes has none). */
+static bool write_kernels(const char *path, bool *obj) {
+  const CgKernel *ks;
+  int n = cg_last_kernels(&ks);
+  char err[1024];
+  *obj = n > 0;
+  if (n == 0 || cg_llvm_object(ks, n, path, err, sizeof err)) return true;
+  diag_error(SPAN_NONE, "generating the fused kernels failed (internal error): %s", err);
+  return false;
+}
+
 static void remove_dir(const char *dir) {
-  static const char *const files[] = {"plan.c", "cc.log"};
-  for (int k = 0; k < 2; k++) unlink(cp_fmt("%s/%s", dir, files[k]));
+  static const char *const files[] = {"plan.c", "cc.log", "kernels.o"};
+  for (int k = 0; k < 3; k++) unlink(cp_fmt("%s/%s", dir, files[k]));
   rmdir(dir);
 }
 
 bool build_emit_c(FILE *out, Graph *g, const TrainConf *t) {
   if (!train_graph(g, t)) return false;
   return cg_emit_c(out, g, t, "emit");
+}
+
+bool build_emit_llvm(FILE *out, Graph *g, const TrainConf *t) {
+  if (!train_graph(g, t)) return false;
+  FILE *null = fopen("/dev/null", "w"); /* the kernels are those of plan.c: emit it, unread */
+  bool ok = null && cg_emit_c(null, g, t, "emit");
+  if (null) fclose(null);
+  if (!ok) return false;
+  const CgKernel *ks;
+  int n = cg_last_kernels(&ks);
+  char err[1024];
+  char *ir = cg_llvm_ir(ks, n, err, sizeof err);
+  if (!ir) {
+    diag_error(SPAN_NONE, "generating the fused kernels failed (internal error): %s", err);
+    return false;
+  }
+  fprintf(out, "; %d fused elementwise kernel%s of model %s\n%s", n, n == 1 ? "" : "s", g->model_name, ir);
+  free(ir);
+  return true;
 }
 
 bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o) {
@@ -204,7 +237,9 @@ bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o) {
       ok = false;
     }
   }
-  ok = ok && compile(dir, o->out);
+  bool obj = false;
+  ok = ok && write_kernels(cp_fmt("%s/kernels.o", dir), &obj);
+  ok = ok && compile(dir, obj, o->out);
   remove_dir(dir);
   if (ok && !o->quiet)
     fprintf(stderr, "cplanc: built %s (model %s, %d param tensors, arena %s)\n", o->out, g->model_name,

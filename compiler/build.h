@@ -22,6 +22,10 @@ bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o);
 /* Lowers g to a training graph and prints plan.c (`cplanc emit --stage=c`). */
 bool build_emit_c(FILE *out, Graph *g, const TrainConf *t);
 
+/* Lowers g to a training graph and prints the optimized LLVM IR of the fused elementwise
+ * kernels its plan.c calls (`cplanc emit --stage=llvm`). */
+bool build_emit_llvm(FILE *out, Graph *g, const TrainConf *t);
+
 /* A hex digest of every source text the front end read (the file, its imports, the --set
  * pseudo-sources), the overrides, the train block name and the cplanc version. */
 const char *build_hash(const char *const *sets, int nsets, const char *train);

@@ -41,15 +41,54 @@ static bool *graph_outputs(const Graph *g) {
   return out;
 }
 
+/* The GRADs fusion.c writes as expressions (grad_expr): of the unary elementwise ops with the
+ * kernels' op, and of mul, sub (input b: -dy) and div when nothing broadcasts. The gradients of
+ * add and of sub's input a are dy itself (the emitter makes them views, not kernels). */
+static bool grad_fusable(const Graph *g, const Node *n) {
+  const Node *f = &g->nodes[n->fwd];
+  bool unary;
+  int kop;
+  if (!fusion_kernel_op(f->op, &unary, &kop) || f->dtype != DT_F32) return false;
+  for (int k = 0; k < f->nin; k++) {
+    const Node *x = &g->nodes[f->in[k]];
+    if (x->dtype != DT_F32 || !shape_eq(&x->shape, &f->shape)) return false;
+  }
+  if (unary) return true;
+  return f->op == OP_MUL || f->op == OP_DIV || (f->op == OP_SUB && n->ia[0] == 1);
+}
+
 static bool fusable(const Graph *g, int i, const bool *outputs) {
   const Node *n = &g->nodes[i];
   bool unary;
   int kop;
-  if (!(ir_ops[n->op].flags & OPF_ELEMENTWISE) || n->dtype != DT_F32 || outputs[i]) return false;
-  if (!fusion_kernel_op(n->op, &unary, &kop) || n->shape.rank > CG_MAX_RANK) return false;
+  if (n->dtype != DT_F32 || outputs[i] || n->shape.rank > CG_MAX_RANK) return false;
+  if (n->op == OP_GRAD) return grad_fusable(g, n);
+  if (!(ir_ops[n->op].flags & OPF_ELEMENTWISE) || !fusion_kernel_op(n->op, &unary, &kop)) return false;
   for (int k = 0; k < n->nin; k++) {
     const Node *x = &g->nodes[n->in[k]];
     if (x->dtype != DT_F32 && !is_scalar_const(x)) return false;
+  }
+  return true;
+}
+
+/* The PARAM or STATE whose memory node x is (through ASSIGN/ACCUM results), or -1. */
+static int mem_base(const Graph *g, int x) {
+  while (g->nodes[x].op == OP_ASSIGN || g->nodes[x].op == OP_ACCUM) x = g->nodes[x].in[0];
+  OpId op = g->nodes[x].op;
+  return op == OP_PARAM || op == OP_STATE ? x : -1;
+}
+
+/* A member is computed at its root's position r, not at its own i: joining is wrong when an
+ * ASSIGN or ACCUM between the two overwrites a PARAM or STATE the member reads. */
+static bool reads_stable(const Graph *g, int i, int r) {
+  const Node *n = &g->nodes[i];
+  for (int k = 0; k < n->nin; k++) {
+    int b = mem_base(g, n->in[k]);
+    if (b < 0) continue;
+    for (int j = i + 1; j < r; j++) {
+      const Node *w = &g->nodes[j];
+      if ((w->op == OP_ASSIGN || w->op == OP_ACCUM) && mem_base(g, w->in[0]) == b) return false;
+    }
   }
   return true;
 }
@@ -74,7 +113,7 @@ static int *assign_roots(const Graph *g) {
     if (nuse[i] != 1) continue;
     int c = user[i], r = root[c];
     if (r >= 0 && g->nodes[c].role == g->nodes[i].role &&
-        shape_eq(&g->nodes[i].shape, &g->nodes[r].shape))
+        shape_eq(&g->nodes[i].shape, &g->nodes[r].shape) && reads_stable(g, i, r))
       root[i] = r;
   }
   return root;
@@ -111,8 +150,71 @@ static int outside_value(KBuild *b, int x) {
   return b->kidx[x];
 }
 
+static int kconst(KBuild *b, double v) { return push_node(b, (CgNode){.kind = CG_CONST, .value = (float)v}); }
+static int kun(KBuild *b, int op, int a) { return push_node(b, (CgNode){.kind = CG_UNARY, .op = op, .a = a}); }
+static int kbin(KBuild *b, int op, int a, int c) {
+  return push_node(b, (CgNode){.kind = CG_BINARY, .op = op, .a = a, .b = c});
+}
+
+/* d f(x)/dx of a unary op from x and y = f(x), as ref.c's unary_df computes it. gelu's
+ * 0.5 (1 + tanh u) and 1 - tanh^2 u are written with s = sigmoid(2u) (2s and 4s(1-s)), which
+ * avoids the cancellation of 1 + tanh u for negative x, as llvm.c's forward gelu does. */
+static int unary_df(KBuild *b, const Node *f, int x, int y) {
+  switch (f->op) {
+  case OP_NEG: return kconst(b, -1);
+  case OP_EXP: return y;
+  case OP_LOG: return kbin(b, K_DIV, kconst(b, 1), x);
+  case OP_SQRT: return kbin(b, K_DIV, kconst(b, 0.5), y);
+  case OP_RSQRT: return kbin(b, K_DIV, kbin(b, K_MUL, kconst(b, -0.5), y), x);
+  case OP_TANH: return kbin(b, K_SUB, kconst(b, 1), kbin(b, K_MUL, y, y));
+  case OP_SIGMOID: return kbin(b, K_MUL, y, kbin(b, K_SUB, kconst(b, 1), y));
+  case OP_RELU: return kbin(b, K_GT, x, kconst(b, 0));
+  case OP_SILU: {
+    int s = kun(b, K_SIGMOID, x);
+    return kbin(b, K_MUL, s, kbin(b, K_ADD, kconst(b, 1), kbin(b, K_MUL, x, kbin(b, K_SUB, kconst(b, 1), s))));
+  }
+  case OP_GELU: {
+    const double gs = 0.7978845608028654, gc = 0.044715; /* sqrt(2/pi), as ref.c's GELU_S, GELU_C */
+    int x2 = kbin(b, K_MUL, x, x);
+    int u2 = kbin(b, K_MUL, kconst(b, 2 * gs), kbin(b, K_ADD, x, kbin(b, K_MUL, kconst(b, gc), kbin(b, K_MUL, x2, x))));
+    int s = kun(b, K_SIGMOID, u2);
+    int du = kbin(b, K_MUL, kconst(b, gs), kbin(b, K_ADD, kconst(b, 1), kbin(b, K_MUL, kconst(b, 3 * gc), x2)));
+    int t = kbin(b, K_MUL, kbin(b, K_MUL, kconst(b, 2), x), kbin(b, K_MUL, s, kbin(b, K_SUB, kconst(b, 1), s)));
+    return kbin(b, K_ADD, s, kbin(b, K_MUL, t, du));
+  }
+  case OP_SQUARE: return kbin(b, K_MUL, kconst(b, 2), x);
+  case OP_POW: {
+    CgNode p = {.kind = CG_UNARY, .op = K_POW, .a = x, .value = (float)(f->fa[0] - 1)};
+    return kbin(b, K_MUL, kconst(b, f->fa[0]), push_node(b, p));
+  }
+  default: cp_unreachable();
+  }
+}
+
+/* A GRAD member (grad_fusable): dy times the partial derivative. */
+static int grad_expr(KBuild *b, const Node *n) {
+  const Node *f = &b->g->nodes[n->fwd];
+  int dy = outside_value(b, n->in[0]);
+  if (f->op == OP_SUB) return kun(b, K_NEG, dy);
+  if (f->op == OP_NEG) return kun(b, K_NEG, dy);
+  if (f->op == OP_MUL) return kbin(b, K_MUL, dy, outside_value(b, f->in[1 - n->ia[0]]));
+  if (f->op == OP_DIV) {
+    int a = outside_value(b, f->in[0]), d = outside_value(b, f->in[1]);
+    if (n->ia[0] == 0) return kbin(b, K_MUL, dy, kbin(b, K_DIV, kconst(b, 1), d));
+    return kbin(b, K_MUL, dy, kun(b, K_NEG, kbin(b, K_DIV, a, kbin(b, K_MUL, d, d))));
+  }
+  bool needs_y = f->op == OP_EXP || f->op == OP_SQRT || f->op == OP_RSQRT || f->op == OP_TANH || f->op == OP_SIGMOID;
+  bool needs_x = !(f->op == OP_EXP || f->op == OP_SQRT || f->op == OP_TANH || f->op == OP_SIGMOID);
+  int x = needs_x ? outside_value(b, f->in[0]) : -1, y = needs_y ? outside_value(b, n->fwd) : -1;
+  return kbin(b, K_MUL, dy, unary_df(b, f, x, y));
+}
+
 static void add_member(KBuild *b, int m) {
   const Node *n = &b->g->nodes[m];
+  if (n->op == OP_GRAD) {
+    b->kidx[m] = grad_expr(b, n);
+    return;
+  }
   int ops[2] = {-1, -1}, kop;
   bool unary;
   cp_assert(fusion_kernel_op(n->op, &unary, &kop) && n->nin == (unary ? 1 : 2));

@@ -4,13 +4,18 @@
  *
  * The rule. Nodes are visited from the last to the first. A node is FUSABLE when its op is
  * OPF_ELEMENTWISE, its dtype and every input's dtype are f32, and it is not a graph output
- * (the loss, a metric, a gradient of a param, the gradient norm). A fusable node JOINS the group
+ * (the loss, a metric, a gradient of a param, the gradient norm); a GRAD node is FUSABLE too when
+ * its gradient is an elementwise expression of dy, x and y = f(x): the GRADs of the unary ops
+ * (d gelu, d silu, d exp, ...), and of mul, div and sub's input b when nothing broadcasts (the
+ * GRADs of add and of sub's input a are dy itself: views, never fused). A fusable node JOINS the group
  * of its consumer when
  *   - it has exactly one consumer node (x * x counts once), and that consumer
  *     is a fusable member of a group,
  *   - it has the same role (forward / backward / update) as that consumer, and
  *   - it has the same shape as the group's root (so it is computed at every output element
- *     exactly once; an input that is broadcast stays a leaf, read with stride 0).
+ *     exactly once; an input that is broadcast stays a leaf, read with stride 0), and
+ *   - no ASSIGN/ACCUM between it and the root overwrites a PARAM or STATE it reads (a member
+ *     is computed at the root's position).
  * Otherwise a fusable node starts a new group of its own and is that group's ROOT: the one
  * member whose value is written to memory. Every fusable node is in exactly one group, so a
  * group may hold a single node (a plain elementwise op, still worth a generated kernel: it is

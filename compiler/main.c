@@ -71,7 +71,8 @@ static const Command commands[] = {
      "  ir    the forward Graph IR of the model, one line per node\n"
      "  grad  the training graph: forward, backward (gradients, accumulation) and the\n"
      "        optimizer update of the train block, one line per node\n"
-     "  c     the generated C program plan.c of the train block (what `build` compiles)\n"},
+     "  c     the generated C program plan.c of the train block (what `build` compiles)\n"
+     "  llvm  the optimized LLVM IR of the fused elementwise kernels plan.c calls\n"},
     {"plan", NULL, "rank parallel strategies for the mesh (not yet available)", NULL},
     {"build", cmd_build, "compile a training program for one CPU",
      "usage: cplanc build FILE -o PROG [--train NAME] [--set KEY=VALUE]... [--keep-c DIR]\n"
@@ -237,10 +238,12 @@ static Graph *train_model(Options *o, Front *fe, const char *what) {
   return elaborate(fe, fe->train->model);
 }
 
-static int emit_c(Options *o) {
+/* --stage=c (plan.c) and --stage=llvm (the IR of its fused kernels): both need a train block. */
+static int emit_c(Options *o, bool llvm) {
   Front fe;
-  Graph *g = train_model(o, &fe, "--stage=c");
-  if (g) build_emit_c(stdout, g, fe.train);
+  Graph *g = train_model(o, &fe, llvm ? "--stage=llvm" : "--stage=c");
+  if (g && llvm) build_emit_llvm(stdout, g, fe.train);
+  else if (g) build_emit_c(stdout, g, fe.train);
   return finish();
 }
 
@@ -262,12 +265,12 @@ static int cmd_run(Options *o) {
 }
 
 static int cmd_emit(Options *o) {
-  static const char *const stages[] = {"ast", "ir", "grad", "c"};
+  static const char *const stages[] = {"ast", "ir", "grad", "c", "llvm"};
   if (!o->stage) return usage_error(command_named("emit"), "emit needs --stage=STAGE%s", "");
   bool ast = strcmp(o->stage, "ast") == 0, grad = strcmp(o->stage, "grad") == 0;
-  if (strcmp(o->stage, "c") == 0) return emit_c(o);
+  if (strcmp(o->stage, "c") == 0 || strcmp(o->stage, "llvm") == 0) return emit_c(o, o->stage[0] == 'l');
   if (!ast && !grad && strcmp(o->stage, "ir") != 0) {
-    const char *near = cp_closest(o->stage, stages, 4);
+    const char *near = cp_closest(o->stage, stages, 5);
     fprintf(stderr, "cplanc: unknown stage '%s'%s%s%s\n", o->stage, near ? " (did you mean '" : "",
             near ? near : "", near ? "'?)" : "");
     fprintf(stderr, "%s", command_named("emit")->usage);

@@ -182,8 +182,8 @@ static int write_state(const char *path, const RtPlan *p, const RtCkptInfo *info
 }
 
 static char *read_text(const char *path, RtError *err) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) { rt_errf(err, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+  FILE *fp = rt_open_regular(path, err);
+  if (!fp) return NULL;
   fseek(fp, 0, SEEK_END);
   long n = ftell(fp);
   fseek(fp, 0, SEEK_SET);

@@ -15,6 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* ---- errors -------------------------------------------------------------------------------- */
 
@@ -26,6 +27,9 @@ typedef struct RtError {
 
 /* Formats a message into err (when not NULL) and returns -1, so `return rt_errf(...)` reads well. */
 int rt_errf(RtError *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* fopen(path, "rb") of a regular file; a directory or a device is refused with "not a regular
+ * file" rather than read as a huge or endless file. NULL with the error otherwise. */
+FILE *rt_open_regular(const char *path, RtError *err);
 
 /* ---- data.c: tokens(path) ------------------------------------------------------------------- */
 
@@ -78,7 +82,10 @@ enum { RT_ADD_PLUS = 10, RT_ADD_EQUALS = 11, RT_ADD_END = 12, RT_ADD_VOCAB = 13 
  * (rt_splitmix64).  About one attempt in ten is rejected.
  *
  * Evaluation order: the held-out problems sorted by key, H of them; evaluation sample i (i = s*N
- * + j counted from the start of each evaluation) is the (i mod H)-th.  For d <= 3 the list is
+ * + j counted from the start of each evaluation) is the ((i mod H) * m mod H)-th, where the
+ * stride m is the least integer >= max(1, floor(H * 618034 / 10^6)) coprime with H.  So one pass
+ * of H samples visits every held-out problem once, and a short evaluation is spread over all of
+ * them (by key order it would see only the smallest a).  For d <= 3 the list is
  * built when the source is opened; for larger d it has 10^(2d)/10 entries, too many to list, so
  * sample i is drawn instead exactly as training sample (s, j) but from seed ~seed and ACCEPTING
  * only held-out problems. */

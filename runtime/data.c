@@ -89,9 +89,8 @@ RtTokens *rt_tokens_open(const char *path, int vocab, RtError *err) {
     rt_errf(err, "%s: out of memory", path);
     return NULL;
   }
-  FILE *fp = fopen(path, "rb");
+  FILE *fp = rt_open_regular(path, err);
   if (!fp) {
-    rt_errf(err, "%s: cannot open token file: %s", path, strerror(errno));
     rt_tokens_close(t);
     return NULL;
   }
@@ -145,6 +144,7 @@ struct RtAdder {
   uint64_t p10;     /* 10^digits */
   uint64_t *held;   /* held-out keys in increasing order, or NULL for large digits */
   int64_t n_held;
+  uint64_t stride;  /* evaluation visits held[(i * stride) mod n_held] (see cplanrt.h) */
 };
 
 static uint64_t pow10u(int d) {
@@ -165,6 +165,25 @@ int rt_adder_held_out(int digits, uint64_t a, uint64_t b) {
   return (uint32_t)(key * 2654435761u) % 10 == 0;
 }
 
+static uint64_t gcd_u64(uint64_t x, uint64_t y) {
+  while (y) {
+    uint64_t r = x % y;
+    x = y, y = r;
+  }
+  return x;
+}
+
+/* The evaluation stride for H held-out problems: the least m >= max(1, floor(H * 618034 /
+ * 10^6)) coprime with H.  Coprime makes i -> (i * m) mod H a permutation of [0, H), so one pass
+ * of H samples sees every problem once; m near H / golden ratio spreads any run of consecutive
+ * samples evenly over the key order (a short evaluation sees every a, not just the smallest). */
+static uint64_t adder_eval_stride(uint64_t h) {
+  uint64_t m = h * 618034u / 1000000u;
+  if (m < 1) m = 1;
+  while (gcd_u64(m, h) != 1) m++;
+  return m;
+}
+
 static int adder_list_held(RtAdder *a, RtError *err) {
   uint64_t total = a->p10 * a->p10;
   a->held = malloc((size_t)(total / 5 + 1) * sizeof *a->held); /* about a tenth are held out */
@@ -175,6 +194,7 @@ static int adder_list_held(RtAdder *a, RtError *err) {
         return rt_errf(err, "adder: held-out list overflow"); /* NEVER: the hash is near uniform */
       a->held[a->n_held++] = k;
     }
+  a->stride = adder_eval_stride((uint64_t)a->n_held);
   return 0;
 }
 
@@ -220,7 +240,8 @@ void rt_adder_problem(const RtAdder *a, int eval, int64_t step, int64_t n, int64
   if (!eval) {
     adder_draw(a, a->seed, 0, step, j, pa, pb);
   } else if (a->held) {
-    uint64_t key = a->held[(uint64_t)(step * n + j) % (uint64_t)a->n_held];
+    uint64_t h = (uint64_t)a->n_held, i = (uint64_t)(step * n + j) % h;
+    uint64_t key = a->held[i * a->stride % h]; /* i, stride < h <= 2 * 10^5: no overflow */
     *pa = key / a->p10;
     *pb = key % a->p10;
   } else {

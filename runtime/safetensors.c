@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* ---- errors ---------------------------------------------------------------------------------- */
@@ -206,10 +207,25 @@ void rt_st_close(RtStFile *f) {
   free(f);
 }
 
+FILE *rt_open_regular(const char *path, RtError *err) {
+  FILE *fp = fopen(path, "rb");
+  if (!fp) {
+    rt_errf(err, "%s: cannot open: %s", path, strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
+    fclose(fp);
+    rt_errf(err, "%s: not a regular file", path);
+    return NULL;
+  }
+  return fp;
+}
+
 /* Reads a whole file; the error names the path. */
 static unsigned char *slurp(const char *path, size_t *size, RtError *err) {
-  FILE *fp = fopen(path, "rb");
-  if (!fp) { rt_errf(err, "%s: cannot open: %s", path, strerror(errno)); return NULL; }
+  FILE *fp = rt_open_regular(path, err);
+  if (!fp) return NULL;
   long sz = -1;
   if (fseek(fp, 0, SEEK_END) == 0) sz = ftell(fp);
   if (sz < 0 || fseek(fp, 0, SEEK_SET) != 0) {

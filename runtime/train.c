@@ -101,7 +101,7 @@ static const struct Flag {
    offsetof(Opts, save), 0},
   {"--metrics", "FILE", "write one JSON object per step to FILE (JSONL)", FLAG_STR,
    offsetof(Opts, metrics), 0},
-  {"--checkpoint-dir", "DIR", "write checkpoints under DIR (DIR/step_000500/)", FLAG_STR,
+  {"--checkpoint-dir", "DIR", "write checkpoints under DIR (DIR/step_000500/); without --checkpoint-every, one at the end", FLAG_STR,
    offsetof(Opts, ckpt_dir), 0},
   {"--checkpoint-every", "N", "write a checkpoint every N steps (0: never)", FLAG_INT,
    offsetof(Opts, ckpt_every), 0},
@@ -114,9 +114,13 @@ static const struct Flag {
 };
 #define NFLAGS ((int)(sizeof flags / sizeof flags[0]))
 
-static const char *prog_name(const char *argv0) {
+/* The name errors start with: the program's, unless it runs from `cplanc run`'s cache, whose
+ * file names (model-HASH) mean nothing to a person: then the model's. */
+static const char *prog_name(const char *argv0, const RtPlan *p) {
   const char *s = argv0 ? strrchr(argv0, '/') : NULL;
-  return s ? s + 1 : argv0 ? argv0 : "train";
+  const char *name = s ? s + 1 : argv0 ? argv0 : "train";
+  if (p->model && argv0 && strstr(argv0, ".cplan-cache/")) return p->model;
+  return name;
 }
 
 static void usage(FILE *fp, const char *prog, const RtPlan *p) {
@@ -445,6 +449,8 @@ static int resolve_run(Trainer *t, RtError *err) {
   t->ckpt_keep = p->ckpt_keep;
   t->ckpt_dir = t->o.ckpt_dir ? t->o.ckpt_dir : p->ckpt_dir;
   if (t->ckpt_every > 0 && !t->ckpt_dir) t->ckpt_dir = "ckpt";
+  /* --checkpoint-dir alone asks for a checkpoint: write one at the end of the run. */
+  if (t->o.ckpt_dir && t->ckpt_every <= 0) t->ckpt_every = t->stop > 0 ? t->stop : 1;
   int64_t threads = t->o.threads;
   if (threads <= 0) threads = sysconf(_SC_NPROCESSORS_ONLN);
   t->run.threads = threads > 0 ? (int)threads : 1;
@@ -586,8 +592,9 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   t->loss = lsum / (double)p->accum;
   for (int i = 0; i < p->nmetrics; i++) t->msum[i] /= (double)p->accum;
   if (!isfinite(t->loss))
-    return rt_errf(err, "step %lld (counted from 0): the loss is %s: stopping (a lower learning rate or `clip` "
-                   "may help)", (long long)s, isnan(t->loss) ? "NaN" : "infinite");
+    return rt_errf(err, "step %lld/%lld (metrics step %lld): the loss is %s: stopping (a lower learning rate or "
+                   "`clip` may help)", (long long)s + 1, (long long)t->stop, (long long)s,
+                   isnan(t->loss) ? "NaN" : "infinite");
   return 0;
 }
 
@@ -688,7 +695,7 @@ static int run_all(Trainer *t) {
 }
 
 int rt_main(int argc, char **argv, const RtPlan *plan) {
-  Trainer t = {.p = plan, .prog = prog_name(argc > 0 ? argv[0] : NULL), .last_ckpt = -1,
+  Trainer t = {.p = plan, .prog = prog_name(argc > 0 ? argv[0] : NULL, plan), .last_ckpt = -1,
                .loss = NAN};
   RtError err = {""};
   if (parse_flags(argc, argv, &t.o, &err) != 0 || check_flags(&t.o, plan, &err) != 0) {

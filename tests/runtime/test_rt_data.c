@@ -167,9 +167,9 @@ static void test_adder_batch_shape(RtAdder *a) {
   /* T = 11: the sample of 12+34 is inputs = seq[0, 11), targets = seq[1, 12) masked to c. */
   int32_t in[2 * 11], tg[2 * 11];
   CHECK(rt_adder_batch(a, 1, 4, 11, 0, 0, 2, in, tg, &e) == 0, "eval batch: %s", e.msg);
-  const int32_t in1[11] = {0, 0, 10, 1, 2, 11, 2, 1, 0, 12, 12};   /* eval sample 1: 0 + 12 */
-  const int32_t tg1[11] = {-1, -1, -1, -1, -1, 2, 1, 0, -1, -1, -1};
-  CHECK(same_i32(in + 11, in1, 11) && same_i32(tg + 11, tg1, 11), "eval sample 1 is 00+12");
+  const int32_t in1[11] = {6, 1, 10, 7, 8, 11, 9, 3, 1, 12, 12};   /* eval sample 1: 61 + 78 */
+  const int32_t tg1[11] = {-1, -1, -1, -1, -1, 9, 3, 1, -1, -1, -1};
+  CHECK(same_i32(in + 11, in1, 11) && same_i32(tg + 11, tg1, 11), "eval sample 1 is 61+78");
   CHECK_ERR(rt_adder_batch(a, 0, 4, 7, 0, 0, 1, in, tg, &e) < 0, e, "3d + 3 = 9", NULL);
 }
 
@@ -214,23 +214,51 @@ static void test_adder_split(int d, int eval, int64_t seed) {
   rt_adder_close(a);
 }
 
+/* A short evaluation (16 batches of 64 of the ~100,000 held-out problems of d = 3) is spread
+ * over every a: each tenth of [0, 1000) gets about a tenth of the 1024 samples. */
+static void test_adder_eval_spread(void) {
+  RtError e = {""};
+  RtAdder *a = rt_adder_open(3, 1337, &e);
+  CHECK(a, "adder open: %s", e.msg);
+  if (!a) return;
+  int per_tenth[10] = {0}, held = 1;
+  for (int s = 0; s < 16; s++)
+    for (int j = 0; j < 64; j++) {
+      uint64_t x, y;
+      rt_adder_problem(a, 1, s, 64, j, &x, &y);
+      held &= rt_adder_held_out(3, x, y);
+      per_tenth[x / 100]++;
+    }
+  int lo = 1024, hi = 0;
+  for (int k = 0; k < 10; k++) {
+    lo = per_tenth[k] < lo ? per_tenth[k] : lo;
+    hi = per_tenth[k] > hi ? per_tenth[k] : hi;
+  }
+  CHECK(held, "d=3: every eval sample is held out");
+  CHECK(lo >= 80 && hi <= 125, "d=3: 1024 eval samples per tenth of a range %d..%d, want ~102", lo, hi);
+  rt_adder_close(a);
+}
+
 static void test_adder_order(void) {
   RtError e = {""};
   RtAdder *a = rt_adder_open(2, 7, &e), *b = rt_adder_open(2, 7, &e), *c = rt_adder_open(2, 8, &e);
   CHECK(a && b && c, "adder open: %s", e.msg);
   if (!a || !b || !c) return;
   test_adder_batch_shape(a);
-  /* Evaluation enumerates the held-out problems by key: 0, 12, 24, 26, ... (1000 for d = 2). */
-  uint64_t x, y, prev = 0;
-  int increasing = 1;
+  /* Evaluation visits the held-out problems (1000 for d = 2, sorted by key: 0, 12, 24, ...)
+   * with stride 619 (cplanrt.h): sample i is held[i * 619 mod 1000]. */
+  uint64_t x, y;
   rt_adder_problem(a, 1, 0, 4, 3, &x, &y);
-  CHECK(x == 0 && y == 26, "eval sample 3 is 0+26, got %llu+%llu", (unsigned long long)x, (unsigned long long)y);
-  for (int i = 1; i < 1000; i++) {
+  CHECK(x == 86 && y == 0, "eval sample 3 is 86+0, got %llu+%llu", (unsigned long long)x, (unsigned long long)y);
+  static unsigned char seen[100 * 100];
+  int held = 1, distinct = 1;
+  for (int i = 0; i < 1000; i++) {
     rt_adder_problem(a, 1, 0, 1000, i, &x, &y);
-    increasing &= x * 100 + y > prev;
-    prev = x * 100 + y;
+    held &= rt_adder_held_out(2, x, y);
+    distinct &= !seen[x * 100 + y];
+    seen[x * 100 + y] = 1;
   }
-  CHECK(increasing, "eval order increasing over the 1000 held-out problems");
+  CHECK(held && distinct, "one eval pass visits 1000 distinct held-out problems");
   rt_adder_problem(a, 1, 1, 1000, 0, &x, &y);
   CHECK(x == 0 && y == 0, "eval wraps after the 1000 held-out problems");
   /* Training: the same (seed, step, j) gives the same problem; another seed differs somewhere. */
@@ -407,6 +435,7 @@ int main(void) {
   test_tokens_write();
   test_adder_format();
   test_adder_order();
+  test_adder_eval_spread();
   test_adder_split(2, 0, 1);
   test_adder_split(2, 1, 1);
   test_adder_split(1, 0, 3);

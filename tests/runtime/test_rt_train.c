@@ -398,7 +398,7 @@ static void test_errors(void) {
   nan_at_step = 3;
   rc = run_main(&p, "--steps", "10", NULL);
   nan_at_step = -1;
-  CHECK(rc == 1 && strstr(errtext, "step 3") && strstr(errtext, "NaN"), "NaN: %d %s", rc, errtext);
+  CHECK(rc == 1 && strstr(errtext, "step 4/") && strstr(errtext, "metrics step 3") && strstr(errtext, "NaN"), "NaN: %d %s", rc, errtext);
   p.digits = 3; /* needs T + 1 >= 12 */
   rc = run_main(&p, NULL);
   CHECK(rc == 1 && strstr(errtext, "sequence length"), "adder seq fit: %d %s", rc, errtext);

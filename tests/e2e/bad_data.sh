@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# bad_data.sh CPLANC SRCDIR: what a real built program does with bad inputs.  Each case wants
+# exit status 1 (2 for bad usage) and a message that names the file and the problem, never a
+# crash (a status >= 128 fails):
+#   token files: missing, wrong magic, wrong version, truncated, shorter than the header, a token
+#                >= the vocab, too small for one batch, a directory; also the plan's own data file
+#   --init:      a file without one of the params, a file with a param of another shape, a
+#                file that is not safetensors
+#   --resume:    no checkpoint in the dir, a checkpoint of another build, a truncated checkpoint
+#   a model that diverges on purpose (lr = 1e6): the run stops with a message naming the step
+set -u
+# shellcheck source=tests/e2e/e2e_lib.sh
+. "$(dirname "$0")/e2e_lib.sh"
+e2e_init "$1" "$2"
+cp "$src/tests/e2e/gpt_small.cplan" .
+e2e_tokens tokens.bin
+e2e_build gpt gpt_small.cplan
+e2e_prog 0 good ./gpt --steps 1 --quiet --threads 1
+
+# patch FILE OFFSET BYTE: overwrites one byte of FILE (the header is little-endian int32s)
+patch() { printf "%b" "\\x$3" | dd of="$1" bs=1 seek="$2" conv=notrunc 2>/dev/null; }
+# bad_tokens FILE WORD...: ./gpt --data FILE fails with 1, naming FILE and saying every WORD
+bad_tokens() {
+  local f=$1
+  shift
+  e2e_prog 1 "data_$f" ./gpt --data "$f" --steps 1 --threads 1
+  e2e_says "data_$f" "$f" "$@"
+}
+
+cp tokens.bin magic.bin && patch magic.bin 0 01
+cp tokens.bin version.bin && patch version.bin 4 07
+head -c 2000 tokens.bin >truncated.bin
+cp tokens.bin long.bin && printf 'xx' >>long.bin
+head -c 100 tokens.bin >header.bin
+printf 'hello' >vocab.txt && "$cplanc" data text vocab.txt -o vocab.bin >/dev/null
+printf '0123456789' >small.txt && "$cplanc" data text small.txt -o small.bin >/dev/null
+mkdir -p adir
+bad_tokens missing.bin "cannot open" "No such file"
+bad_tokens magic.bin "bad magic" "20240520"
+bad_tokens version.bin "unsupported version 7"
+bad_tokens truncated.bin "truncated" "3164 tokens"
+bad_tokens long.bin "bytes too many"
+bad_tokens header.bin "shorter than" "header"
+bad_tokens vocab.bin "token 0 is 104" "vocab 64"
+bad_tokens small.bin "too small" "10 tokens"
+# a directory opens with fopen on Linux; it must still be an error, not a crash
+bad_tokens adir "not a regular file"
+# the plan's own file (data = tokens("tokens.bin"), an absolute path after the build)
+mv tokens.bin tokens.away
+e2e_prog 1 data_plan ./gpt --steps 1
+e2e_says data_plan "$tmp/tokens.bin" "cannot open"
+mv tokens.away tokens.bin
+
+# --init: params of the same model with one layer (h.1.* missing), or width 16 (shapes differ)
+e2e_build gpt_L1 gpt_small.cplan --set train.model.L=1
+e2e_build gpt_C16 gpt_small.cplan --set train.model.C=16
+e2e_prog 0 save_L1 ./gpt_L1 --steps 0 --save-init L1.safetensors --quiet
+e2e_prog 0 save_C16 ./gpt_C16 --steps 0 --save-init C16.safetensors --quiet
+e2e_prog 1 init_missing ./gpt --init L1.safetensors --steps 1
+e2e_says init_missing L1.safetensors "h.1."
+e2e_prog 1 init_shape ./gpt --init C16.safetensors --steps 1
+e2e_says init_shape C16.safetensors "wte" "[64, 16]" "[64, 32]"
+e2e_prog 1 init_text ./gpt --init tokens.bin.txt --steps 1
+e2e_says init_text tokens.bin.txt
+e2e_prog 1 init_none ./gpt --init nothing.safetensors --steps 1
+e2e_says init_none nothing.safetensors
+e2e_prog 2 init_and_resume ./gpt --init L1.safetensors --resume ck --steps 1
+e2e_says init_and_resume "--init" "--resume"
+
+# --resume: an empty dir; a checkpoint of another build (other lr); a truncated checkpoint
+mkdir -p empty
+e2e_prog 1 resume_empty ./gpt --resume empty --steps 2
+e2e_says resume_empty empty
+e2e_build gpt_lr gpt_small.cplan --set train.optimizer.lr=2e-3
+e2e_prog 0 ck_lr ./gpt_lr --steps 1 --checkpoint-every 1 --checkpoint-dir ck_lr --quiet
+e2e_prog 1 resume_other ./gpt --resume ck_lr --steps 2
+e2e_says resume_other ck_lr/step_000001 "build"
+e2e_prog 0 ck ./gpt --steps 1 --checkpoint-every 1 --checkpoint-dir ck --quiet
+head -c 300 ck/step_000001/model.safetensors >cut.st && mv cut.st ck/step_000001/model.safetensors
+e2e_prog 1 resume_cut ./gpt --resume ck --steps 2
+e2e_says resume_cut ck/step_000001/model.safetensors
+
+# divergence: lr = 1e6 makes the loss NaN or infinite within a few steps
+e2e_build gpt_nan gpt_small.cplan --set train.optimizer.lr=1e6
+e2e_prog 1 nan ./gpt_nan --threads 1 --metrics nan.jsonl
+e2e_says nan "error: step " "the loss is"
+grep -qE "the loss is (NaN|infinite)" nan.err || { cat nan.err; fail "nan: no 'NaN' or 'infinite'"; }
+# the step named is the one after the last metrics line (its metrics step counts from 0)
+n=$(grep -c . nan.jsonl)
+e2e_says nan "(metrics step $n)"
+echo "ok"

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# resume.sh CPLANC SRCDIR: exact resume with real built programs.  Each case trains straight for
+# 6 steps, then again in pieces, each piece a new process continuing with --resume from the
+# checkpoint of the one before, and wants the metrics JSONL (loss, lr, grad_norm, metrics,
+# evaluations; not the timings) to be the same text, bit for bit:
+#   gpt_small, token data, 2 threads                       3 steps, then 3
+#   gpt_small with accumulation (micro 2 of batch 4)      3 steps (checkpoints at 2 and 3), then 3
+#   adder_tiny: adder data, accumulation, a metric and an evaluation every 2 steps: 1, 3, then 2
+set -u
+# shellcheck source=tests/e2e/e2e_lib.sh
+. "$(dirname "$0")/e2e_lib.sh"
+e2e_init "$1" "$2"
+cp "$src/tests/e2e/gpt_small.cplan" "$src/tests/e2e/adder_tiny.cplan" .
+e2e_tokens tokens.bin
+
+# same_run NAME PROG FLAGS -- STOPS...: a straight run against runs stopping at each of STOPS.
+same_run() {
+  local name=$1 prog=$2 flags=() stop n
+  shift 2
+  while [ "$1" != -- ]; do flags+=("$1"); shift; done
+  shift
+  e2e_prog 0 "$name.straight" "./$prog" --quiet --metrics "$name.straight.jsonl" "${flags[@]}"
+  local resume=()
+  for stop in "$@"; do
+    e2e_prog 0 "$name.to$stop" "./$prog" --steps "$stop" --checkpoint-dir "$name.ck" \
+      --metrics "$name.pieces.jsonl" "${flags[@]}" "${resume[@]}"
+    [ -d "$name.ck/$(printf 'step_%06d' "$stop")" ] || fail "$name: no checkpoint for step $stop"
+    if [ ${#resume[@]} -gt 0 ]; then e2e_says "$name.to$stop" "resumed from $name.ck"; fi
+    resume=(--resume "$name.ck")
+  done
+  n=$(grep -c . "$name.straight.jsonl")
+  [ "$n" = 6 ] || fail "$name: the straight run wrote $n metrics lines, not 6"
+  # the losses must move, or equal texts would prove little
+  [ "$(sed -n 's/.*"loss":\([^,]*\).*/\1/p' "$name.straight.jsonl" | sort -u | grep -c .)" = 6 ] ||
+    fail "$name: the 6 losses are not all different"
+  # every run also evaluates after its last step: drop the evaluations the straight run lacks
+  awk 'NR == FNR { has[FNR] = /"val_loss"/; next }
+       { if (!has[FNR]) gsub(/,"val_[A-Za-z0-9_.]*":[^,}]*/, ""); print }' \
+    "$name.straight.jsonl" "$name.pieces.jsonl" >"$name.pieces.cut.jsonl"
+  if ! diff <(e2e_det "$name.straight.jsonl") <(e2e_det "$name.pieces.cut.jsonl") >"$name.diff"; then
+    cat "$name.diff"
+    fail "$name: the resumed run differs from the straight run (< straight, > resumed)"
+  fi
+  echo "$name: resumed at steps $* matches the straight run bit for bit"
+}
+
+e2e_build gpt gpt_small.cplan
+same_run gpt gpt --threads 2 --checkpoint-every 3 -- 3 6
+
+e2e_build gpt_accum gpt_small.cplan --set train.strategy.micro=2
+grep -q "micro 2 x accum 2" <(./gpt_accum --steps 1 2>&1) || fail "gpt_accum does not accumulate"
+same_run gpt_accum gpt_accum --threads 1 --checkpoint-every 2 -- 3 6
+
+e2e_build adder adder_tiny.cplan
+grep -q "micro 4 x accum 2" <(./adder --steps 1 2>&1) || fail "adder does not accumulate"
+same_run adder adder --threads 1 --checkpoint-every 100 -- 1 4 6
+grep -q '"val_loss"' adder.pieces.jsonl || fail "adder: no evaluation in the metrics"
+echo "ok"

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# run_cli.sh CPLANC SRCDIR: `cplanc run` on the README's example, examples/adder.cplan, cut to
+# 30 steps with --set.  The first run builds into the cache ($CPLAN_CACHE), trains, logs the
+# first and last step and the final evaluation on stderr, and exits 0; a second run with the
+# same file and overrides reuses the cached program (and passes the args after `--` to it); an
+# edited file is rebuilt; the program's exit status comes back through `cplanc run`.
+set -u
+# shellcheck source=tests/e2e/e2e_lib.sh
+. "$(dirname "$0")/e2e_lib.sh"
+e2e_init "$1" "$2"
+export CPLAN_CACHE=$tmp/cache
+adder=$src/examples/adder.cplan
+[ -f "$adder" ] || fail "no $adder"
+
+e2e_prog 0 run1 "$cplanc" run "$adder" --set train.steps=30
+e2e_says run1 "building" "step 1/30" "step 30/30" "eval step 30: val_loss" "val_accuracy"
+[ -n "$(ls -A cache 2>/dev/null)" ] || fail "run1: nothing in the cache $CPLAN_CACHE"
+loss=$(sed -n 's|^step 30/30 . loss \([0-9.]*\).*|\1|p' run1.err)
+awk -v l="$loss" 'BEGIN { exit !(l > 0 && l < 2.6) }' ||
+  fail "run1: the loss after 30 steps is '$loss', not below ln(13) = 2.56"
+
+# the same file and overrides: no build, and the program gets --steps 2
+e2e_prog 0 run2 "$cplanc" run "$adder" --set train.steps=30 -- --steps 2 --threads 1
+if grep -q "building" run2.err; then cat run2.err; fail "run2: rebuilt instead of using the cache"; fi
+e2e_says run2 "steps 0..2 of 30" "step 2/2"
+
+# the program's errors come back: bad usage is 2, a failed run 1
+e2e_prog 2 run_usage "$cplanc" run "$adder" --set train.steps=30 -- --no-such-flag
+e2e_says run_usage "--no-such-flag"
+e2e_prog 1 run_fail "$cplanc" run "$adder" --set train.steps=30 -- --init none.safetensors
+e2e_says run_fail "none.safetensors"
+
+# the cache is keyed by the source text: the same path, edited, is a new build
+cp "$adder" copy.cplan
+e2e_prog 0 run3 "$cplanc" run copy.cplan --set train.steps=30 -- --steps 1
+e2e_prog 0 run4 "$cplanc" run copy.cplan --set train.steps=30 -- --steps 1
+if grep -q "building" run4.err; then fail "run4: rebuilt an unchanged file"; fi
+echo "# edited" >>copy.cplan
+e2e_prog 0 run5 "$cplanc" run copy.cplan --set train.steps=30 -- --steps 1
+e2e_says run5 "building"
+echo "ok"

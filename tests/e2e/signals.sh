@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# signals.sh CPLANC SRCDIR: SIGINT and SIGTERM sent from outside to a real built program.  The
+# program (gpt_small built for 100,000 steps) runs in the background; once it has written a few
+# steps of metrics, `kill -INT` (then, in a second run, `kill -TERM`) must make it finish its
+# step, write a checkpoint (into --checkpoint-dir, or ./ckpt without one) and exit 0, with
+# every finished step in the metrics.  `--resume` then continues from that checkpoint, and the
+# steps it adds must equal, bit for bit, those of a straight run to the same step.
+set -u
+# shellcheck source=tests/e2e/e2e_lib.sh
+. "$(dirname "$0")/e2e_lib.sh"
+e2e_init "$1" "$2"
+cp "$src/tests/e2e/gpt_small.cplan" .
+e2e_tokens tokens.bin
+e2e_build gpt gpt_small.cplan --set train.steps=100000
+
+# interrupt NAME SIGNAL CKDIR FLAGS...: runs ./gpt FLAGS in the background, sends SIGNAL once
+# it has finished 3 steps, and checks the exit and the checkpoint; sets $stopped (steps done).
+interrupt() {
+  local name=$1 sig=$2 ckdir=$3 pid rc i
+  shift 3
+  ./gpt --threads 1 --metrics "$name.jsonl" "$@" 2>"$name.err" &
+  pid=$!
+  for i in $(seq 400); do # up to 20 s
+    [ -f "$name.jsonl" ] && [ "$(grep -c . "$name.jsonl")" -ge 3 ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.05
+  done
+  kill "-$sig" "$pid" 2>/dev/null || { cat "$name.err"; fail "$name: the program ended before the signal"; }
+  for _ in $(seq 400); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL "$pid"
+    fail "$name: still running 20 s after SIG$sig"
+  fi
+  wait "$pid"
+  rc=$?
+  [ "$rc" = 0 ] || { cat "$name.err"; fail "$name: exit status $rc after SIG$sig, expected 0"; }
+  stopped=$(grep -c . "$name.jsonl")
+  [ "$stopped" -ge 3 ] || fail "$name: $stopped steps before SIG$sig"
+  local what=interrupted
+  [ "$sig" = TERM ] && what=terminated
+  e2e_says "$name" "$what after step $stopped" "--resume $ckdir"
+  [ -f "$ckdir/$(printf 'step_%06d' "$stopped")/state.json" ] ||
+    { ls -R "$ckdir"; fail "$name: no checkpoint of step $stopped in $ckdir"; }
+  echo "$name: SIG$sig after step $stopped: exit 0, checkpoint in $ckdir"
+}
+
+# resume_same NAME CKDIR: 3 more steps with --resume, against a straight run to the same step.
+resume_same() {
+  local name=$1 ckdir=$2 to=$((stopped + 3))
+  e2e_prog 0 "$name.resume" ./gpt --threads 1 --resume "$ckdir" --steps "$to" --metrics "$name.jsonl"
+  e2e_says "$name.resume" "resumed from $ckdir"
+  e2e_prog 0 "$name.straight" ./gpt --threads 1 --steps "$to" --metrics "$name.straight.jsonl" --quiet
+  [ "$(grep -c . "$name.jsonl")" = "$to" ] || fail "$name: not $to metrics lines after the resume"
+  if ! diff <(e2e_det "$name.straight.jsonl") <(e2e_det "$name.jsonl") >"$name.diff"; then
+    cat "$name.diff"
+    fail "$name: the interrupted and resumed run differs from the straight one (< straight)"
+  fi
+  echo "$name: resumed to step $to, the same as a straight run"
+}
+
+interrupt int INT ck --checkpoint-dir ck
+resume_same int ck
+interrupt term TERM ckpt
+resume_same term ckpt
+echo "ok"
