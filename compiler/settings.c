@@ -676,7 +676,7 @@ static DeviceProfile builtin_profile(const DeviceProfile *d) {
   if (p.kind == DEV_CPU && p.memory == 0) {
     p.memory = cpu_memory();
     const char *env = getenv("CPLAN_CPU_MEMORY");
-    if (env && *env) p.source = "measured: OpenBLAS sgemm 1024^3 on one core (34 GFLOP/s); memory: "
+    if (env && *env) p.source = "measured: OpenBLAS sgemm 1024^3 on one thread (~150 GFLOP/s); memory: "
                                 "CPLAN_CPU_MEMORY; hbm and links: rough estimates";
   }
   return p;
