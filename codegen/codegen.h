@@ -23,7 +23,7 @@ bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source
 /* The arena bytes the last successful cg_emit_c planned (its peak over the phases). */
 int64_t cg_last_work_bytes(void);
 
-/* The fused elementwise kernels (compiler/fusion.h) the last cg_emit_c's plan.c calls: sets
+/* The fused elementwise and row kernels (compiler/fusion.h) the last cg_emit_c's plan.c calls: sets
  * *kernels and returns how many (0: none, *kernels may be NULL). They go to cg_llvm_object. */
 int cg_last_kernels(const CgKernel **kernels);
 

@@ -51,12 +51,43 @@ typedef struct Cg {
 
 static int64_t last_work_bytes;
 static const Fusion *last_fusion;
+/* the LLVM kernels of the last cg_emit_c: the fused groups' kernels, then the row kernels
+ * (softmax, norms, last-axis sums), one per distinct (op, rows, n, eps) */
+static CgKernel *last_kernels;
+static int last_nkernels;
+static VEC(CgKernel) row_kernels;
 
 int64_t cg_last_work_bytes(void) { return last_work_bytes; }
 
 int cg_last_kernels(const CgKernel **kernels) {
-  *kernels = last_fusion ? last_fusion->kernels : NULL;
-  return last_fusion ? last_fusion->ngroups : 0;
+  *kernels = last_kernels;
+  return last_nkernels;
+}
+
+/* CPLAN_ROWS=0 in the environment calls the hand-written kf_ kernels instead of the LLVM row
+ * kernels (an A/B switch for bench/cpu_step.sh, as CPLAN_FUSION=0 is for fusion). */
+static bool rows_enabled(void) {
+  const char *e = getenv("CPLAN_ROWS");
+  return !(e && strcmp(e, "0") == 0);
+}
+
+/* The name of the row kernel for (op, rows, n, eps), added to row_kernels on first use: layers
+ * of the same shape share one kernel. */
+static const char *row_kernel(CgRowOp op, int64_t rows, int64_t n, float eps) {
+  for (int k = 0; k < row_kernels.n; k++) {
+    const CgKernel *r = &row_kernels.a[k];
+    if (r->row == op && r->shape[0] == rows && r->shape[1] == n && r->eps == eps) return r->name;
+  }
+  static const char *const names[CG_ROW__COUNT] = {
+      [CG_ROW_SOFTMAX_FWD] = "softmax",         [CG_ROW_SOFTMAX_BWD] = "softmax_bwd",
+      [CG_ROW_LOG_SOFTMAX_FWD] = "log_softmax", [CG_ROW_LOG_SOFTMAX_BWD] = "log_softmax_bwd",
+      [CG_ROW_LAYER_NORM_FWD] = "layer_norm",   [CG_ROW_LAYER_NORM_BWD] = "layer_norm_bwd",
+      [CG_ROW_RMS_NORM_FWD] = "rms_norm",       [CG_ROW_RMS_NORM_BWD] = "rms_norm_bwd",
+      [CG_ROW_SUM_FWD] = "sum",                 [CG_ROW_MEAN_FWD] = "mean"};
+  CgKernel r = {.name = cp_fmt("k_row%d_%s", row_kernels.n, names[op]), .rank = 2, .shape = {rows, n}, .row = op,
+                .eps = eps};
+  VEC_PUSH(row_kernels, r);
+  return r.name;
 }
 
 /* ---- small helpers ------------------------------------------------------------------------- */
@@ -266,6 +297,22 @@ static const char *aux_ptr(const Cg *c, int i, int64_t extra_floats) {
   return cp_fmt("F(%lld)", (long long)(c->nc[i].aoff[c->ph] + extra_floats * 4));
 }
 
+/* Emits a call of the row kernel for (op, rows, n, eps) with its out[] and in[] pointers (llvm.h
+ * lists them per op). Returns false, emitting nothing, when row kernels are off or the shape is
+ * not one they take; the caller then emits its kf_ call. */
+static bool emit_row_call(Cg *c, CgRowOp op, int64_t rows, int64_t n, double eps, const char *const *outs,
+                          const char *const *ins) {
+  if (!rows_enabled() || rows < 0 || n < 1 || n > INT32_MAX || rows > INT32_MAX) return false;
+  int nout, nin;
+  cg_llvm_row_arity(op, &nout, &nin);
+  StrBuf o = {0}, a = {0};
+  for (int k = 0; k < nout; k++) sb_printf(&o, "%s%s", k ? ", " : "", outs[k]);
+  for (int k = 0; k < nin; k++) sb_printf(&a, "%s%s", k ? ", " : "", ins[k]);
+  fprintf(c->out, "  %s((float *const[]){%s}, (const float *const[]){%s});\n", row_kernel(op, rows, n, (float)eps),
+          sb_str(&o), sb_str(&a));
+  return true;
+}
+
 static const char *shape_ints(const Shape *s) {
   StrBuf b = {0};
   sb_puts(&b, "(const int[]){");
@@ -401,7 +448,11 @@ static void emit_reduce(Cg *c, int i) {
     unsupported(c, i, "a reduction over axes that are not adjacent");
     return;
   }
-  EMIT("  %s_%s_forward(%s, %s, %lld, %lld, %lld);\n", n->op == OP_MAX ? "k" : "kf", ir_ops[n->op].name, ptr(c, i), ptr(c, n->in[0]),
+  const char *out = ptr(c, i), *xp = ptr(c, n->in[0]);
+  if (n->op != OP_MAX && r == 1 &&
+      emit_row_call(c, n->op == OP_SUM ? CG_ROW_SUM_FWD : CG_ROW_MEAN_FWD, o, l, 0, &out, &xp))
+    return;
+  EMIT("  %s_%s_forward(%s, %s, %lld, %lld, %lld);\n", n->op == OP_MAX ? "k" : "kf", ir_ops[n->op].name, out, xp,
        (long long)o, (long long)l, (long long)r);
 }
 
@@ -538,19 +589,29 @@ static void emit_nn(Cg *c, int i) {
       unsupported(c, i, "softmax over an axis other than the last");
       return;
     }
+    if (emit_row_call(c, n->op == OP_SOFTMAX ? CG_ROW_SOFTMAX_FWD : CG_ROW_LOG_SOFTMAX_FWD, rows, cc, 0, &o, &x))
+      break;
     EMIT("  kf_%s_forward(%s, %s, %lld, %lld);\n", ir_ops[n->op].name, o, x, (long long)rows, (long long)cc);
     break;
-  case OP_LAYER_NORM:
+  case OP_LAYER_NORM: {
+    const char *outs[3] = {o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0),
+                           c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, rows)};
+    const char *ins[3] = {x, ptr(c, n->in[1]), ptr(c, n->in[2])};
+    if (emit_row_call(c, CG_ROW_LAYER_NORM_FWD, rows, cc, n->fa[0], outs, ins)) break;
     if (c->ph == PH_EVAL) EMIT("  kf_layer_norm_forward(%s, NULL, NULL, %s, %s, %s, %lld, %lld, %s);\n", o, x,
                                ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc, flt(n->fa[0]));
     else EMIT("  kf_layer_norm_forward(%s, %s, %s, %s, %s, %s, %lld, %lld, %s);\n", o, aux_ptr(c, i, 0),
               aux_ptr(c, i, rows), x, ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc,
               flt(n->fa[0]));
     break;
-  case OP_RMS_NORM:
+  }
+  case OP_RMS_NORM: {
+    const char *outs[2] = {o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0)}, *ins[2] = {x, ptr(c, n->in[1])};
+    if (emit_row_call(c, CG_ROW_RMS_NORM_FWD, rows, cc, n->fa[0], outs, ins)) break;
     EMIT("  kf_rms_norm_forward(%s, %s, %s, %s, %lld, %lld, %s);\n", o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0), x,
          ptr(c, n->in[1]), (long long)rows, (long long)cc, flt(n->fa[0]));
     break;
+  }
   case OP_ROPE:
     EMIT("  k_rope_forward(%s, %s, %lld, %lld, %lld, %s);\n", o, x, (long long)dims_prod(&n->shape, 0, n->shape.rank - 2),
          (long long)n->shape.d[n->shape.rank - 2], (long long)cc, flt(n->fa[0]));
@@ -679,19 +740,29 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
   case OP_SOFTMAX:
   case OP_LOG_SOFTMAX:
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    d[0] = dy;
+    d[1] = ptr(c, n->fwd);
+    if (emit_row_call(c, f->op == OP_SOFTMAX ? CG_ROW_SOFTMAX_BWD : CG_ROW_LOG_SOFTMAX_BWD, rows, cc, 0, &dx, d))
+      break;
     EMIT("  kf_%s_backward(%s, %s, %s, %lld, %lld);\n", ir_ops[f->op].name, dx, dy, ptr(c, n->fwd), (long long)rows,
          (long long)cc);
     break;
-  case OP_LAYER_NORM:
+  case OP_LAYER_NORM: {
     group_outputs(c, i, d, 3, true);
+    const char *ins[5] = {dy, x, ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, rows)};
+    if (emit_row_call(c, CG_ROW_LAYER_NORM_BWD, rows, cc, 0, d, ins)) break;
     EMIT("  kf_layer_norm_backward(%s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld);\n", d[0], d[1], d[2], dy, x,
          ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, rows), (long long)rows, (long long)cc);
     break;
-  case OP_RMS_NORM:
+  }
+  case OP_RMS_NORM: {
     group_outputs(c, i, d, 2, true);
+    const char *ins[4] = {dy, x, ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0)};
+    if (emit_row_call(c, CG_ROW_RMS_NORM_BWD, rows, cc, 0, d, ins)) break;
     EMIT("  kf_rms_norm_backward(%s, %s, %s, %s, %s, %s, %lld, %lld);\n", d[0], d[1], dy, x, ptr(c, f->in[1]),
          aux_ptr(c, n->fwd, 0), (long long)rows, (long long)cc);
     break;
+  }
   case OP_ROPE:
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
     EMIT("  k_rope_backward(%s, %s, %lld, %lld, %lld, %s);\n", dx, dy, (long long)dims_prod(&f->shape, 0, f->shape.rank - 2),
@@ -1078,6 +1149,8 @@ static void emit_prelude(Cg *c) {
   if (c->fu->ngroups) EMIT("\n/* fused elementwise kernels, generated through LLVM into kernels.o */\n");
   char proto[256];
   for (int k = 0; k < c->fu->ngroups; k++) EMIT("%s\n", cg_llvm_prototype(&c->fu->kernels[k], proto, sizeof proto));
+  if (row_kernels.n) EMIT("\n/* row kernels (softmax, norms, last-axis sums), generated through LLVM */\n");
+  for (int k = 0; k < row_kernels.n; k++) EMIT("%s\n", cg_llvm_prototype(&row_kernels.a[k], proto, sizeof proto));
 }
 
 static void emit_dropout_helper(Cg *c) {
@@ -1130,6 +1203,9 @@ bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source
   if (!check_conf(&c)) return false;
   c.nc = cp_alloc(sizeof(NodeCg) * (size_t)(g->n ? g->n : 1));
   c.fu = last_fusion = fusion_enabled() ? fusion_run(g) : no_fusion(g);
+  last_kernels = c.fu->kernels;
+  last_nkernels = c.fu->ngroups;
+  memset(&row_kernels, 0, sizeof row_kernels);
   place_leaves(&c);
   place_nodes(&c);
   for (int i = 0; i < g->n; i++)
@@ -1143,7 +1219,14 @@ bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source
   last_work_bytes = c.work[PH_TRAIN] > c.work[PH_EVAL] ? c.work[PH_TRAIN] : c.work[PH_EVAL];
   if (last_work_bytes == 0) last_work_bytes = MP_ALIGN;
   ir_lines(&c);
-  emit_prelude(&c);
+  /* the body first, into a temporary file: the prelude declares the row kernels, which are
+   * known only once every call is emitted */
+  FILE *body = tmpfile();
+  if (!body) {
+    diag_error(t->span, "cannot create a temporary file for plan.c");
+    return false;
+  }
+  c.out = body;
   emit_tables(&c);
   emit_lr(&c);
   emit_dropout_helper(&c);
@@ -1154,5 +1237,16 @@ bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source
   emit_phase_fn(&c, PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
                 "evaluation: the forward pass only, dropout off");
   emit_plan(&c, source_hash);
+  c.out = out;
+  emit_prelude(&c);
+  rewind(body);
+  char buf[8192];
+  for (size_t got; (got = fread(buf, 1, sizeof buf, body)) > 0;) fwrite(buf, 1, got, out);
+  fclose(body);
+  last_nkernels = c.fu->ngroups + row_kernels.n;
+  last_kernels = cp_alloc(sizeof(CgKernel) * (size_t)(last_nkernels + 1));
+  if (c.fu->ngroups) memcpy(last_kernels, c.fu->kernels, sizeof(CgKernel) * (size_t)c.fu->ngroups);
+  if (row_kernels.n)
+    memcpy(last_kernels + c.fu->ngroups, row_kernels.a, sizeof(CgKernel) * (size_t)row_kernels.n);
   return c.ok;
 }

@@ -80,9 +80,32 @@ static bool node_ok(const CgKernel *k, int j, char *err, size_t errlen) {
   return fail(err, errlen, "kernel %s: node %d has kind %d", k->name, j, (int)n->kind);
 }
 
+void cg_llvm_row_arity(CgRowOp op, int *nout, int *nin) {
+  static const int arity[CG_ROW__COUNT][2] = {
+      [CG_ROW_SOFTMAX_FWD] = {1, 1},     [CG_ROW_SOFTMAX_BWD] = {1, 2},
+      [CG_ROW_LOG_SOFTMAX_FWD] = {1, 1}, [CG_ROW_LOG_SOFTMAX_BWD] = {1, 2},
+      [CG_ROW_LAYER_NORM_FWD] = {3, 3},  [CG_ROW_LAYER_NORM_BWD] = {3, 5},
+      [CG_ROW_RMS_NORM_FWD] = {2, 2},    [CG_ROW_RMS_NORM_BWD] = {2, 4},
+      [CG_ROW_SUM_FWD] = {1, 1},         [CG_ROW_MEAN_FWD] = {1, 1}};
+  bool ok = op > CG_ROW_NONE && op < CG_ROW__COUNT;
+  *nout = ok ? arity[op][0] : 0;
+  *nin = ok ? arity[op][1] : 0;
+}
+
+static bool row_check(const CgKernel *k, char *err, size_t errlen) {
+  if (k->row <= CG_ROW_NONE || k->row >= CG_ROW__COUNT)
+    return fail(err, errlen, "kernel %s: row op %d", k->name, (int)k->row);
+  if (k->rank != 2 || k->shape[0] < 0 || k->shape[1] < 1 || k->shape[0] > INT32_MAX ||
+      k->shape[1] > INT32_MAX)
+    return fail(err, errlen, "kernel %s: a row kernel needs a shape [rows, n] with n >= 1", k->name);
+  if (!(k->eps >= 0)) return fail(err, errlen, "kernel %s: eps %g", k->name, (double)k->eps);
+  return true;
+}
+
 bool cg_llvm_check(const CgKernel *k, char *err, size_t errlen) {
   if (!is_c_ident(k->name))
     return fail(err, errlen, "kernel name '%s' is not a C identifier", k->name ? k->name : "(null)");
+  if (k->row != CG_ROW_NONE) return row_check(k, err, errlen);
   if (k->rank < 0 || k->rank > CG_MAX_RANK)
     return fail(err, errlen, "kernel %s: rank %d (at most %d)", k->name, k->rank, CG_MAX_RANK);
   for (int d = 0; d < k->rank; d++)
@@ -98,6 +121,10 @@ bool cg_llvm_check(const CgKernel *k, char *err, size_t errlen) {
 }
 
 char *cg_llvm_prototype(const CgKernel *k, char *buf, size_t buflen) {
+  if (k->row != CG_ROW_NONE) {
+    snprintf(buf, buflen, "void %s(float *const *out, const float *const *in);", k->name);
+    return buf;
+  }
   snprintf(buf, buflen, "void %s(float *restrict out, const float *const *in);", k->name);
   return buf;
 }
@@ -178,6 +205,8 @@ typedef struct Gen {
   LLVMModuleRef mod;
   LLVMBuilderRef b;
   LLVMTypeRef f32, i32, i64, i1, pf, ppf;
+  LLVMTypeRef sf32, si32; /* the scalar types; f32 and i32 are <lanes x ...> in row kernels */
+  unsigned lanes;         /* 1: scalar code (elementwise kernels, row-kernel scalars) */
   LLVMValueRef fn;
   const CgKernel *k;
   const Nest *nest;
@@ -185,8 +214,18 @@ typedef struct Gen {
   LLVMValueRef out;
 } Gen;
 
-static LLVMValueRef cf(Gen *g, double v) { return LLVMConstReal(g->f32, v); }
-static LLVMValueRef ci32(Gen *g, int v) { return LLVMConstInt(g->i32, (unsigned long long)(long long)v, 1); }
+/* A constant at the current width: a scalar, or a splat when g->lanes > 1, so that the
+ * transcendentals below serve scalar and vector code alike. */
+static LLVMValueRef splat(Gen *g, LLVMValueRef s) {
+  if (g->lanes <= 1) return s;
+  LLVMValueRef e[64];
+  for (unsigned i = 0; i < g->lanes; i++) e[i] = s;
+  return LLVMConstVector(e, g->lanes);
+}
+static LLVMValueRef cf(Gen *g, double v) { return splat(g, LLVMConstReal(g->sf32, v)); }
+static LLVMValueRef ci32(Gen *g, int v) {
+  return splat(g, LLVMConstInt(g->si32, (unsigned long long)(long long)v, 1));
+}
 static LLVMValueRef ci64(Gen *g, int64_t v) { return LLVMConstInt(g->i64, (unsigned long long)v, 1); }
 static LLVMValueRef fadd(Gen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFAdd(g->b, a, b, ""); }
 static LLVMValueRef fsub(Gen *g, LLVMValueRef a, LLVMValueRef b) { return LLVMBuildFSub(g->b, a, b, ""); }
@@ -455,6 +494,445 @@ static void gen_kernel(Gen *g, const CgKernel *k) {
   free(istride);
 }
 
+/* ---- row kernels -----------------------------------------------------------------------------
+ * A loop over the rows; per row, a few passes over its n columns (llvm.h lists them per op).
+ * Each pass is written at vector width: a loop over the n / ROW_LANES full chunks with
+ * <ROW_LANES x float> values, then one chunk of the n % ROW_LANES left (a narrower vector type,
+ * legal in IR: the backend widens it), both from the same body callback. A pass may reduce:
+ * its accumulators are vectors (ROW_LANES partial sums or maxima, so the adds need no
+ * reassociation to vectorize) totalled lane by lane after the loop. */
+
+#define ROW_LANES 16
+
+typedef enum RedKind { RED_ADD, RED_MAX } RedKind;
+
+typedef struct RowGen {
+  Gen *g;
+  const CgKernel *k;
+  int64_t n;              /* the row length */
+  LLVMValueRef out[3];    /* the out[] pointers, loaded once */
+  LLVMValueRef in[5];     /* the in[] pointers */
+  LLVMValueRef r;         /* the row index (i64) */
+  LLVMValueRef s[4];      /* per-row scalars the passes read (max, mean, rstd, ...) */
+} RowGen;
+
+/* a pass body: computes its stores at columns [off, off + lanes) and its reductions' terms */
+typedef void (*PassBody)(RowGen *R, LLVMValueRef off, LLVMValueRef *terms);
+
+static void set_lanes(Gen *g, unsigned lanes) {
+  g->lanes = lanes;
+  g->f32 = lanes > 1 ? LLVMVectorType(g->sf32, lanes) : g->sf32;
+  g->i32 = lanes > 1 ? LLVMVectorType(g->si32, lanes) : g->si32;
+}
+
+/* a scalar float at the current width */
+static LLVMValueRef bcast(Gen *g, LLVMValueRef x) {
+  if (g->lanes <= 1) return x;
+  LLVMValueRef v = LLVMBuildInsertElement(g->b, LLVMGetUndef(g->f32), x, ci64(g, 0), "");
+  LLVMTypeRef mty = LLVMVectorType(g->si32, g->lanes);
+  return LLVMBuildShuffleVector(g->b, v, LLVMGetUndef(g->f32), LLVMConstNull(mty), "");
+}
+
+/* the address of element off of base, as a pointer to the current width's type */
+static LLVMValueRef vaddr(Gen *g, LLVMValueRef base, LLVMValueRef off) {
+  LLVMValueRef p = LLVMBuildInBoundsGEP2(g->b, g->sf32, base, &off, 1, "");
+  return g->lanes > 1 ? LLVMBuildBitCast(g->b, p, LLVMPointerType(g->f32, 0), "") : p;
+}
+static LLVMValueRef vload(Gen *g, LLVMValueRef base, LLVMValueRef off) {
+  LLVMValueRef v = LLVMBuildLoad2(g->b, g->f32, vaddr(g, base, off), "");
+  LLVMSetAlignment(v, 4);
+  return v;
+}
+static void vstore(Gen *g, LLVMValueRef base, LLVMValueRef off, LLVMValueRef v) {
+  LLVMSetAlignment(LLVMBuildStore(g->b, v, vaddr(g, base, off)), 4);
+}
+/* base[off..] += v */
+static void vacc(Gen *g, LLVMValueRef base, LLVMValueRef off, LLVMValueRef v) {
+  vstore(g, base, off, fadd(g, vload(g, base, off), v));
+}
+
+static LLVMValueRef red2(Gen *g, RedKind kind, LLVMValueRef a, LLVMValueRef b) {
+  if (kind == RED_ADD) return fadd(g, a, b);
+  return sel(g, fcmp(g, LLVMRealOGT, b, a), b, a); /* as ref.c: a later element wins if greater */
+}
+
+/* the lanes of v combined in lane order, as a scalar */
+static LLVMValueRef hreduce(Gen *g, RedKind kind, LLVMValueRef v) {
+  unsigned lanes = g->lanes;
+  if (lanes <= 1) return v;
+  set_lanes(g, 1);
+  LLVMValueRef t = LLVMBuildExtractElement(g->b, v, ci64(g, 0), "");
+  for (unsigned i = 1; i < lanes; i++) t = red2(g, kind, t, LLVMBuildExtractElement(g->b, v, ci64(g, i), ""));
+  set_lanes(g, lanes);
+  return t;
+}
+
+typedef struct Loop {
+  LLVMBasicBlockRef pre, body, exit;
+  LLVMValueRef i;
+  int64_t n;
+} Loop;
+
+/* for (i = 0; i < n; i++), n >= 1, as a do-while; the builder is left in the body */
+static Loop loop_open(Gen *g, int64_t n) {
+  Loop l = {.pre = LLVMGetInsertBlock(g->b), .n = n};
+  l.body = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "loop");
+  l.exit = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "done");
+  LLVMBuildBr(g->b, l.body);
+  LLVMPositionBuilderAtEnd(g->b, l.body);
+  l.i = LLVMBuildPhi(g->b, g->i64, "i");
+  return l;
+}
+
+/* closes the loop; returns the latch block (for the caller's other phis) */
+static LLVMBasicBlockRef loop_close(Gen *g, Loop *l) {
+  LLVMValueRef next = LLVMBuildAdd(g->b, l->i, ci64(g, 1), "");
+  LLVMValueRef more = LLVMBuildICmp(g->b, LLVMIntSLT, next, ci64(g, l->n), "");
+  LLVMBasicBlockRef latch = LLVMGetInsertBlock(g->b);
+  LLVMBuildCondBr(g->b, more, l->body, l->exit);
+  LLVMValueRef vals[2] = {ci64(g, 0), next};
+  LLVMBasicBlockRef blocks[2] = {l->pre, latch};
+  LLVMAddIncoming(l->i, vals, blocks, 2);
+  LLVMPositionBuilderAtEnd(g->b, l->exit);
+  return latch;
+}
+
+static void add_incoming(LLVMValueRef phi, LLVMValueRef v, LLVMBasicBlockRef from) {
+  LLVMAddIncoming(phi, &v, &from, 1);
+}
+
+/* One pass over the current row: body at every chunk; res[k] (scalars) the reductions of
+ * terms[k] of kinds[k], k < nred. */
+static void row_pass(RowGen *R, PassBody body, int nred, const RedKind *kinds, LLVMValueRef *res) {
+  Gen *g = R->g;
+  int64_t nfull = R->n / ROW_LANES, tail = R->n % ROW_LANES;
+  LLVMValueRef terms[4], acc[4];
+  for (int k = 0; k < nred; k++) res[k] = LLVMConstReal(g->sf32, kinds[k] == RED_ADD ? 0.0 : -__builtin_inff());
+  if (nfull > 0) {
+    set_lanes(g, ROW_LANES);
+    Loop l = loop_open(g, nfull);
+    for (int k = 0; k < nred; k++) {
+      acc[k] = LLVMBuildPhi(g->b, g->f32, "acc");
+      add_incoming(acc[k], splat(g, res[k]), l.pre);
+    }
+    body(R, LLVMBuildMul(g->b, l.i, ci64(g, ROW_LANES), ""), terms);
+    LLVMValueRef next[4];
+    for (int k = 0; k < nred; k++) next[k] = red2(g, kinds[k], acc[k], terms[k]);
+    LLVMBasicBlockRef latch = loop_close(g, &l);
+    for (int k = 0; k < nred; k++) {
+      add_incoming(acc[k], next[k], latch);
+      res[k] = hreduce(g, kinds[k], next[k]);
+    }
+  }
+  if (tail > 0) {
+    set_lanes(g, (unsigned)tail);
+    body(R, ci64(g, nfull * ROW_LANES), terms);
+    for (int k = 0; k < nred; k++) {
+      LLVMValueRef t = hreduce(g, kinds[k], terms[k]);
+      set_lanes(g, 1);
+      res[k] = red2(g, kinds[k], res[k], t);
+      set_lanes(g, (unsigned)tail);
+    }
+  }
+  set_lanes(g, 1);
+}
+
+static LLVMValueRef row_ptr(RowGen *R, LLVMValueRef base) {
+  LLVMValueRef off = LLVMBuildMul(R->g->b, R->r, ci64(R->g, R->n), "");
+  return LLVMBuildGEP2(R->g->b, R->g->sf32, base, &off, 1, ""); /* not inbounds: base may be NULL */
+}
+
+/* if (p != NULL) { ... }: returns the join block; the builder is left in the then block */
+static LLVMBasicBlockRef if_nonnull(Gen *g, LLVMValueRef p) {
+  LLVMBasicBlockRef then = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "then");
+  LLVMBasicBlockRef join = LLVMAppendBasicBlockInContext(g->ctx, g->fn, "join");
+  LLVMBuildCondBr(g->b, LLVMBuildIsNotNull(g->b, p, ""), then, join);
+  LLVMPositionBuilderAtEnd(g->b, then);
+  return join;
+}
+static void end_if(Gen *g, LLVMBasicBlockRef join) {
+  LLVMBuildBr(g->b, join);
+  LLVMPositionBuilderAtEnd(g->b, join);
+}
+
+static LLVMValueRef cn(RowGen *R) { return LLVMConstReal(R->g->sf32, (double)R->n); }
+
+/* ---- the passes (R->in / R->out hold the current row's pointers; s[] the row's scalars) ---- */
+
+static void p_max_x(RowGen *R, LLVMValueRef off, LLVMValueRef *t) { t[0] = vload(R->g, R->in[0], off); }
+static void p_sum_x(RowGen *R, LLVMValueRef off, LLVMValueRef *t) { t[0] = vload(R->g, R->in[0], off); }
+static void p_sumsq_x(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  LLVMValueRef x = vload(R->g, R->in[0], off);
+  t[0] = fmul(R->g, x, x);
+}
+/* sum of (x - s0)^2 */
+static void p_sqdev_x(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  LLVMValueRef d = fsub(R->g, vload(R->g, R->in[0], off), bcast(R->g, R->s[0]));
+  t[0] = fmul(R->g, d, d);
+}
+/* y = exp(x - s0), summed */
+static void p_softmax_exp(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  Gen *g = R->g;
+  t[0] = gen_exp(g, fsub(g, vload(g, R->in[0], off), bcast(g, R->s[0])));
+  vstore(g, R->out[0], off, t[0]);
+}
+static void p_scale_y(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  (void)t;
+  vstore(R->g, R->out[0], off, fmul(R->g, vload(R->g, R->out[0], off), bcast(R->g, R->s[1])));
+}
+static void p_sum_exp(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  Gen *g = R->g;
+  t[0] = gen_exp(g, fsub(g, vload(g, R->in[0], off), bcast(g, R->s[0])));
+}
+/* y = (x - max) - log(sum) */
+static void p_logsm_out(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  Gen *g = R->g;
+  (void)t;
+  LLVMValueRef d = fsub(g, vload(g, R->in[0], off), bcast(g, R->s[0]));
+  vstore(g, R->out[0], off, fsub(g, d, bcast(g, R->s[1])));
+}
+/* softmax backward: in {dy, y}; dot, then dx += y (dy - dot) */
+static void p_dot_dy_y(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  t[0] = fmul(R->g, vload(R->g, R->in[0], off), vload(R->g, R->in[1], off));
+}
+static void p_sm_dx(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  Gen *g = R->g;
+  (void)t;
+  LLVMValueRef dy = vload(g, R->in[0], off), y = vload(g, R->in[1], off);
+  vacc(g, R->out[0], off, fmul(g, y, fsub(g, dy, bcast(g, R->s[0]))));
+}
+/* log_softmax backward: dx += dy - exp(y) sum(dy) */
+static void p_lsm_dx(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  Gen *g = R->g;
+  (void)t;
+  LLVMValueRef dy = vload(g, R->in[0], off), y = vload(g, R->in[1], off);
+  vacc(g, R->out[0], off, fsub(g, dy, fmul(g, gen_exp(g, y), bcast(g, R->s[0]))));
+}
+/* layer_norm forward: y = (x - m) s w + b; in {x, w, b}, s0 = m, s1 = s (w, b: column bases) */
+static void p_ln_out(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  Gen *g = R->g;
+  (void)t;
+  LLVMValueRef xh = fmul(g, fsub(g, vload(g, R->in[0], off), bcast(g, R->s[0])), bcast(g, R->s[1]));
+  vstore(g, R->out[0], off, fadd(g, fmul(g, xh, vload(g, R->in[1], off)), vload(g, R->in[2], off)));
+}
+/* rms_norm forward: y = x s w; in {x, w}, s1 = s */
+static void p_rms_out(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  Gen *g = R->g;
+  (void)t;
+  LLVMValueRef xh = fmul(g, vload(g, R->in[0], off), bcast(g, R->s[1]));
+  vstore(g, R->out[0], off, fmul(g, xh, vload(g, R->in[1], off)));
+}
+/* norm backward, in {dy, x, w, ...}, s0 = m (0 for rms), s1 = s: sums of g = w dy and g (x - m) */
+static void p_norm_means(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  Gen *g = R->g;
+  LLVMValueRef gg = fmul(g, vload(g, R->in[2], off), vload(g, R->in[0], off));
+  t[0] = gg;
+  t[1] = fmul(g, gg, fsub(g, vload(g, R->in[1], off), bcast(g, R->s[0])));
+}
+/* dx += s (w dy - gm - (x - m) s gxm), s2 = gm (0 for rms), s3 = gxm */
+static void p_norm_dx(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  Gen *g = R->g;
+  (void)t;
+  LLVMValueRef s = bcast(g, R->s[1]);
+  LLVMValueRef xh = fmul(g, fsub(g, vload(g, R->in[1], off), bcast(g, R->s[0])), s);
+  LLVMValueRef gg = fmul(g, vload(g, R->in[2], off), vload(g, R->in[0], off));
+  LLVMValueRef v = fsub(g, fsub(g, gg, bcast(g, R->s[2])), fmul(g, xh, bcast(g, R->s[3])));
+  vacc(g, R->out[0], off, fmul(g, s, v));
+}
+/* dw += dy (x - m) s */
+static void p_norm_dw(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  Gen *g = R->g;
+  (void)t;
+  LLVMValueRef xh = fmul(g, fsub(g, vload(g, R->in[1], off), bcast(g, R->s[0])), bcast(g, R->s[1]));
+  vacc(g, R->out[1], off, fmul(g, vload(g, R->in[0], off), xh));
+}
+static void p_norm_db(RowGen *R, LLVMValueRef off, LLVMValueRef *t) {
+  (void)t;
+  vacc(R->g, R->out[2], off, vload(R->g, R->in[0], off));
+}
+
+/* ---- per-op row bodies ------------------------------------------------------------------------ */
+
+static const RedKind RK_ADD[2] = {RED_ADD, RED_ADD}, RK_MAX[1] = {RED_MAX};
+
+static LLVMValueRef scalar_at(Gen *g, LLVMValueRef base, LLVMValueRef r) { return load_at(g, base, r); }
+static void store_at(Gen *g, LLVMValueRef base, LLVMValueRef r, LLVMValueRef v) {
+  LLVMValueRef p = LLVMBuildInBoundsGEP2(g->b, g->sf32, base, &r, 1, "");
+  LLVMSetAlignment(LLVMBuildStore(g->b, v, p), 4);
+}
+static LLVMValueRef rsqrt_of(Gen *g, LLVMValueRef sum, LLVMValueRef n, float eps) {
+  LLVMValueRef v = fadd(g, fdiv(g, sum, n), cf(g, eps));
+  return fdiv(g, cf(g, 1.0), call1(g, "llvm.sqrt", v));
+}
+
+static void row_softmax(RowGen *R, bool log) {
+  Gen *g = R->g;
+  row_pass(R, p_max_x, 1, RK_MAX, &R->s[0]);
+  if (!log) {
+    LLVMValueRef sum;
+    row_pass(R, p_softmax_exp, 1, RK_ADD, &sum);
+    R->s[1] = fdiv(g, cf(g, 1.0), sum);
+    row_pass(R, p_scale_y, 0, NULL, NULL);
+  } else {
+    LLVMValueRef sum;
+    row_pass(R, p_sum_exp, 1, RK_ADD, &sum);
+    R->s[1] = gen_log(g, sum);
+    row_pass(R, p_logsm_out, 0, NULL, NULL);
+  }
+}
+
+static void row_softmax_bwd(RowGen *R, bool log) {
+  if (!log) {
+    row_pass(R, p_dot_dy_y, 1, RK_ADD, &R->s[0]);
+    row_pass(R, p_sm_dx, 0, NULL, NULL);
+  } else {
+    row_pass(R, p_sum_x, 1, RK_ADD, &R->s[0]); /* in[0] is dy */
+    row_pass(R, p_lsm_dx, 0, NULL, NULL);
+  }
+}
+
+/* out {y, mean?, rstd?} in {x, w, b}; rms: out {y, rstd?} in {x, w} */
+static void row_norm(RowGen *R, bool rms, LLVMValueRef *outbase) {
+  Gen *g = R->g;
+  LLVMValueRef sum;
+  if (rms) {
+    R->s[0] = cf(g, 0.0);
+    row_pass(R, p_sumsq_x, 1, RK_ADD, &sum);
+  } else {
+    row_pass(R, p_sum_x, 1, RK_ADD, &sum);
+    R->s[0] = fdiv(g, sum, cn(R));
+    row_pass(R, p_sqdev_x, 1, RK_ADD, &sum);
+  }
+  R->s[1] = rsqrt_of(g, sum, cn(R), R->k->eps);
+  row_pass(R, rms ? p_rms_out : p_ln_out, 0, NULL, NULL);
+  for (int k = rms ? 1 : 0; k < 2; k++) { /* mean (layer_norm only), rstd */
+    LLVMValueRef base = outbase[rms ? 1 : k + 1];
+    LLVMBasicBlockRef join = if_nonnull(g, base);
+    store_at(g, base, R->r, R->s[k]);
+    end_if(g, join);
+  }
+}
+
+/* out {dx?, dw?, db?} in {dy, x, w, mean, rstd}; rms: out {dx?, dw?} in {dy, x, w, rstd} */
+static void row_norm_bwd(RowGen *R, bool rms, LLVMValueRef *inbase, LLVMValueRef *outbase) {
+  Gen *g = R->g;
+  R->s[0] = rms ? cf(g, 0.0) : scalar_at(g, inbase[3], R->r);
+  R->s[1] = scalar_at(g, inbase[rms ? 3 : 4], R->r);
+  LLVMBasicBlockRef join = if_nonnull(g, outbase[0]);
+  LLVMValueRef sums[2];
+  row_pass(R, p_norm_means, 2, RK_ADD, sums);
+  R->s[2] = rms ? cf(g, 0.0) : fdiv(g, sums[0], cn(R));
+  R->s[3] = fdiv(g, fmul(g, sums[1], R->s[1]), cn(R));
+  row_pass(R, p_norm_dx, 0, NULL, NULL);
+  end_if(g, join);
+  join = if_nonnull(g, outbase[1]);
+  row_pass(R, p_norm_dw, 0, NULL, NULL);
+  end_if(g, join);
+  if (!rms) {
+    join = if_nonnull(g, outbase[2]);
+    row_pass(R, p_norm_db, 0, NULL, NULL);
+    end_if(g, join);
+  }
+}
+
+/* total + the lanes of the double vector (or scalar) v, in lane order */
+static LLVMValueRef dsum_lanes(Gen *g, LLVMValueRef v, unsigned lanes, LLVMValueRef total) {
+  if (lanes <= 1) return fadd(g, total, v);
+  for (unsigned i = 0; i < lanes; i++) total = fadd(g, total, LLVMBuildExtractElement(g->b, v, ci64(g, i), ""));
+  return total;
+}
+
+/* x at [off, off + lanes) widened to double */
+static LLVMValueRef load_f64(RowGen *R, LLVMValueRef off) {
+  Gen *g = R->g;
+  LLVMTypeRef f64 = LLVMDoubleTypeInContext(g->ctx);
+  return LLVMBuildFPExt(g->b, vload(g, R->in[0], off), g->lanes > 1 ? LLVMVectorType(f64, g->lanes) : f64, "");
+}
+
+/* Sums run over whole tensors too (n in the millions: gradient norms), so unlike the norms'
+ * row statistics they add up in 16 double lanes, as ref.c's double accumulator does. */
+static void row_sum(RowGen *R, bool mean, LLVMValueRef *outbase) {
+  Gen *g = R->g;
+  LLVMTypeRef f64 = LLVMDoubleTypeInContext(g->ctx), vd = LLVMVectorType(f64, ROW_LANES);
+  int64_t nfull = R->n / ROW_LANES, tail = R->n % ROW_LANES;
+  LLVMValueRef total = LLVMConstReal(f64, 0.0);
+  if (nfull > 0) {
+    set_lanes(g, ROW_LANES);
+    Loop l = loop_open(g, nfull);
+    LLVMValueRef acc = LLVMBuildPhi(g->b, vd, "acc");
+    add_incoming(acc, LLVMConstNull(vd), l.pre);
+    LLVMValueRef next = fadd(g, acc, load_f64(R, LLVMBuildMul(g->b, l.i, ci64(g, ROW_LANES), "")));
+    add_incoming(acc, next, loop_close(g, &l));
+    total = dsum_lanes(g, next, ROW_LANES, total);
+  }
+  if (tail > 0) {
+    set_lanes(g, (unsigned)tail);
+    total = dsum_lanes(g, load_f64(R, ci64(g, nfull * ROW_LANES)), (unsigned)tail, total);
+  }
+  set_lanes(g, 1);
+  LLVMValueRef sum = LLVMBuildFPTrunc(g->b, total, g->sf32, "");
+  store_at(g, outbase[0], R->r, mean ? fdiv(g, sum, cn(R)) : sum);
+}
+
+/* Tensors of [rows, n] get the row's pointer; [n] ones (w, b, dw, db) and [rows] ones (mean,
+ * rstd, sum outputs) keep their base. */
+static bool row_operand(CgRowOp op, bool out, int k) {
+  switch (op) {
+  case CG_ROW_LAYER_NORM_FWD: case CG_ROW_RMS_NORM_FWD: return k == 0;
+  case CG_ROW_LAYER_NORM_BWD: case CG_ROW_RMS_NORM_BWD: return out ? k == 0 : k < 2;
+  case CG_ROW_SUM_FWD: case CG_ROW_MEAN_FWD: return !out;
+  default: return true;
+  }
+}
+
+static void row_body(RowGen *R, LLVMValueRef *inbase, LLVMValueRef *outbase) {
+  CgRowOp op = R->k->row;
+  switch (op) {
+  case CG_ROW_SOFTMAX_FWD: case CG_ROW_LOG_SOFTMAX_FWD: row_softmax(R, op == CG_ROW_LOG_SOFTMAX_FWD); break;
+  case CG_ROW_SOFTMAX_BWD: case CG_ROW_LOG_SOFTMAX_BWD: row_softmax_bwd(R, op == CG_ROW_LOG_SOFTMAX_BWD); break;
+  case CG_ROW_LAYER_NORM_FWD: case CG_ROW_RMS_NORM_FWD: row_norm(R, op == CG_ROW_RMS_NORM_FWD, outbase); break;
+  case CG_ROW_LAYER_NORM_BWD: case CG_ROW_RMS_NORM_BWD:
+    row_norm_bwd(R, op == CG_ROW_RMS_NORM_BWD, inbase, outbase);
+    break;
+  case CG_ROW_SUM_FWD: case CG_ROW_MEAN_FWD: row_sum(R, op == CG_ROW_MEAN_FWD, outbase); break;
+  case CG_ROW_NONE: case CG_ROW__COUNT: break;
+  }
+}
+
+/* void NAME(float *const *out, const float *const *in) */
+static void gen_row_kernel(Gen *g, const CgKernel *k) {
+  LLVMTypeRef params[2] = {g->ppf, g->ppf};
+  LLVMTypeRef fty = LLVMFunctionType(LLVMVoidTypeInContext(g->ctx), params, 2, 0);
+  g->fn = LLVMAddFunction(g->mod, k->name, fty);
+  add_attr(g, g->fn, LLVMAttributeFunctionIndex, "nounwind");
+  for (unsigned a = 1; a <= 2; a++) {
+    add_attr(g, g->fn, a, "nocapture");
+    add_attr(g, g->fn, a, "readonly");
+  }
+  LLVMPositionBuilderAtEnd(g->b, LLVMAppendBasicBlockInContext(g->ctx, g->fn, "entry"));
+  int nout, nin;
+  cg_llvm_row_arity(k->row, &nout, &nin);
+  LLVMValueRef inbase[5] = {0}, outbase[3] = {0};
+  for (int pass = 0; pass < 2; pass++) /* the pointers, loaded once */
+    for (int i = 0; i < (pass ? nin : nout); i++) {
+      LLVMValueRef idx = ci64(g, i);
+      LLVMValueRef slot = LLVMBuildInBoundsGEP2(g->b, g->pf, LLVMGetParam(g->fn, (unsigned)pass), &idx, 1, "");
+      LLVMValueRef p = LLVMBuildLoad2(g->b, g->pf, slot, "");
+      LLVMSetAlignment(p, 8);
+      (pass ? inbase : outbase)[i] = p;
+    }
+  if (k->shape[0] > 0) {
+    RowGen R = {.g = g, .k = k, .n = k->shape[1]};
+    Loop l = loop_open(g, k->shape[0]);
+    R.r = l.i;
+    for (int i = 0; i < nin; i++) R.in[i] = row_operand(k->row, false, i) ? row_ptr(&R, inbase[i]) : inbase[i];
+    for (int i = 0; i < nout; i++) R.out[i] = row_operand(k->row, true, i) ? row_ptr(&R, outbase[i]) : outbase[i];
+    row_body(&R, inbase, outbase);
+    loop_close(g, &l);
+  }
+  LLVMBuildRetVoid(g->b);
+}
+
 /* ---- module, target, passes --------------------------------------------------------------- */
 
 typedef struct Compiled {
@@ -522,6 +1000,9 @@ static bool compile(Compiled *c, const CgKernel *ks, int n, char *err, size_t er
   Gen g = {.ctx = c->ctx, .mod = c->mod, .b = LLVMCreateBuilderInContext(c->ctx)};
   g.f32 = LLVMFloatTypeInContext(c->ctx);
   g.i32 = LLVMInt32TypeInContext(c->ctx);
+  g.sf32 = g.f32;
+  g.si32 = g.i32;
+  g.lanes = 1;
   g.i64 = LLVMInt64TypeInContext(c->ctx);
   g.i1 = LLVMInt1TypeInContext(c->ctx);
   g.pf = LLVMPointerType(g.f32, 0);
@@ -530,6 +1011,8 @@ static bool compile(Compiled *c, const CgKernel *ks, int n, char *err, size_t er
   for (int i = 0; i < n && ok; i++) {
     if (LLVMGetNamedFunction(c->mod, ks[i].name))
       ok = fail(err, errlen, "two kernels are named %s", ks[i].name);
+    else if (ks[i].row != CG_ROW_NONE)
+      gen_row_kernel(&g, &ks[i]);
     else
       gen_kernel(&g, &ks[i]);
   }

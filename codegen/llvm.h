@@ -1,4 +1,5 @@
-/* llvm.h: fused elementwise CPU kernels generated through the LLVM 14 C API (DESIGN.md §6, §9).
+/* llvm.h: fused elementwise kernels and row kernels (softmax, norms, sums) for the CPU,
+ * generated through the LLVM 14 C API (DESIGN.md §6, §9).
  *
  * A CgKernel is a small DAG over f32 values, evaluated at every element of its output:
  *   - leaves: input tensors (CG_INPUT, each with its own shape, broadcast NumPy-style to the
@@ -56,6 +57,42 @@ typedef struct CgInput {
   int64_t shape[CG_MAX_RANK];/* each dim equals the output's or is 1 (broadcast) */
 } CgInput;
 
+/* ROW kernels (CgKernel.row != CG_ROW_NONE): one op over the last axis of a [rows, n] tensor
+ * (kernel->shape = {rows, n}, rank 2, n >= 1; inputs/nodes unused), with rows and n compiled in.
+ * Their generated function is
+ *     void NAME(float *const *out, const float *const *in);
+ * with the operands below, in the semantics of the float k_x of kernels/cpu/ref.h: a backward
+ * ACCUMULATES (+=) into its outputs, and an output marked "NULL ok" may be NULL (not wanted;
+ * tested at run time, once per row). Shapes: x, y, dy, dx [rows, n]; w, b, dw, db [n]; mean,
+ * rstd, and the output of sum/mean [rows].
+ *   SOFTMAX_FWD, LOG_SOFTMAX_FWD  out {y}                      in {x}
+ *   SOFTMAX_BWD, LOG_SOFTMAX_BWD  out {dx}                     in {dy, y}   (y: the forward output)
+ *   LAYER_NORM_FWD                out {y, mean?, rstd?}        in {x, w, b}   eps = kernel->eps
+ *   LAYER_NORM_BWD                out {dx?, dw?, db?}          in {dy, x, w, mean, rstd}
+ *   RMS_NORM_FWD                  out {y, rstd?}               in {x, w}      eps = kernel->eps
+ *   RMS_NORM_BWD                  out {dx?, dw?}               in {dy, x, w, rstd}
+ *   SUM_FWD, MEAN_FWD             out {y [rows]}               in {x}
+ * (? = NULL ok.) They are written with explicit vectors of 16 floats (a tail chunk of n % 16
+ * lanes), so every pass over a row is vector code without fast-math flags: each reduction keeps
+ * 16 partial sums (maxima) in float lanes, added up in lane order at the end of the row, which
+ * is what kernels/cpu/fast_nn.c does too (relative error ~1e-7 on typical rows). SUM and MEAN,
+ * which also reduce whole tensors (gradient norms over millions of values), add up in 16 double
+ * lanes instead, rounding once at the end as ref.c does. */
+typedef enum CgRowOp {
+  CG_ROW_NONE = 0, /* an elementwise kernel (the DAG above) */
+  CG_ROW_SOFTMAX_FWD,
+  CG_ROW_SOFTMAX_BWD,
+  CG_ROW_LOG_SOFTMAX_FWD,
+  CG_ROW_LOG_SOFTMAX_BWD,
+  CG_ROW_LAYER_NORM_FWD,
+  CG_ROW_LAYER_NORM_BWD,
+  CG_ROW_RMS_NORM_FWD,
+  CG_ROW_RMS_NORM_BWD,
+  CG_ROW_SUM_FWD,
+  CG_ROW_MEAN_FWD,
+  CG_ROW__COUNT
+} CgRowOp;
+
 typedef struct CgKernel {
   const char *name;           /* the C symbol; unique within one cg_llvm_object call */
   int rank;                   /* of the output, 0..CG_MAX_RANK */
@@ -64,7 +101,12 @@ typedef struct CgKernel {
   int ninputs;
   const CgNode *nodes;        /* topological order; the LAST node is the output value */
   int nnodes;
+  CgRowOp row;                /* CG_ROW_NONE (0): elementwise; else a row kernel (see above) */
+  float eps;                  /* LAYER_NORM_FWD, RMS_NORM_FWD: the epsilon */
 } CgKernel;
+
+/* The number of out[] and in[] pointers a row kernel takes (0, 0 for CG_ROW_NONE). */
+void cg_llvm_row_arity(CgRowOp op, int *nout, int *nin);
 
 /* Checks that a kernel is well formed (ranks, broadcastable shapes, operand indices, op codes,
  * a non-empty C identifier as name). Returns false with a message naming the kernel. */
@@ -81,7 +123,8 @@ bool cg_llvm_object(const CgKernel *ks, int n, const char *obj_path, char *err, 
 char *cg_llvm_ir(const CgKernel *ks, int n, char *err, size_t errlen);
 
 /* The C prototype of a kernel, for the host program: "void NAME(float *restrict out, const
- * float *const *in);" written into buf (truncated to buflen). Returns buf. */
+ * float *const *in);" (a row kernel: "void NAME(float *const *out, const float *const *in);")
+ * written into buf (truncated to buflen). Returns buf. */
 char *cg_llvm_prototype(const CgKernel *k, char *buf, size_t buflen);
 
 #endif

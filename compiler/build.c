@@ -83,6 +83,7 @@ static Argv *cc_command(const char *plan_c, const char *obj, const char *out) {
   VEC_PUSH(*a, cp_fmt("-I%s", inc[0]));
   VEC_PUSH(*a, cp_fmt("-I%s", inc[1]));
   push_words(a, CPLAN_EXTRA_CFLAGS);
+  push_words(a, CPLAN_SANITIZE_CFLAGS); /* empty unless cplan's own libraries are instrumented */
   VEC_PUSH(*a, plan_c);
   if (obj) VEC_PUSH(*a, obj);
   VEC_PUSH(*a, "-o");

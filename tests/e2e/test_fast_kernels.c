@@ -10,13 +10,27 @@
 
 static int failures;
 
+/* Every buffer a test allocates is remembered here and freed by free_all() when it ends. */
+static void *allocs[256];
+static int nallocs;
+
+static float *track(float *p) {
+  if (nallocs == (int)(sizeof allocs / sizeof allocs[0])) abort(); /* raise the table's size */
+  allocs[nallocs++] = p;
+  return p;
+}
+
+static void free_all(void) {
+  while (nallocs) free(allocs[--nallocs]);
+}
+
 static float *rnd(long n) {
-  float *p = malloc(sizeof(float) * (size_t)(n ? n : 1));
+  float *p = track(malloc(sizeof(float) * (size_t)(n ? n : 1)));
   for (long i = 0; i < n; i++) p[i] = (float)rand() / (float)RAND_MAX * 2.0f - 1.0f;
   return p;
 }
 
-static float *zeros(long n) { return calloc((size_t)(n ? n : 1), sizeof(float)); }
+static float *zeros(long n) { return track(calloc((size_t)(n ? n : 1), sizeof(float))); }
 
 static void expect_close(const char *what, const float *a, const float *b, long n, float tol) {
   for (long i = 0; i < n; i++)
@@ -29,7 +43,7 @@ static void expect_close(const char *what, const float *a, const float *b, long 
 
 /* transposed copy of nb matrices r x c */
 static float *transposed(const float *x, int nb, int r, int c) {
-  float *t = malloc(sizeof(float) * (size_t)nb * r * c);
+  float *t = track(malloc(sizeof(float) * (size_t)nb * r * c));
   k_transpose_forward(t, x, nb, r, c);
   return t;
 }
@@ -56,6 +70,7 @@ static void test_gemm(void) {
   k_gemm(db, a, dy, nb, k, n, m, 1, 0, (long)m * k, (long)m * n, 0, 0.0f);
   expect_close("gemm dA", da, rda, nb * m * k, 1e-5f);
   expect_close("gemm dB summed", db, rdb, k * n, 1e-5f);
+  free_all();
 }
 
 static void test_binary(void) {
@@ -72,6 +87,7 @@ static void test_binary(void) {
     expect_close("binary backward da", da, rda, n, 1e-5f);
     expect_close("binary backward db", db, rdb, nb, 1e-5f);
   }
+  free_all();
 }
 
 static void test_sdpa(int causal) {
@@ -89,6 +105,7 @@ static void test_sdpa(int causal) {
   expect_close("sdpa dq", dq, rq, sz, 1e-4f);
   expect_close("sdpa dk", dk, rk, sz, 1e-4f);
   expect_close("sdpa dv", dv, rv, sz, 1e-4f);
+  free_all();
 }
 
 static void test_i32(void) {

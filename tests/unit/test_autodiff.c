@@ -68,6 +68,12 @@ static Interp *interp_new(const Graph *g) {
   return I;
 }
 
+static void interp_free(Interp *I) {
+  for (int i = 0; i < I->g->n; i++) free(I->v[i]);
+  free(I->v);
+  free(I);
+}
+
 /* ---- reductions: several axes are reduced one at a time, the last axis first ---------- */
 typedef struct Red {
   int na, axes[CP_MAX_RANK];
@@ -95,6 +101,11 @@ static void red_forward(const Node *f, const Node *x, const double *xv, Red *r) 
     else k_max_forward_f64(r->buf[j + 1], r->buf[j], o, shape[a], in);
     shape[a] = 1;
   }
+}
+
+/* Frees the intermediate buffers of red_forward (buf[0] is the caller's input). */
+static void red_free(Red *r) {
+  for (int j = 1; j <= r->na; j++) free(r->buf[j]);
 }
 
 static void red_backward(const Node *f, const Red *r, const double *dy, double *dx, long nx) {
@@ -177,6 +188,7 @@ static void forward(Interp *I, const Node *f, double *out) {
     Red r;
     red_forward(f, x, a, &r);
     memcpy(out, r.buf[r.na], sizeof(double) * (size_t)n);
+    red_free(&r);
     return;
   }
   case OP_MATMUL: {
@@ -273,6 +285,7 @@ static void backward(Interp *I, const Node *f, int k, const double *dy, double *
     Red r;
     red_forward(f, x, a, &r);
     red_backward(f, &r, dy, dx, numel(x));
+    red_free(&r);
     return;
   }
   case OP_MATMUL: {
@@ -470,6 +483,7 @@ static void grad_check(const char *name, const char *src, int hi, int line) {
   int ngrads = 0;
   for (int p = 0; p < g->params.n; p++) ngrads += g->grads.a[p] >= 0;
   check(acc_ok == nacc && nacc == ngrads, cp_fmt("%s: one accumulator per gradient", name), line);
+  interp_free(I);
 }
 #define GRAD_CHECK(name, src, hi) grad_check(name, src, hi, __LINE__)
 
@@ -612,6 +626,8 @@ static void test_accumulation(void) {
   int ok = 0;
   for (int k = 0; k < 6; k++) ok += close_to(I2->v[s2][k], want[k], 1e-12);
   CHECK(ok == 6);
+  interp_free(I1);
+  interp_free(I2);
 }
 
 /* ---- the optimizers ---------------------------------------------------------------------------- */
@@ -693,6 +709,7 @@ static void test_adamw(void) {
   CHECK(state_val(&r, "b.exp_avg_sq") && count_close(state_val(&r, "b.exp_avg_sq"), v + 4, 2) == 2);
   CHECK(r.g->states.n == 2 + 4); /* two accumulators, two moments per param */
   CHECK(r.g->grad_norm >= 0 && close_to(r.I->v[r.g->grad_norm][0], sqrt(6 * 4.0), 1e-12));
+  interp_free(r.I);
 }
 
 /* SGD with momentum, weight decay and clipping (norm sqrt(24), clip 1). */
@@ -715,6 +732,7 @@ static void test_sgd(bool nesterov) {
     CHECK(close_to(r.I->v[r.g->grad_norm][0], sqrt(24.0), 1e-12));
   }
   CHECK(state_val(&r, "w.momentum_buffer") && count_close(state_val(&r, "w.momentum_buffer"), buf, 4) == 4);
+  interp_free(r.I);
 }
 
 /* LAMB: one step by the §8 formula; then a param at zero gets ratio 1. */
@@ -733,6 +751,7 @@ static void test_lamb(void) {
   CHECK(count_close(param_val(&r, 0), w, 4) == 4);
   double ub = 2 / (2 + 1e-6), bw[2] = {-0.1 * ub, -0.1 * ub}; /* ‖b‖ = 0: ratio 1, no decay (rank 1) */
   CHECK(count_close(param_val(&r, 1), bw, 2) == 2);
+  interp_free(r.I);
 }
 
 /* LARS: η = trust ‖p‖/(‖g‖ + wd ‖p‖); v = η (g + wd p) on the first step; p -= lr v. */
@@ -749,6 +768,7 @@ static void test_lars(void) {
   CHECK(count_close(param_val(&r, 0), w, 4) == 4);
   double bw[2] = {-0.1 * 2, -0.1 * 2}; /* ‖b‖ = 0: η = 1 */
   CHECK(count_close(param_val(&r, 1), bw, 2) == 2);
+  interp_free(r.I);
 }
 
 int main(void) {
