@@ -43,6 +43,18 @@ typedef struct {
   void (*fast)(void);
 } Bench;
 
+/* The baseline of the period-broadcast ops: ref.h's general broadcasting, with the full operand
+ * a as [n / nb, nb] and b as [nb] (a scalar when nb is 1). */
+static void ref_period_fwd(KBinary op, float *out, const float *a, const float *b, long nb, long n) {
+  int ash[2] = {(int)(n / nb), (int)nb}, bsh[1] = {(int)nb};
+  k_binary_forward(op, out, a, ash, 2, b, bsh, 1);
+}
+static void ref_period_bwd(KBinary op, float *da, float *db, const float *dout, const float *a, const float *b,
+                           long nb, long n) {
+  int ash[2] = {(int)(n / nb), (int)nb}, bsh[1] = {(int)nb};
+  k_binary_backward(op, da, db, dout, a, ash, 2, b, bsh, 1);
+}
+
 #define DEF(id, R, F)                                                                              \
   static void id##_r(void) { R; }                                                                  \
   static void id##_f(void) { F; }
@@ -82,13 +94,13 @@ DEF(sq_f, k_unary_forward(K_SQUARE, o1, x1, BT * FF, 0),
     kf_unary_forward(K_SQUARE, o1, x1, BT * FF, 0))
 DEF(relu_b, k_unary_backward(K_RELU, o2, x2, x1, o1, BT * FF, 0),
     kf_unary_backward(K_RELU, o2, x2, x1, o1, BT * FF, 0))
-DEF(div_p, k_binary_period_forward(K_DIV, o1, x1, C * C, x3, C * C, C * C),
+DEF(div_p, ref_period_fwd(K_DIV, o1, x1, x3, C * C, C * C),
     kf_binary_period_forward(K_DIV, o1, x1, C * C, x3, C * C, C * C))
-DEF(mul_s, k_binary_period_forward(K_MUL, o1, x1, C * C, x3, 1, C * C),
+DEF(mul_s, ref_period_fwd(K_MUL, o1, x1, x3, 1, C * C),
     kf_binary_period_forward(K_MUL, o1, x1, C * C, x3, 1, C * C))
-DEF(mul_bias, k_binary_period_forward(K_MUL, o1, x1, BT * C, w, C, BT * C),
+DEF(mul_bias, ref_period_fwd(K_MUL, o1, x1, w, C, BT * C),
     kf_binary_period_forward(K_MUL, o1, x1, BT * C, w, C, BT * C))
-DEF(mul_pb, k_binary_period_backward(K_MUL, o1, BT * C, o2, C, x2, x1, w, BT * C),
+DEF(mul_pb, ref_period_bwd(K_MUL, o1, o2, x2, x1, w, C, BT * C),
     kf_binary_period_backward(K_MUL, o1, BT * C, o2, C, x2, x1, w, BT * C))
 DEF(sum_all, k_sum_forward(o1, x1, 1, BT * FF, 1), kf_sum_forward(o1, x1, 1, BT * FF, 1))
 DEF(sum_cols, k_sum_forward(o1, x1, 1, BT, C), kf_sum_forward(o1, x1, 1, BT, C))

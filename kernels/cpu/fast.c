@@ -53,61 +53,6 @@ static float binary_f(KBinary op, float x, float y) {
   return 0;
 }
 
-void k_binary_period_forward(KBinary op, float *out, const float *a, long na, const float *b,
-                             long nb, long n) {
-  k_assert(na >= 1 && nb >= 1 && n % na == 0 && n % nb == 0);
-  /* the common cases get loops the compiler vectorizes */
-  if (op == K_ADD && na == n && nb == n) {
-    for (long i = 0; i < n; i++) out[i] = a[i] + b[i];
-  } else if (op == K_ADD && na == n) {
-    for (long i = 0; i < n; i += nb)
-      for (long j = 0; j < nb; j++) out[i + j] = a[i + j] + b[j];
-  } else if (op == K_MUL && na == n && nb == 1) {
-    for (long i = 0; i < n; i++) out[i] = a[i] * b[0];
-  } else if (op == K_MUL && na == n && nb == n) {
-    for (long i = 0; i < n; i++) out[i] = a[i] * b[i];
-  } else {
-    for (long i = 0; i < n; i++) out[i] = binary_f(op, a[i % na], b[i % nb]);
-  }
-}
-
-/* d(a op b)/da and /db at one element; ties of maximum/minimum split the gradient evenly, as
- * the reference (and PyTorch) do. */
-static void binary_grad(KBinary op, float x, float y, float g, float *gx, float *gy) {
-  switch (op) {
-  case K_ADD: *gx = g, *gy = g; return;
-  case K_SUB: *gx = g, *gy = -g; return;
-  case K_MUL: *gx = g * y, *gy = g * x; return;
-  case K_DIV: *gx = g / y, *gy = -g * x / (y * y); return;
-  case K_MAXIMUM:
-  case K_MINIMUM: {
-    float wx = x == y ? 0.5f : (op == K_MAXIMUM) == (x > y) ? 1.0f : 0.0f;
-    *gx = g * wx, *gy = g * (1.0f - wx);
-    return;
-  }
-  default: k_assert(!"binary op without a gradient");
-  }
-}
-
-void k_binary_period_backward(KBinary op, float *da, long na, float *db, long nb,
-                              const float *dout, const float *a, const float *b, long n) {
-  k_assert(na >= 1 && nb >= 1 && n % na == 0 && n % nb == 0);
-  if (op == K_ADD && nb < n && (na == n || !da)) { /* the bias gradient: a column sum */
-    if (da)
-      for (long i = 0; i < n; i++) da[i] += dout[i];
-    if (db)
-      for (long i = 0; i < n; i += nb)
-        for (long j = 0; j < nb; j++) db[j] += dout[i + j];
-    return;
-  }
-  for (long i = 0; i < n; i++) {
-    float gx, gy;
-    binary_grad(op, a[i % na], b[i % nb], dout[i], &gx, &gy);
-    if (da) da[i % na] += gx;
-    if (db) db[i % nb] += gy;
-  }
-}
-
 static int32_t binary_i(KBinary op, int32_t x, int32_t y) {
   switch (op) {
   case K_ADD: return (int32_t)((uint32_t)x + (uint32_t)y);

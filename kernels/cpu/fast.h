@@ -18,14 +18,8 @@
 void k_gemm(float *c, const float *a, const float *b, int nb, int m, int n, int k, int ta, int tb,
             long sa, long sb, long sc, float beta);
 
-/* Elementwise binary op where each operand repeats with a period: out[i] = a[i % na] op
- * b[i % nb] for i < n. That is NumPy broadcasting whenever an operand's shape, without leading
- * 1s, is a suffix of the output shape (a bias [C] against [B, T, C], a scalar, equal shapes). */
-void k_binary_period_forward(KBinary op, float *out, const float *a, long na, const float *b,
-                             long nb, long n);
-/* Its backward; ACCUMULATES into da (na values) and db (nb values), either may be NULL. */
-void k_binary_period_backward(KBinary op, float *da, long na, float *db, long nb,
-                              const float *dout, const float *a, const float *b, long n);
+/* (The period-broadcast binary ops, out[i] = a[i % na] op b[i % nb], are kf_binary_period_* in
+ * fast_nn.h.) */
 
 /* Elementwise binary op on i32 operands with NumPy broadcasting; comparisons write f32 1.0/0.0
  * into out (float *), arithmetic writes i32 (int32_t *). Division truncates toward zero. */

@@ -2,8 +2,8 @@
  * everything but GEMM and attention: normalization, softmax, loss, elementwise unary, reductions,
  * and the layout kernels (heads, slice, concat, transpose, embedding).
  *
- * Every `kf_x` here has EXACTLY the signature and semantics of the float `k_x` in ref.h (or, for
- * the period-broadcast binary ops, of fast.h's `k_binary_period_*`): same argument order, same
+ * Every `kf_x` here has EXACTLY the signature and semantics of the float `k_x` in ref.h (the
+ * period-broadcast binary ops, which ref.h lacks, are checked against a per-element loop): same argument order, same
  * k_assert checks, backward kernels ACCUMULATE (+=) into their gradients, NULL means "not wanted".
  * So switching a call in plan.c from k_x to kf_x changes only speed and rounding.
  *
@@ -24,8 +24,11 @@ void kf_unary_forward(KUnary op, float *out, const float *x, long n, float c);
 void kf_unary_backward(KUnary op, float *dx, const float *dout, const float *x, const float *out,
                        long n, float c);
 
-/* period-broadcast binary ops: drop-ins for fast.h's k_binary_period_forward/backward with a
- * vectorized loop for every op and period shape (fast.h's falls back to i % na per element) */
+/* Elementwise binary op where each operand repeats with a period: out[i] = a[i % na] op
+ * b[i % nb] for i < n. That is NumPy broadcasting whenever an operand's shape, without leading
+ * 1s, is a suffix of the output shape (a bias [C] against [B, T, C], a scalar, equal shapes).
+ * The backward ACCUMULATES into da (na values) and db (nb values), either may be NULL; a
+ * vectorized loop for every op and period shape. */
 void kf_binary_period_forward(KBinary op, float *out, const float *a, long na, const float *b,
                               long nb, long n);
 void kf_binary_period_backward(KBinary op, float *da, long na, float *db, long nb,

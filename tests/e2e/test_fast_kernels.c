@@ -2,6 +2,7 @@
  * random data: GEMM in each transpose and batching mode plans use, the periodic elementwise ops
  * and their gradients, and attention forward and backward. */
 #include "fast.h"
+#include "fast_nn.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -79,11 +80,11 @@ static void test_binary(void) {
   int ash[2] = {6, 8}, bsh[1] = {8};
   for (KBinary op = K_ADD; op < K_BINARY_GRAD_END; op++) {
     k_binary_forward(op, ref, a, ash, 2, b, bsh, 1);
-    k_binary_period_forward(op, out, a, n, b, nb, n);
+    kf_binary_period_forward(op, out, a, n, b, nb, n);
     expect_close(k_binary_names[op], out, ref, n, 1e-6f);
     float *dy = rnd(n), *da = zeros(n), *db = zeros(nb), *rda = zeros(n), *rdb = zeros(nb);
     k_binary_backward(op, rda, rdb, dy, a, ash, 2, b, bsh, 1);
-    k_binary_period_backward(op, da, n, db, nb, dy, a, b, n);
+    kf_binary_period_backward(op, da, n, db, nb, dy, a, b, n);
     expect_close("binary backward da", da, rda, n, 1e-5f);
     expect_close("binary backward db", db, rdb, nb, 1e-5f);
   }
