@@ -13,6 +13,7 @@
 
 #include "../compiler/fusion.h"
 #include "../compiler/memplan.h"
+#include "../compiler/train.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -1107,6 +1108,13 @@ static void emit_plan(Cg *c, const char *hash) {
   int64_t micro = g->batch, accum = g->accum > 0 ? g->accum : 1;
   static const char *const kinds[] = {"RT_DATA_TOKENS", "RT_DATA_ADDER", "RT_DATA_TENSORS"};
   int64_t seq = g->inputs.n && nd(c, g->inputs.a[0])->shape.rank > 1 ? nd(c, g->inputs.a[0])->shape.d[1] : 0;
+  if (t->mesh && t->mesh->naxes) {
+    EMIT("\n/* mesh %s: axis sizes, outermost first */\nstatic const int64_t mesh_axes[] = {", t->mesh->name ? t->mesh->name : "");
+    for (int k = 0; k < t->mesh->naxes; k++) EMIT("%s%lld", k ? ", " : "", (long long)t->mesh->axes[k].size);
+    EMIT("};\nstatic const char *const mesh_axis_names[] = {");
+    for (int k = 0; k < t->mesh->naxes; k++) EMIT("%s%s", k ? ", " : "", c_string(t->mesh->axes[k].name));
+    EMIT("};\n");
+  }
   EMIT("\nconst RtPlan cplan_plan = {\n");
   EMIT("    .model = %s,\n    .source = %s,\n    .source_hash = %s,\n", c_string(g->model_name),
        c_string(t->span.file >= 0 ? src_path(t->span.file) : ""), c_string(hash));
@@ -1126,7 +1134,12 @@ static void emit_plan(Cg *c, const char *hash) {
        (long long)t->ckpt_keep, c_string(abs_path(t->ckpt_dir)));
   EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, c_string(abs_path(t->log_file)));
   EMIT("    .flops_per_step = %.17g,\n", step_flops(c));
-  EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n};\n");
+  EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
+  const MeshConf *m = t->mesh;
+  EMIT("    .dp = %lld,\n    .devices = %lld,\n    .mesh = %s,\n", (long long)train_dp(t),
+       (long long)(m ? m->ndevices : 1), c_string(m ? m->name : NULL));
+  if (m && m->naxes) EMIT("    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n", m->naxes);
+  EMIT("};\n");
   EMIT("\nint main(int argc, char **argv) { return rt_main(argc, argv, &cplan_plan); }\n");
 }
 
@@ -1158,15 +1171,33 @@ static void emit_dropout_helper(Cg *c) {
   for (int i = 0; i < c->g->n; i++) any |= nd(c, i)->op == OP_DROPOUT;
   if (!any) return;
   EMIT("\n/* keep[i] for dropout node `key` in this micro-batch: the counter-based generator keyed by\n"
-       " * (seed, node, micro-batch counter, element), the same under every strategy. */\n"
+       " * (seed, node, global micro-batch counter, element), the same under every strategy. */\n"
        "static void dropout_mask(const RtRun *run, uint8_t *keep, long n, double p, uint64_t key) {\n"
-       "  uint64_t counter = (uint64_t)(run->step * cplan_plan.accum + run->micro_index);\n"
+       "  uint64_t counter = (uint64_t)((run->step * cplan_plan.dp + run->dp_rank) * cplan_plan.accum + run->micro_index);\n"
        "  uint64_t k = rt_splitmix64(key ^ rt_splitmix64(counter));\n"
        "  for (long i = 0; i < n; i++) keep[i] = rt_uniform((uint64_t)cplan_plan.seed, k, (uint64_t)i) >= p;\n"
        "}\n");
 }
 
 /* ---- entry -------------------------------------------------------------------------------------- */
+
+/* The CPU backend runs pure data parallelism: dp over every device of the mesh. */
+static bool check_strategy(Cg *c) {
+  const TrainConf *t = c->t;
+  const StrategyConf *st = &t->strategy;
+  int64_t devices = t->mesh ? t->mesh->ndevices : 1, dp = train_dp(t);
+  if (st->tp > 1 || st->pp > 1 || st->sp > 1 || st->zero > 0) {
+    diag_error(st->span, "this version runs data parallelism only: tp, pp, sp and zero are not supported yet");
+    diag_hint("use `strategy = { dp = %lld }` or `strategy = auto`", (long long)devices);
+    return false;
+  }
+  if (dp != devices) {
+    diag_error(st->span, "dp = %lld but the mesh has %lld device%s: with data parallelism only, dp must be the "
+               "device count", (long long)dp, (long long)devices, devices == 1 ? "" : "s");
+    return false;
+  }
+  return true;
+}
 
 static bool check_conf(Cg *c) {
   const TrainConf *t = c->t;
@@ -1176,11 +1207,11 @@ static bool check_conf(Cg *c) {
     return false;
   }
   if (t->mesh && t->mesh->device.kind != DEV_CPU) {
-    diag_error(t->mesh->span, "mesh '%s' has %s devices: this version builds for one CPU only",
+    diag_error(t->mesh->span, "mesh '%s' has %s devices: this version builds for CPU devices only",
                t->mesh->name ? t->mesh->name : "?", t->mesh->device.name);
     return false;
   }
-  return check_inputs(c);
+  return check_strategy(c) && check_inputs(c);
 }
 
 /* CPLAN_FUSION=0 in the environment turns the fusion pass off: every node gets its own

@@ -124,17 +124,36 @@ bool ad_backward(Graph *g, int64_t accum) {
   return true;
 }
 
-/* The micro-batch B is bound to and the gradient accumulation it implies: the global batch is
- * dp * micro * accum (language.md §6); unpinned fields default to one device, one micro-batch. */
+int64_t train_dp(const TrainConf *t) {
+  const StrategyConf *st = &t->strategy;
+  if (st->dp > 0) return st->dp;
+  bool cpu_mesh = t->mesh && t->mesh->device.kind == DEV_CPU;
+  if (cpu_mesh && st->tp <= 1 && st->pp <= 1 && st->sp <= 1) return t->mesh->ndevices;
+  return 1;
+}
+
+int64_t train_micro(const TrainConf *t) {
+  if (t->strategy.micro > 0) return t->strategy.micro;
+  int64_t dp = train_dp(t);
+  return t->batch >= dp && dp > 0 ? t->batch / dp : t->batch;
+}
+
+/* The gradient accumulation the micro-batch implies: the global batch is dp * micro * accum
+ * (language.md §6); unpinned fields default to one micro-batch per data-parallel rank. */
 static int64_t accum_steps(const TrainConf *t) {
-  int64_t micro = t->strategy.micro > 0 ? t->strategy.micro : t->batch;
-  int64_t dp = t->strategy.dp > 0 ? t->strategy.dp : 1;
-  cp_assert(micro > 0 && t->batch % (micro * dp) == 0);
+  int64_t micro = train_micro(t), dp = train_dp(t);
+  if (micro <= 0 || t->batch % (micro * dp) != 0) {
+    diag_error(t->span, "batch %lld is not divisible by dp*micro = %lld*%lld", (long long)t->batch,
+               (long long)dp, (long long)micro);
+    diag_hint("with `strategy = auto` on a mesh of CPU devices, dp is the device count");
+    return -1;
+  }
   return t->batch / (micro * dp);
 }
 
 bool train_graph(Graph *g, const TrainConf *t) {
-  if (!ad_backward(g, accum_steps(t)) || !opt_lower(g, t)) return false;
+  int64_t accum = accum_steps(t);
+  if (accum < 1 || !ad_backward(g, accum) || !opt_lower(g, t)) return false;
   char err[512];
   if (!ir_verify(g, err, sizeof err)) cp_panic(__FILE__, __LINE__, "training graph fails ir_verify: %s", err);
   return true;

@@ -83,6 +83,7 @@ static Argv *cc_command(const char *plan_c, const char *obj, const char *out) {
   VEC_PUSH(*a, cp_fmt("-I%s", inc[0]));
   VEC_PUSH(*a, cp_fmt("-I%s", inc[1]));
   push_words(a, CPLAN_EXTRA_CFLAGS);
+  push_words(a, CPLAN_MPI_CFLAGS);
   push_words(a, CPLAN_SANITIZE_CFLAGS); /* empty unless cplan's own libraries are instrumented */
   VEC_PUSH(*a, plan_c);
   if (obj) VEC_PUSH(*a, obj);
@@ -91,6 +92,7 @@ static Argv *cc_command(const char *plan_c, const char *obj, const char *out) {
   VEC_PUSH(*a, lib[0]);
   VEC_PUSH(*a, lib[1]);
   push_words(a, CPLAN_EXTRA_LIBS);
+  push_words(a, CPLAN_MPI_LIBS);
   VEC_PUSH(*a, (const char *)NULL);
   return a;
 }
@@ -258,6 +260,35 @@ static const char *cache_dir(const char *file) {
   return cp_fmt("%.*s/.cplan-cache", (int)(slash - file), file);
 }
 
+/* The command that runs prog: prog itself, or for a mesh of several (CPU) devices
+ * `mpirun -np DEVICES --oversubscribe prog` (one rank per device; oversubscribed because a
+ * laptop's mesh may have more devices than MPI counts slots). Open MPI refuses to start as root
+ * without its two consent variables: `cplanc run` gives that consent, as the user who typed it
+ * is the one running the program. Inside an MPI job already, prog runs as it is. */
+/* Inside an MPI job (the variables Open MPI, PMI/PMIx launchers and Slurm steps set); the same
+ * test as the runtime's rt_comm_launched, which the compiler library does not link. */
+static bool in_mpi_job(void) {
+  return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK") || getenv("SLURM_STEP_ID");
+}
+
+static Argv *launch_argv(const char *prog, int64_t devices, char **args, int nargs) {
+  Argv *a = cp_alloc(sizeof *a);
+  if (devices > 1 && !in_mpi_job()) {
+    VEC_PUSH(*a, CPLAN_MPIEXEC);
+    VEC_PUSH(*a, "-np");
+    VEC_PUSH(*a, cp_fmt("%lld", (long long)devices));
+    VEC_PUSH(*a, "--oversubscribe");
+    if (geteuid() == 0) {
+      setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+      setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+    }
+  }
+  VEC_PUSH(*a, prog);
+  for (int k = 0; k < nargs; k++) VEC_PUSH(*a, args[k]);
+  VEC_PUSH(*a, (const char *)NULL);
+  return a;
+}
+
 bool build_run(Graph *g, const TrainConf *t, const char *file, const char *hash, char **args, int nargs) {
   const char *dir = cache_dir(file);
   if (!mkdir_p(dir)) {
@@ -277,12 +308,12 @@ bool build_run(Graph *g, const TrainConf *t, const char *file, const char *hash,
       return false;
     }
   }
-  char **argv = cp_alloc(sizeof(char *) * (size_t)(nargs + 2));
-  argv[0] = (char *)prog;
-  for (int k = 0; k < nargs; k++) argv[k + 1] = args[k];
+  int64_t devices = t->mesh ? t->mesh->ndevices : 1;
+  Argv *a = launch_argv(prog, devices, args, nargs);
   fflush(stdout);
   fflush(stderr);
-  execv(prog, argv);
-  diag_error(SPAN_NONE, "cannot run %s: %s", prog, strerror(errno));
+  execvp(a->a[0], (char *const *)a->a);
+  diag_error(SPAN_NONE, "cannot run %s: %s", a->a[0], strerror(errno));
+  if (devices > 1) diag_hint("a plan for %lld devices runs under MPI: is %s installed?", (long long)devices, a->a[0]);
   return false;
 }

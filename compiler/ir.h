@@ -19,7 +19,7 @@ typedef struct Shape {
 } Shape;
 
 typedef enum OpId {
-#define OP(id, name, sig, flags, shape, flops) OP_##id,
+#define OP(id, name, sig, flags, shape, flops, shard) OP_##id,
 #include "ops.def"
 #undef OP
   OP__COUNT
@@ -87,6 +87,8 @@ enum {
   OPF_INTERNAL = 1 << 5,    /* made by passes (autodiff, optimizer), never by a call */
 };
 
+struct ShardIO; /* placement.h */
+
 typedef struct OpInfo {
   const char *name;  /* the language name (and the IR printer's) */
   /* The call signature, read by sema's argument binder, space separated entries
@@ -101,6 +103,9 @@ typedef struct OpInfo {
   bool (*shape)(const Graph *g, Node *n, char *err, size_t errlen);
   /* Forward FLOPs of the node (matmuls and attention count 2 per multiply-add). */
   double (*flops)(const Graph *g, const Node *n);
+  /* The sharding rule (shard.c; ShardIO in placement.h): given the inputs' placements on one
+   * mesh axis, the output's placement, or false with the reason the strategy is invalid. */
+  bool (*shard)(const Graph *g, const Node *n, struct ShardIO *io);
 } OpInfo;
 
 extern const OpInfo ir_ops[OP__COUNT];

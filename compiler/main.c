@@ -6,6 +6,7 @@
 #include "check.h"
 #include "cplan.h"
 #include "ir.h"
+#include "plan_cmd.h"
 #include "sema.h"
 #include "train.h"
 #include "../runtime/cplanrt.h"
@@ -24,6 +25,7 @@ typedef struct Options {
   const char *model;  /* --model NAME */
   const char *stage;  /* emit --stage=... */
   bool json;
+  bool explain;       /* plan --explain */
   VEC(const char *) sets; /* --set key=value */
   const char *out;    /* data: -o PATH */
   const char *val;    /* data: --val FRACTION */
@@ -40,6 +42,7 @@ static int cmd_emit(Options *o);
 static int cmd_data(Options *o);
 static int cmd_build(Options *o);
 static int cmd_run(Options *o);
+static int cmd_plan(Options *o);
 
 /* The subcommand table: --help, dispatch and "did you mean" read it.
  * Checklist: a new command needs a row here and a section in README.md. */
@@ -73,7 +76,18 @@ static const Command commands[] = {
      "        optimizer update of the train block, one line per node\n"
      "  c     the generated C program plan.c of the train block (what `build` compiles)\n"
      "  llvm  the optimized LLVM IR of the fused elementwise kernels plan.c calls\n"},
-    {"plan", NULL, "rank parallel strategies for the mesh (not yet available)", NULL},
+    {"plan", cmd_plan, "explain the placements and collectives of a pinned strategy",
+     "usage: cplanc plan FILE [--explain] [--json] [--train NAME] [--set KEY=VALUE]...\n"
+     "\n"
+     "Pins the train block's strategy (dp, tp, pp, sp, zero, micro) on its mesh and prints\n"
+     "the degrees, the pipeline stages and every collective the placements imply, with its\n"
+     "bytes per device and step. The search for `strategy = auto` is a later version: auto\n"
+     "is explained as pure data parallelism.\n"
+     "\n"
+     "  --explain       also print every param's and activation's placement ([S(0), R], ...)\n"
+     "  --json          print the whole plan as one JSON object\n"
+     "  --train NAME    the train block to use when the file has several\n"
+     "  --set KEY=VALUE override a setting (see `cplanc check --help`)\n"},
     {"build", cmd_build, "compile a training program for one CPU",
      "usage: cplanc build FILE -o PROG [--train NAME] [--set KEY=VALUE]... [--keep-c DIR]\n"
      "\n"
@@ -188,12 +202,12 @@ static bool front_end(Options *o, Front *fe, bool need_settings) {
   return true;
 }
 
-/* The batch B is bound to: the pinned micro-batch, else the global batch; 1
- * without a plan. Reports divide by it to give per-sample figures. */
+/* The batch B is bound to: the micro-batch of one data-parallel rank (train_micro); 1 without
+ * a plan. Reports divide by it to give per-sample figures. */
 static int64_t graph_batch(const TrainConf *t) {
   if (!t) return 1;
-  if (t->strategy.micro > 0) return t->strategy.micro;
-  return t->batch > 0 ? t->batch : 1;
+  int64_t b = train_micro(t);
+  return b > 0 ? b : 1;
 }
 
 static Graph *elaborate(Front *fe, const Item *model) {
@@ -261,6 +275,14 @@ static int cmd_run(Options *o) {
   Front fe;
   Graph *g = train_model(o, &fe, "run");
   if (g) build_run(g, fe.train, o->file, build_hash(o->sets.a, o->sets.n, o->train), o->rest, o->nrest);
+  return finish();
+}
+
+static int cmd_plan(Options *o) {
+  Front fe;
+  if (!front_end(o, &fe, true)) return finish();
+  if (!fe.train) diag_error(SPAN_NONE, "plan needs a train block: %s has none", o->file);
+  else plan_cmd_run(stdout, fe.sema, fe.train, o->explain, o->json);
   return finish();
 }
 
@@ -372,6 +394,8 @@ static int run_command(const Command *c, int argc, char **argv) {
       return EXIT_OK;
     } else if (strcmp(a, "--json") == 0) {
       o.json = true;
+    } else if (c->run == cmd_plan && strcmp(a, "--explain") == 0) {
+      o.explain = true;
     } else if (opt_value(argc, argv, &i, "--set", &v, &status)) {
       if (v) VEC_PUSH(o.sets, v);
     } else if (opt_value(argc, argv, &i, "--train", &v, &status)) {

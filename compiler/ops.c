@@ -13,6 +13,7 @@
  * counts as "any dtype" (so `idx + 1` stays i32), one with a fractional value as
  * a float (so `idx * 0.5` is f32). */
 #include "ir.h"
+#include "placement.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -615,7 +616,7 @@ static double flops_cross_entropy(const Graph *g, const Node *n) {
 /* ---- the table ---------------------------------------------------------------------------- */
 
 const OpInfo ir_ops[OP__COUNT] = {
-#define OP(id, name, sig, flags, shape, flops) [OP_##id] = {name, sig, flags, shape, flops},
+#define OP(id, name, sig, flags, shape, flops, shard) [OP_##id] = {name, sig, flags, shape, flops, shard},
 #include "ops.def"
 #undef OP
 };

@@ -20,8 +20,17 @@ bool ad_backward(Graph *g, int64_t accum);
  * param that has a gradient, reading the ACCUM nodes ad_backward made. Requires ad_backward. */
 bool opt_lower(Graph *g, const TrainConf *t);
 
+/* The data-parallel degree of the plan: the pinned dp; else, on a mesh of CPU devices with no
+ * tp, pp or sp pinned (`strategy = auto` included), every device (for now `auto` means pure data
+ * parallelism on the CPU backend); else 1. */
+int64_t train_dp(const TrainConf *t);
+
+/* The micro-batch B is bound to: the pinned micro, else batch / train_dp(t). */
+int64_t train_micro(const TrainConf *t);
+
 /* ad_backward with accum = batch / (dp * micro) (B of g must be bound to the micro-batch), then
- * opt_lower and ir_verify. False after a diagnostic. */
+ * opt_lower and ir_verify. False after a diagnostic (also when batch is not a multiple of
+ * dp * micro). */
 bool train_graph(Graph *g, const TrainConf *t);
 
 #endif

@@ -6,6 +6,7 @@
  *   safetensors.c               safetensors reading and writing (checkpoints, the tensors source)
  *   train.c                     rt_main, the training program's main loop; rt_uniform
  *   checkpoint.c                params files and checkpoints
+ *   comm.c                      rt_comm: collectives over MPI for multi-rank runs
  *
  * Conventions: functions return 0 on success and -1 on failure, or a pointer that is NULL on
  * failure; on failure they fill the RtError the caller passes (which may be NULL) with one line
@@ -250,6 +251,17 @@ typedef struct RtPlan {
   double (*update)(RtRun *run);
   /* Forward only, for evaluation: loss and metrics of one micro-batch. */
   void (*eval_step)(RtRun *run, const void *const *inputs, double *loss, double *metrics);
+  /* Data parallelism (0 in a plan from before it means 1).  The program runs as `devices` MPI
+   * ranks (mpirun -np devices); with dp = devices each rank computes samples
+   * [rank*batch/dp, (rank+1)*batch/dp) of every step in accum micro-batches of micro (so batch =
+   * dp * micro * accum), and the gradient accumulators are all-reduced (summed, then scaled by
+   * 1/dp) before update. */
+  int64_t dp;
+  int64_t devices;              /* the mesh's device count = the ranks the program needs */
+  const char *mesh;             /* the mesh's name, for messages (NULL: the default mesh) */
+  int nmesh_axes;
+  const int64_t *mesh_axes;     /* axis sizes, outermost first */
+  const char *const *mesh_axis_names;
 } RtPlan;
 
 /* What the generated code reads and writes while it runs. */
@@ -261,6 +273,7 @@ struct RtRun {
   int64_t step;                 /* the optimizer step being computed, from 0 */
   int64_t micro_index;          /* 0 .. accum-1 within the step */
   int threads;
+  int64_t dp_rank;              /* this rank's replica, 0 .. plan->dp-1 (dropout streams use it) */
 };
 
 /* Parses the program's flags (--help lists them), trains, and returns the exit status:
@@ -302,5 +315,54 @@ int rt_ckpt_find(const char *dir, char *out, size_t nout, RtError *err);
 int rt_ckpt_load(RtRun *run, const char *ckpt, RtCkptInfo *info, RtError *err);
 /* Deletes all but the newest `keep` complete checkpoints under dir (keep <= 0: none). */
 int rt_ckpt_prune(const char *dir, int64_t keep, RtError *err);
+
+/* ---- comm.c: rt_comm, the communicator of multi-rank runs (MPI backend, for CPU ranks) --------
+ *
+ * One interface for every collective a plan needs.  A communicator is the world or the group of
+ * one mesh axis.  Unlike the rest of this header, a failed MPI call is not returned: the peers
+ * are inside the same collective and cannot be told, so it prints the call, the rank and the
+ * group, then MPI_Abort()s every rank.  A collective that does not finish within
+ * CPLAN_COMM_TIMEOUT seconds (default 300) is a dead or stuck peer: a watchdog thread prints the
+ * rank and the collective and aborts every rank, so a run never hangs forever.
+ * Checklist: a type added to RtCommType is added to the MPI type table in comm.c. */
+
+typedef enum RtCommType { RT_COMM_F32, RT_COMM_F64, RT_COMM_I64, RT_COMM_U8, RT_COMM_TYPE_COUNT } RtCommType;
+
+typedef struct RtComm RtComm;
+
+/* The world: MPI_Init_thread unless MPI is already initialized (MPI_Finalize then runs at exit).
+ * A program started without mpirun is a world of one rank. */
+RtComm *rt_comm_init(int *argc, char ***argv);
+/* True when this process was started by an MPI launcher (mpirun, srun), read from the
+ * environment without initializing MPI. */
+int rt_comm_launched(void);
+int rt_comm_rank(const RtComm *c);
+int rt_comm_size(const RtComm *c);
+const char *rt_comm_name(const RtComm *c); /* "world", "axis dp" */
+/* The groups of a mesh whose axis sizes (outermost first, product = the world size) are
+ * sizes[0..naxes): groups[i] holds the ranks that differ only in their coordinate along axis i
+ * (row-major coordinates of the world rank), ordered by that coordinate.  Free each with
+ * rt_comm_free. */
+void rt_comm_split_axes(RtComm *world, const int64_t *sizes, const char *const *names, int naxes,
+                        RtComm **groups);
+void rt_comm_free(RtComm *group);
+/* Sum over the group, in place. */
+void rt_comm_all_reduce(RtComm *c, void *buf, int64_t count, RtCommType t);
+/* Rank r receives the sum over the group of elements [r*count, (r+1)*count) of send. */
+void rt_comm_reduce_scatter(RtComm *c, const void *send, void *recv, int64_t count, RtCommType t);
+/* recv (size * count elements) gets every rank's count elements, in rank order. */
+void rt_comm_all_gather(RtComm *c, const void *send, void *recv, int64_t count, RtCommType t);
+/* Block j (count elements) of send goes to rank j; block i of recv comes from rank i. */
+void rt_comm_all_to_all(RtComm *c, const void *send, void *recv, int64_t count, RtCommType t);
+void rt_comm_broadcast(RtComm *c, void *buf, int64_t count, RtCommType t, int root);
+void rt_comm_send(RtComm *c, const void *buf, int64_t count, RtCommType t, int peer, int tag);
+void rt_comm_recv(RtComm *c, void *buf, int64_t count, RtCommType t, int peer, int tag);
+void rt_comm_barrier(RtComm *c);
+/* Bytes this rank has passed to collectives and sends through c (a measure, not wire bytes). */
+uint64_t rt_comm_bytes(const RtComm *c);
+/* Prints "rank R: MSG" and stops every rank with exit status code. */
+void rt_comm_abort(RtComm *c, int code, const char *msg) __attribute__((noreturn));
+/* Frees the world; MPI_Finalize runs at exit when rt_comm_init initialized MPI. */
+void rt_comm_finalize(RtComm *world);
 
 #endif

@@ -5,6 +5,14 @@
  * gradient accumulation, evaluation, the metrics JSONL, the progress line, checkpoints and exact
  * resume, SIGINT/SIGTERM, and stopping on a non-finite loss.
  *
+ * Data parallelism (plan->dp > 1): the program is one of plan->devices MPI ranks (comm.c).  Each
+ * rank feeds its own slice of every global batch, the gradient accumulators are summed over the
+ * ranks (one all-reduce of the fused buffer) and scaled by 1/dp before the update, which every
+ * rank then applies alike, so the params stay identical (checked by a checksum at checkpoints and
+ * at --save).  Loss and metrics are the means over ranks; rank 0 alone prints, writes metrics,
+ * checkpoints and --save files; every rank reads --init and --resume files.  A failure on one
+ * rank fails every rank: the ranks agree on each step's outcome.
+ *
  * Everything the run prints goes to stderr (the progress line is for a terminal, the rest is a
  * log); the metrics file is the machine-readable record.  rt_main keeps no global state except
  * the signal flag, which it resets, and it restores the signal handlers it replaced, so it can be
@@ -215,6 +223,13 @@ typedef struct Trainer {
   double loss;                  /* of the last step */
   double time_sum;              /* seconds of the steps after the first, for the ETA */
   int64_t timed;
+  /* data parallelism */
+  RtComm *world;                /* NULL: a single-rank run (MPI is never initialized) */
+  int rank, nranks;
+  float *gradbuf;               /* the gradient accumulators packed, when not contiguous */
+  int64_t grad_lo, grad_n;      /* or their span of run.state, all-reduced in place */
+  int stop_agreed;              /* a signal reached some rank (multi-rank runs) */
+  uint64_t comm_bytes;          /* rt_comm_bytes before this step */
 } Trainer;
 
 static volatile sig_atomic_t stop_signal;
@@ -241,8 +256,10 @@ static void say(Trainer *t, const char *fmt, ...) {
 }
 
 static int fail(const Trainer *t, const char *msg) {
+  if (!*msg) return 1; /* another rank failed and said why */
   if (t->live) fputs("\r\033[K", stderr);
-  fprintf(stderr, "%s: error: %s\n", t->prog, msg);
+  if (t->nranks > 1) fprintf(stderr, "%s: rank %d: error: %s\n", t->prog, t->rank, msg);
+  else fprintf(stderr, "%s: error: %s\n", t->prog, msg);
   return 1;
 }
 
@@ -349,7 +366,7 @@ static int open_data(Trainer *t, RtError *err) {
 /* Fills the input buffers with micro-batch m of step `step` (of evaluation batch `step`). */
 static int fill_inputs(Trainer *t, int eval, int64_t step, int64_t m, RtError *err) {
   const RtPlan *p = t->p;
-  int64_t j0 = m * p->micro, j1 = j0 + p->micro;
+  int64_t j0 = (t->run.dp_rank * p->accum + m) * p->micro, j1 = j0 + p->micro;
   switch (p->data_kind) {
   case RT_DATA_TOKENS:
     return rt_tokens_batch(eval ? t->val_tok : t->tok, p->batch, p->seq_len, step, j0, j1,
@@ -364,6 +381,109 @@ static int fill_inputs(Trainer *t, int eval, int64_t step, int64_t m, RtError *e
     return 0;
   }
   return -1;
+}
+
+/* ---- data parallelism ------------------------------------------------------------------------ */
+
+static int64_t plan_dp(const RtPlan *p) { return p->dp > 0 ? p->dp : 1; }
+static int64_t plan_devices(const RtPlan *p) { return p->devices > 0 ? p->devices : 1; }
+
+/* Every rank learns whether any rank failed (rc != 0 there) and returns -1 if so.  A rank that
+ * did not fail gets an empty message: the failing rank has printed why. */
+static int agree(Trainer *t, int rc, RtError *err) {
+  if (t->nranks <= 1) return rc;
+  double bad = rc != 0;
+  rt_comm_all_reduce(t->world, &bad, 1, RT_COMM_F64);
+  if (bad == 0) return 0;
+  if (rc == 0 && err) err->msg[0] = 0;
+  return -1;
+}
+
+/* Where the all-reduce of the gradient accumulators (the states with saved = 0) works: in place
+ * on their span of run.state when no optimizer state lies inside it (the padding between them is
+ * zero on every rank), else through a packed copy. */
+static int plan_grads(Trainer *t, RtError *err) {
+  const RtPlan *p = t->p;
+  int64_t lo = INT64_MAX, hi = 0, n = 0;
+  for (int i = 0; i < p->nstates; i++) {
+    const RtPlanState *st = &p->states[i];
+    if (st->saved) continue;
+    lo = st->offset < lo ? st->offset : lo;
+    hi = st->offset + st->numel > hi ? st->offset + st->numel : hi;
+    n += st->numel;
+  }
+  t->grad_lo = lo, t->grad_n = hi > lo ? hi - lo : 0;
+  for (int i = 0; i < p->nstates && t->grad_n; i++) {
+    const RtPlanState *st = &p->states[i];
+    if (st->saved && st->offset < hi && st->offset + st->numel > lo) {
+      t->grad_lo = -1, t->grad_n = n;
+      if (!(t->gradbuf = malloc((size_t)n * sizeof(float) + 1)))
+        return rt_errf(err, "out of memory for the gradient buffer (%lld floats)", (long long)n);
+      break;
+    }
+  }
+  return 0;
+}
+
+/* Sums the gradient accumulators over the ranks and scales them by 1/dp: each rank seeded its
+ * micro-batches with 1/accum, so the result is the mean over the global batch, as on one device. */
+static void all_reduce_grads(Trainer *t) {
+  const RtPlan *p = t->p;
+  float scale = (float)(1.0 / (double)plan_dp(p)), *g = t->gradbuf;
+  if (!t->grad_n) return;
+  if (!g) {
+    g = t->run.state + t->grad_lo;
+    rt_comm_all_reduce(t->world, g, t->grad_n, RT_COMM_F32);
+    for (int64_t i = 0; i < t->grad_n; i++) g[i] *= scale;
+    return;
+  }
+  int64_t k = 0;
+  for (int i = 0; i < p->nstates; i++)
+    if (!p->states[i].saved) {
+      memcpy(g + k, t->run.state + p->states[i].offset, (size_t)p->states[i].numel * sizeof *g);
+      k += p->states[i].numel;
+    }
+  rt_comm_all_reduce(t->world, g, k, RT_COMM_F32);
+  k = 0;
+  for (int i = 0; i < p->nstates; i++) {
+    if (p->states[i].saved) continue;
+    float *dst = t->run.state + p->states[i].offset;
+    for (int64_t e = 0; e < p->states[i].numel; e++) dst[e] = g[k + e] * scale;
+    k += p->states[i].numel;
+  }
+}
+
+/* Means over the ranks of sums[0..n) (each rank's sums over `per_rank` micro-batches), and
+ * whether a stop signal reached any rank; a single rank just divides. */
+static void reduce_means(Trainer *t, double *sums, int n, int64_t per_rank) {
+  double div = (double)per_rank;
+  if (t->nranks > 1) {
+    sums[n] = stop_signal != 0;
+    rt_comm_all_reduce(t->world, sums, n + 1, RT_COMM_F64);
+    t->stop_agreed = sums[n] > 0;
+    div *= (double)t->nranks;
+  }
+  for (int i = 0; i < n; i++) sums[i] /= div;
+}
+
+/* In pure dp the params are the same on every rank: compare a checksum of them (FNV-1a of the
+ * bytes) before a rank-0 file claims to hold everyone's params. */
+static int check_replicas(Trainer *t, RtError *err) {
+  if (t->nranks <= 1) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;
+  const unsigned char *b = (const unsigned char *)t->run.params;
+  for (size_t i = 0; i < (size_t)t->p->param_floats * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  int64_t mine = (int64_t)h, *all = calloc((size_t)t->nranks, sizeof *all);
+  if (!all) return rt_errf(err, "out of memory");
+  rt_comm_all_gather(t->world, &mine, all, 1, RT_COMM_I64);
+  int bad = -1;
+  for (int q = 1; q < t->nranks && bad < 0; q++)
+    if (all[q] != all[0]) bad = q;
+  free(all);
+  if (bad >= 0)
+    return rt_errf(err, "the params of rank %d differ from rank 0's: the data-parallel replicas "
+                   "diverged (a bug in cplan: please report it)", bad);
+  return 0;
 }
 
 /* ---- setup: memory, params, flags ------------------------------------------------------------ */
@@ -384,8 +504,9 @@ static int alloc_all(Trainer *t, RtError *err) {
   t->bufs = calloc((size_t)p->ninputs + 1, sizeof *t->bufs);
   t->cbufs = calloc((size_t)p->ninputs + 1, sizeof *t->cbufs);
   t->mets = calloc((size_t)p->nmetrics + 1, sizeof *t->mets);
-  t->msum = calloc((size_t)p->nmetrics + 1, sizeof *t->msum);
+  t->msum = calloc((size_t)p->nmetrics + 2, sizeof *t->msum); /* + loss and stop flag */
   if (!t->bufs || !t->cbufs || !t->mets || !t->msum) return rt_errf(err, "out of memory");
+  if (t->nranks > 1 && plan_grads(t, err) != 0) return -1;
   for (int i = 0; i < p->ninputs; i++) {
     t->bufs[i] = calloc((size_t)input_numel(&p->inputs[i]) + 1, 4);
     if (!t->bufs[i]) return rt_errf(err, "out of memory for input '%s'", p->inputs[i].name);
@@ -400,6 +521,7 @@ static void free_all(Trainer *t) {
   free(t->cbufs);
   free(t->mets);
   free(t->msum);
+  free(t->gradbuf);
   free(t->run.params);
   free(t->run.state);
   free(t->run.work);
@@ -441,9 +563,13 @@ static int load_or_init(Trainer *t, RtError *err) {
 
 static int resolve_run(Trainer *t, RtError *err) {
   const RtPlan *p = t->p;
-  if (p->micro * p->accum != p->batch || p->micro <= 0 || p->accum <= 0)
-    return rt_errf(err, "bad plan: batch %lld != micro %lld x accum %lld", (long long)p->batch,
-                   (long long)p->micro, (long long)p->accum);
+  if (plan_dp(p) * p->micro * p->accum != p->batch || p->micro <= 0 || p->accum <= 0)
+    return rt_errf(err, "bad plan: batch %lld != dp %lld x micro %lld x accum %lld",
+                   (long long)p->batch, (long long)plan_dp(p), (long long)p->micro,
+                   (long long)p->accum);
+  if (plan_dp(p) != plan_devices(p))
+    return rt_errf(err, "bad plan: dp %lld on %lld devices (only pure data parallelism runs)",
+                   (long long)plan_dp(p), (long long)plan_devices(p));
   t->stop = t->o.steps >= 0 ? t->o.steps : p->steps;
   t->ckpt_every = t->o.ckpt_every >= 0 ? t->o.ckpt_every : p->ckpt_every;
   t->ckpt_keep = p->ckpt_keep;
@@ -452,7 +578,7 @@ static int resolve_run(Trainer *t, RtError *err) {
   /* --checkpoint-dir alone asks for a checkpoint: write one at the end of the run. */
   if (t->o.ckpt_dir && t->ckpt_every <= 0) t->ckpt_every = t->stop > 0 ? t->stop : 1;
   int64_t threads = t->o.threads;
-  if (threads <= 0) threads = sysconf(_SC_NPROCESSORS_ONLN);
+  if (threads <= 0) threads = sysconf(_SC_NPROCESSORS_ONLN) / (t->nranks > 1 ? t->nranks : 1);
   t->run.threads = threads > 0 ? (int)threads : 1;
   if (openblas_set_num_threads) openblas_set_num_threads(t->run.threads);
   return 0;
@@ -496,9 +622,15 @@ static void banner(Trainer *t) {
   else
     say(t, "data: tensors %s (%lld rows)%s%s", t->data_path, (long long)rt_tsrc_rows(t->ts),
         t->has_val ? ", val " : "", t->has_val ? p->val_path : "");
-  say(t, "batch %lld = micro %lld x accum %lld, seq %lld; steps %lld..%lld of %lld; threads %d",
-      (long long)p->batch, (long long)p->micro, (long long)p->accum, (long long)p->seq_len,
-      (long long)t->start, (long long)t->stop, (long long)p->steps, t->run.threads);
+  if (t->nranks > 1)
+    say(t, "data parallel: %d ranks (mesh %s), each micro %lld x accum %lld of the batch of %lld; "
+        "gradients all-reduced as %lld floats%s", t->nranks, p->mesh ? p->mesh : "?",
+        (long long)p->micro, (long long)p->accum, (long long)p->batch, (long long)t->grad_n,
+        t->gradbuf ? " (packed)" : " (in place)");
+  say(t, "batch %lld = %smicro %lld x accum %lld, seq %lld; steps %lld..%lld of %lld; threads %d",
+      (long long)p->batch, t->nranks > 1 ? "ranks x " : "", (long long)p->micro,
+      (long long)p->accum, (long long)p->seq_len, (long long)t->start, (long long)t->stop,
+      (long long)p->steps, t->run.threads);
 }
 
 static double tokens_per_step(const RtPlan *p) {
@@ -555,18 +687,23 @@ static int evaluate(Trainer *t, int64_t s, cJSON *j, RtError *err) {
   memset(t->msum, 0, (size_t)p->nmetrics * sizeof *t->msum);
   for (int64_t b = 0; b < nb; b++)
     for (int64_t m = 0; m < p->accum; m++, n++) {
-      if (fill_inputs(t, 1, b, m, err) != 0) return -1;
+      if (fill_inputs(t, 1, b, m, err) != 0) {
+        if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg);
+        return -1;
+      }
       t->run.micro_index = m;
       p->eval_step(&t->run, t->cbufs, &loss, t->mets);
       lsum += loss;
       for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
     }
-  for (int i = 0; i < p->nmetrics; i++) t->msum[i] /= (double)n;
-  cJSON_AddNumberToObject(j, "val_loss", lsum / (double)n);
+  /* t->msum[nmetrics] carries the loss through the reduction */
+  t->msum[p->nmetrics] = lsum;
+  reduce_means(t, t->msum, p->nmetrics + 1, n);
+  lsum = t->msum[p->nmetrics];
+  cJSON_AddNumberToObject(j, "val_loss", lsum);
   add_metrics(j, p, "val_", t->msum);
   char line[1024];
-  int k = snprintf(line, sizeof line, "eval step %lld: val_loss %.6f", (long long)s + 1,
-                   lsum / (double)n);
+  int k = snprintf(line, sizeof line, "eval step %lld: val_loss %.6f", (long long)s + 1, lsum);
   for (int i = 0; i < p->nmetrics && k < (int)sizeof line; i++)
     k += snprintf(line + k, sizeof line - (size_t)k, " val_%s %.6f", p->metric_names[i],
                   t->msum[i]);
@@ -582,15 +719,20 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   memset(t->msum, 0, (size_t)p->nmetrics * sizeof *t->msum);
   t->run.step = s;
   for (int64_t m = 0; m < p->accum; m++) {
-    if (fill_inputs(t, 0, s, m, err) != 0) return -1;
+    if (fill_inputs(t, 0, s, m, err) != 0) {
+      if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg); /* the others are in a collective */
+      return -1;
+    }
     t->run.micro_index = m;
     p->micro_step(&t->run, t->cbufs, &loss, t->mets);
     lsum += loss;
     for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
   }
+  if (t->nranks > 1) all_reduce_grads(t);
   *gn = p->update(&t->run);
-  t->loss = lsum / (double)p->accum;
-  for (int i = 0; i < p->nmetrics; i++) t->msum[i] /= (double)p->accum;
+  t->msum[p->nmetrics] = lsum;
+  reduce_means(t, t->msum, p->nmetrics + 1, p->accum);
+  t->loss = t->msum[p->nmetrics];
   if (!isfinite(t->loss))
     return rt_errf(err, "step %lld/%lld (metrics step %lld): the loss is %s: stopping (a lower learning rate or "
                    "`clip` may help)", (long long)s + 1, (long long)t->stop, (long long)s,
@@ -604,6 +746,11 @@ static int checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
   if (t->p->data_kind == RT_DATA_TOKENS) {
     int64_t S = rt_tokens_steps(t->tok, t->p->batch, t->p->seq_len, NULL);
     info.data_offset = S > 0 ? done % S * t->p->batch * t->p->seq_len : -1;
+  }
+  if (check_replicas(t, err) != 0) return -1;
+  if (t->rank != 0) { /* rank 0 writes it; a failure there reaches the others through agree() */
+    t->last_ckpt = done;
+    return 0;
   }
   char path[4096];
   if (rt_ckpt_save(&t->run, dir, &info, path, sizeof path, err) != 0) return -1;
@@ -633,6 +780,11 @@ static int step_and_report(Trainer *t, int64_t s, RtError *err) {
   cJSON_AddNumberToObject(j, "ms", 1e3 * sec);
   cJSON_AddNumberToObject(j, "tokens_per_s", tokens_per_step(p) / sec);
   add_metrics(j, p, "", t->msum);
+  if (t->world) {
+    uint64_t b = rt_comm_bytes(t->world);
+    cJSON_AddNumberToObject(j, "comm_bytes", (double)(b - t->comm_bytes));
+    t->comm_bytes = b;
+  }
   progress(t, s, lr, gn, sec);
   int rc = eval_due(t, s) ? evaluate(t, s, j, err) : 0;
   if (rc == 0) rc = write_metrics(t, j, err);
@@ -646,10 +798,10 @@ static int step_and_report(Trainer *t, int64_t s, RtError *err) {
  * checkpoint. Returns 1 when interrupted. */
 static int train_loop(Trainer *t, RtError *err) {
   for (int64_t s = t->start; s < t->stop; s++) {
-    if (step_and_report(t, s, err) != 0) return -1;
-    if (stop_signal) {
+    if (agree(t, step_and_report(t, s, err), err) != 0) return -1;
+    if (t->nranks > 1 ? t->stop_agreed : stop_signal) {
       const char *dir = t->ckpt_dir ? t->ckpt_dir : "ckpt";
-      if (t->last_ckpt != s + 1 && checkpoint(t, dir, s + 1, err) != 0) return -1;
+      if (agree(t, t->last_ckpt != s + 1 ? checkpoint(t, dir, s + 1, err) : 0, err) != 0) return -1;
       say(t, "%s after step %lld: checkpoint in %s; continue with --resume %s",
           stop_signal == SIGINT ? "interrupted" : "terminated", (long long)s + 1, dir, dir);
       return 1;
@@ -662,7 +814,7 @@ static int train_loop(Trainer *t, RtError *err) {
 
 static int open_metrics(Trainer *t, RtError *err) {
   const char *path = t->o.metrics ? t->o.metrics : t->p->log_file;
-  if (!path) return 0;
+  if (!path || t->rank != 0) return 0;
   /* as llm.c: a resumed run appends to the log of the run it continues */
   t->metrics = fopen(path, t->o.resume ? "a" : "w");
   return t->metrics ? 0 : rt_errf(err, "%s: cannot open for writing", path);
@@ -672,7 +824,7 @@ static int setup(Trainer *t, RtError *err) {
   if (resolve_run(t, err) != 0 || open_data(t, err) != 0 || alloc_all(t, err) != 0 ||
       load_or_init(t, err) != 0)
     return -1;
-  if (t->o.save_init && rt_params_save(&t->run, t->o.save_init, err) != 0) return -1;
+  if (t->o.save_init && t->rank == 0 && rt_params_save(&t->run, t->o.save_init, err) != 0) return -1;
   if (open_metrics(t, err) != 0) return -1;
   banner(t);
   return 0;
@@ -680,7 +832,7 @@ static int setup(Trainer *t, RtError *err) {
 
 static int run_all(Trainer *t) {
   RtError err = {""};
-  if (setup(t, &err) != 0) return fail(t, err.msg);
+  if (agree(t, setup(t, &err), &err) != 0) return fail(t, err.msg);
   int rc = train_loop(t, &err);
   if (rc < 0) return fail(t, err.msg);
   if (rc == 1) {
@@ -688,10 +840,37 @@ static int run_all(Trainer *t) {
     return 0;
   }
   if (t->o.save) {
-    if (rt_params_save(&t->run, t->o.save, &err) != 0) return fail(t, err.msg);
+    int bad = check_replicas(t, &err) != 0 ||
+              (t->rank == 0 && rt_params_save(&t->run, t->o.save, &err) != 0);
+    if (agree(t, bad ? -1 : 0, &err) != 0) return fail(t, err.msg);
     say(t, "saved the params to %s", t->o.save);
   }
   return 0;
+}
+
+/* A plan for several devices runs as that many MPI ranks; so does any program an MPI launcher
+ * started (where the count must then match).  Single-device runs outside MPI never touch it.
+ * A wrong rank count is an error on every rank (-1), and the world is not kept. */
+static int join_ranks(Trainer *t, int *argc, char ***argv) {
+  const RtPlan *p = t->p;
+  int64_t devices = plan_devices(p);
+  if (devices <= 1 && !rt_comm_launched()) return 0;
+  t->world = rt_comm_init(argc, argv);
+  t->rank = rt_comm_rank(t->world);
+  t->nranks = rt_comm_size(t->world);
+  t->run.dp_rank = t->rank;
+  if (t->nranks == devices) return 0;
+  if (devices == 1)
+    fprintf(stderr, "%s: rank %d: error: this program was built for 1 device (%s%s); run it "
+            "without mpirun (or with -np 1), not -np %d\n", t->prog, t->rank,
+            p->mesh ? "mesh " : "the default mesh", p->mesh ? p->mesh : "", t->nranks);
+  else
+    fprintf(stderr, "%s: rank %d: error: this program was built for %lld devices (mesh %s, dp=%lld); "
+            "run it with mpirun -np %lld, not %d\n", t->prog, t->rank, (long long)devices,
+            p->mesh ? p->mesh : "?", (long long)plan_dp(p), (long long)devices, t->nranks);
+  rt_comm_finalize(t->world);
+  t->world = NULL;
+  return -1;
 }
 
 int rt_main(int argc, char **argv, const RtPlan *plan) {
@@ -706,7 +885,9 @@ int rt_main(int argc, char **argv, const RtPlan *plan) {
     usage(stdout, t.prog, plan);
     return 0;
   }
-  t.verbose = !t.o.quiet;
+  t.nranks = 1;
+  if (join_ranks(&t, &argc, &argv) != 0) return 2;
+  t.verbose = !t.o.quiet && t.rank == 0;
   t.tty = isatty(STDERR_FILENO);
   /* SA_RESETHAND: a second Ctrl-C kills a run that is slow to finish its step */
   struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND}, old_int, old_term;
@@ -719,5 +900,6 @@ int rt_main(int argc, char **argv, const RtPlan *plan) {
   sigaction(SIGTERM, &old_term, NULL);
   stop_signal = 0;
   free_all(&t);
+  if (t.world) rt_comm_finalize(t.world);
   return rc;
 }

@@ -1,0 +1,129 @@
+/* placement.h: the placement vocabulary of docs/language.md §7, the resharding table, the per-op
+ * sharding rules (the `shard` column of ops.def) and pinned strategies (strategy.c).
+ *
+ * A tensor's layout on a mesh is one Pl per (logical) mesh axis: S(d) split along tensor dim d,
+ * R replicated, P partial sums pending a reduction. Rules work on ONE axis at a time: the axes
+ * are independent, so a 2-D mesh [dp, tp] is two runs of the same rules. */
+#ifndef CPLAN_PLACEMENT_H
+#define CPLAN_PLACEMENT_H
+
+#include "ir.h"
+#include "sema.h"
+
+typedef enum PlKind { PL_R, PL_S, PL_P, PL_ANY } PlKind; /* PL_ANY: "no preference" in wants */
+
+typedef struct Pl {
+  PlKind kind;
+  int dim;            /* PL_S: the split tensor dim (non-negative) */
+} Pl;
+
+typedef struct Placement {
+  int naxes;
+  Pl ax[CP_MAX_RANK]; /* one per logical mesh axis */
+} Placement;
+
+Pl pl_r(void);
+Pl pl_p(void);
+Pl pl_s(int dim);
+bool pl_eq(Pl a, Pl b);
+const char *pl_str(Pl p);                 /* "S(0)", "R", "P" (arena) */
+const char *placement_str(const Placement *p); /* "[S(0), R]" (arena) */
+
+/* ---- resharding: one collective per change of placement on one axis ---- */
+typedef enum Collective {
+  COLL_NONE,           /* same placement */
+  COLL_ALL_REDUCE,     /* P -> R */
+  COLL_REDUCE_SCATTER, /* P -> S(d) */
+  COLL_ALL_GATHER,     /* S(d) -> R */
+  COLL_ALL_TO_ALL,     /* S(i) -> S(j) */
+  COLL_LOCAL_SLICE,    /* R -> S(d): each device keeps its part, no communication */
+  COLL_LOCAL_ZERO,     /* R or S -> P: one device keeps the value, the others hold zeros */
+} Collective;
+
+Collective pl_reshard(Pl from, Pl to);
+const char *pl_coll_name(Collective c);   /* "all-reduce", ... */
+/* Bytes one device sends (= receives) for collective c on an axis of n devices, with ring
+ * algorithms. `bytes` is the size of the whole tensor on that axis's group (as it is when not
+ * split along this axis): all-reduce 2(n-1)/n·bytes; all-gather and reduce-scatter (n-1)/n·bytes;
+ * all-to-all (n-1)/n of each device's shard of bytes/n; local changes 0. */
+double pl_coll_bytes(Collective c, double bytes, int64_t n);
+
+/* ---- sharding rules (shard.c), one per op family, named in ops.def ---- */
+typedef struct ShardIO {
+  const Pl *in;        /* the placement of each input on this axis (n->nin of them) */
+  int64_t n;           /* devices on this axis (divisibility checks) */
+  Pl out;              /* result: the output's placement */
+  Pl want[8];          /* on failure, the placement an input should be resharded to (PL_ANY: none) */
+  double extra_bytes;  /* a collective inside the op (vocab-parallel cross-entropy), bytes/device */
+  const char *extra;   /* its description, NULL when none */
+  char why[200];       /* why the inputs' placements are not a valid strategy */
+} ShardIO;
+
+/* Given the inputs' placements on one axis, sets io->out and returns true when they form a valid
+ * strategy of node n; otherwise writes io->why (and io->want where a reshard would fix it). */
+typedef bool (*ShardFn)(const Graph *g, const Node *n, ShardIO *io);
+
+bool shard_leaf(const Graph *g, const Node *n, ShardIO *io);
+bool shard_elementwise(const Graph *g, const Node *n, ShardIO *io);
+bool shard_nonlinear(const Graph *g, const Node *n, ShardIO *io);
+bool shard_reduce(const Graph *g, const Node *n, ShardIO *io);
+bool shard_matmul(const Graph *g, const Node *n, ShardIO *io);
+bool shard_transpose(const Graph *g, const Node *n, ShardIO *io);
+bool shard_reshape(const Graph *g, const Node *n, ShardIO *io);
+bool shard_concat(const Graph *g, const Node *n, ShardIO *io);
+bool shard_slice(const Graph *g, const Node *n, ShardIO *io);
+bool shard_split_heads(const Graph *g, const Node *n, ShardIO *io);
+bool shard_merge_heads(const Graph *g, const Node *n, ShardIO *io);
+bool shard_embedding(const Graph *g, const Node *n, ShardIO *io);
+bool shard_rowwise(const Graph *g, const Node *n, ShardIO *io);
+bool shard_sdpa(const Graph *g, const Node *n, ShardIO *io);
+bool shard_grad(const Graph *g, const Node *n, ShardIO *io);
+bool shard_assign(const Graph *g, const Node *n, ShardIO *io);
+bool shard_cross_entropy(const Graph *g, const Node *n, ShardIO *io);
+bool shard_none(const Graph *g, const Node *n, ShardIO *io);
+
+/* Runs node n's rule (the op table's shard column). */
+bool shard_node(const Graph *g, const Node *n, ShardIO *io);
+/* Alpa-style enumeration: every assignment of R, P and S(d) to the inputs of n that its rule
+ * accepts, up to max; fills ins[k*nin + i] and outs[k]. Returns the count. */
+int shard_candidates(const Graph *g, const Node *n, int64_t axis_n, Pl *ins, Pl *outs, int max);
+
+/* ---- pinned strategies (strategy.c) ---- */
+typedef enum AxisRole { AX_PP, AX_DP, AX_TP } AxisRole;
+
+typedef struct PlanAxis {
+  AxisRole role;
+  int64_t n;
+} PlanAxis;
+
+typedef struct CollOp {
+  int node;            /* the producer whose value is resharded (or the op with an inner collective) */
+  int consumer;        /* the node that needs it */
+  int axis;            /* logical axis index */
+  Pl from, to;
+  Collective coll;     /* COLL_ALL_REDUCE ... ; for an inner collective from == to */
+  double bytes;        /* per device, per execution */
+  int per_step;        /* executions per optimizer step (micro-batches for fwd/bwd, 1 for update) */
+  const char *what;    /* a note ("log-sum-exp exchange"), or NULL */
+} CollOp;
+
+typedef struct StratPlan {
+  const Graph *g;
+  int64_t dp, tp, pp, sp, zero, micro, accum;
+  PlanAxis axes[3];    /* logical axes, outermost first: pp, dp, tp (degree-1 axes omitted) */
+  int naxes;
+  Placement *pl;       /* per node: its output placement (pp axis: R) */
+  int *stage;          /* per node: its pipeline stage */
+  VEC(CollOp) colls;
+} StratPlan;
+
+/* The strategy's degrees with what is left out filled in (dp takes the remaining devices), checked
+ * against the model and mesh: errors point at the strategy field. False after diagnostics. */
+bool strat_degrees(const Program *prog, const TrainConf *t, int64_t *dp, int64_t *tp, int64_t *pp,
+                   int64_t *micro);
+/* Assigns placements to every node of the training graph g (train_graph done, B bound to the
+ * global micro-batch dp·micro) and lists the collectives. NULL after diagnostics. */
+StratPlan *strat_pin(const Program *prog, const Graph *g, const TrainConf *t);
+const char *strat_axis_name(AxisRole r); /* "dp" */
+
+#endif

@@ -1,0 +1,354 @@
+/* strategy.c: pinned strategies. From TrainConf.strategy and the mesh, assigns a placement on
+ * every logical mesh axis to every node of the training graph, and lists the collectives the
+ * placements imply (docs/language.md §7).
+ *
+ * Logical axes: the devices are ranked pp-major, then dp, then tp innermost (Megatron's order:
+ * tensor parallelism gets consecutive ranks, the fastest links; pipeline stages the slowest).
+ * pp splits the layers contiguously; dp and tp are placement axes.
+ *
+ * Each placement axis is one pass over the graph in order. Leaves get the strategy's placement
+ * (inputs S(batch) on dp, params R, or S(0) under zero 3, ...); a param first used by a matmul on
+ * the tp axis becomes column-parallel (S(1)) when the activation arrives whole and row-parallel
+ * (S(0)) when it arrives split along its last dim, which yields Megatron's column-then-row
+ * pairs without naming layers. Every node then runs its sharding rule; when the rule rejects its
+ * inputs, they are resharded (the rule's suggestion first, then P -> R or S, then S -> R) and
+ * each reshard is recorded as a collective. */
+#include "placement.h"
+
+#include <string.h>
+
+const char *strat_axis_name(AxisRole r) { return r == AX_PP ? "pp" : r == AX_DP ? "dp" : "tp"; }
+
+/* ---- the strategy's fields, for diagnostics -------------------------------------------- */
+
+/* The span of `strategy`'s field `key` (the whole `key = value`), or the strategy's span. */
+static Span field_span(const Program *prog, const TrainConf *t, const char *key) {
+  Span at = t->strategy.span;
+  for (int i = 0; prog && i < prog->nitems; i++) {
+    const Item *it = prog->items[i];
+    if (it->kind != IT_TRAIN) continue;
+    for (int j = 0; j < it->nsettings; j++) {
+      const Setting *s = it->settings[j];
+      const Expr *e = s->value;
+      if (!e || strcmp(s->key, "strategy") != 0 || e->kind != EX_OBJECT || e->span.lo != at.lo ||
+          e->span.file != at.file)
+        continue;
+      for (int k = 0; k < e->nfields; k++)
+        if (strcmp(e->fields[k].name, key) == 0) return span_join(e->fields[k].name_span, e->fields[k].value->span);
+    }
+  }
+  return at;
+}
+
+bool strat_degrees(const Program *prog, const TrainConf *t, int64_t *dp, int64_t *tp, int64_t *pp,
+                   int64_t *micro) {
+  const StrategyConf *st = &t->strategy;
+  int64_t dev = t->mesh ? t->mesh->ndevices : 1;
+  *tp = st->tp > 0 ? st->tp : 1;
+  *pp = st->pp > 0 ? st->pp : 1;
+  *dp = st->dp > 0 ? st->dp : dev / (*tp * *pp);
+  bool ok = true;
+  if (*dp < 1) *dp = 1;
+  if (*dp * *tp * *pp != dev) {
+    diag_error(field_span(prog, t, st->dp > 0 ? "dp" : st->tp > 0 ? "tp" : "pp"),
+               "dp*tp*pp = %lld*%lld*%lld = %lld is not the mesh's %lld devices", (long long)*dp, (long long)*tp,
+               (long long)*pp, (long long)(*dp * *tp * *pp), (long long)dev);
+    diag_hint("leave dp out to give data parallelism the devices tp and pp do not use");
+    ok = false;
+  }
+  if (st->sp > 1 && *tp <= 1) {
+    diag_error(field_span(prog, t, "sp"), "sp = %lld without tp: sequence parallelism splits the sequence "
+               "over the tensor-parallel group", (long long)st->sp);
+    ok = false;
+  } else if (st->sp > 1 && st->sp != *tp) {
+    diag_error(field_span(prog, t, "sp"), "sp = %lld differs from tp = %lld: sequence parallelism uses the "
+               "tensor-parallel group", (long long)st->sp, (long long)*tp);
+    ok = false;
+  }
+  if (st->zero > 0 && *dp <= 1) {
+    diag_error(field_span(prog, t, "zero"), "zero = %lld needs dp > 1: ZeRO shards over the data-parallel "
+               "replicas", (long long)st->zero);
+    ok = false;
+  }
+  *micro = st->micro > 0 ? st->micro : (t->batch > 0 ? t->batch / *dp : 1);
+  if (ok && st->dp <= 0 && t->batch > 0 && t->batch % (*dp * *micro) != 0) {
+    diag_error(field_span(prog, t, st->micro > 0 ? "micro" : "dp"),
+               "micro = %lld does not divide the per-replica batch %lld / dp %lld", (long long)*micro,
+               (long long)t->batch, (long long)*dp);
+    ok = false;
+  }
+  return ok;
+}
+
+/* ---- one placement axis ------------------------------------------------------------------ */
+
+typedef struct Ctx {
+  const Program *prog;
+  const TrainConf *t;
+  StratPlan *sp;
+  const Graph *g;
+  int axis;
+  AxisRole role;
+  int64_t n;
+  bool seqpar;       /* tp axis with sp: partial sums of [B, T, C] become S(1), not R */
+  Pl *out;           /* per node, this axis: the placement it produces */
+  Pl *avail;         /* per node: its value as later readers find it (after an in-place reduction) */
+  Pl **cons;         /* per node: its inputs as it consumed them */
+  bool *lazy;        /* per node: a param not placed yet (tp axis) */
+  bool failed;
+} Ctx;
+
+static int root_param(const Graph *g, int i) {
+  while (g->nodes[i].op == OP_TRANSPOSE) i = g->nodes[i].in[0];
+  return g->nodes[i].op == OP_PARAM ? i : -1;
+}
+
+static bool param_dim_ok(Ctx *c, int p, int d, const char *why) {
+  const Node *pn = &c->g->nodes[p];
+  if (pn->shape.d[d] % c->n == 0) return true;
+  diag_error(field_span(c->prog, c->t, "tp"), "tp = %lld does not divide dim %d (%lld) of %s %s, which %s",
+             (long long)c->n, d, (long long)pn->shape.d[d], pn->name, shape_str(&pn->shape), why);
+  diag_note(pn->span, "the param is declared here");
+  c->failed = true;
+  return false;
+}
+
+/* Places a param on the tp axis at its first use (see the file comment). */
+static void place_lazy(Ctx *c, int i) {
+  const Node *n = &c->g->nodes[i];
+  for (int k = 0; k < n->nin; k++) {
+    int p = n->in[k];
+    if (!c->lazy[p]) continue;
+    c->lazy[p] = false;
+    const Node *pn = &c->g->nodes[p];
+    Pl x = k > 0 ? c->avail[n->in[0]] : pl_r();
+    if (n->op == OP_MATMUL && k == 1 && pn->shape.rank == 2) {
+      bool row = x.kind == PL_S && x.dim == c->g->nodes[n->in[0]].shape.rank - 1;
+      int d = row ? 0 : 1;
+      if (param_dim_ok(c, p, d, row ? "row-parallel splits" : "column-parallel splits")) c->out[p] = c->avail[p] = pl_s(d);
+    } else if (n->op == OP_EMBEDDING && k == 0 && c->g->nodes[n->in[1]].op == OP_INPUT) {
+      if (pn->shape.d[0] % c->n == 0) c->out[p] = c->avail[p] = pl_s(0); /* vocab-parallel */
+    } else if (ir_ops[n->op].flags & OPF_ELEMENTWISE) {
+      for (int j = 0; j < n->nin; j++) {
+        Pl o = c->avail[n->in[j]];
+        int d = o.kind == PL_S ? o.dim - (c->g->nodes[n->in[j]].shape.rank - n->shape.rank) : -1;
+        int pd = d - (n->shape.rank - pn->shape.rank);
+        if (j != k && d >= 0 && pd >= 0 && pn->shape.d[pd] == n->shape.d[d] && pn->shape.d[pd] % c->n == 0) {
+          c->out[p] = c->avail[p] = pl_s(pd);
+          break;
+        }
+      }
+    }
+  }
+}
+
+static void place_leaf(Ctx *c, int i) {
+  const Node *n = &c->g->nodes[i];
+  const StratPlan *sp = c->sp;
+  c->out[i] = pl_r();
+  bool dp = c->role == AX_DP;
+  bool div0 = n->shape.rank > 0 && n->shape.d[0] % c->n == 0;
+  if (n->op == OP_INPUT && dp && n->ia[1] >= 0) c->out[i] = pl_s((int)n->ia[1]);
+  else if (n->op == OP_PARAM && dp && sp->zero >= 3 && div0) c->out[i] = pl_s(0);
+  else if (n->op == OP_PARAM && !dp) c->lazy[i] = true;
+  else if (n->op == OP_STATE) {
+    int p = (int)n->ia[0];
+    bool grad = n->ia[1] == 0;
+    if (!dp) c->out[i] = c->out[p];
+    else if (grad) c->out[i] = sp->zero >= 2 && div0 ? pl_s(0) : c->out[p].kind == PL_S ? c->out[p] : pl_p();
+    else c->out[i] = sp->zero >= 1 && div0 ? pl_s(0) : c->out[p];
+  }
+}
+
+/* Records the reshard of node `from`'s value for `consumer` (collectives only; local slices are free). */
+static void record(Ctx *c, int from, int consumer, Pl to) {
+  Collective k = pl_reshard(c->avail[from], to);
+  if (k == COLL_NONE || k == COLL_LOCAL_SLICE || k == COLL_LOCAL_ZERO) return;
+  for (int i = 0; i < c->sp->colls.n; i++) {
+    const CollOp *o = &c->sp->colls.a[i];
+    if (o->node == from && o->axis == c->axis && pl_eq(o->to, to) && !o->what) return; /* reused */
+  }
+  CollOp op = {.node = from, .consumer = consumer, .axis = c->axis, .from = c->avail[from], .to = to, .coll = k};
+  VEC_PUSH(c->sp->colls, op);
+  /* Reductions run in place: later readers get the reduced value, never reduce it twice. */
+  if (op.from.kind == PL_P) c->avail[from] = to;
+}
+
+/* The generic repair when a rule gives no advice: partial sums first, then splits. */
+static bool repair_generic(Ctx *c, const Node *n, Pl *in, bool params_first) {
+  bool changed = false;
+  Pl sib = pl_r();
+  for (int k = 0; k < n->nin; k++)
+    if (in[k].kind == PL_S && c->g->nodes[n->in[k]].shape.rank == n->shape.rank) sib = in[k];
+  for (int k = 0; k < n->nin; k++)
+    if (in[k].kind == PL_P) {
+      int r = c->g->nodes[n->in[k]].shape.rank;
+      in[k] = sib.kind == PL_S && sib.dim < r ? sib : c->seqpar && r >= 3 ? pl_s(1) : pl_r();
+      changed = true;
+    }
+  if (changed) return true;
+  for (int pass = 0; pass < 2; pass++)
+    for (int k = n->nin - 1; k >= 0; k--) {
+      bool is_param = root_param(c->g, n->in[k]) >= 0;
+      if (in[k].kind == PL_S && (pass == 1 || is_param == params_first)) {
+        in[k] = pl_r();
+        return true;
+      }
+    }
+  return false;
+}
+
+static void apply_node(Ctx *c, int i) {
+  const Node *n = &c->g->nodes[i];
+  Pl *in = cp_alloc(sizeof(Pl) * (size_t)(n->nin ? n->nin : 1));
+  bool grad = n->op == OP_GRAD, params_first = c->role == AX_DP && c->sp->zero >= 3;
+  const Node *f = grad ? &c->g->nodes[n->fwd] : NULL;
+  for (int k = 0; k < n->nin; k++) in[k] = c->avail[n->in[k]];
+  /* ZeRO-3 keeps params as S(0) shards only between uses: the forward gathers them first. */
+  for (int k = 0; k < n->nin && params_first && n->role == ROLE_FWD; k++)
+    if (c->g->nodes[n->in[k]].op == OP_PARAM && in[k].kind == PL_S) in[k] = pl_r();
+  if (grad) { /* the forward inputs as the forward node consumed them, and its output */
+    for (int k = 0; k < f->nin; k++) in[1 + k] = c->cons[n->fwd][k];
+    in[n->nin - 1] = c->out[n->fwd];
+  }
+  ShardIO io = {.in = in, .n = c->n};
+  int tries = 0;
+  while (!shard_node(c->g, n, &io)) {
+    bool advised = false;
+    for (int k = 0; k < n->nin && k < 8; k++)
+      if (io.want[k].kind != PL_ANY && !pl_eq(io.want[k], in[k]) && (!grad || k == 0)) {
+        /* Sequence parallelism: [B, T, C] partial sums are reduce-scattered along T, not all-reduced. */
+        bool seq = c->seqpar && in[k].kind == PL_P && io.want[k].kind == PL_R &&
+                   c->g->nodes[n->in[k]].shape.rank >= 3 && n->op != OP_GRAD;
+        in[k] = seq ? pl_s(1) : io.want[k];
+        advised = true;
+      }
+    if (!advised && (grad || !repair_generic(c, n, in, params_first))) {
+      cp_panic(__FILE__, __LINE__, "no strategy for node %%%d (%s): %s", i, ir_ops[n->op].name, io.why);
+    }
+    cp_assert(++tries < 16);
+  }
+  for (int k = 0; k < (grad ? 1 : n->nin); k++) record(c, n->in[k], i, in[k]);
+  if (io.extra) {
+    CollOp op = {.node = i, .consumer = i, .axis = c->axis, .from = io.out, .to = io.out,
+                 .coll = COLL_ALL_REDUCE, .bytes = io.extra_bytes, .what = io.extra};
+    VEC_PUSH(c->sp->colls, op);
+  }
+  c->out[i] = c->avail[i] = io.out;
+  c->cons[i] = in;
+}
+
+static void run_axis(Ctx *c) {
+  const Graph *g = c->g;
+  for (int i = 0; i < g->n && !c->failed; i++) {
+    if (ir_ops[g->nodes[i].op].flags & OPF_LEAF) {
+      place_leaf(c, i);
+      c->avail[i] = c->out[i];
+      c->cons[i] = NULL;
+      continue;
+    }
+    if (c->role == AX_TP) place_lazy(c, i);
+    if (c->failed) return;
+    apply_node(c, i);
+  }
+}
+
+/* ---- stages ---------------------------------------------------------------------------------- */
+
+static void assign_stages(StratPlan *sp) {
+  const Graph *g = sp->g;
+  int L = g->layer_names.n, first = g->n, last = -1;
+  for (int i = 0; i < g->n; i++)
+    if (g->nodes[i].layer >= 0 && g->nodes[i].role == ROLE_FWD) {
+      if (first == g->n) first = i;
+      last = i;
+    }
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = &g->nodes[i];
+    int s = 0;
+    if (n->layer >= 0 && L > 0) {
+      /* contiguous: the first L % pp stages take one layer more */
+      int64_t base = L / sp->pp, extra = L % sp->pp, l = n->layer;
+      s = l < extra * (base + 1) ? (int)(l / (base + 1)) : (int)(extra + (l - extra * (base + 1)) / (base ? base : 1));
+    } else if (n->op == OP_GRAD) s = sp->stage[n->fwd];
+    else if (n->op == OP_STATE) s = sp->stage[n->ia[0]];
+    else if (n->role == ROLE_FWD && (ir_ops[n->op].flags & OPF_LEAF) == 0 && i > last) s = (int)sp->pp - 1;
+    else if (n->role == ROLE_FWD && n->op == OP_PARAM && i > first) s = (int)sp->pp - 1;
+    else
+      for (int k = 0; k < n->nin; k++)
+        if (sp->stage[n->in[k]] > s) s = sp->stage[n->in[k]];
+    sp->stage[i] = s;
+  }
+}
+
+/* ---- the entry point ------------------------------------------------------------------------- */
+
+/* Checks that need the graph: heads and layers. */
+static bool graph_checks(const Program *prog, const Graph *g, const TrainConf *t, const StratPlan *sp) {
+  bool ok = true;
+  if (sp->pp > 1 && sp->pp > g->layer_names.n) {
+    diag_error(field_span(prog, t, "pp"), "pp = %lld exceeds the model's %d layer%s: each stage needs at least one",
+               (long long)sp->pp, g->layer_names.n, g->layer_names.n == 1 ? "" : "s");
+    ok = false;
+  }
+  for (int i = 0; i < g->n && sp->tp > 1; i++) {
+    const Node *n = &g->nodes[i];
+    if (n->op != OP_SPLIT_HEADS || n->ia[0] % sp->tp == 0) continue;
+    diag_error(field_span(prog, t, "tp"), "tp = %lld does not divide the %lld attention heads", (long long)sp->tp,
+               (long long)n->ia[0]);
+    diag_note(n->span, "the heads are split here");
+    return false;
+  }
+  if (sp->sp > 1 && g->inputs.n > 0) {
+    const Node *x = &g->nodes[g->inputs.a[0]];
+    if (x->shape.rank < 2 || x->shape.d[1] % sp->sp != 0) {
+      diag_error(field_span(prog, t, "sp"), "sp = %lld does not divide the sequence length (dim 1 of input '%s' %s)",
+                 (long long)sp->sp, x->name, shape_str(&x->shape));
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+/* Bytes of each collective: the producer's tensor on this axis's group (divided by its splits on
+ * the other axes), through the resharding table. */
+static void finish_bytes(StratPlan *sp) {
+  for (int i = 0; i < sp->colls.n; i++) {
+    CollOp *o = &sp->colls.a[i];
+    const Node *c = &sp->g->nodes[o->consumer];
+    o->per_step = c->role == ROLE_UPD ? 1 : (int)sp->accum;
+    if (o->what) continue;
+    double bytes = ir_node_bytes(sp->g, o->node);
+    for (int a = 0; a < sp->naxes; a++)
+      if (a != o->axis && sp->pl[o->node].ax[a].kind == PL_S) bytes /= (double)sp->axes[a].n;
+    o->bytes = pl_coll_bytes(o->coll, bytes, sp->axes[o->axis].n);
+  }
+}
+
+StratPlan *strat_pin(const Program *prog, const Graph *g, const TrainConf *t) {
+  StratPlan *sp = cp_alloc(sizeof *sp);
+  sp->g = g;
+  if (!strat_degrees(prog, t, &sp->dp, &sp->tp, &sp->pp, &sp->micro)) return NULL;
+  sp->sp = t->strategy.sp > 1 ? t->strategy.sp : 1;
+  sp->zero = t->strategy.zero > 0 ? t->strategy.zero : 0;
+  sp->accum = g->accum > 0 ? g->accum : 1;
+  if (!graph_checks(prog, g, t, sp)) return NULL;
+  const int64_t degs[3] = {sp->pp, sp->dp, sp->tp};
+  for (int r = AX_DP; r <= AX_TP; r++)
+    if (degs[r] > 1) sp->axes[sp->naxes++] = (PlanAxis){(AxisRole)r, degs[r]};
+  sp->pl = cp_alloc(sizeof(Placement) * (size_t)g->n);
+  sp->stage = cp_alloc(sizeof(int) * (size_t)g->n);
+  Pl *out = cp_alloc(sizeof(Pl) * (size_t)g->n);
+  for (int a = 0; a < sp->naxes; a++) {
+    Ctx c = {.prog = prog, .t = t, .sp = sp, .g = g, .axis = a, .role = sp->axes[a].role, .n = sp->axes[a].n,
+             .out = out, .avail = cp_alloc(sizeof(Pl) * (size_t)g->n), .cons = cp_alloc(sizeof(Pl *) * (size_t)g->n), .lazy = cp_alloc((size_t)g->n)};
+    c.seqpar = c.role == AX_TP && sp->sp > 1;
+    run_axis(&c);
+    if (c.failed) return NULL;
+    for (int i = 0; i < g->n; i++) sp->pl[i].ax[a] = out[i];
+  }
+  for (int i = 0; i < g->n; i++) sp->pl[i].naxes = sp->naxes;
+  assign_stages(sp);
+  finish_bytes(sp);
+  return sp;
+}

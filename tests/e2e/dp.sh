@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# dp.sh CPLANC SRCDIR: data parallelism on CPU ranks under mpirun (loopback, --oversubscribe).
+# gpt_small and llama_small, built for meshes of 2 and 4 CPU devices (dp = the device count,
+# also with accumulation: micro = 1), must train like the single-device program: the 6 losses
+# and gradient norms within 2e-4 relative and the params after training (--save) within 1e-4.  Also: a dp run
+# resumed from a checkpoint matches the uninterrupted dp run exactly, a wrong -np is a clear
+# error on every rank, and `cplanc run` starts mpirun itself.
+# shellcheck source=e2e_lib.sh
+. "$(dirname "$0")/e2e_lib.sh"
+e2e_init "$1" "$2"
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
+mpirun=${MPIEXEC:-mpirun}
+e2e_tokens tokens.bin
+
+# The losses of two metrics files within 2e-4 relative; the params of two safetensors files
+# (F32, same names and shapes) within 1e-4.
+close() {
+  python3 - "$@" <<'PY' || exit 1
+import json, struct, sys
+def losses(path):  # the loss and the gradient norm (clipping and Adam would hide a wrong scale)
+    return [(j["loss"], j["grad_norm"]) for j in map(json.loads, open(path))]
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    base = 8 + n
+    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
+                             b[base + v["data_offsets"][0]:base + v["data_offsets"][1]])
+            for k, v in h.items()}
+label, m1, m2, p1, p2 = sys.argv[1:]
+a, b = losses(m1), losses(m2)
+if len(a) != 6 or len(b) != 6:
+    sys.exit("FAILED: %s: %d and %d losses, expected 6" % (label, len(a), len(b)))
+for s, (x, y) in enumerate(zip(a, b)):
+    for what, u, v in (("loss", x[0], y[0]), ("grad_norm", x[1], y[1])):
+        if abs(u - v) > 2e-4 * abs(u):
+            sys.exit("FAILED: %s: step %d %s %.8f vs single-device %.8f" % (label, s, what, v, u))
+ta, tb = tensors(p1), tensors(p2)
+if ta.keys() != tb.keys():
+    sys.exit("FAILED: %s: the saved params have different names" % label)
+# gpt's key bias (c_attn.bias[C:2C]) has an exactly zero gradient (softmax ignores a constant
+# added to every score of a row), so its gradient is rounding noise, which Adam's m/sqrt(v)
+# turns into steps of +-lr whose sign depends on the summation order: it is not compared.
+def skip(k, i, n):
+    return k.endswith("attn.c_attn.bias") and n // 3 <= i < 2 * n // 3
+worst = max([abs(x - y) for k in ta for i, (x, y) in enumerate(zip(ta[k], tb[k]))
+             if not skip(k, i, len(ta[k]))])
+if worst > 1e-4:
+    sys.exit("FAILED: %s: params differ by %g after training" % (label, worst))
+PY
+}
+
+for m in gpt_small llama_small; do
+  # a one-axis CPU mesh the --set overrides resize
+  { cat "$src/tests/e2e/$m.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >"$m.cplan"
+  e2e_build "$m-1" "$m.cplan"
+  e2e_prog 0 "$m-1" "./$m-1" --save "$m-1.st" --metrics "$m-1.jsonl"
+  for v in "2" "4" "2 micro"; do
+    set -- $v
+    n=$1 name=$m-dp$1${2:+-$2}
+    sets=(--set train.mesh=laptop --set "mesh.laptop.shape.cpu=$n")
+    if [ "${2:-}" = micro ]; then sets+=(--set train.strategy.micro=1); fi  # accumulation 2
+    if [ "$n" = 4 ]; then sets+=(--set train.strategy.dp=4); fi             # pinned, not auto
+    e2e_build "$name" "$m.cplan" "${sets[@]}"
+    e2e_prog 0 "$name" "$mpirun" --oversubscribe -np "$n" "./$name" --save "$name.st" --metrics "$name.jsonl"
+    e2e_says "$name" "data parallel: $n ranks"
+    [ "$(grep -c 'step 6/6' "$name.err")" = 1 ] || fail "$name: rank 0 alone should print progress"
+    close "$name" "$m-1.jsonl" "$name.jsonl" "$m-1.st" "$name.st"
+  done
+done
+
+# resume under dp: 3 steps, a checkpoint, then the rest; the same losses as without a stop
+e2e_prog 0 resume1 "$mpirun" --oversubscribe -np 2 ./gpt_small-dp2-micro --steps 3 --checkpoint-dir ck --metrics r.jsonl
+e2e_prog 0 resume2 "$mpirun" --oversubscribe -np 2 ./gpt_small-dp2-micro --resume ck --metrics r.jsonl
+[ "$(e2e_det r.jsonl)" = "$(e2e_det gpt_small-dp2-micro.jsonl)" ] ||
+  fail "resumed dp run differs from the uninterrupted one"
+
+# a wrong rank count: exit status 2... from every rank, with the fix in the message
+timeout 60 "$mpirun" --oversubscribe -np 3 ./gpt_small-dp2 2>wrong.err && fail "-np 3 of a dp=2 program succeeded"
+[ "$(grep -c 'this program was built for 2 devices (mesh laptop, dp=2); run it with mpirun -np 2, not 3' wrong.err)" = 3 ] ||
+  { cat wrong.err; fail "-np 3: every rank should say how to run it"; }
+e2e_prog 2 wrong1 ./gpt_small-dp2
+e2e_says wrong1 "run it with mpirun -np 2, not 1"
+
+# cplanc run starts mpirun -np 2 itself
+e2e_prog 0 run "$cplanc" run gpt_small.cplan --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 -- --metrics run.jsonl
+e2e_says run "data parallel: 2 ranks" "step 6/6"
+[ "$(e2e_det run.jsonl)" = "$(e2e_det gpt_small-dp2.jsonl)" ] || fail "cplanc run differs from mpirun ./prog"
+echo ok

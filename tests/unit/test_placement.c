@@ -1,0 +1,132 @@
+/* test_placement.c: the resharding table (collective and bytes per device) and the sharding rules
+ * of matmul, embedding, reductions and sdpa: each rule with a strategy it accepts and one it
+ * rejects. */
+#include "placement.h"
+
+#include <math.h>
+#include <string.h>
+
+static int failures;
+#define CHECK(c)                                                          \
+  do {                                                                    \
+    if (!(c)) {                                                           \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
+      failures++;                                                         \
+    }                                                                     \
+  } while (0)
+
+static int leaf(Graph *g, OpId op, Shape s, DType t) {
+  int i = ir_add(g, op, NULL, 0, SPAN_NONE);
+  g->nodes[i].shape = s;
+  g->nodes[i].dtype = t;
+  return i;
+}
+
+static int node(Graph *g, OpId op, const int *in, int nin) {
+  int i = ir_add(g, op, in, nin, SPAN_NONE);
+  char err[256];
+  if (!ir_infer(g, i, err, sizeof err)) {
+    fprintf(stderr, "shape: %s\n", err);
+    failures++;
+  }
+  return i;
+}
+
+/* Runs node i's rule on (a, b, c) with n devices; returns validity, output in *out. */
+static bool rule(const Graph *g, int i, int64_t n, Pl a, Pl b, Pl c, Pl *out) {
+  Pl in[3] = {a, b, c};
+  ShardIO io = {.in = in, .n = n};
+  bool ok = shard_node(g, &g->nodes[i], &io);
+  *out = io.out;
+  return ok;
+}
+
+static void test_reshard(void) {
+  CHECK(pl_reshard(pl_p(), pl_r()) == COLL_ALL_REDUCE);
+  CHECK(pl_reshard(pl_p(), pl_s(1)) == COLL_REDUCE_SCATTER);
+  CHECK(pl_reshard(pl_s(0), pl_r()) == COLL_ALL_GATHER);
+  CHECK(pl_reshard(pl_s(0), pl_s(2)) == COLL_ALL_TO_ALL);
+  CHECK(pl_reshard(pl_r(), pl_s(0)) == COLL_LOCAL_SLICE);
+  CHECK(pl_reshard(pl_s(1), pl_s(1)) == COLL_NONE);
+  CHECK(fabs(pl_coll_bytes(COLL_ALL_REDUCE, 1024, 4) - 1536) < 1e-9);    /* 2(n-1)/n */
+  CHECK(fabs(pl_coll_bytes(COLL_ALL_GATHER, 1024, 4) - 768) < 1e-9);     /* (n-1)/n */
+  CHECK(fabs(pl_coll_bytes(COLL_REDUCE_SCATTER, 1024, 4) - 768) < 1e-9);
+  CHECK(fabs(pl_coll_bytes(COLL_ALL_TO_ALL, 1024, 4) - 192) < 1e-9);     /* (n-1)/n of a 256 B shard */
+  CHECK(pl_coll_bytes(COLL_LOCAL_SLICE, 1024, 4) == 0);
+  CHECK(pl_coll_bytes(COLL_ALL_REDUCE, 1024, 1) == 0);
+  Placement p = {2, {pl_s(0), pl_r()}};
+  CHECK(strcmp(placement_str(&p), "[S(0), R]") == 0);
+}
+
+static void test_matmul(void) {
+  Graph *g = ir_new("t");
+  int x = leaf(g, OP_INPUT, (Shape){3, {4, 8, 16}}, DT_F32), w = leaf(g, OP_PARAM, (Shape){2, {16, 32}}, DT_F32);
+  int mm = node(g, OP_MATMUL, (int[]){x, w}, 2);
+  Pl o;
+  CHECK(rule(g, mm, 2, pl_s(0), pl_r(), pl_r(), &o) && pl_eq(o, pl_s(0)));  /* batch split */
+  CHECK(rule(g, mm, 2, pl_s(1), pl_r(), pl_r(), &o) && pl_eq(o, pl_s(1)));  /* row split */
+  CHECK(rule(g, mm, 2, pl_r(), pl_s(1), pl_r(), &o) && pl_eq(o, pl_s(2)));  /* column-parallel */
+  CHECK(rule(g, mm, 2, pl_s(2), pl_s(0), pl_r(), &o) && o.kind == PL_P);    /* row-parallel */
+  CHECK(rule(g, mm, 2, pl_p(), pl_r(), pl_r(), &o) && o.kind == PL_P);
+  CHECK(!rule(g, mm, 2, pl_s(0), pl_s(1), pl_r(), &o));                      /* two dims on one axis */
+  CHECK(!rule(g, mm, 2, pl_p(), pl_p(), pl_r(), &o));
+  CHECK(!rule(g, mm, 3, pl_r(), pl_s(1), pl_r(), &o));                       /* 3 does not divide 32 */
+  Pl ins[64 * 2], outs[64];
+  int k = shard_candidates(g, &g->nodes[mm], 2, ins, outs, 64);
+  CHECK(k >= 6); /* R, batch, row, column, reduction (and its sliced forms), partial */
+}
+
+static void test_embedding(void) {
+  Graph *g = ir_new("t");
+  int t = leaf(g, OP_PARAM, (Shape){2, {64, 16}}, DT_F32), idx = leaf(g, OP_INPUT, (Shape){2, {4, 8}}, DT_I32);
+  int e = node(g, OP_EMBEDDING, (int[]){t, idx}, 2);
+  Pl o;
+  CHECK(rule(g, e, 2, pl_s(0), pl_r(), pl_r(), &o) && o.kind == PL_P);       /* vocab-parallel */
+  CHECK(rule(g, e, 2, pl_r(), pl_s(0), pl_r(), &o) && pl_eq(o, pl_s(0)));   /* data-parallel */
+  CHECK(rule(g, e, 2, pl_s(1), pl_r(), pl_r(), &o) && pl_eq(o, pl_s(2)));
+  CHECK(!rule(g, e, 2, pl_s(0), pl_s(0), pl_r(), &o));
+  CHECK(!rule(g, e, 2, pl_r(), pl_p(), pl_r(), &o));
+  CHECK(!rule(g, e, 3, pl_s(0), pl_r(), pl_r(), &o));                        /* 3 does not divide 64 */
+}
+
+static void test_reduce(void) {
+  Graph *g = ir_new("t");
+  int x = leaf(g, OP_INPUT, (Shape){3, {4, 8, 16}}, DT_F32);
+  int s = ir_add(g, OP_SUM, (int[]){x}, 1, SPAN_NONE);
+  g->nodes[s].dims[0] = 2, g->nodes[s].ndims = 1;
+  char err[128];
+  CHECK(ir_infer(g, s, err, sizeof err));
+  int m = ir_add(g, OP_MAX, (int[]){x}, 1, SPAN_NONE);
+  g->nodes[m].dims[0] = 2, g->nodes[m].ndims = 1;
+  CHECK(ir_infer(g, m, err, sizeof err));
+  Pl o;
+  CHECK(rule(g, s, 2, pl_s(2), pl_r(), pl_r(), &o) && o.kind == PL_P);    /* S on the reduced dim */
+  CHECK(rule(g, s, 2, pl_s(0), pl_r(), pl_r(), &o) && pl_eq(o, pl_s(0)));
+  CHECK(rule(g, s, 2, pl_p(), pl_r(), pl_r(), &o) && o.kind == PL_P);
+  CHECK(!rule(g, m, 2, pl_s(2), pl_r(), pl_r(), &o));                    /* no max-reduce */
+  CHECK(!rule(g, m, 2, pl_p(), pl_r(), pl_r(), &o));
+}
+
+static void test_sdpa(void) {
+  Graph *g = ir_new("t");
+  Shape s = {4, {2, 4, 8, 16}};
+  int q = leaf(g, OP_INPUT, s, DT_F32), k = leaf(g, OP_INPUT, s, DT_F32), v = leaf(g, OP_INPUT, s, DT_F32);
+  int a = node(g, OP_SDPA, (int[]){q, k, v}, 3);
+  Pl o;
+  CHECK(rule(g, a, 2, pl_s(1), pl_s(1), pl_s(1), &o) && pl_eq(o, pl_s(1))); /* heads */
+  CHECK(rule(g, a, 2, pl_s(0), pl_s(0), pl_s(0), &o) && pl_eq(o, pl_s(0))); /* batch */
+  CHECK(!rule(g, a, 2, pl_s(1), pl_r(), pl_s(1), &o));
+  CHECK(!rule(g, a, 2, pl_s(3), pl_s(3), pl_s(3), &o));                     /* head dim */
+  CHECK(!rule(g, a, 3, pl_s(1), pl_s(1), pl_s(1), &o));                     /* 3 does not divide 4 heads */
+}
+
+int main(void) {
+  test_reshard();
+  test_matmul();
+  test_embedding();
+  test_reduce();
+  test_sdpa();
+  if (failures) fprintf(stderr, "%d failure(s)\n", failures);
+  else printf("test_placement: ok\n");
+  return failures ? 1 : 0;
+}
