@@ -5,7 +5,8 @@
  * a message that names none of them.  A collective cannot be failed on one rank alone, so a
  * failure stops every rank (MPI_Abort).  Each collective is also watched: a thread aborts the job
  * when one has not finished after CPLAN_COMM_TIMEOUT seconds, naming the rank and the collective,
- * so a dead or stuck peer ends the run instead of hanging it. */
+ * so a dead or stuck peer ends the run instead of hanging it.  Each call is a span of --trace
+ * (trace.c), named as the rt_comm function, with the bytes it added to the counter. */
 #include "cplanrt.h"
 
 #include <limits.h>
@@ -240,6 +241,7 @@ void rt_comm_abort(RtComm *c, int code, const char *msg) {
 /* ---- collectives ------------------------------------------------------------------------------- */
 
 void rt_comm_all_reduce(RtComm *c, void *buf, int64_t count, RtCommType t) {
+  double t0 = rt_trace_now();
   /* in chunks of at most 2^30 elements: MPI counts are int */
   const int64_t chunk = (int64_t)1 << 30;
   c->bytes += (uint64_t)count * type_size(t);
@@ -250,57 +252,72 @@ void rt_comm_all_reduce(RtComm *c, void *buf, int64_t count, RtCommType t) {
                                mpi_type(t), MPI_SUM, c->comm));
   }
   watch(c, NULL);
+  rt_trace_comm("all_reduce", c->name, (uint64_t)count * type_size(t), t0);
 }
 
 void rt_comm_reduce_scatter(RtComm *c, const void *send, void *recv, int64_t count, RtCommType t) {
+  double t0 = rt_trace_now();
   int n = icount(c, count, "MPI_Reduce_scatter_block");
   c->bytes += (uint64_t)count * (uint64_t)c->size * type_size(t);
   watch(c, "MPI_Reduce_scatter_block");
   MPI_CHECK(c, MPI_Reduce_scatter_block(send, recv, n, mpi_type(t), MPI_SUM, c->comm));
   watch(c, NULL);
+  rt_trace_comm("reduce_scatter", c->name, (uint64_t)count * (uint64_t)c->size * type_size(t), t0);
 }
 
 void rt_comm_all_gather(RtComm *c, const void *send, void *recv, int64_t count, RtCommType t) {
+  double t0 = rt_trace_now();
   int n = icount(c, count, "MPI_Allgather");
   c->bytes += (uint64_t)count * type_size(t);
   watch(c, "MPI_Allgather");
   MPI_CHECK(c, MPI_Allgather(send, n, mpi_type(t), recv, n, mpi_type(t), c->comm));
   watch(c, NULL);
+  rt_trace_comm("all_gather", c->name, (uint64_t)count * type_size(t), t0);
 }
 
 void rt_comm_all_to_all(RtComm *c, const void *send, void *recv, int64_t count, RtCommType t) {
+  double t0 = rt_trace_now();
   int n = icount(c, count, "MPI_Alltoall");
   c->bytes += (uint64_t)count * (uint64_t)c->size * type_size(t);
   watch(c, "MPI_Alltoall");
   MPI_CHECK(c, MPI_Alltoall(send, n, mpi_type(t), recv, n, mpi_type(t), c->comm));
   watch(c, NULL);
+  rt_trace_comm("all_to_all", c->name, (uint64_t)count * (uint64_t)c->size * type_size(t), t0);
 }
 
 void rt_comm_broadcast(RtComm *c, void *buf, int64_t count, RtCommType t, int root) {
+  double t0 = rt_trace_now();
   int n = icount(c, count, "MPI_Bcast");
   c->bytes += (uint64_t)count * type_size(t);
   watch(c, "MPI_Bcast");
   MPI_CHECK(c, MPI_Bcast(buf, n, mpi_type(t), root, c->comm));
   watch(c, NULL);
+  rt_trace_comm("broadcast", c->name, (uint64_t)count * type_size(t), t0);
 }
 
 void rt_comm_send(RtComm *c, const void *buf, int64_t count, RtCommType t, int peer, int tag) {
+  double t0 = rt_trace_now();
   int n = icount(c, count, "MPI_Send");
   c->bytes += (uint64_t)count * type_size(t);
   watch(c, "MPI_Send");
   MPI_CHECK(c, MPI_Send(buf, n, mpi_type(t), peer, tag, c->comm));
   watch(c, NULL);
+  rt_trace_comm("send", c->name, (uint64_t)count * type_size(t), t0);
 }
 
 void rt_comm_recv(RtComm *c, void *buf, int64_t count, RtCommType t, int peer, int tag) {
+  double t0 = rt_trace_now();
   int n = icount(c, count, "MPI_Recv");
   watch(c, "MPI_Recv");
   MPI_CHECK(c, MPI_Recv(buf, n, mpi_type(t), peer, tag, c->comm, MPI_STATUS_IGNORE));
   watch(c, NULL);
+  rt_trace_comm("recv", c->name, 0, t0);
 }
 
 void rt_comm_barrier(RtComm *c) {
+  double t0 = rt_trace_now();
   watch(c, "MPI_Barrier");
   MPI_CHECK(c, MPI_Barrier(c->comm));
   watch(c, NULL);
+  rt_trace_comm("barrier", c->name, 0, t0);
 }

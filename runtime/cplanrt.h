@@ -7,6 +7,7 @@
  *   train.c                     rt_main, the training program's main loop; rt_uniform
  *   checkpoint.c                params files and checkpoints
  *   comm.c                      rt_comm: collectives over MPI for multi-rank runs
+ *   trace.c                     --trace (Chrome/Perfetto spans) and peak memory
  *
  * Conventions: functions return 0 on success and -1 on failure, or a pointer that is NULL on
  * failure; on failure they fill the RtError the caller passes (which may be NULL) with one line
@@ -364,5 +365,35 @@ uint64_t rt_comm_bytes(const RtComm *c);
 void rt_comm_abort(RtComm *c, int code, const char *msg) __attribute__((noreturn));
 /* Frees the world; MPI_Finalize runs at exit when rt_comm_init initialized MPI. */
 void rt_comm_finalize(RtComm *world);
+
+/* ---- trace.c: --trace FILE.json and the peak memory report (added with issue 4) ---------------
+ *
+ * A trace is a Chrome/Perfetto JSON array of complete ("X") events: pid = the rank, tid = a lane
+ * (RT_TRACE_COMPUTE: steps, micro-steps, updates, data loading, evaluation, checkpoints;
+ * RT_TRACE_COMM: every rt_comm call, with its bytes and group in args), ts and dur in microseconds
+ * from the earliest span of any rank.  Recording is process-wide and off until rt_trace_open; the
+ * hooks cost one branch when it is off. */
+
+enum { RT_TRACE_COMPUTE = 0, RT_TRACE_COMM = 1 };
+
+/* Starts recording; rank 0 opens path for writing now (so a bad path fails before training). */
+int rt_trace_open(const char *path, int rank, RtError *err);
+int rt_trace_on(void);
+/* Now in microseconds (0 when no trace is open): the t0 of a span. */
+double rt_trace_now(void);
+/* A compute-lane span named name (a string literal) from t0 to now; step, micro: -1 when none. */
+void rt_trace_span(const char *name, double t0, int64_t step, int64_t micro);
+/* A comm-lane span of one collective: the call, the group and the bytes rt_comm_bytes counted. */
+void rt_trace_comm(const char *name, const char *group, uint64_t bytes, double t0);
+/* The step whose metrics line (comm_bytes) counts the collectives from now on: comm events carry
+ * it as args.step, so a trace's bytes add up to the metrics'. */
+void rt_trace_comm_step(int64_t step);
+/* Every rank calls it (a collective when world has several ranks): rank 0 writes every rank's
+ * events to the path given to rt_trace_open.  Recording stops. */
+int rt_trace_write(RtComm *world, RtError *err);
+/* Stops recording and frees everything (also the file, when rt_trace_write was not called). */
+void rt_trace_close(void);
+/* The process's peak resident set size in bytes (getrusage ru_maxrss), -1 if unknown. */
+int64_t rt_peak_rss_bytes(void);
 
 #endif

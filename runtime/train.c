@@ -82,7 +82,7 @@ static void init_param(const RtPlan *p, const RtPlanParam *pp, float *dst) {
 
 typedef struct Opts {
   int64_t steps;                /* -1: plan->steps */
-  const char *data, *init, *save_init, *save, *metrics, *ckpt_dir, *resume;
+  const char *data, *init, *save_init, *save, *metrics, *ckpt_dir, *resume, *trace;
   int64_t ckpt_every;           /* -1: the plan's */
   int64_t threads;              /* 0: the online CPUs */
   int64_t quiet, help;
@@ -115,6 +115,8 @@ static const struct Flag {
    offsetof(Opts, ckpt_every), 0},
   {"--resume", "DIR", "continue exactly from the latest checkpoint in DIR", FLAG_STR,
    offsetof(Opts, resume), 0},
+  {"--trace", "FILE", "write every rank's measured spans (steps, data, collectives) to FILE as a Chrome/Perfetto trace", FLAG_STR,
+   offsetof(Opts, trace), 0},
   {"--threads", "N", "compute threads (default: the online CPUs)", FLAG_INT,
    offsetof(Opts, threads), 1},
   {"--quiet", NULL, "print nothing but errors", FLAG_BOOL, offsetof(Opts, quiet), 0},
@@ -230,6 +232,7 @@ typedef struct Trainer {
   int64_t grad_lo, grad_n;      /* or their span of run.state, all-reduced in place */
   int stop_agreed;              /* a signal reached some rank (multi-rank runs) */
   uint64_t comm_bytes;          /* rt_comm_bytes before this step */
+  int ready;                    /* setup succeeded on every rank: the end-of-run collectives run */
 } Trainer;
 
 static volatile sig_atomic_t stop_signal;
@@ -719,17 +722,25 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   memset(t->msum, 0, (size_t)p->nmetrics * sizeof *t->msum);
   t->run.step = s;
   for (int64_t m = 0; m < p->accum; m++) {
+    double t0 = rt_trace_now();
     if (fill_inputs(t, 0, s, m, err) != 0) {
       if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg); /* the others are in a collective */
       return -1;
     }
+    rt_trace_span("data", t0, s, m);
     t->run.micro_index = m;
+    t0 = rt_trace_now();
     p->micro_step(&t->run, t->cbufs, &loss, t->mets);
+    rt_trace_span("micro_step", t0, s, m);
     lsum += loss;
     for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
   }
+  double t0 = rt_trace_now();
   if (t->nranks > 1) all_reduce_grads(t);
+  if (t->nranks > 1) rt_trace_span("grad_sync", t0, s, -1);
+  t0 = rt_trace_now();
   *gn = p->update(&t->run);
+  rt_trace_span("update", t0, s, -1);
   t->msum[p->nmetrics] = lsum;
   reduce_means(t, t->msum, p->nmetrics + 1, p->accum);
   t->loss = t->msum[p->nmetrics];
@@ -740,7 +751,7 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   return 0;
 }
 
-static int checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
+static int write_checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
   RtCkptInfo info = {.step = done, .seed = t->p->seed, .loss = t->loss, .data_offset = -1};
   snprintf(info.plan_hash, sizeof info.plan_hash, "%s", t->p->source_hash ? t->p->source_hash : "");
   if (t->p->data_kind == RT_DATA_TOKENS) {
@@ -759,6 +770,19 @@ static int checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
   return rt_ckpt_prune(dir, t->ckpt_keep, err);
 }
 
+/* write_checkpoint, as a span of --trace (args.step: the steps done). */
+static int checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
+  double t0 = rt_trace_now();
+  int rc = write_checkpoint(t, dir, done, err);
+  rt_trace_span("checkpoint", t0, done, -1);
+  return rc;
+}
+
+/* The arenas this rank allocated (alloc_all): params, optimizer state and gradients, work. */
+static int64_t arena_bytes(const Trainer *t) {
+  return 4 * (t->p->param_floats + t->p->state_floats) + t->p->work_bytes;
+}
+
 static int eval_due(const Trainer *t, int64_t s) {
   const RtPlan *p = t->p;
   if (!t->has_val || p->eval_every <= 0 || !p->eval_step) return 0;
@@ -768,8 +792,9 @@ static int eval_due(const Trainer *t, int64_t s) {
 /* Step s and everything that follows it: metrics line, progress, eval, checkpoint. */
 static int step_and_report(Trainer *t, int64_t s, RtError *err) {
   const RtPlan *p = t->p;
-  double gn, t0 = now_s();
+  double gn, t0 = now_s(), tt = rt_trace_now();
   if (one_step(t, s, &gn, err) != 0) return -1;
+  rt_trace_span("step", tt, s, -1);
   double sec = now_s() - t0, lr = p->lr_at ? p->lr_at(s) : 0;
   if (s > t->start) t->time_sum += sec, t->timed++;
   cJSON *j = cJSON_CreateObject();
@@ -784,9 +809,15 @@ static int step_and_report(Trainer *t, int64_t s, RtError *err) {
     uint64_t b = rt_comm_bytes(t->world);
     cJSON_AddNumberToObject(j, "comm_bytes", (double)(b - t->comm_bytes));
     t->comm_bytes = b;
+    rt_trace_comm_step(s + 1); /* later collectives count in the next step's line */
   }
+  /* on every line, so the last one (of a finished or an interrupted run) has them */
+  cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)rt_peak_rss_bytes());
+  cJSON_AddNumberToObject(j, "arena_bytes", (double)arena_bytes(t));
   progress(t, s, lr, gn, sec);
+  tt = rt_trace_now();
   int rc = eval_due(t, s) ? evaluate(t, s, j, err) : 0;
+  if (eval_due(t, s)) rt_trace_span("eval", tt, s, -1);
   if (rc == 0) rc = write_metrics(t, j, err);
   cJSON_Delete(j);
   if (rc == 0 && t->ckpt_every > 0 && ((s + 1) % t->ckpt_every == 0 || s + 1 == t->stop))
@@ -826,6 +857,8 @@ static int setup(Trainer *t, RtError *err) {
     return -1;
   if (t->o.save_init && t->rank == 0 && rt_params_save(&t->run, t->o.save_init, err) != 0) return -1;
   if (open_metrics(t, err) != 0) return -1;
+  if (t->o.trace && rt_trace_open(t->o.trace, t->rank, err) != 0) return -1;
+  rt_trace_comm_step(t->start); /* the first metrics line counts the bytes from here */
   banner(t);
   return 0;
 }
@@ -833,6 +866,7 @@ static int setup(Trainer *t, RtError *err) {
 static int run_all(Trainer *t) {
   RtError err = {""};
   if (agree(t, setup(t, &err), &err) != 0) return fail(t, err.msg);
+  t->ready = 1;
   int rc = train_loop(t, &err);
   if (rc < 0) return fail(t, err.msg);
   if (rc == 1) {
@@ -846,6 +880,42 @@ static int run_all(Trainer *t) {
     say(t, "saved the params to %s", t->o.save);
   }
   return 0;
+}
+
+/* "memory: peak RSS 52.1MB, arenas 14.2MB (params ..., state ..., work ...)" for this rank, or,
+ * with several ranks, rank 0's line for each rank (gathered: every rank calls it). */
+static void report_memory(Trainer *t) {
+  const RtPlan *p = t->p;
+  int64_t mine[2] = {rt_peak_rss_bytes(), arena_bytes(t)}, *all = mine;
+  if (t->nranks > 1) {
+    /* every rank is in this collective: without memory, none can go on */
+    if (!(all = calloc(2 * (size_t)t->nranks, sizeof *all))) rt_comm_abort(t->world, 1, "out of memory");
+    rt_comm_all_gather(t->world, mine, all, 2, RT_COMM_I64);
+  }
+  char a[32], b[32], c[32], d[32], e[32];
+  for (int q = 0; q < t->nranks; q++) {
+    char who[32] = "";
+    if (t->nranks > 1) snprintf(who, sizeof who, "rank %d: ", q);
+    say(t, "memory: %speak RSS %s, arenas %s (params %s, state %s, work %s)", who,
+        human(a, sizeof a, (double)all[2 * q], "B"), human(b, sizeof b, (double)all[2 * q + 1], "B"),
+        human(c, sizeof c, 4.0 * (double)p->param_floats, "B"),
+        human(d, sizeof d, 4.0 * (double)p->state_floats, "B"),
+        human(e, sizeof e, (double)p->work_bytes, "B"));
+  }
+  if (all != mine) free(all);
+}
+
+/* After the run (rc: run_all's): the memory report and the --trace file.  Both are collectives,
+ * so they run only when setup succeeded on every rank (then every rank gets here with the same
+ * rc); a trace is written for a failed run too, for its spans up to the failure. */
+static int finish(Trainer *t, int rc) {
+  if (!t->ready) return rc;
+  if (rc == 0) report_memory(t);
+  if (!rt_trace_on()) return rc;
+  RtError err = {""};
+  if (agree(t, rt_trace_write(t->world, &err), &err) != 0) return fail(t, err.msg);
+  say(t, "trace: %s (load it in ui.perfetto.dev or chrome://tracing)", t->o.trace);
+  return rc;
 }
 
 /* A plan for several devices runs as that many MPI ranks; so does any program an MPI launcher
@@ -895,11 +965,12 @@ int rt_main(int argc, char **argv, const RtPlan *plan) {
   stop_signal = 0;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
-  int rc = run_all(&t);
+  int rc = finish(&t, run_all(&t));
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);
   stop_signal = 0;
   free_all(&t);
+  rt_trace_close();
   if (t.world) rt_comm_finalize(t.world);
   return rc;
 }

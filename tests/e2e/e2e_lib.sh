@@ -9,7 +9,8 @@
 #   e2e_prog RC LABEL CMD...    runs CMD (stderr to LABEL.err) and wants exit status RC;
 #                               a status >= 128 (a signal: a crash) always fails
 #   e2e_says LABEL WORD...      LABEL.err must contain every WORD (fixed strings)
-#   e2e_det FILE                the JSONL metrics without the timing fields, for bitwise compares
+#   e2e_det FILE                the JSONL metrics without the timing and peak RSS fields, for
+#                               bitwise compares
 set -u
 
 fail() {
@@ -63,5 +64,5 @@ e2e_says() {
 }
 
 e2e_det() {
-  sed -e 's/,"ms":[^,}]*//' -e 's/,"tokens_per_s":[^,}]*//' "$1"
+  sed -e 's/,"ms":[^,}]*//' -e 's/,"tokens_per_s":[^,}]*//' -e 's/,"peak_rss_bytes":[^,}]*//' "$1"
 }
