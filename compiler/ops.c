@@ -159,6 +159,27 @@ static bool shape_assign(const Graph *g, Node *n, char *err, size_t errlen) {
   return true;
 }
 
+/* The collectives of per-rank graphs (ops.def): the part of the value this rank holds after it. */
+static bool shape_coll(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  int64_t k = n->ia[3], r = x->shape.rank, d1 = n->ia[1], d2 = n->ia[2];
+  if (k < 1) return fail(err, errlen, "%s: %lld devices on the axis", op_name(n), (long long)k);
+  bool two = n->op == OP_ALL_TO_ALL, one = n->op != OP_ALL_REDUCE;
+  if ((one && (d1 < 0 || d1 >= r)) || (two && (d2 < 0 || d2 >= r)))
+    return fail(err, errlen, "%s: dim out of range for %s", op_name(n), shape_str(&x->shape));
+  n->shape = x->shape;
+  n->dtype = x->dtype;
+  if (n->op == OP_ALL_GATHER || two) n->shape.d[d1] *= k;
+  int64_t split = n->op == OP_ALL_TO_ALL ? d2 : d1;
+  if (n->op == OP_REDUCE_SCATTER || n->op == OP_SHARD_SLICE || two) {
+    if (n->shape.d[split] % k != 0)
+      return fail(err, errlen, "%s: %lld devices do not divide dim %lld of %s", op_name(n), (long long)k,
+                  (long long)split, shape_str(&x->shape));
+    n->shape.d[split] /= k;
+  }
+  return true;
+}
+
 static bool shape_arange(const Graph *g, Node *n, char *err, size_t errlen) {
   if (n->ia[0] < 1) return fail(err, errlen, "arange: n must be >= 1, got %lld", (long long)n->ia[0]);
   n->shape = (Shape){.rank = 1, .d = {n->ia[0]}};

@@ -115,6 +115,10 @@ typedef struct StratPlan {
   Placement *pl;       /* per node: its output placement (pp axis: R) */
   int *stage;          /* per node: its pipeline stage */
   VEC(CollOp) colls;
+  /* per logical axis, per node: the placements of its inputs as it consumed them, after any
+   * reshard (NULL for leaves; a GRAD's forward inputs are given as its forward node consumed
+   * them). The SPMD lowering (lower.c) reads them, so build and `plan --explain` agree. */
+  Pl **cons[3];
 } StratPlan;
 
 /* The strategy's degrees with what is left out filled in (dp takes the remaining devices), checked

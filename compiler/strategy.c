@@ -346,6 +346,7 @@ StratPlan *strat_pin(const Program *prog, const Graph *g, const TrainConf *t) {
     run_axis(&c);
     if (c.failed) return NULL;
     for (int i = 0; i < g->n; i++) sp->pl[i].ax[a] = out[i];
+    sp->cons[a] = c.cons;
   }
   for (int i = 0; i < g->n; i++) sp->pl[i].naxes = sp->naxes;
   assign_stages(sp);

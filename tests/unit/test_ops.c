@@ -683,6 +683,26 @@ static void test_internal(void) {
   ERR(N2(OP_ASSIGN, x, x), "the destination must be a param or state");
 }
 
+/* The collectives of per-rank graphs (lower.c): ia[0] axis, ia[1..2] dims, ia[3] devices. */
+static int coll(OpId op, int x, int64_t d1, int64_t d2, int64_t n) {
+  int i = N1(op, x);
+  at(i)->ia[1] = d1, at(i)->ia[2] = d2, at(i)->ia[3] = n;
+  return i;
+}
+
+static void test_collectives(void) {
+  int x = T(DT_F32, 2, 4, 6);
+  OK(coll(OP_ALL_REDUCE, x, 0, 0, 2), "f32[4, 6]");
+  OK(coll(OP_ALL_GATHER, x, 1, 0, 2), "f32[4, 12]");
+  OK(coll(OP_REDUCE_SCATTER, x, 0, 0, 2), "f32[2, 6]");
+  OK(coll(OP_ALL_TO_ALL, x, 0, 1, 2), "f32[8, 3]");
+  OK(coll(OP_SHARD_SLICE, x, 1, 0, 3), "f32[4, 2]");
+  ERR(coll(OP_SHARD_SLICE, x, 1, 0, 4), "4 devices do not divide dim 1");
+  ERR(coll(OP_ALL_GATHER, x, 2, 0, 2), "dim out of range");
+  ERR(coll(OP_ALL_REDUCE, x, 0, 0, 0), "0 devices on the axis");
+  for (int i = g->n - 8; i < g->n; i++) check(ir_node_flops(g, i) == 0, "collectives count no FLOPs", __LINE__);
+}
+
 /* The checklist in ops.def: every op has a case here. */
 static void test_coverage(void) {
   for (int op = 0; op < OP__COUNT; op++)
@@ -713,6 +733,7 @@ int main(void) {
   test_names();
   test_verify();
   test_print();
+  test_collectives();
   test_coverage();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

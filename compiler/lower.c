@@ -1,0 +1,280 @@
+/* lower.c: SPMD lowering of a placed training graph into the graph one rank runs (lower.h).
+ *
+ * One pass in graph order. Each input of a node is resharded from the placement its producer
+ * has (as later readers find it: reductions run in place, as strat_pin assumes) to the one the
+ * node consumed it in (StratPlan.cons); each change is one collective node. The node is then
+ * copied with local attributes, its shape rule re-run, and the result compared with the global
+ * shape divided by its splits: a mismatch is a lowering bug, reported, never silently run. */
+#include "lower.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+typedef struct Cached {
+  int value, axis;   /* local node resharded, on this axis */
+  Pl to;
+  int node;          /* the collective's local node */
+} Cached;
+
+typedef struct Ctx {
+  const StratPlan *sp;
+  const Graph *g;
+  Lowered *lw;
+  int *cur;          /* per global node: the local node later readers take (after in-place reductions) */
+  Pl *have;          /* [axis * g->n + node]: the placement of cur[node] */
+  int **lin;         /* per global node: its local inputs */
+  VEC(Cached) cache;
+  char *err;
+  size_t errlen;
+  bool failed;
+} Ctx;
+
+static bool fail(Ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool fail(Ctx *c, const char *fmt, ...) {
+  if (c->failed) return false;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, c->errlen, fmt, ap);
+  va_end(ap);
+  c->failed = true;
+  return false;
+}
+
+/* The global shape of node i divided by its splits. */
+static Shape local_shape(const StratPlan *sp, int i) {
+  Shape s = sp->g->nodes[i].shape;
+  for (int a = 0; a < sp->naxes; a++) {
+    Pl p = sp->pl[i].ax[a];
+    if (p.kind == PL_S && p.dim < s.rank) s.d[p.dim] /= sp->axes[a].n;
+  }
+  return s;
+}
+
+static int add_coll(Ctx *c, OpId op, int value, int axis, int d1, int d2) {
+  Graph *lg = c->lw->g;
+  int k = ir_add(lg, op, &value, 1, lg->nodes[value].span);
+  Node *n = &lg->nodes[k];
+  n->ia[0] = axis, n->ia[1] = d1, n->ia[2] = d2, n->ia[3] = c->sp->axes[axis].n;
+  n->role = lg->nodes[value].role;
+  n->layer = lg->nodes[value].layer;
+  char e[256];
+  if (!ir_infer(lg, k, e, sizeof e)) fail(c, "lowering: %s", e);
+  c->lw->ncolls++;
+  return k;
+}
+
+/* The local node holding global node j's value in placement `want` on every axis. */
+static int reshard(Ctx *c, int j, const Pl *want) {
+  int v = c->cur[j], n = c->g->n;
+  for (int a = 0; a < c->sp->naxes && !c->failed; a++) {
+    Pl h = c->have[a * n + j], w = want[a];
+    if (pl_eq(h, w)) continue;
+    Collective k = pl_reshard(h, w);
+    if (h.kind == PL_P && (k == COLL_ALL_REDUCE || k == COLL_REDUCE_SCATTER)) {
+      /* in place: every later reader gets the reduced value (strategy.c's record()) */
+      v = add_coll(c, k == COLL_ALL_REDUCE ? OP_ALL_REDUCE : OP_REDUCE_SCATTER, v, a, w.kind == PL_S ? w.dim : 0, 0);
+      c->cur[j] = v;
+      c->have[a * n + j] = w;
+      continue;
+    }
+    int hit = -1;
+    for (int q = 0; q < c->cache.n && hit < 0; q++)
+      if (c->cache.a[q].value == v && c->cache.a[q].axis == a && pl_eq(c->cache.a[q].to, w)) hit = c->cache.a[q].node;
+    if (hit < 0) {
+      if (k == COLL_ALL_GATHER) hit = add_coll(c, OP_ALL_GATHER, v, a, h.dim, 0);
+      else if (k == COLL_ALL_TO_ALL) hit = add_coll(c, OP_ALL_TO_ALL, v, a, h.dim, w.dim);
+      else if (k == COLL_LOCAL_SLICE) hit = add_coll(c, OP_SHARD_SLICE, v, a, w.dim, 0);
+      else {
+        fail(c, "lowering: no lowering of %s -> %s for node %%%d (%s)", pl_str(h), pl_str(w), j,
+             ir_ops[c->g->nodes[j].op].name);
+        return v;
+      }
+      Cached e = {v, a, w, hit};
+      VEC_PUSH(c->cache, e);
+    }
+    v = hit;
+  }
+  return v;
+}
+
+/* Local attributes of node i's copy n (see lower.h). */
+static void localize(Ctx *c, int i, Node *n, const Shape *want) {
+  const StratPlan *sp = c->sp;
+  const Graph *g = c->g;
+  const Node *o = &g->nodes[i];
+  for (int a = 0; a < sp->naxes; a++) {
+    int64_t k = sp->axes[a].n;
+    Pl out = sp->pl[i].ax[a], in0 = o->nin ? sp->cons[a][i][0] : pl_r();
+    switch (o->op) {
+    case OP_SLICE:
+      if (in0.kind == PL_S && in0.dim == o->ia[0]) {
+        if (o->ia[1] % k || o->ia[2] % k) fail(c, "lowering: slice %%%d of a split dim by %lld", i, (long long)k);
+        n->ia[1] /= k, n->ia[2] /= k;
+      }
+      break;
+    case OP_SPLIT_HEADS:
+      if (out.kind == PL_S && out.dim == 1) n->ia[0] /= k;
+      break;
+    case OP_EMBEDDING:
+      if (in0.kind == PL_S && in0.dim == 0) n->ia[0] = a + 1;
+      break;
+    case OP_CROSS_ENTROPY:
+      if (in0.kind == PL_S && in0.dim == g->nodes[o->in[0]].shape.rank - 1) n->ia[0] = a + 1;
+      break;
+    case OP_ARANGE:
+      if (out.kind == PL_S) fail(c, "lowering: a split arange (%%%d)", i);
+      break;
+    case OP_MEAN:
+      if (in0.kind == PL_S && out.kind == PL_P && sp->axes[a].role == AX_TP)
+        fail(c, "lowering: a mean over a tensor-parallel split dim (%%%d)", i);
+      break;
+    default:
+      break;
+    }
+  }
+  if (o->op == OP_RESHAPE) {
+    n->ndims = want->rank;
+    for (int d = 0; d < want->rank; d++) n->dims[d] = want->d[d];
+  }
+}
+
+static void lower_node(Ctx *c, int i) {
+  const StratPlan *sp = c->sp;
+  const Node *o = &c->g->nodes[i];
+  Graph *lg = c->lw->g;
+  int *in = cp_alloc(sizeof(int) * (size_t)(o->nin ? o->nin : 1));
+  bool grad = o->op == OP_GRAD;
+  for (int k = 0; k < o->nin; k++) {
+    if (grad && k > 0) { /* the forward node's inputs as it consumed them, then the forward node */
+      in[k] = k < o->nin - 1 ? c->lin[o->fwd][k - 1] : c->lw->map[o->fwd];
+      continue;
+    }
+    Pl want[3];
+    for (int a = 0; a < sp->naxes; a++) want[a] = sp->cons[a][i][k];
+    in[k] = reshard(c, o->in[k], want);
+  }
+  int li = ir_add(lg, o->op, in, o->nin, o->span);
+  Node *n = &lg->nodes[li];
+  memcpy(n->ia, o->ia, sizeof n->ia);
+  memcpy(n->fa, o->fa, sizeof n->fa);
+  memcpy(n->dims, o->dims, sizeof n->dims);
+  n->ndims = o->ndims, n->name = o->name, n->layer = o->layer, n->role = o->role;
+  n->fwd = o->fwd >= 0 ? c->lw->map[o->fwd] : -1;
+  if (o->op == OP_STATE) n->ia[0] = c->lw->map[o->ia[0]];
+  Shape want = local_shape(sp, i);
+  c->lin[i] = in;
+  c->lw->map[i] = c->cur[i] = li;
+  for (int a = 0; a < sp->naxes; a++) c->have[a * c->g->n + i] = sp->pl[i].ax[a];
+  if (ir_ops[o->op].flags & OPF_LEAF) {
+    n->shape = want;
+    n->dtype = o->dtype;
+    return;
+  }
+  localize(c, i, n, &want);
+  char e[256];
+  if (!ir_infer(lg, li, e, sizeof e)) {
+    fail(c, "lowering: node %%%d (%s): %s", i, ir_ops[o->op].name, e);
+    return;
+  }
+  if (!shape_eq(&lg->nodes[li].shape, &want))
+    fail(c, "lowering: node %%%d (%s) has local shape %s, its placement %s needs %s", i, ir_ops[o->op].name,
+         shape_str(&lg->nodes[li].shape), placement_str(&sp->pl[i]), shape_str(&want));
+}
+
+/* ---- blocked layouts ------------------------------------------------------------------------ */
+
+static int tp_axis(const StratPlan *sp) {
+  for (int a = 0; a < sp->naxes; a++)
+    if (sp->axes[a].role == AX_TP) return a;
+  return -1;
+}
+
+/* Marks node i (split along a dim of size `size` on axis a) and the producers it was computed
+ * from that are split alike with `b` blocks. */
+static void mark_blocks(const StratPlan *sp, int *blocks, int a, int i, int64_t size, int b) {
+  const Graph *g = sp->g;
+  Pl p = sp->pl[i].ax[a];
+  if (p.kind != PL_S || g->nodes[i].shape.d[p.dim] != size || blocks[i] == b) return;
+  blocks[i] = b;
+  for (int k = 0; k < g->nodes[i].nin; k++) mark_blocks(sp, blocks, a, g->nodes[i].in[k], size, b);
+}
+
+/* A slice of q, k or v out of a split fused tensor needs the blocked layout on everything the
+ * fused tensor came from (lower.h); states and gradients follow their param. */
+static void find_blocks(const StratPlan *sp, int *blocks) {
+  const Graph *g = sp->g;
+  for (int i = 0; i < g->n; i++) blocks[i] = 1;
+  int a = tp_axis(sp);
+  if (a < 0) return;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = &g->nodes[i];
+    if (n->op != OP_SLICE || n->role != ROLE_FWD) continue;
+    Pl x = sp->cons[a][i][0];
+    int64_t size = g->nodes[n->in[0]].shape.d[n->ia[0]], len = n->ia[2] - n->ia[1];
+    if (x.kind == PL_S && x.dim == n->ia[0] && len < size && size % len == 0)
+      mark_blocks(sp, blocks, a, n->in[0], size, (int)(size / len));
+  }
+  for (int i = 0; i < g->n; i++)
+    if (g->nodes[i].op == OP_STATE) blocks[i] = blocks[g->nodes[i].ia[0]];
+  for (int k = 0; k < g->grads.n; k++)
+    if (g->grads.a[k] >= 0) blocks[g->grads.a[k]] = blocks[g->params.a[k]];
+}
+
+int64_t lower_global_index(const StratPlan *sp, const Lowered *lw, int i, const int64_t *coord, int64_t local) {
+  const Node *n = &sp->g->nodes[i];
+  Shape ls = local_shape(sp, i);
+  int64_t idx[CP_MAX_RANK], rest = local;
+  for (int d = ls.rank - 1; d >= 0; d--) idx[d] = rest % ls.d[d], rest /= ls.d[d];
+  for (int a = 0; a < sp->naxes; a++) {
+    Pl p = sp->pl[i].ax[a];
+    if (p.kind != PL_S) continue;
+    int64_t b = sp->axes[a].role == AX_TP ? lw->blocks[i] : 1, part = ls.d[p.dim] / b, j = idx[p.dim];
+    /* block j / part of the global dim, this rank's part of it, the offset inside */
+    idx[p.dim] = (j / part) * (n->shape.d[p.dim] / b) + coord[a] * part + j % part;
+  }
+  int64_t g = 0;
+  for (int d = 0; d < n->shape.rank; d++) g = g * n->shape.d[d] + idx[d];
+  return g;
+}
+
+/* ---- the entry point -------------------------------------------------------------------- */
+
+static void map_lists(const Ctx *c, Graph *lg) {
+  const Graph *g = c->g;
+  const int *m = c->lw->map;
+  for (int k = 0; k < g->params.n; k++) VEC_PUSH(lg->params, m[g->params.a[k]]);
+  for (int k = 0; k < g->inputs.n; k++) VEC_PUSH(lg->inputs, m[g->inputs.a[k]]);
+  for (int k = 0; k < g->grads.n; k++) VEC_PUSH(lg->grads, g->grads.a[k] >= 0 ? m[g->grads.a[k]] : -1);
+  for (int k = 0; k < g->states.n; k++) VEC_PUSH(lg->states, m[g->states.a[k]]);
+  for (int k = 0; k < g->layer_names.n; k++) VEC_PUSH(lg->layer_names, g->layer_names.a[k]);
+  for (int k = 0; k < g->metrics.n; k++) {
+    Metric mt = g->metrics.a[k];
+    mt.node = c->cur[mt.node]; /* reduced, when a reduction followed */
+    VEC_PUSH(lg->metrics, mt);
+  }
+  lg->loss = g->loss >= 0 ? c->cur[g->loss] : -1;
+  lg->grad_norm = g->grad_norm >= 0 ? c->cur[g->grad_norm] : -1;
+  lg->accum = g->accum;
+  lg->batch = g->batch;
+}
+
+Lowered *lower_spmd(const StratPlan *sp, char *err, size_t errlen) {
+  const Graph *g = sp->g;
+  Lowered *lw = cp_alloc(sizeof *lw);
+  lw->g = ir_new(g->model_name);
+  lw->map = cp_alloc(sizeof(int) * (size_t)g->n);
+  lw->blocks = cp_alloc(sizeof(int) * (size_t)g->n);
+  Ctx c = {.sp = sp, .g = g, .lw = lw, .err = err, .errlen = errlen};
+  c.cur = cp_alloc(sizeof(int) * (size_t)g->n);
+  c.have = cp_alloc(sizeof(Pl) * (size_t)g->n * (size_t)(sp->naxes ? sp->naxes : 1));
+  c.lin = cp_alloc(sizeof(int *) * (size_t)g->n);
+  find_blocks(sp, lw->blocks);
+  for (int i = 0; i < g->n && !c.failed; i++) {
+    lw->g->cur_layer = g->nodes[i].layer;
+    lower_node(&c, i);
+  }
+  if (c.failed) return NULL;
+  map_lists(&c, lw->g);
+  if (!ir_verify(lw->g, err, errlen)) return NULL;
+  return lw;
+}

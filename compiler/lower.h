@@ -1,0 +1,50 @@
+/* lower.h: SPMD lowering (lower.c). From the training graph and the placements strat_pin gave
+ * every node, the graph ONE rank runs: every value whose placement is S(d) on a mesh axis has its
+ * local (shard) shape, and the reshards the placements imply are explicit collective nodes
+ * (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, SHARD_SLICE in ops.def). The placements are
+ * strat_pin's (StratPlan.pl and .cons), never recomputed, so the build and `cplanc plan
+ * --explain` agree.
+ *
+ * The per-rank graph is the same on every rank of an axis group (SPMD); what differs per rank
+ * (which shard, which vocabulary rows) is read at run time from the rank's coordinate on the
+ * axis. Attributes the lowering sets for that:
+ *   EMBEDDING with its table S(0) on axis a (vocab-parallel): ia[0] = a + 1; the rank looks up
+ *     rows [r*V/n, (r+1)*V/n) of the global table and yields zeros for other indices (P).
+ *   CROSS_ENTROPY with logits S(last) on axis a (vocab-parallel): ia[0] = a + 1; the rows' max
+ *     and sum of exponentials are all-reduced inside the op, and each rank's result is its part
+ *     of the loss (the parts sum to the loss: P).
+ *   SLICE along a split dim: start and end divided by the axis size (see blocks below).
+ *   SPLIT_HEADS whose heads are split: h divided by the axis size.
+ *   RESHAPE: dims = the local shape.
+ *
+ * Blocked layouts (the fused QKV weight). strat_pin column-splits c_attn's weight [C, 3C]; its
+ * consumer splits the product into q, k and v thirds. A contiguous column split would give rank 0
+ * all of q and half of k. Instead each rank's shard of such a tensor is the concatenation of its
+ * part of every third ("blocked" layout, Megatron's): shard column j of rank r is global column
+ * (j / (3C/3n)) * C + r * (C/n) + j % (C/n). The slices then stay local ([s/n, e/n) of the shard)
+ * and each rank holds whole heads of q, k and v. The block count of every param (1: contiguous)
+ * is in Lowered.blocks; init, save and load map shard elements to global ones through it, so
+ * checkpoints hold the ordinary (unpermuted) tensor. */
+#ifndef CPLAN_LOWER_H
+#define CPLAN_LOWER_H
+
+#include "placement.h"
+
+typedef struct Lowered {
+  Graph *g;          /* the per-rank graph (params, inputs, metrics, grads, states mapped) */
+  int *map;          /* per node of the global graph: its copy in g */
+  int *blocks;       /* per node of the global graph: the blocked-layout count of its split dim on
+                        the tp axis (1: contiguous; 3: fused q, k, v) */
+  int ncolls;        /* collective nodes inserted */
+} Lowered;
+
+/* The per-rank graph of sp's training graph. NULL with a message in err when a placement has no
+ * lowering yet (an internal limitation, not a user error). The result passes ir_verify. */
+Lowered *lower_spmd(const StratPlan *sp, char *err, size_t errlen);
+
+/* The global index (row-major, in the global shape) of element `local` of rank coordinate
+ * coord[a] (per logical axis) of node i's shard. For params, states and their gradients. */
+int64_t lower_global_index(const StratPlan *sp, const Lowered *lw, int i, const int64_t *coord,
+                           int64_t local);
+
+#endif
