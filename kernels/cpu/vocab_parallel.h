@@ -1,0 +1,49 @@
+/* vocab_parallel.h: f32 kernels of the vocab-parallel embedding and cross_entropy (tensor
+ * parallelism, compiler/lower.h: EMBEDDING / CROSS_ENTROPY with ia[0] = axis + 1).
+ *
+ * A rank holds vocabulary rows [v0, v0 + vl) of the global vocabulary v (lower.h: rank r of n
+ * holds [r*v/n, (r+1)*v/n)). The kernels never communicate: they compute a rank's part, and the
+ * caller (the generated plan) exchanges what the comments say over the axis group with rt_comm.
+ * Only SUM all-reduce and all-gather are needed, since rt_comm has no MAX reduction.
+ *
+ * Cross entropy forward, per rank (rows = the batch rows, every rank has all rows and targets):
+ *   kvp_ce_row_max(m_local)            -> all_gather m_local into g [n, rows]
+ *   kvp_ce_max_combine(m, g)           -> m = the global row max, the same on every rank
+ *   kvp_ce_row_sumexp(s, m)            -> all_reduce (sum) s: the global sum of exp(l - m)
+ *   kvp_ce_forward_part(m, s)          -> this rank's part of the loss; the parts sum to the
+ *                                         loss of k_cross_entropy_forward on the whole logits.
+ * Backward: kvp_ce_backward with the same m and s gives this rank's columns of the gradient of
+ * the (summed) loss, so the loss's seed gradient is dloss on every rank.
+ * Checked against ref.h on split inputs in tests/kernels/test_vocab_parallel.c. */
+#ifndef CPLAN_KERNELS_VOCAB_PARALLEL_H
+#define CPLAN_KERNELS_VOCAB_PARALLEL_H
+
+#include <stdint.h>
+
+/* out [n, c] = the global table's rows at idx [n], where table holds rows [v0, v0 + vl) of a
+ * [v, c] table: rows outside the range are 0 (the axis's all-reduce then sums the parts). */
+void kvp_embedding_forward(float *out, const float *table, const int32_t *idx, int n, int v0,
+                           int vl, int v, int c);
+/* dtable (this rank's [vl, c] rows) += dout rows whose idx is in range, in index order as the
+ * reference does, so repeated indices sum the same way. dout is the whole (replicated) gradient. */
+void kvp_embedding_backward(float *dtable, const float *dout, const int32_t *idx, int n, int v0,
+                            int vl, int v, int c);
+
+/* m[r] = max of this rank's logits row r (logits [rows, vl]). */
+void kvp_ce_row_max(float *m, const float *logits, int rows, int vl);
+/* m[r] = max over k < n of gathered[k * rows + r] (the all-gathered local maxima). */
+void kvp_ce_max_combine(float *m, const float *gathered, int rows, int n);
+/* s[r] = sum over this rank's columns of exp(logits[r, j] - m[r]); all-reduce (sum) it. */
+void kvp_ce_row_sumexp(float *s, const float *logits, const float *m, int rows, int vl);
+/* This rank's part of the mean cross entropy over the counted rows (targets -1 are ignored;
+ * targets are global indices < v): minus its in-range target logits, plus, on the lead rank only
+ * (coordinate 0), every counted row's m + log s; divided by the count (written to *count when not
+ * NULL). The parts of the n ranks sum to the loss. */
+float kvp_ce_forward_part(int *count, const float *logits, const float *m, const float *s,
+                          const int32_t *targets, int rows, int vl, int v0, int v, int lead);
+/* dlogits [rows, vl] += dloss * (softmax - onehot) / count on this rank's columns, from the
+ * global m and s of the forward. Ignored rows get no gradient. */
+void kvp_ce_backward(float *dlogits, float dloss, const float *logits, const float *m,
+                     const float *s, const int32_t *targets, int rows, int vl, int v0, int v);
+
+#endif
