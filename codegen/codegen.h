@@ -19,6 +19,18 @@
  * at offsets of one arena that memplan.c assigns. source_hash identifies the build (checkpoints
  * record it). Returns false after diagnostics (an op or setting this backend does not support). */
 bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash);
+/* cg_emit_c for one rank of a tensor-parallel plan (issue 4): lw is lower_spmd's per-rank graph
+ * of sp's training graph. The collectives become rt_comm calls on the mesh-axis groups, the
+ * vocab-parallel embedding and cross_entropy run the kvp_ kernels with their exchanges, and the
+ * plan gets the axes and a global_index function, so init, --save and checkpoints deal in whole
+ * tensors (compiler/lower.h). */
+struct StratPlan;
+struct Lowered;
+/* The hash checkpoints of the next plans record and accept (RtPlan.resume_hash): the build's
+ * without the strategy and mesh, so a checkpoint resumes under another strategy. */
+void cg_set_resume_hash(const char *hash);
+bool cg_emit_c_spmd(FILE *out, const struct StratPlan *sp, const struct Lowered *lw, const TrainConf *t,
+                    const char *source_hash);
 
 /* The arena bytes the last successful cg_emit_c planned (its peak over the phases). */
 int64_t cg_last_work_bytes(void);

@@ -12,6 +12,7 @@
 #include "codegen.h"
 
 #include "../compiler/fusion.h"
+#include "../compiler/lower.h"
 #include "../compiler/memplan.h"
 #include "../compiler/train.h"
 
@@ -48,9 +49,14 @@ typedef struct Cg {
   bool ok;
   int64_t work[PH__COUNT];
   int64_t param_floats, state_floats;
+  int64_t gparam_floats, gstate_floats; /* tensor parallelism: the whole tensors' floats */
+  const StratPlan *sp;    /* tensor parallelism: the placements and the lowering g came from */
+  const Lowered *lw;      /* (NULL: a one-device or data-parallel plan) */
 } Cg;
 
 static int64_t last_work_bytes;
+static const char *resume_hash_; /* cg_set_resume_hash's */
+void cg_set_resume_hash(const char *hash) { resume_hash_ = hash; }
 static const Fusion *last_fusion;
 /* the LLVM kernels of the last cg_emit_c: the fused groups' kernels, then the row kernels
  * (softmax, norms, last-axis sums), one per distinct (op, rows, n, eps) */
@@ -94,6 +100,8 @@ static const char *row_kernel(CgRowOp op, int64_t rows, int64_t n, float eps) {
 /* ---- small helpers ------------------------------------------------------------------------- */
 
 static const Node *nd(const Cg *c, int i) { return &c->g->nodes[i]; }
+/* the devices on logical axis a of the strategy (tensor parallelism) */
+static int64_t axis_n(const Cg *c, int a) { return c->sp->axes[a].n; }
 static const Node *in(const Cg *c, int i, int k) { return &c->g->nodes[c->g->nodes[i].in[k]]; }
 static int64_t numel(const Node *n) { return shape_numel(&n->shape); }
 static int64_t align16(int64_t floats) { return (floats + 15) / 16 * 16; }
@@ -200,6 +208,13 @@ static void place_nodes(Cg *c) {
     if (n->op == OP_RMS_NORM) x->aux = dims_prod(&n->shape, 0, n->shape.rank - 1) * 4;
     if (n->op == OP_SDPA) x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * n->shape.d[2] * 4;
     if (n->op == OP_DROPOUT) x->scratch = numel(n);
+    if (n->op == OP_ALL_GATHER) x->scratch = (int64_t)ir_node_bytes(g, i);
+    if (n->op == OP_REDUCE_SCATTER) x->scratch = (int64_t)ir_node_bytes(g, n->in[0]);
+    if (n->op == OP_CROSS_ENTROPY && n->ia[0] > 0) { /* m and s for the backward, the gathered maxima */
+      int64_t rows = dims_prod(&in(c, i, 0)->shape, 0, in(c, i, 0)->shape.rank - 1);
+      x->aux = 2 * rows * 4;
+      x->scratch = rows * 4 * axis_n(c, (int)n->ia[0] - 1);
+    }
     if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
     if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) x->scratch = n->shape.d[2] * n->shape.d[2] * 4;
   }
@@ -632,6 +647,72 @@ static void emit_nn(Cg *c, int i) {
   }
 }
 
+/* ---- tensor parallelism: collectives and the vocab-parallel cross entropy ---------------------- */
+
+/* The [outer, n * part, inner] view of a value split along dim d in n parts: outer and the
+ * floats of one rank's part (part * inner) per outer index. */
+static void split_view(const Shape *whole, int d, int64_t n, int64_t *outer, int64_t *piece) {
+  *outer = dims_prod(whole, 0, d);
+  *piece = whole->d[d] / n * dims_prod(whole, d + 1, whole->rank);
+}
+
+/* One collective node (ops.def) as rt_comm calls on its axis group. The result has its own
+ * buffer (a copy for the in-place all-reduce), as the GRADs may still read the input. */
+static void emit_collective(Cg *c, int i) {
+  const Node *n = nd(c, i), *x = in(c, i, 0);
+  int a = (int)n->ia[0], d = (int)n->ia[1];
+  int64_t k = n->ia[3], outer, piece;
+  const char *o = ptr(c, i), *src = ptr(c, n->in[0]), *grp = cp_fmt("run->axis_comm[%d]", a);
+  const char *tmp = cp_fmt("F(%lld)", (long long)c->nc[i].soff[c->ph]);
+  switch (n->op) {
+  case OP_ALL_REDUCE:
+    if (strcmp(o, src) != 0) EMIT("  memcpy(%s, %s, %lld);\n", o, src, (long long)ir_node_bytes(c->g, i));
+    EMIT("  rt_comm_all_reduce(%s, %s, %lld, RT_COMM_F32);\n", grp, o, (long long)numel(n));
+    break;
+  case OP_ALL_GATHER: /* gathered [k, outer, piece] -> out [outer, k, piece] */
+    split_view(&n->shape, d, k, &outer, &piece);
+    EMIT("  rt_comm_all_gather(%s, %s, %s, %lld, RT_COMM_F32);\n", grp, src, tmp, (long long)numel(x));
+    EMIT("  for (long r = 0; r < %lld; r++)\n    for (long q = 0; q < %lld; q++)\n"
+         "      memcpy(%s + (q * %lld + r) * %lld, %s + (r * %lld + q) * %lld, %lld);\n",
+         (long long)k, (long long)outer, o, (long long)k, (long long)piece, tmp, (long long)outer, (long long)piece,
+         (long long)(piece * 4));
+    break;
+  case OP_REDUCE_SCATTER: /* x [outer, k, piece] -> blocks [k, outer, piece], this rank's summed */
+    split_view(&x->shape, d, k, &outer, &piece);
+    EMIT("  for (long r = 0; r < %lld; r++)\n    for (long q = 0; q < %lld; q++)\n"
+         "      memcpy(%s + (r * %lld + q) * %lld, %s + (q * %lld + r) * %lld, %lld);\n",
+         (long long)k, (long long)outer, tmp, (long long)outer, (long long)piece, src, (long long)k, (long long)piece,
+         (long long)(piece * 4));
+    EMIT("  rt_comm_reduce_scatter(%s, %s, %s, %lld, RT_COMM_F32);\n", grp, tmp, o, (long long)numel(n));
+    break;
+  case OP_SHARD_SLICE:
+    split_view(&x->shape, d, k, &outer, &piece);
+    EMIT("  for (long q = 0; q < %lld; q++)\n    memcpy(%s + q * %lld, %s + (q * %lld + run->axis_coord[%d]) * %lld, %lld);\n",
+         (long long)outer, o, (long long)piece, src, (long long)k, a, (long long)piece, (long long)(piece * 4));
+    break;
+  default: cp_unreachable();
+  }
+  if (x->dtype != DT_F32) unsupported(c, i, "a collective of a non-f32 tensor");
+}
+
+/* The vocab-parallel cross entropy (kernels/cpu/vocab_parallel.h: the exchange sequence): m and
+ * s stay in aux for the backward; the result is this rank's part of the loss (P). */
+static void emit_vocab_ce(Cg *c, int i) {
+  const Node *n = nd(c, i), *lg = in(c, i, 0);
+  int a = (int)n->ia[0] - 1;
+  int64_t rows = rows_of(lg), vl = last_dim(lg), k = axis_n(c, a);
+  const char *m = aux_ptr(c, i, 0), *sx = aux_ptr(c, i, rows), *l = ptr(c, n->in[0]), *grp = cp_fmt("run->axis_comm[%d]", a);
+  const char *tmp = cp_fmt("F(%lld)", (long long)c->nc[i].soff[c->ph]);
+  EMIT("  kvp_ce_row_max(%s, %s, %lld, %lld);\n", m, l, (long long)rows, (long long)vl);
+  EMIT("  rt_comm_all_gather(%s, %s, %s, %lld, RT_COMM_F32);\n", grp, m, tmp, (long long)rows);
+  EMIT("  kvp_ce_max_combine(%s, %s, %lld, %lld);\n", m, tmp, (long long)rows, (long long)k);
+  EMIT("  kvp_ce_row_sumexp(%s, %s, %s, %lld, %lld);\n", sx, l, m, (long long)rows, (long long)vl);
+  EMIT("  rt_comm_all_reduce(%s, %s, %lld, RT_COMM_F32);\n", grp, sx, (long long)rows);
+  EMIT("  %s[0] = kvp_ce_forward_part(NULL, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld, "
+       "run->axis_coord[%d] == 0);\n", ptr(c, i), l, m, sx, ptr(c, n->in[1]), (long long)rows, (long long)vl, a,
+       (long long)vl, (long long)(vl * k), a);
+}
+
 static void emit_forward(Cg *c, int i) {
   const Node *n = nd(c, i);
   switch (n->op) {
@@ -654,6 +735,13 @@ static void emit_forward(Cg *c, int i) {
   case OP_CONCAT: emit_concat(c, i); break;
   case OP_EMBEDDING: {
     const Node *t = in(c, i, 0);
+    if (n->ia[0] > 0) { /* vocab-parallel: this rank's rows, zeros elsewhere (P) */
+      int a = (int)n->ia[0] - 1;
+      EMIT("  kvp_embedding_forward(%s, %s, %s, %lld, (int)run->axis_coord[%d] * %lld, %lld, %lld, %lld);\n", ptr(c, i),
+           ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(in(c, i, 1)), a, (long long)t->shape.d[0],
+           (long long)t->shape.d[0], (long long)(t->shape.d[0] * axis_n(c, a)), (long long)t->shape.d[1]);
+      break;
+    }
     EMIT("  kf_embedding_forward(%s, %s, %s, %lld, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]), ptr(c, n->in[1]),
          (long long)numel(in(c, i, 1)), (long long)t->shape.d[0], (long long)t->shape.d[1]);
     break;
@@ -664,6 +752,10 @@ static void emit_forward(Cg *c, int i) {
   case OP_DROPOUT: emit_dropout(c, i); break;
   case OP_CROSS_ENTROPY: {
     const Node *lg = in(c, i, 0);
+    if (n->ia[0] > 0) {
+      emit_vocab_ce(c, i);
+      break;
+    }
     EMIT("  %s[0] = kf_cross_entropy_forward(NULL, %s, %s, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]),
          ptr(c, n->in[1]), (long long)rows_of(lg), (long long)last_dim(lg));
     break;
@@ -683,6 +775,7 @@ static void emit_forward(Cg *c, int i) {
   case OP_ACCUM:
     EMIT("  k_accum(%s, %s, %lld);\n", ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(n));
     break;
+  case OP_ALL_REDUCE: case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_SHARD_SLICE: emit_collective(c, i); break;
   default: unsupported(c, i, cp_fmt("the op '%s'", ir_ops[n->op].name));
   }
 }
@@ -790,6 +883,14 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
   case OP_CROSS_ENTROPY: {
     const Node *lg = nd(c, f->in[0]);
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    if (f->ia[0] > 0) {
+      int a = (int)f->ia[0] - 1;
+      int64_t vl = last_dim(lg), r = rows_of(lg);
+      EMIT("  kvp_ce_backward(%s, %s[0], %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld);\n", dx, dy,
+           x, aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)vl, a,
+           (long long)vl, (long long)(vl * axis_n(c, a)));
+      break;
+    }
     EMIT("  kf_cross_entropy_backward(%s, %s[0], %s, %s, %lld, %lld);\n", dx, dy, x, ptr(c, f->in[1]),
          (long long)rows_of(lg), (long long)last_dim(lg));
     break;
@@ -841,6 +942,13 @@ static void emit_grad_shape(Cg *c, int i, const Node *f) {
     break;
   case OP_EMBEDDING:
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    if (f->ia[0] > 0) {
+      int a = (int)f->ia[0] - 1;
+      EMIT("  kvp_embedding_backward(%s, %s, %s, %lld, (int)run->axis_coord[%d] * %lld, %lld, %lld, %lld);\n", dx, dy,
+           ptr(c, f->in[1]), (long long)numel(nd(c, f->in[1])), a, (long long)d[0], (long long)d[0],
+           (long long)(d[0] * axis_n(c, a)), (long long)d[1]);
+      break;
+    }
     EMIT("  kf_embedding_backward(%s, %s, %s, %lld, %lld, %lld);\n", dx, dy, ptr(c, f->in[1]),
          (long long)numel(nd(c, f->in[1])), (long long)d[0], (long long)d[1]);
     break;
@@ -1031,6 +1139,110 @@ static void emit_tables(Cg *c) {
   }
 }
 
+/* ---- tensor parallelism: whole tensors and where a shard's elements go -------------------------- */
+
+/* One param or state of the global graph: its global shape, its local one, and per strategy
+ * axis the split dim (-1: whole) and the block count of the blocked layout (lower.h). */
+static void emit_gi_row(Cg *c, int gi) {
+  const StratPlan *sp = c->sp;
+  const Node *gn = &sp->g->nodes[gi], *ln = nd(c, c->lw->map[gi]);
+  EMIT("    {%d, {", gn->shape.rank);
+  for (int d = 0; d < gn->shape.rank; d++) EMIT("%s%lld", d ? ", " : "", (long long)gn->shape.d[d]);
+  EMIT("}, {");
+  for (int d = 0; d < ln->shape.rank; d++) EMIT("%s%lld", d ? ", " : "", (long long)ln->shape.d[d]);
+  EMIT("}, {");
+  for (int a = 0; a < sp->naxes; a++) {
+    Pl p = sp->pl[gi].ax[a];
+    int split = p.kind == PL_S && p.dim < gn->shape.rank;
+    EMIT("%s%d", a ? ", " : "", split ? p.dim : -1);
+  }
+  EMIT("}, {");
+  for (int a = 0; a < sp->naxes; a++) EMIT("%s%d", a ? ", " : "", sp->axes[a].role == AX_TP ? c->lw->blocks[gi] : 1);
+  EMIT("}},\n");
+}
+
+/* The global index of a shard element computed at run time from the tables must be
+ * lower_global_index's: checked here on the first and last element of every shard. */
+static int64_t gi_model(const StratPlan *sp, const Lowered *lw, int gi, const int64_t *coord, int64_t local) {
+  const Node *gn = &sp->g->nodes[gi], *ln = &lw->g->nodes[lw->map[gi]];
+  int64_t idx[CP_MAX_RANK], rest = local;
+  for (int d = ln->shape.rank - 1; d >= 0; d--) idx[d] = rest % ln->shape.d[d], rest /= ln->shape.d[d];
+  for (int a = 0; a < sp->naxes; a++) {
+    Pl p = sp->pl[gi].ax[a];
+    if (p.kind != PL_S || p.dim >= gn->shape.rank) continue;
+    int64_t b = sp->axes[a].role == AX_TP ? lw->blocks[gi] : 1, part = ln->shape.d[p.dim] / b, j = idx[p.dim];
+    idx[p.dim] = (j / part) * (gn->shape.d[p.dim] / b) + coord[a] * part + j % part;
+  }
+  int64_t g = 0;
+  for (int d = 0; d < gn->shape.rank; d++) g = g * gn->shape.d[d] + idx[d];
+  return g;
+}
+
+static void check_gi(Cg *c, int gi) {
+  const StratPlan *sp = c->sp;
+  int64_t n = numel(nd(c, c->lw->map[gi])), coord[3] = {0, 0, 0};
+  for (int64_t r = 0; r < sp->axes[sp->naxes - 1].n; r++) {
+    coord[sp->naxes - 1] = r;
+    for (int64_t l = 0; l < n; l += n - 1 > 0 ? n - 1 : 1)
+      cp_assert(gi_model(sp, c->lw, gi, coord, l) == lower_global_index(sp, c->lw, gi, coord, l));
+  }
+}
+
+static void emit_global_tables(Cg *c) {
+  const StratPlan *sp = c->sp;
+  const Graph *gg = sp->g;
+  EMIT("\n/* tensor parallelism: per param, then per state: global shape, local shape, per strategy axis\n"
+       " * the split dim (-1: whole) and the blocks of the blocked layout (compiler/lower.h) */\n"
+       "typedef struct GiInfo { int rank; int64_t gs[%d], ls[%d]; int dim[%d], blocks[%d]; } GiInfo;\n",
+       CP_MAX_RANK, CP_MAX_RANK, sp->naxes, sp->naxes);
+  EMIT("static const GiInfo gi_params[] = {\n");
+  for (int k = 0; k < gg->params.n; k++) emit_gi_row(c, gg->params.a[k]), check_gi(c, gg->params.a[k]);
+  EMIT("};\nstatic const GiInfo gi_states[] = {\n");
+  for (int k = 0; k < gg->states.n; k++) emit_gi_row(c, gg->states.a[k]), check_gi(c, gg->states.a[k]);
+  if (!gg->states.n) EMIT("    {0},\n");
+  EMIT("};\n");
+  EMIT("\n/* The global (row-major) index of element `local` of the shard that the rank at strategy\n"
+       " * coordinates coord holds of param k (state: of state k). */\n"
+       "static int64_t global_index(int state, int k, const int64_t *coord, int64_t local) {\n"
+       "  const GiInfo *t = state ? &gi_states[k] : &gi_params[k];\n"
+       "  int64_t idx[%d], rest = local, g = 0;\n"
+       "  for (int d = t->rank - 1; d >= 0; d--) idx[d] = rest %% t->ls[d], rest /= t->ls[d];\n"
+       "  for (int a = 0; a < %d; a++) {\n"
+       "    int d = t->dim[a];\n"
+       "    if (d < 0) continue;\n"
+       "    int64_t part = t->ls[d] / t->blocks[a], j = idx[d];\n"
+       "    idx[d] = (j / part) * (t->gs[d] / t->blocks[a]) + coord[a] * part + j %% part;\n"
+       "  }\n"
+       "  for (int d = 0; d < t->rank; d++) g = g * t->gs[d] + idx[d];\n"
+       "  return g;\n}\n", CP_MAX_RANK, sp->naxes);
+  static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
+  int64_t off = 0;
+  EMIT("\n/* the whole params and states, as a one-device plan lays them out (--save, checkpoints) */\n"
+       "static const RtPlanParam gparams[] = {\n");
+  for (int k = 0; k < gg->params.n; k++) {
+    const Node *p = &gg->nodes[gg->params.a[k]];
+    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", c_string(p->name), p->shape.rank, shape_list(&p->shape),
+         (long long)numel(p), (long long)off, inits[p->ia[0]], p->fa[0], p->fa[1]);
+    off += align16(numel(p));
+  }
+  c->gparam_floats = off;
+  off = 0;
+  EMIT("};\nstatic const RtPlanState gstates[] = {\n");
+  for (int k = 0; k < gg->states.n; k++) {
+    const Node *st = &gg->nodes[gg->states.a[k]];
+    EMIT("    {%s, %lld, %lld, %d},\n", c_string(st->name), (long long)numel(st), (long long)off, (int)st->ia[1]);
+    off += align16(numel(st));
+  }
+  if (!gg->states.n) EMIT("    {0},\n");
+  EMIT("};\n");
+  c->gstate_floats = off;
+  EMIT("static const int64_t plan_axes[] = {");
+  for (int a = 0; a < sp->naxes; a++) EMIT("%s%lld", a ? ", " : "", (long long)sp->axes[a].n);
+  EMIT("};\nstatic const char *const plan_axis_names[] = {");
+  for (int a = 0; a < sp->naxes; a++) EMIT("%s\"%s\"", a ? ", " : "", strat_axis_name(sp->axes[a].role));
+  EMIT("};\n");
+}
+
 /* lr_at: the schedule of docs/language.md §8, step counted from 0. */
 static void emit_lr(Cg *c) {
   const TrainConf *t = c->t;
@@ -1089,9 +1301,14 @@ static int64_t vocab_of(const Cg *c) {
   if (g->inputs.n == 0) return 0;
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
-    if (n->op == OP_EMBEDDING && n->in[1] == g->inputs.a[0]) return nd(c, n->in[0])->shape.d[0];
+    if (n->op == OP_EMBEDDING && n->in[1] == g->inputs.a[0]) /* vocab-parallel: this rank's rows */
+      return nd(c, n->in[0])->shape.d[0] * (n->ia[0] > 0 ? axis_n(c, (int)n->ia[0] - 1) : 1);
   }
-  if (g->loss >= 0 && nd(c, g->loss)->op == OP_CROSS_ENTROPY) return last_dim(in(c, g->loss, 0));
+  for (int i = 0; i < g->n; i++) { /* the loss may be all-reduced after a vocab-parallel cross_entropy */
+    const Node *n = nd(c, i);
+    if (n->op == OP_CROSS_ENTROPY && n->role != ROLE_UPD)
+      return last_dim(in(c, i, 0)) * (n->ia[0] > 0 ? axis_n(c, (int)n->ia[0] - 1) : 1);
+  }
   return 65536;
 }
 
@@ -1105,7 +1322,8 @@ static double step_flops(const Cg *c) {
 static void emit_plan(Cg *c, const char *hash) {
   const Graph *g = c->g;
   const TrainConf *t = c->t;
-  int64_t micro = g->batch, accum = g->accum > 0 ? g->accum : 1;
+  /* a lowered graph keeps the global micro-batch (dp ranks' samples) as its batch */
+  int64_t micro = c->sp ? g->batch / c->sp->dp : g->batch, accum = g->accum > 0 ? g->accum : 1;
   static const char *const kinds[] = {"RT_DATA_TOKENS", "RT_DATA_ADDER", "RT_DATA_TENSORS"};
   int64_t seq = g->inputs.n && nd(c, g->inputs.a[0])->shape.rank > 1 ? nd(c, g->inputs.a[0])->shape.d[1] : 0;
   if (t->mesh && t->mesh->naxes) {
@@ -1136,9 +1354,23 @@ static void emit_plan(Cg *c, const char *hash) {
   EMIT("    .flops_per_step = %.17g,\n", step_flops(c));
   EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
   const MeshConf *m = t->mesh;
-  EMIT("    .dp = %lld,\n    .devices = %lld,\n    .mesh = %s,\n", (long long)train_dp(t),
+  EMIT("    .dp = %lld,\n    .devices = %lld,\n    .mesh = %s,\n", (long long)(c->sp ? c->sp->dp : train_dp(t)),
        (long long)(m ? m->ndevices : 1), c_string(m ? m->name : NULL));
   if (m && m->naxes) EMIT("    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n", m->naxes);
+  if (resume_hash_) EMIT("    .resume_hash = %s,\n", c_string(resume_hash_));
+  if (c->sp) {
+    int dpa = -1, tpa = -1;
+    for (int a = 0; a < c->sp->naxes; a++) {
+      if (c->sp->axes[a].role == AX_DP) dpa = a;
+      if (c->sp->axes[a].role == AX_TP) tpa = a;
+    }
+    EMIT("    .tp = %lld,\n    .nplan_axes = %d,\n    .plan_axes = plan_axes,\n    .plan_axis_names = plan_axis_names,\n",
+         (long long)c->sp->tp, c->sp->naxes);
+    EMIT("    .dp_axis = %d,\n    .tp_axis = %d,\n    .gparams = gparams,\n    .gparam_floats = %lld,\n", dpa, tpa,
+         (long long)c->gparam_floats);
+    EMIT("    .gstates = gstates,\n    .gstate_floats = %lld,\n    .global_index = global_index,\n",
+         (long long)c->gstate_floats);
+  }
   EMIT("};\n");
   EMIT("\nint main(int argc, char **argv) { return rt_main(argc, argv, &cplan_plan); }\n");
 }
@@ -1154,7 +1386,7 @@ static void emit_prelude(Cg *c) {
        " * gradient accumulators in run->state (S), everything else at planned offsets of the\n"
        " * run->work arena (F: f32, I: i32, B: bytes). */\n",
        g->model_name, src, CPLAN_VERSION, (long long)g->batch, optimizer_name(c->t->optimizer.kind));
-  EMIT("#include \"cplanrt.h\"\n#include \"fast.h\"\n#include \"fast_nn.h\"\n#include \"ref.h\"\n\n#include <math.h>\n#include <stdint.h>\n"
+  EMIT("#include \"cplanrt.h\"\n#include \"fast.h\"\n#include \"fast_nn.h\"\n#include \"ref.h\"\n#include \"vocab_parallel.h\"\n\n#include <math.h>\n#include <stdint.h>\n"
        "#include <string.h>\n\n");
   EMIT("#define P(off) (run->params + (off))\n#define S(off) (run->state + (off))\n"
        "#define F(off) ((float *)(w + (off)))\n#define I(off) ((int32_t *)(w + (off)))\n#define B(off) ((uint8_t *)(w + (off)))\n");
@@ -1186,6 +1418,7 @@ static bool check_strategy(Cg *c) {
   const TrainConf *t = c->t;
   const StrategyConf *st = &t->strategy;
   int64_t devices = t->mesh ? t->mesh->ndevices : 1, dp = train_dp(t);
+  if (c->sp && c->sp->pp == 1 && c->sp->sp == 1 && c->sp->zero == 0 && c->sp->dp * c->sp->tp == devices) return true;
   if (st->tp > 1 || st->pp > 1 || st->sp > 1 || st->zero > 0) {
     diag_error(st->span, "this version runs data parallelism only: tp, pp, sp and zero are not supported yet");
     diag_hint("use `strategy = { dp = %lld }` or `strategy = auto`", (long long)devices);
@@ -1229,8 +1462,9 @@ static Fusion *no_fusion(const Graph *g) {
   return f;
 }
 
-bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash) {
-  Cg c = {.g = g, .t = t, .out = out, .ok = true};
+static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash, const StratPlan *sp,
+                        const Lowered *lw) {
+  Cg c = {.g = g, .t = t, .out = out, .ok = true, .sp = sp, .lw = lw};
   if (!check_conf(&c)) return false;
   c.nc = cp_alloc(sizeof(NodeCg) * (size_t)(g->n ? g->n : 1));
   c.fu = last_fusion = fusion_enabled() ? fusion_run(g) : no_fusion(g);
@@ -1259,6 +1493,7 @@ bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source
   }
   c.out = body;
   emit_tables(&c);
+  if (sp) emit_global_tables(&c);
   emit_lr(&c);
   emit_dropout_helper(&c);
   emit_phase_fn(&c, PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
@@ -1280,4 +1515,12 @@ bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source
   if (row_kernels.n)
     memcpy(last_kernels + c.fu->ngroups, row_kernels.a, sizeof(CgKernel) * (size_t)row_kernels.n);
   return c.ok;
+}
+
+bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash) {
+  return emit_c_impl(out, g, t, source_hash, NULL, NULL);
+}
+
+bool cg_emit_c_spmd(FILE *out, const StratPlan *sp, const Lowered *lw, const TrainConf *t, const char *source_hash) {
+  return emit_c_impl(out, lw->g, t, source_hash, sp, lw);
 }

@@ -6,6 +6,7 @@
 
 #include "../codegen/codegen.h"
 #include "cplan_config.h"
+#include "lower.h"
 #include "train.h"
 
 #include <errno.h>
@@ -29,7 +30,29 @@ static void fnv_str(uint64_t h[2], const char *s) {
   fnv(&h[1], s ? s : "", n);
 }
 
+/* The strategy and the mesh (the sets that name them) change how a plan is split over devices,
+ * not what it computes: checkpoints carry a hash without them, so a tensor-parallel checkpoint
+ * resumes on one device. build_hash computes it alongside; cg_set_resume_hash hands it on. */
+static bool strategy_set(const char *s) {
+  return strncmp(s, "train.strategy", 14) == 0 || strncmp(s, "train.mesh", 10) == 0 || strncmp(s, "mesh.", 5) == 0;
+}
+
+static void resume_hash(const char *const *sets, int nsets, const char *train) {
+  uint64_t h[2] = {0x6c62272e07bb0142ULL, 0x62b821756295c58dULL};
+  fnv_str(h, "cplanc " CPLAN_VERSION);
+  for (int f = 0; f < src_count(); f++) {
+    if (src_path(f)[0] == '<') continue; /* the --set pseudo-sources: the sets below */
+    fnv(&h[0], src_text(f), src_len(f));
+    fnv(&h[1], src_text(f), src_len(f));
+  }
+  for (int k = 0; k < nsets; k++)
+    if (!strategy_set(sets[k])) fnv_str(h, sets[k]);
+  fnv_str(h, train ? train : "");
+  cg_set_resume_hash(cp_fmt("%016llx%016llx", (unsigned long long)h[0], (unsigned long long)h[1]));
+}
+
 const char *build_hash(const char *const *sets, int nsets, const char *train) {
+  resume_hash(sets, nsets, train);
   uint64_t h[2] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL};
   fnv_str(h, "cplanc " CPLAN_VERSION);
   for (int f = 0; f < src_count(); f++) {
@@ -167,13 +190,67 @@ static bool copy_file(const char *from, const char *to) {
   return ok;
 }
 
+/* Tensor parallelism (tp > 1): the training graph is placed (strat_pin) and lowered to the graph
+ * one rank runs (lower_spmd), which the emitter turns into plan.c with its collectives. The
+ * training graph is built here with B bound to the global micro-batch dp * micro, as strat_pin
+ * requires. NULL after a diagnostic. */
+typedef struct Spmd {
+  StratPlan *sp;
+  Lowered *lw;
+} Spmd;
+
+static bool is_tp(const TrainConf *t) { return t->strategy.tp > 1; }
+
+static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
+  int64_t dp, tp, pp, micro;
+  if (!strat_degrees(NULL, t, &dp, &tp, &pp, &micro)) return false;
+  if (dp > 1 || pp > 1 || t->strategy.sp > 1 || t->strategy.zero > 0) {
+    /* dp x tp lowers, but its gradient reduction is not right yet (the lowering's in-graph
+     * dp all-reduce and the runtime's would both run) */
+    diag_error(t->strategy.span, "this version runs tensor parallelism alone: tp = %lld with dp = %lld, pp, sp or zero "
+               "is not supported yet", (long long)tp, (long long)dp);
+    diag_hint("use `strategy = { tp = %lld }` on a mesh of %lld devices", (long long)tp, (long long)tp);
+    return false;
+  }
+  /* g's B is bound to the micro-batch of one data-parallel rank (train_micro); strat_pin wants
+   * it to be the global micro-batch dp * micro, so each rank takes B / dp of it */
+  int64_t b = train_micro(t);
+  if (b % dp != 0) {
+    diag_error(t->strategy.span, "the micro-batch %lld does not split over dp = %lld ranks", (long long)b, (long long)dp);
+    return false;
+  }
+  (void)micro;
+  TrainConf tc = *t;
+  tc.strategy.dp = dp;
+  tc.strategy.micro = b / dp;
+  if (!train_graph(g, &tc)) return false;
+  out->sp = strat_pin(NULL, g, &tc);
+  if (!out->sp) return false;
+  char err[512] = "";
+  out->lw = lower_spmd(out->sp, err, sizeof err);
+  if (!out->lw) {
+    diag_error(t->strategy.span, "this strategy cannot be lowered to per-rank programs yet: %s", err);
+    return false;
+  }
+  return true;
+}
+
+/* plan.c of g: the training graph lowered per rank when tp > 1 (then g must not have been
+ * through train_graph yet), else g's training graph itself. */
+static bool emit_any(FILE *f, Graph *g, const TrainConf *t, const char *hash) {
+  if (!is_tp(t)) return train_graph(g, t) && cg_emit_c(f, g, t, hash);
+  Spmd s;
+  if (!spmd_lower(g, t, &s)) return false;
+  return cg_emit_c_spmd(f, s.sp, s.lw, t, hash);
+}
+
 static bool write_plan_c(Graph *g, const TrainConf *t, const char *path, const char *hash) {
   FILE *f = fopen(path, "w");
   if (!f) {
     diag_error(SPAN_NONE, "cannot write %s: %s", path, strerror(errno));
     return false;
   }
-  bool ok = cg_emit_c(f, g, t, hash);
+  bool ok = emit_any(f, g, t, hash);
   if (fclose(f) != 0 && ok) {
     diag_error(SPAN_NONE, "cannot write %s: %s", path, strerror(errno));
     ok = false;
@@ -199,10 +276,7 @@ static void remove_dir(const char *dir) {
   rmdir(dir);
 }
 
-bool build_emit_c(FILE *out, Graph *g, const TrainConf *t) {
-  if (!train_graph(g, t)) return false;
-  return cg_emit_c(out, g, t, "emit");
-}
+bool build_emit_c(FILE *out, Graph *g, const TrainConf *t) { return emit_any(out, g, t, "emit"); }
 
 bool build_emit_llvm(FILE *out, Graph *g, const TrainConf *t) {
   if (!train_graph(g, t)) return false;
@@ -224,7 +298,6 @@ bool build_emit_llvm(FILE *out, Graph *g, const TrainConf *t) {
 }
 
 bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o) {
-  if (!train_graph(g, t)) return false;
   const char *tmp = getenv("TMPDIR");
   char *dir = cp_fmt("%s/cplan-build-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir)) {

@@ -263,9 +263,29 @@ typedef struct RtPlan {
   int nmesh_axes;
   const int64_t *mesh_axes;     /* axis sizes, outermost first */
   const char *const *mesh_axis_names;
+  /* Tensor parallelism (issue 4; 0 and NULL in a plan without it). The ranks form the grid of
+   * the strategy's axes plan_axes (outermost first: dp, tp; degree-1 axes omitted), row-major
+   * over the world ranks; dp_axis and tp_axis index it (-1: none). params and states are this
+   * rank's shards; gparams and gstates are the whole tensors (laid out as a one-device plan lays
+   * them out), and global_index maps element `local` of the shard of param k (state k when
+   * state != 0) held at strategy coordinates coord to its index in the whole tensor. */
+  int64_t tp;
+  int nplan_axes;
+  const int64_t *plan_axes;
+  const char *const *plan_axis_names;
+  int dp_axis, tp_axis;
+  const RtPlanParam *gparams;
+  int64_t gparam_floats;
+  const RtPlanState *gstates;
+  int64_t gstate_floats;
+  int64_t (*global_index)(int state, int k, const int64_t *coord, int64_t local);
+  /* What checkpoints record and --resume accepts (NULL: source_hash): the build's hash without
+   * the strategy and mesh settings, so a checkpoint of one strategy resumes under another. */
+  const char *resume_hash;
 } RtPlan;
 
 /* What the generated code reads and writes while it runs. */
+typedef struct RtComm RtComm;
 struct RtRun {
   const RtPlan *plan;
   float *params;                /* plan->param_floats */
@@ -275,6 +295,9 @@ struct RtRun {
   int64_t micro_index;          /* 0 .. accum-1 within the step */
   int threads;
   int64_t dp_rank;              /* this rank's replica, 0 .. plan->dp-1 (dropout streams use it) */
+  /* tensor parallelism: per strategy axis (plan->plan_axes) its group and this rank's coordinate */
+  RtComm *axis_comm[3];
+  int64_t axis_coord[3];
 };
 
 /* Parses the program's flags (--help lists them), trains, and returns the exit status:

@@ -13,6 +13,15 @@
  * checkpoints and --save files; every rank reads --init and --resume files.  A failure on one
  * rank fails every rank: the ranks agree on each step's outcome.
  *
+ * Tensor parallelism (plan->tp > 1, issue 4; pure tp for now): the ranks form the grid of
+ * plan->plan_axes, each holding shards of the params and states; the generated code exchanges
+ * activations over run->axis_comm.  Each shard element is initialized from its global index
+ * (plan->global_index), so the values equal a one-device run's; the loss is the sum of the ranks'
+ * parts.  --save, --save-init and checkpoints hold whole tensors (every rank assembles them over
+ * the tp group, rank 0 writes), and --init and --resume read whole tensors and keep each rank's
+ * shards, so files move freely between strategies (checkpoints record plan->resume_hash, which
+ * leaves the strategy and mesh out).
+ *
  * Everything the run prints goes to stderr (the progress line is for a terminal, the rest is a
  * log); the metrics file is the machine-readable record.  rt_main keeps no global state except
  * the signal flag, which it resets, and it restores the signal handlers it replaced, so it can be
@@ -57,11 +66,14 @@ uint64_t rt_hash_str(const char *s) {
  *                u2 = rt_uniform(seed, key, 2i + 1) (Box-Muller, one value per element);
  *   uniform(lo, hi): lo + (hi - lo) * rt_uniform(seed, key, i);
  *   zeros, ones, full(v): constants.  Values are computed in double, then rounded to f32. */
-static void init_param(const RtPlan *p, const RtPlanParam *pp, float *dst) {
+static void init_param(const RtRun *run, int pk, float *dst) {
+  const RtPlan *p = run->plan;
+  const RtPlanParam *pp = &p->params[pk];
   uint64_t seed = (uint64_t)p->seed, key = rt_hash_str(pp->name);
   double a = pp->init_a, b = pp->init_b;
   for (int64_t i = 0; i < pp->numel; i++) {
-    uint64_t k = (uint64_t)i;
+    /* a shard's element takes the value of its global index: the same values as one device */
+    uint64_t k = (uint64_t)(p->tp > 1 ? p->global_index(0, pk, run->axis_coord, i) : i);
     double v = 0;
     switch (pp->init) {
     case RT_INIT_ZEROS: v = 0; break;
@@ -389,6 +401,9 @@ static int fill_inputs(Trainer *t, int eval, int64_t step, int64_t m, RtError *e
 /* ---- data parallelism ------------------------------------------------------------------------ */
 
 static int64_t plan_dp(const RtPlan *p) { return p->dp > 0 ? p->dp : 1; }
+static int64_t plan_tp(const RtPlan *p) { return p->tp > 1 ? p->tp : 1; }
+/* the group data parallelism reduces over: the dp axis's (the world without tensor parallelism) */
+static RtComm *dp_group(Trainer *t) { return t->p->dp_axis >= 0 && plan_tp(t->p) > 1 ? t->run.axis_comm[t->p->dp_axis] : t->world; }
 static int64_t plan_devices(const RtPlan *p) { return p->devices > 0 ? p->devices : 1; }
 
 /* Every rank learns whether any rank failed (rc != 0 there) and returns -1 if so.  A rank that
@@ -436,7 +451,7 @@ static void all_reduce_grads(Trainer *t) {
   if (!t->grad_n) return;
   if (!g) {
     g = t->run.state + t->grad_lo;
-    rt_comm_all_reduce(t->world, g, t->grad_n, RT_COMM_F32);
+    rt_comm_all_reduce(dp_group(t), g, t->grad_n, RT_COMM_F32);
     for (int64_t i = 0; i < t->grad_n; i++) g[i] *= scale;
     return;
   }
@@ -446,7 +461,7 @@ static void all_reduce_grads(Trainer *t) {
       memcpy(g + k, t->run.state + p->states[i].offset, (size_t)p->states[i].numel * sizeof *g);
       k += p->states[i].numel;
     }
-  rt_comm_all_reduce(t->world, g, k, RT_COMM_F32);
+  rt_comm_all_reduce(dp_group(t), g, k, RT_COMM_F32);
   k = 0;
   for (int i = 0; i < p->nstates; i++) {
     if (p->states[i].saved) continue;
@@ -464,7 +479,7 @@ static void reduce_means(Trainer *t, double *sums, int n, int64_t per_rank) {
     sums[n] = stop_signal != 0;
     rt_comm_all_reduce(t->world, sums, n + 1, RT_COMM_F64);
     t->stop_agreed = sums[n] > 0;
-    div *= (double)t->nranks;
+    div *= (double)(t->nranks / plan_tp(t->p)); /* the tp ranks' losses are parts of one: summed */
   }
   for (int i = 0; i < n; i++) sums[i] /= div;
 }
@@ -473,6 +488,7 @@ static void reduce_means(Trainer *t, double *sums, int n, int64_t per_rank) {
  * bytes) before a rank-0 file claims to hold everyone's params. */
 static int check_replicas(Trainer *t, RtError *err) {
   if (t->nranks <= 1) return 0;
+  if (plan_tp(t->p) > 1) return 0; /* pure tp (dp x tp is refused at build): no two ranks hold the same shards */
   uint64_t h = 0xcbf29ce484222325ull;
   const unsigned char *b = (const unsigned char *)t->run.params;
   for (size_t i = 0; i < (size_t)t->p->param_floats * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ull;
@@ -487,6 +503,62 @@ static int check_replicas(Trainer *t, RtError *err) {
     return rt_errf(err, "the params of rank %d differ from rank 0's: the data-parallel replicas "
                    "diverged (a bug in cplan: please report it)", bad);
   return 0;
+}
+
+/* ---- tensor parallelism: whole tensors for files ---------------------------------------------- */
+
+/* Every rank gets the whole params (states when state) in the one-device layout: each tp rank
+ * places its shard's elements at their global indices (a replicated tensor: the lead rank only)
+ * and the tp group sums the parts, which is exact as they do not overlap. NULL: out of memory. */
+static float *whole(Trainer *t, int state) {
+  const RtPlan *p = t->p;
+  int n = state ? p->nstates : p->nparams, tpa = p->tp_axis;
+  float *w = calloc((size_t)(state ? p->gstate_floats : p->gparam_floats) + 1, sizeof *w);
+  if (!w) rt_comm_abort(t->world, 1, "out of memory for the whole params");
+  int lead = t->run.axis_coord[tpa] == 0;
+  for (int k = 0; k < n; k++) {
+    int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[k].numel : p->gparams[k].numel;
+    int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[k].offset : p->gparams[k].offset;
+    const float *src = (state ? t->run.state : t->run.params) + lo;
+    if (ln == gn && !lead) continue;
+    for (int64_t l = 0; l < ln; l++) w[go + (ln == gn ? l : p->global_index(state, k, t->run.axis_coord, l))] = src[l];
+  }
+  rt_comm_all_reduce(t->run.axis_comm[tpa], w, state ? p->gstate_floats : p->gparam_floats, RT_COMM_F32);
+  return w;
+}
+
+/* This rank's shards out of whole tensors (whole's inverse). */
+static void scatter(Trainer *t, int state, const float *w) {
+  const RtPlan *p = t->p;
+  int n = state ? p->nstates : p->nparams;
+  for (int k = 0; k < n; k++) {
+    int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[k].numel : p->gparams[k].numel;
+    int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[k].offset : p->gparams[k].offset;
+    float *dst = (state ? t->run.state : t->run.params) + lo;
+    for (int64_t l = 0; l < ln; l++) dst[l] = w[go + (ln == gn ? l : p->global_index(state, k, t->run.axis_coord, l))];
+  }
+}
+
+/* A run over whole tensors wp, ws (either may be NULL) with the one-device layout gp. */
+static RtRun whole_run(const Trainer *t, RtPlan *gp, float *wp, float *ws) {
+  *gp = *t->p;
+  gp->params = gp->gparams, gp->param_floats = gp->gparam_floats;
+  gp->states = gp->gstates, gp->state_floats = gp->gstate_floats;
+  gp->tp = 0;
+  RtRun r = t->run;
+  r.plan = gp, r.params = wp, r.state = ws;
+  return r;
+}
+
+/* --save and --save-init: rank 0 writes the whole params. */
+static int save_params(Trainer *t, const char *path, RtError *err) {
+  if (plan_tp(t->p) <= 1) return t->rank == 0 ? rt_params_save(&t->run, path, err) : 0;
+  RtPlan gp;
+  float *wp = whole(t, 0);
+  RtRun r = whole_run(t, &gp, wp, NULL);
+  int rc = t->rank == 0 ? rt_params_save(&r, path, err) : 0;
+  free(wp);
+  return rc;
 }
 
 /* ---- setup: memory, params, flags ------------------------------------------------------------ */
@@ -544,8 +616,17 @@ static int load_or_init(Trainer *t, RtError *err) {
     char dir[4096];
     RtCkptInfo info;
     if (rt_ckpt_find(t->o.resume, dir, sizeof dir, err) != 0) return -1;
-    if (rt_ckpt_load(&t->run, dir, &info, err) != 0) return -1;
-    const char *hash = p->source_hash ? p->source_hash : "";
+    if (plan_tp(p) > 1) { /* every rank reads the whole tensors and keeps its shards */
+      RtPlan gp;
+      float *wp = calloc((size_t)p->gparam_floats + 1, 4), *ws = calloc((size_t)p->gstate_floats + 1, 4);
+      RtRun r = whole_run(t, &gp, wp, ws);
+      int rc = wp && ws ? rt_ckpt_load(&r, dir, &info, err) : rt_errf(err, "out of memory");
+      if (rc == 0) scatter(t, 0, wp), scatter(t, 1, ws);
+      free(wp), free(ws);
+      if (rc != 0) return -1;
+    } else if (rt_ckpt_load(&t->run, dir, &info, err) != 0)
+      return -1;
+    const char *hash = p->resume_hash ? p->resume_hash : p->source_hash ? p->source_hash : "";
     if (strcmp(info.plan_hash, hash) != 0)
       return rt_errf(err, "%s: written by build '%s', this is build '%s': a resume would not be "
                      "exact (retrain, or --init %s/model.safetensors to start over from it)",
@@ -558,9 +639,17 @@ static int load_or_init(Trainer *t, RtError *err) {
     say(t, "resumed from %s at step %lld", dir, (long long)info.step);
     return 0;
   }
+  if (t->o.init && plan_tp(p) > 1) {
+    RtPlan gp;
+    float *wp = calloc((size_t)p->gparam_floats + 1, 4);
+    RtRun r = whole_run(t, &gp, wp, NULL);
+    int rc = wp ? rt_params_load(&r, t->o.init, err) : rt_errf(err, "out of memory");
+    if (rc == 0) scatter(t, 0, wp);
+    free(wp);
+    return rc;
+  }
   if (t->o.init) return rt_params_load(&t->run, t->o.init, err);
-  for (int i = 0; i < p->nparams; i++)
-    init_param(p, &p->params[i], t->run.params + p->params[i].offset);
+  for (int i = 0; i < p->nparams; i++) init_param(&t->run, i, t->run.params + p->params[i].offset);
   return 0;
 }
 
@@ -570,7 +659,7 @@ static int resolve_run(Trainer *t, RtError *err) {
     return rt_errf(err, "bad plan: batch %lld != dp %lld x micro %lld x accum %lld",
                    (long long)p->batch, (long long)plan_dp(p), (long long)p->micro,
                    (long long)p->accum);
-  if (plan_dp(p) != plan_devices(p))
+  if (plan_dp(p) * plan_tp(p) != plan_devices(p))
     return rt_errf(err, "bad plan: dp %lld on %lld devices (only pure data parallelism runs)",
                    (long long)plan_dp(p), (long long)plan_devices(p));
   t->stop = t->o.steps >= 0 ? t->o.steps : p->steps;
@@ -736,7 +825,7 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
     for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
   }
   double t0 = rt_trace_now();
-  if (t->nranks > 1) all_reduce_grads(t);
+  if (plan_dp(p) > 1) all_reduce_grads(t);
   if (t->nranks > 1) rt_trace_span("grad_sync", t0, s, -1);
   t0 = rt_trace_now();
   *gn = p->update(&t->run);
@@ -753,12 +842,26 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
 
 static int write_checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
   RtCkptInfo info = {.step = done, .seed = t->p->seed, .loss = t->loss, .data_offset = -1};
-  snprintf(info.plan_hash, sizeof info.plan_hash, "%s", t->p->source_hash ? t->p->source_hash : "");
+  const char *hash = t->p->resume_hash ? t->p->resume_hash : t->p->source_hash;
+  snprintf(info.plan_hash, sizeof info.plan_hash, "%s", hash ? hash : "");
   if (t->p->data_kind == RT_DATA_TOKENS) {
     int64_t S = rt_tokens_steps(t->tok, t->p->batch, t->p->seq_len, NULL);
     info.data_offset = S > 0 ? done % S * t->p->batch * t->p->seq_len : -1;
   }
   if (check_replicas(t, err) != 0) return -1;
+  if (plan_tp(t->p) > 1) { /* the whole tensors, gathered by every rank, written by rank 0 */
+    RtPlan gp;
+    float *wp = whole(t, 0), *ws = whole(t, 1);
+    RtRun r = whole_run(t, &gp, wp, ws);
+    char path[4096];
+    int rc = t->rank == 0 ? rt_ckpt_save(&r, dir, &info, path, sizeof path, err) : 0;
+    free(wp), free(ws);
+    t->last_ckpt = done;
+    if (rc != 0) return -1;
+    if (t->rank != 0) return 0;
+    say(t, "checkpoint %s", path);
+    return rt_ckpt_prune(dir, t->ckpt_keep, err);
+  }
   if (t->rank != 0) { /* rank 0 writes it; a failure there reaches the others through agree() */
     t->last_ckpt = done;
     return 0;
@@ -855,7 +958,7 @@ static int setup(Trainer *t, RtError *err) {
   if (resolve_run(t, err) != 0 || open_data(t, err) != 0 || alloc_all(t, err) != 0 ||
       load_or_init(t, err) != 0)
     return -1;
-  if (t->o.save_init && t->rank == 0 && rt_params_save(&t->run, t->o.save_init, err) != 0) return -1;
+  if (t->o.save_init && save_params(t, t->o.save_init, err) != 0) return -1;
   if (open_metrics(t, err) != 0) return -1;
   if (t->o.trace && rt_trace_open(t->o.trace, t->rank, err) != 0) return -1;
   rt_trace_comm_step(t->start); /* the first metrics line counts the bytes from here */
@@ -874,8 +977,7 @@ static int run_all(Trainer *t) {
     return 0;
   }
   if (t->o.save) {
-    int bad = check_replicas(t, &err) != 0 ||
-              (t->rank == 0 && rt_params_save(&t->run, t->o.save, &err) != 0);
+    int bad = check_replicas(t, &err) != 0 || save_params(t, t->o.save, &err) != 0;
     if (agree(t, bad ? -1 : 0, &err) != 0) return fail(t, err.msg);
     say(t, "saved the params to %s", t->o.save);
   }
@@ -929,6 +1031,13 @@ static int join_ranks(Trainer *t, int *argc, char ***argv) {
   t->rank = rt_comm_rank(t->world);
   t->nranks = rt_comm_size(t->world);
   t->run.dp_rank = t->rank;
+  if (t->nranks == devices && p->nplan_axes > 0 && plan_tp(p) > 1) {
+    /* the strategy's grid, row-major over the world ranks (cplanrt.h) */
+    rt_comm_split_axes(t->world, p->plan_axes, p->plan_axis_names, p->nplan_axes, t->run.axis_comm);
+    for (int a = p->nplan_axes - 1, r = t->rank; a >= 0; a--)
+      t->run.axis_coord[a] = r % p->plan_axes[a], r /= (int)p->plan_axes[a];
+    t->run.dp_rank = p->dp_axis >= 0 ? t->run.axis_coord[p->dp_axis] : 0;
+  }
   if (t->nranks == devices) return 0;
   if (devices == 1)
     fprintf(stderr, "%s: rank %d: error: this program was built for 1 device (%s%s); run it "
@@ -971,6 +1080,8 @@ int rt_main(int argc, char **argv, const RtPlan *plan) {
   stop_signal = 0;
   free_all(&t);
   rt_trace_close();
+  for (int a = 0; a < 3; a++)
+    if (t.run.axis_comm[a]) rt_comm_free(t.run.axis_comm[a]);
   if (t.world) rt_comm_finalize(t.world);
   return rc;
 }
