@@ -88,7 +88,7 @@ static const Command commands[] = {
      "  --json          print the whole plan as one JSON object\n"
      "  --train NAME    the train block to use when the file has several\n"
      "  --set KEY=VALUE override a setting (see `cplanc check --help`)\n"},
-    {"build", cmd_build, "compile a training program (CPU: one device, or data parallel over MPI ranks)",
+    {"build", cmd_build, "compile a training program (CPU: one device, or dp/tp over MPI ranks)",
      "usage: cplanc build FILE -o PROG [--train NAME] [--set KEY=VALUE]... [--keep-c DIR]\n"
      "\n"
      "Compiles the train block of FILE into the executable PROG: autodiff, the optimizer,\n"
