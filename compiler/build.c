@@ -204,12 +204,10 @@ static bool is_tp(const TrainConf *t) { return t->strategy.tp > 1; }
 static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   int64_t dp, tp, pp, micro;
   if (!strat_degrees(NULL, t, &dp, &tp, &pp, &micro)) return false;
-  if (dp > 1 || pp > 1 || t->strategy.sp > 1 || t->strategy.zero > 0) {
-    /* dp x tp lowers, but its gradient reduction is not right yet (the lowering's in-graph
-     * dp all-reduce and the runtime's would both run) */
-    diag_error(t->strategy.span, "this version runs tensor parallelism alone: tp = %lld with dp = %lld, pp, sp or zero "
-               "is not supported yet", (long long)tp, (long long)dp);
-    diag_hint("use `strategy = { tp = %lld }` on a mesh of %lld devices", (long long)tp, (long long)tp);
+  if (pp > 1 || t->strategy.sp > 1 || t->strategy.zero > 0) {
+    diag_error(t->strategy.span, "this version runs tensor parallelism with data parallelism only: tp = %lld with pp, "
+               "sp or zero is not supported yet", (long long)tp);
+    diag_hint("use `strategy = { dp = %lld, tp = %lld }`", (long long)dp, (long long)tp);
     return false;
   }
   /* g's B is bound to the micro-batch of one data-parallel rank (train_micro); strat_pin wants

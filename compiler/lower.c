@@ -63,12 +63,26 @@ static int add_coll(Ctx *c, OpId op, int value, int axis, int d1, int d2) {
   return k;
 }
 
+/* Whether the P -> R reshard of node j on axis a is the dp reduction of a gradient accumulator
+ * (its STATE with ia[1] = 0, or the ACCUM into it), which the runtime does (lower.h). */
+static bool runtime_reduces(const Ctx *c, int j, int a, Pl h, Pl w) {
+  if (c->sp->axes[a].role != AX_DP || h.kind != PL_P || w.kind != PL_R) return false;
+  const Node *n = &c->g->nodes[j];
+  if (n->op == OP_ACCUM) n = &c->g->nodes[n->in[0]];
+  return n->op == OP_STATE && n->ia[1] == 0;
+}
+
 /* The local node holding global node j's value in placement `want` on every axis. */
 static int reshard(Ctx *c, int j, const Pl *want) {
   int v = c->cur[j], n = c->g->n;
   for (int a = 0; a < c->sp->naxes && !c->failed; a++) {
     Pl h = c->have[a * n + j], w = want[a];
     if (pl_eq(h, w)) continue;
+    if (runtime_reduces(c, j, a, h, w)) {
+      c->have[a * n + j] = w;
+      c->lw->nruntime++;
+      continue;
+    }
     Collective k = pl_reshard(h, w);
     if (h.kind == PL_P && (k == COLL_ALL_REDUCE || k == COLL_REDUCE_SCATTER)) {
       /* in place: every later reader gets the reduced value (strategy.c's record()) */

@@ -24,7 +24,12 @@
  * (j / (3C/3n)) * C + r * (C/n) + j % (C/n). The slices then stay local ([s/n, e/n) of the shard)
  * and each rank holds whole heads of q, k and v. The block count of every param (1: contiguous)
  * is in Lowered.blocks; init, save and load map shard elements to global ones through it, so
- * checkpoints hold the ordinary (unpermuted) tensor. */
+ * checkpoints hold the ordinary (unpermuted) tensor.
+ *
+ * Gradient accumulators partial (P) on the dp axis get no collective node: the runtime reduces
+ * them (the mean over the dp group, once per step, as in pure data parallelism), and the update
+ * reads them as replicated. An in-graph all-reduce would sum (not average) each rank's local-mean
+ * gradients, run after every micro-batch, and hand the update a value living past micro_step. */
 #ifndef CPLAN_LOWER_H
 #define CPLAN_LOWER_H
 
@@ -36,6 +41,9 @@ typedef struct Lowered {
   int *blocks;       /* per node of the global graph: the blocked-layout count of its split dim on
                         the tp axis (1: contiguous; 3: fused q, k, v) */
   int ncolls;        /* collective nodes inserted */
+  int nruntime;      /* reshards left to the runtime instead: the dp all-reduces of gradient
+                        accumulators (runtime/train.c sums them over the dp group and scales by
+                        1/dp once per step, after all micro-batches) */
 } Lowered;
 
 /* The per-rank graph of sp's training graph. NULL with a message in err when a placement has no

@@ -488,7 +488,7 @@ static void reduce_means(Trainer *t, double *sums, int n, int64_t per_rank) {
  * bytes) before a rank-0 file claims to hold everyone's params. */
 static int check_replicas(Trainer *t, RtError *err) {
   if (t->nranks <= 1) return 0;
-  if (plan_tp(t->p) > 1) return 0; /* pure tp (dp x tp is refused at build): no two ranks hold the same shards */
+  if (plan_tp(t->p) > 1) return 0; /* tp ranks hold different shards (under dp x tp only the dp group's agree) */
   uint64_t h = 0xcbf29ce484222325ull;
   const unsigned char *b = (const unsigned char *)t->run.params;
   for (size_t i = 0; i < (size_t)t->p->param_floats * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ull;

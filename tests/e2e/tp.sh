@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tp.sh CPLANC SRCDIR: tensor parallelism (Megatron 1D, tp = 2) on CPU ranks under mpirun.
-# gpt_small and llama_small built with strategy tp = 2 on a mesh of 2 CPUs must train like the
-# single-device program: the 6 losses and gradient norms within 2e-4 relative and the
-# consolidated params (--save: rank 0 gathers the shards into whole tensors) within 1e-4; a tp
+# gpt_small and llama_small built with strategy tp = 2 on a mesh of 2 CPUs (and dp = 2 x tp = 2
+# on 4) must train like the single-device program: the 6 losses and gradient norms within 2e-4
+# relative and the consolidated params (--save: rank 0 gathers the shards into whole tensors) within 1e-4; a tp
 # checkpoint (whole tensors) resumes on 1 device with the same losses.
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
@@ -71,6 +71,11 @@ for m in gpt_small llama_small; do
   e2e_prog 0 "$m-tp2" "$mpirun" -np 2 --oversubscribe "./$m-tp2" --save "$m-tp2.st" --metrics "$m-tp2.jsonl" \
     --checkpoint-every 3 --checkpoint-dir "ck-$m"
   close "$m tp=2" "$m-1.jsonl" "$m-tp2.jsonl" "$m-1.st" "$m-tp2.st"
+  # dp = 2 x tp = 2 on 4 ranks: the runtime averages the gradients over the dp group
+  sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=4 --set train.strategy.dp=2 --set train.strategy.tp=2)
+  e2e_build "$m-dp2tp2" "$m.cplan" "${sets[@]}"
+  e2e_prog 0 "$m-dp2tp2" "$mpirun" -np 4 --oversubscribe "./$m-dp2tp2" --save "$m-dp2tp2.st" --metrics "$m-dp2tp2.jsonl"
+  close "$m dp=2 x tp=2" "$m-1.jsonl" "$m-dp2tp2.jsonl" "$m-1.st" "$m-dp2tp2.st"
   # the tp checkpoint after 3 steps holds whole tensors: one device resumes it
   e2e_prog 0 "$m-resume" "./$m-1" --resume "ck-$m/step_000003" --metrics "$m-res.jsonl"
   tail_close "$m tp=2 -> 1 resume" "$m-1.jsonl" "$m-res.jsonl" 3

@@ -99,7 +99,10 @@ static int count_op(const Graph *g, OpId op) {
 static void check_colls(const StratPlan *sp, const Lowered *lw) {
   int want = 0;
   for (int i = 0; i < sp->colls.n; i++) want += sp->colls.a[i].what == NULL;
-  CHECK(lw->ncolls == want);
+  CHECK(lw->ncolls + lw->nruntime == want); /* the dp gradient reductions: the runtime's */
+  bool dp = false;
+  for (int a = 0; a < sp->naxes; a++) dp |= sp->axes[a].role == AX_DP;
+  CHECK(dp == (lw->nruntime > 0));
   int have = count_op(lw->g, OP_ALL_REDUCE) + count_op(lw->g, OP_ALL_GATHER) + count_op(lw->g, OP_REDUCE_SCATTER) +
              count_op(lw->g, OP_ALL_TO_ALL) + count_op(lw->g, OP_SHARD_SLICE);
   CHECK(have == lw->ncolls);
