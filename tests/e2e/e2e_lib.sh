@@ -66,3 +66,48 @@ e2e_says() {
 e2e_det() {
   sed -e 's/,"ms":[^,}]*//' -e 's/,"tokens_per_s":[^,}]*//' -e 's/,"peak_rss_bytes":[^,}]*//' "$1"
 }
+
+# e2e_mpi: mpirun on loopback, also as root; $mpirun is the launcher (ctest passes MPIEXEC).
+e2e_mpi() {
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
+  mpirun=${MPIEXEC:-mpirun}
+}
+
+# e2e_close LABEL M1.jsonl M2.jsonl P1.st P2.st: the 6 losses and grad norms of two metrics files
+# within 2e-4 relative, the params of two safetensors files (F32, same names and shapes) within
+# 1e-4. M1/P1 are the single-device run's. Used by the multi-rank tests (dp.sh, tp.sh).
+e2e_close() {
+  python3 - "$@" <<'PY' || exit 1
+import json, struct, sys
+def losses(path):  # the loss and the gradient norm (clipping and Adam would hide a wrong scale)
+    return [(j["loss"], j["grad_norm"]) for j in map(json.loads, open(path))]
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    base = 8 + n
+    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
+                             b[base + v["data_offsets"][0]:base + v["data_offsets"][1]])
+            for k, v in h.items()}
+label, m1, m2, p1, p2 = sys.argv[1:]
+a, b = losses(m1), losses(m2)
+if len(a) != 6 or len(b) != 6:
+    sys.exit("FAILED: %s: %d and %d losses, expected 6" % (label, len(a), len(b)))
+for s, (x, y) in enumerate(zip(a, b)):
+    for what, u, v in (("loss", x[0], y[0]), ("grad_norm", x[1], y[1])):
+        if abs(u - v) > 2e-4 * abs(u):
+            sys.exit("FAILED: %s: step %d %s %.8f vs single-device %.8f" % (label, s, what, v, u))
+ta, tb = tensors(p1), tensors(p2)
+if ta.keys() != tb.keys():
+    sys.exit("FAILED: %s: the saved params have different names" % label)
+# gpt's key bias (c_attn.bias[C:2C]) has an exactly zero gradient (softmax ignores a constant
+# added to every score of a row), so its gradient is rounding noise, which Adam's m/sqrt(v)
+# turns into steps of +-lr whose sign depends on the summation order: it is not compared.
+def skip(k, i, n):
+    return k.endswith("attn.c_attn.bias") and n // 3 <= i < 2 * n // 3
+worst = max([abs(x - y) for k in ta for i, (x, y) in enumerate(zip(ta[k], tb[k]))
+             if not skip(k, i, len(ta[k]))])
+if worst > 1e-4:
+    sys.exit("FAILED: %s: params differ by %g after training" % (label, worst))
+PY
+}

@@ -7,45 +7,8 @@
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
 e2e_init "$1" "$2"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
-mpirun=${MPIEXEC:-mpirun}
+e2e_mpi
 e2e_tokens tokens.bin
-
-close() {
-  python3 - "$@" <<'PY' || exit 1
-import json, struct, sys
-def losses(path):  # the loss and the gradient norm (clipping and Adam would hide a wrong scale)
-    return [(j["loss"], j["grad_norm"]) for j in map(json.loads, open(path))]
-def tensors(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
-    base = 8 + n
-    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
-                             b[base + v["data_offsets"][0]:base + v["data_offsets"][1]])
-            for k, v in h.items()}
-label, m1, m2, p1, p2 = sys.argv[1:]
-a, b = losses(m1), losses(m2)
-if len(a) != 6 or len(b) != 6:
-    sys.exit("FAILED: %s: %d and %d losses, expected 6" % (label, len(a), len(b)))
-for s, (x, y) in enumerate(zip(a, b)):
-    for what, u, v in (("loss", x[0], y[0]), ("grad_norm", x[1], y[1])):
-        if abs(u - v) > 2e-4 * abs(u):
-            sys.exit("FAILED: %s: step %d %s %.8f vs single-device %.8f" % (label, s, what, v, u))
-ta, tb = tensors(p1), tensors(p2)
-if ta.keys() != tb.keys():
-    sys.exit("FAILED: %s: the saved params have different names" % label)
-# gpt's key bias (c_attn.bias[C:2C]) has an exactly zero gradient (softmax ignores a constant
-# added to every score of a row), so its gradient is rounding noise, which Adam's m/sqrt(v)
-# turns into steps of +-lr whose sign depends on the summation order: it is not compared.
-def skip(k, i, n):
-    return k.endswith("attn.c_attn.bias") and n // 3 <= i < 2 * n // 3
-worst = max([abs(x - y) for k in ta for i, (x, y) in enumerate(zip(ta[k], tb[k]))
-             if not skip(k, i, len(ta[k]))])
-if worst > 1e-4:
-    sys.exit("FAILED: %s: params differ by %g after training" % (label, worst))
-PY
-}
 
 # the last n losses of two metrics files within 2e-4 relative
 tail_close() {
@@ -70,12 +33,12 @@ for m in gpt_small llama_small; do
   e2e_build "$m-tp2" "$m.cplan" "${sets[@]}"
   e2e_prog 0 "$m-tp2" "$mpirun" -np 2 --oversubscribe "./$m-tp2" --save "$m-tp2.st" --metrics "$m-tp2.jsonl" \
     --checkpoint-every 3 --checkpoint-dir "ck-$m"
-  close "$m tp=2" "$m-1.jsonl" "$m-tp2.jsonl" "$m-1.st" "$m-tp2.st"
+  e2e_close "$m tp=2" "$m-1.jsonl" "$m-tp2.jsonl" "$m-1.st" "$m-tp2.st"
   # dp = 2 x tp = 2 on 4 ranks: the runtime averages the gradients over the dp group
   sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=4 --set train.strategy.dp=2 --set train.strategy.tp=2)
   e2e_build "$m-dp2tp2" "$m.cplan" "${sets[@]}"
   e2e_prog 0 "$m-dp2tp2" "$mpirun" -np 4 --oversubscribe "./$m-dp2tp2" --save "$m-dp2tp2.st" --metrics "$m-dp2tp2.jsonl"
-  close "$m dp=2 x tp=2" "$m-1.jsonl" "$m-dp2tp2.jsonl" "$m-1.st" "$m-dp2tp2.st"
+  e2e_close "$m dp=2 x tp=2" "$m-1.jsonl" "$m-dp2tp2.jsonl" "$m-1.st" "$m-dp2tp2.st"
   # the tp checkpoint after 3 steps holds whole tensors: one device resumes it
   e2e_prog 0 "$m-resume" "./$m-1" --resume "ck-$m/step_000003" --metrics "$m-res.jsonl"
   tail_close "$m tp=2 -> 1 resume" "$m-1.jsonl" "$m-res.jsonl" 3

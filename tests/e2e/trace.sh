@@ -9,8 +9,7 @@
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
 e2e_init "$1" "$2"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader
-mpirun=${MPIEXEC:-mpirun}
+e2e_mpi
 e2e_tokens tokens.bin
 
 # validation data (the training file again) and evaluation every 3 steps; a mesh --set resizes
