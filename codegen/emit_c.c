@@ -957,7 +957,12 @@ static void emit_grad_shape(Cg *c, int i, const Node *f) {
 }
 
 static void emit_grad(Cg *c, int i) {
-  const Node *n = nd(c, i), *f = nd(c, n->fwd);
+  const Node *n = nd(c, i);
+  /* the forward node with the inputs this GRAD reads (the same values, but under ZeRO 3 a param
+   * gathered again for the backward: lower.c) */
+  Node fv = *nd(c, n->fwd);
+  fv.in = n->in + 1;
+  const Node *f = &fv;
   if (c->nc[i].kind == L_ALIAS) {
     EMIT("  /* the gradient is dy itself (%%%d): no kernel */\n", n->in[0]);
     return;
@@ -1167,11 +1172,14 @@ static int64_t gi_model(const StratPlan *sp, const Lowered *lw, int gi, const in
   const Node *gn = &sp->g->nodes[gi], *ln = &lw->g->nodes[lw->map[gi]];
   int64_t idx[CP_MAX_RANK], rest = local;
   for (int d = ln->shape.rank - 1; d >= 0; d--) idx[d] = rest % ln->shape.d[d], rest /= ln->shape.d[d];
+  int64_t cur[CP_MAX_RANK];
+  for (int d = 0; d < ln->shape.rank; d++) cur[d] = ln->shape.d[d];
   for (int a = 0; a < sp->naxes; a++) {
     Pl p = sp->pl[gi].ax[a];
     if (p.kind != PL_S || p.dim >= gn->shape.rank) continue;
-    int64_t b = sp->axes[a].role == AX_TP ? lw->blocks[gi] : 1, part = ln->shape.d[p.dim] / b, j = idx[p.dim];
-    idx[p.dim] = (j / part) * (gn->shape.d[p.dim] / b) + coord[a] * part + j % part;
+    int64_t b = sp->axes[a].role == AX_TP ? lw->blocks[gi] : 1, part = cur[p.dim] / b, j = idx[p.dim];
+    idx[p.dim] = (j / part) * (cur[p.dim] * sp->axes[a].n / b) + coord[a] * part + j % part;
+    cur[p.dim] *= sp->axes[a].n;
   }
   int64_t g = 0;
   for (int d = 0; d < gn->shape.rank; d++) g = g * gn->shape.d[d] + idx[d];
@@ -1195,6 +1203,11 @@ static void emit_global_tables(Cg *c) {
        " * the split dim (-1: whole) and the blocks of the blocked layout (compiler/lower.h) */\n"
        "typedef struct GiInfo { int rank; int64_t gs[%d], ls[%d]; int dim[%d], blocks[%d]; } GiInfo;\n",
        CP_MAX_RANK, CP_MAX_RANK, sp->naxes, sp->naxes);
+  EMIT("static const int64_t plan_axes[] = {");
+  for (int a = 0; a < sp->naxes; a++) EMIT("%s%lld", a ? ", " : "", (long long)sp->axes[a].n);
+  EMIT("};\nstatic const char *const plan_axis_names[] = {");
+  for (int a = 0; a < sp->naxes; a++) EMIT("%s\"%s\"", a ? ", " : "", strat_axis_name(sp->axes[a].role));
+  EMIT("};\n");
   EMIT("static const GiInfo gi_params[] = {\n");
   for (int k = 0; k < gg->params.n; k++) emit_gi_row(c, gg->params.a[k]), check_gi(c, gg->params.a[k]);
   EMIT("};\nstatic const GiInfo gi_states[] = {\n");
@@ -1202,19 +1215,22 @@ static void emit_global_tables(Cg *c) {
   if (!gg->states.n) EMIT("    {0},\n");
   EMIT("};\n");
   EMIT("\n/* The global (row-major) index of element `local` of the shard that the rank at strategy\n"
-       " * coordinates coord holds of param k (state: of state k). */\n"
+       " * coordinates coord holds of param k (state: of state k).\n"
+       " * Axes in order: where two split the same dim, the later splits the earlier's shard (lower.c). */\n"
        "static int64_t global_index(int state, int k, const int64_t *coord, int64_t local) {\n"
        "  const GiInfo *t = state ? &gi_states[k] : &gi_params[k];\n"
-       "  int64_t idx[%d], rest = local, g = 0;\n"
-       "  for (int d = t->rank - 1; d >= 0; d--) idx[d] = rest %% t->ls[d], rest /= t->ls[d];\n"
+       "  int64_t idx[%d], cur[%d], rest = local, g = 0;\n"
+       "  for (int d = t->rank - 1; d >= 0; d--) idx[d] = rest %% t->ls[d], rest /= t->ls[d], cur[d] = t->ls[d];\n"
        "  for (int a = 0; a < %d; a++) {\n"
        "    int d = t->dim[a];\n"
        "    if (d < 0) continue;\n"
-       "    int64_t part = t->ls[d] / t->blocks[a], j = idx[d];\n"
-       "    idx[d] = (j / part) * (t->gs[d] / t->blocks[a]) + coord[a] * part + j %% part;\n"
+       "    int64_t part = cur[d] / t->blocks[a], j = idx[d];\n"
+       "    idx[d] = (j / part) * (cur[d] * plan_axes[a] / t->blocks[a]) + coord[a] * part + j %% part;\n"
+       "    cur[d] *= plan_axes[a];\n"
        "  }\n"
        "  for (int d = 0; d < t->rank; d++) g = g * t->gs[d] + idx[d];\n"
-       "  return g;\n}\n", CP_MAX_RANK, sp->naxes);
+       "  return g;\n}\n", CP_MAX_RANK, CP_MAX_RANK, sp->naxes);
+  EMIT("\nstatic int split_dim(int state, int k, int a) { return (state ? &gi_states[k] : &gi_params[k])->dim[a]; }\n");
   static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
   int64_t off = 0;
   EMIT("\n/* the whole params and states, as a one-device plan lays them out (--save, checkpoints) */\n"
@@ -1236,11 +1252,6 @@ static void emit_global_tables(Cg *c) {
   if (!gg->states.n) EMIT("    {0},\n");
   EMIT("};\n");
   c->gstate_floats = off;
-  EMIT("static const int64_t plan_axes[] = {");
-  for (int a = 0; a < sp->naxes; a++) EMIT("%s%lld", a ? ", " : "", (long long)sp->axes[a].n);
-  EMIT("};\nstatic const char *const plan_axis_names[] = {");
-  for (int a = 0; a < sp->naxes; a++) EMIT("%s\"%s\"", a ? ", " : "", strat_axis_name(sp->axes[a].role));
-  EMIT("};\n");
 }
 
 /* lr_at: the schedule of docs/language.md §8, step counted from 0. */
@@ -1368,7 +1379,7 @@ static void emit_plan(Cg *c, const char *hash) {
          (long long)c->sp->tp, c->sp->naxes);
     EMIT("    .dp_axis = %d,\n    .tp_axis = %d,\n    .gparams = gparams,\n    .gparam_floats = %lld,\n", dpa, tpa,
          (long long)c->gparam_floats);
-    EMIT("    .gstates = gstates,\n    .gstate_floats = %lld,\n    .global_index = global_index,\n",
+    EMIT("    .gstates = gstates,\n    .gstate_floats = %lld,\n    .global_index = global_index,\n    .split_dim = split_dim,\n",
          (long long)c->gstate_floats);
   }
   EMIT("};\n");
@@ -1418,9 +1429,9 @@ static bool check_strategy(Cg *c) {
   const TrainConf *t = c->t;
   const StrategyConf *st = &t->strategy;
   int64_t devices = t->mesh ? t->mesh->ndevices : 1, dp = train_dp(t);
-  if (c->sp && c->sp->pp == 1 && c->sp->sp == 1 && c->sp->zero == 0 && c->sp->dp * c->sp->tp == devices) return true;
+  if (c->sp && c->sp->pp == 1 && c->sp->sp == 1 && c->sp->dp * c->sp->tp == devices) return true;
   if (st->tp > 1 || st->pp > 1 || st->sp > 1 || st->zero > 0) {
-    diag_error(st->span, "this version runs data parallelism only: tp, pp, sp and zero are not supported yet");
+    diag_error(st->span, "this version runs data and tensor parallelism and ZeRO: pp and sp are not supported yet");
     diag_hint("use `strategy = { dp = %lld }` or `strategy = auto`", (long long)devices);
     return false;
   }

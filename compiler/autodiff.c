@@ -50,6 +50,7 @@ static int seed(Graph *g, int64_t accum) {
   g->nodes[i].fa[0] = 1.0 / (double)accum;
   g->nodes[i].dtype = g->nodes[g->loss].dtype;
   infer_or_die(g, i);
+  g->seed = i;
   return i;
 }
 
@@ -128,8 +129,16 @@ int64_t train_dp(const TrainConf *t) {
   const StrategyConf *st = &t->strategy;
   if (st->dp > 0) return st->dp;
   bool cpu_mesh = t->mesh && t->mesh->device.kind == DEV_CPU;
-  if (cpu_mesh && st->tp <= 1 && st->pp <= 1 && st->sp <= 1) return t->mesh->ndevices;
+  int64_t rest = (st->tp > 1 ? st->tp : 1) * (st->pp > 1 ? st->pp : 1);
+  if (t->mesh && (cpu_mesh || rest > 1) && t->mesh->ndevices % rest == 0) return t->mesh->ndevices / rest;
   return 1;
+}
+
+bool train_lowered(const TrainConf *t) { return t->strategy.tp > 1 || t->strategy.zero > 0; }
+
+int64_t train_graph_batch(const TrainConf *t) {
+  int64_t b = train_micro(t);
+  return train_lowered(t) ? b * train_dp(t) : b;
 }
 
 int64_t train_micro(const TrainConf *t) {

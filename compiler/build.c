@@ -190,7 +190,7 @@ static bool copy_file(const char *from, const char *to) {
   return ok;
 }
 
-/* Tensor parallelism (tp > 1): the training graph is placed (strat_pin) and lowered to the graph
+/* Tensor parallelism and ZeRO: the training graph is placed (strat_pin) and lowered to the graph
  * one rank runs (lower_spmd), which the emitter turns into plan.c with its collectives. The
  * training graph is built here with B bound to the global micro-batch dp * micro, as strat_pin
  * requires. NULL after a diagnostic. */
@@ -199,28 +199,27 @@ typedef struct Spmd {
   Lowered *lw;
 } Spmd;
 
-static bool is_tp(const TrainConf *t) { return t->strategy.tp > 1; }
+static bool is_spmd(const TrainConf *t) { return train_lowered(t); }
 
 static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   int64_t dp, tp, pp, micro;
   if (!strat_degrees(NULL, t, &dp, &tp, &pp, &micro)) return false;
-  if (pp > 1 || t->strategy.sp > 1 || t->strategy.zero > 0) {
-    diag_error(t->strategy.span, "this version runs tensor parallelism with data parallelism only: tp = %lld with pp, "
-               "sp or zero is not supported yet", (long long)tp);
-    diag_hint("use `strategy = { dp = %lld, tp = %lld }`", (long long)dp, (long long)tp);
+  if (pp > 1 || t->strategy.sp > 1) {
+    diag_error(t->strategy.span, "this version runs data and tensor parallelism and ZeRO: pp and sp are not "
+               "supported yet");
+    diag_hint("use `strategy = { dp = %lld, tp = %lld }`", (long long)(dp * pp), (long long)tp);
     return false;
   }
-  /* g's B is bound to the micro-batch of one data-parallel rank (train_micro); strat_pin wants
-   * it to be the global micro-batch dp * micro, so each rank takes B / dp of it */
-  int64_t b = train_micro(t);
-  if (b % dp != 0) {
-    diag_error(t->strategy.span, "the micro-batch %lld does not split over dp = %lld ranks", (long long)b, (long long)dp);
+  /* g's B is bound to the global micro-batch dp * micro (train_graph_batch), as strat_pin wants */
+  if (g->batch != dp * train_micro(t) || dp != train_dp(t)) {
+    diag_error(t->strategy.span, "internal error: the model was elaborated for a micro-batch of %lld, the plan's "
+               "is dp %lld x micro %lld", (long long)g->batch, (long long)dp, (long long)train_micro(t));
     return false;
   }
   (void)micro;
   TrainConf tc = *t;
   tc.strategy.dp = dp;
-  tc.strategy.micro = b / dp;
+  tc.strategy.micro = train_micro(t);
   if (!train_graph(g, &tc)) return false;
   out->sp = strat_pin(NULL, g, &tc);
   if (!out->sp) return false;
@@ -233,10 +232,10 @@ static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   return true;
 }
 
-/* plan.c of g: the training graph lowered per rank when tp > 1 (then g must not have been
+/* plan.c of g: the training graph lowered per rank under tp or zero (then g must not have been
  * through train_graph yet), else g's training graph itself. */
 static bool emit_any(FILE *f, Graph *g, const TrainConf *t, const char *hash) {
-  if (!is_tp(t)) return train_graph(g, t) && cg_emit_c(f, g, t, hash);
+  if (!is_spmd(t)) return train_graph(g, t) && cg_emit_c(f, g, t, hash);
   Spmd s;
   if (!spmd_lower(g, t, &s)) return false;
   return cg_emit_c_spmd(f, s.sp, s.lw, t, hash);

@@ -197,15 +197,16 @@ static int grad_expr(KBuild *b, const Node *n) {
   int dy = outside_value(b, n->in[0]);
   if (f->op == OP_SUB) return kun(b, K_NEG, dy);
   if (f->op == OP_NEG) return kun(b, K_NEG, dy);
-  if (f->op == OP_MUL) return kbin(b, K_MUL, dy, outside_value(b, f->in[1 - n->ia[0]]));
+  /* the forward inputs as this GRAD reads them (n->in[1 + k]: under ZeRO 3 a param gathered again) */
+  if (f->op == OP_MUL) return kbin(b, K_MUL, dy, outside_value(b, n->in[1 + (1 - n->ia[0])]));
   if (f->op == OP_DIV) {
-    int a = outside_value(b, f->in[0]), d = outside_value(b, f->in[1]);
+    int a = outside_value(b, n->in[1]), d = outside_value(b, n->in[2]);
     if (n->ia[0] == 0) return kbin(b, K_MUL, dy, kbin(b, K_DIV, kconst(b, 1), d));
     return kbin(b, K_MUL, dy, kun(b, K_NEG, kbin(b, K_DIV, a, kbin(b, K_MUL, d, d))));
   }
   bool needs_y = f->op == OP_EXP || f->op == OP_SQRT || f->op == OP_RSQRT || f->op == OP_TANH || f->op == OP_SIGMOID;
   bool needs_x = !(f->op == OP_EXP || f->op == OP_SQRT || f->op == OP_TANH || f->op == OP_SIGMOID);
-  int x = needs_x ? outside_value(b, f->in[0]) : -1, y = needs_y ? outside_value(b, n->fwd) : -1;
+  int x = needs_x ? outside_value(b, n->in[1]) : -1, y = needs_y ? outside_value(b, n->fwd) : -1;
   return kbin(b, K_MUL, dy, unary_df(b, f, x, y));
 }
 

@@ -84,6 +84,7 @@ Graph *ir_new(const char *model_name) {
   Graph *g = cp_alloc(sizeof *g);
   g->loss = -1;
   g->grad_norm = -1;
+  g->seed = -1;
   g->accum = 1;
   g->cur_layer = -1;
   g->model_name = model_name ? cp_strdup(model_name) : NULL;

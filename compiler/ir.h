@@ -72,6 +72,7 @@ typedef struct Graph {
   VEC(int) states;    /* STATE nodes: optimizer moments and gradient accumulators */
   int grad_norm;      /* node of the global gradient norm (before clipping), -1 if none */
   int64_t accum;      /* micro-batches per optimizer step (the gradient seed is 1/accum) */
+  int seed;           /* the CONST node of that seed (d loss), -1 before autodiff */
   int cur_layer;      /* the layer new nodes get (sema sets it while unrolling) */
   const char *model_name;
   int64_t batch;      /* the value B was bound to when the graph was built */

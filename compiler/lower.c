@@ -24,6 +24,8 @@ typedef struct Ctx {
   Pl *have;          /* [axis * g->n + node]: the placement of cur[node] */
   int **lin;         /* per global node: its local inputs */
   VEC(Cached) cache;
+  VEC(Cached) regathered; /* zero 3: a forward all-gather of a param -> its backward one */
+  Role role;         /* the role of the node being lowered (its reshards run in its phase) */
   char *err;
   size_t errlen;
   bool failed;
@@ -55,7 +57,7 @@ static int add_coll(Ctx *c, OpId op, int value, int axis, int d1, int d2) {
   int k = ir_add(lg, op, &value, 1, lg->nodes[value].span);
   Node *n = &lg->nodes[k];
   n->ia[0] = axis, n->ia[1] = d1, n->ia[2] = d2, n->ia[3] = c->sp->axes[axis].n;
-  n->role = lg->nodes[value].role;
+  n->role = c->role; /* it runs right before the node that needs it, in that node's phase */
   n->layer = lg->nodes[value].layer;
   char e[256];
   if (!ir_infer(lg, k, e, sizeof e)) fail(c, "lowering: %s", e);
@@ -93,7 +95,9 @@ static int reshard(Ctx *c, int j, const Pl *want) {
     }
     int hit = -1;
     for (int q = 0; q < c->cache.n && hit < 0; q++)
-      if (c->cache.a[q].value == v && c->cache.a[q].axis == a && pl_eq(c->cache.a[q].to, w)) hit = c->cache.a[q].node;
+      if (c->cache.a[q].value == v && c->cache.a[q].axis == a && pl_eq(c->cache.a[q].to, w) &&
+          c->lw->g->nodes[c->cache.a[q].node].role == c->role) /* a phase reads its own copies */
+        hit = c->cache.a[q].node;
     if (hit < 0) {
       if (k == COLL_ALL_GATHER) hit = add_coll(c, OP_ALL_GATHER, v, a, h.dim, 0);
       else if (k == COLL_ALL_TO_ALL) hit = add_coll(c, OP_ALL_TO_ALL, v, a, h.dim, w.dim);
@@ -152,19 +156,51 @@ static void localize(Ctx *c, int i, Node *n, const Shape *want) {
   }
 }
 
+/* An elementwise node split along output dim od takes a whole (R) input that does not broadcast
+ * along od as that input's local part (shard_elementwise: "R inputs are sliced locally"). */
+static Pl local_slice(const Ctx *c, int i, int k, Pl cons, Pl out) {
+  const Node *n = &c->g->nodes[i];
+  if (cons.kind != PL_R || out.kind != PL_S || !(ir_ops[n->op].flags & OPF_ELEMENTWISE)) return cons;
+  const Shape *s = &c->g->nodes[n->in[k]].shape;
+  int d = out.dim - (n->shape.rank - s->rank);
+  return d >= 0 && s->d[d] != 1 ? pl_s(d) : cons;
+}
+
+static int64_t dp_size(const StratPlan *sp) {
+  for (int a = 0; a < sp->naxes; a++)
+    if (sp->axes[a].role == AX_DP) return sp->axes[a].n;
+  return 1;
+}
+
+/* ZeRO 3: a param sharded over dp is gathered for each use. The backward gathers it again
+ * (once per forward gather, cached) instead of reading the forward's copy, so the whole param
+ * lives only around its uses, as in DeepSpeed's stage 3, not from the forward to the backward. */
+static int regather(Ctx *c, int v) {
+  Graph *lg = c->lw->g;
+  const Node *n = &lg->nodes[v];
+  if (n->op != OP_ALL_GATHER || lg->nodes[n->in[0]].op != OP_PARAM || c->sp->axes[n->ia[0]].role != AX_DP) return v;
+  for (int q = 0; q < c->regathered.n; q++)
+    if (c->regathered.a[q].value == v) return c->regathered.a[q].node;
+  int k = add_coll(c, OP_ALL_GATHER, n->in[0], (int)n->ia[0], (int)n->ia[1], 0);
+  Cached e = {v, (int)n->ia[0], pl_r(), k};
+  VEC_PUSH(c->regathered, e);
+  return k;
+}
+
 static void lower_node(Ctx *c, int i) {
   const StratPlan *sp = c->sp;
   const Node *o = &c->g->nodes[i];
   Graph *lg = c->lw->g;
   int *in = cp_alloc(sizeof(int) * (size_t)(o->nin ? o->nin : 1));
   bool grad = o->op == OP_GRAD;
+  c->role = o->role;
   for (int k = 0; k < o->nin; k++) {
     if (grad && k > 0) { /* the forward node's inputs as it consumed them, then the forward node */
-      in[k] = k < o->nin - 1 ? c->lin[o->fwd][k - 1] : c->lw->map[o->fwd];
+      in[k] = k < o->nin - 1 ? regather(c, c->lin[o->fwd][k - 1]) : c->lw->map[o->fwd];
       continue;
     }
     Pl want[3];
-    for (int a = 0; a < sp->naxes; a++) want[a] = sp->cons[a][i][k];
+    for (int a = 0; a < sp->naxes; a++) want[a] = local_slice(c, i, k, sp->cons[a][i][k], sp->pl[i].ax[a]);
     in[k] = reshard(c, o->in[k], want);
   }
   int li = ir_add(lg, o->op, in, o->nin, o->span);
@@ -175,6 +211,7 @@ static void lower_node(Ctx *c, int i) {
   n->ndims = o->ndims, n->name = o->name, n->layer = o->layer, n->role = o->role;
   n->fwd = o->fwd >= 0 ? c->lw->map[o->fwd] : -1;
   if (o->op == OP_STATE) n->ia[0] = c->lw->map[o->ia[0]];
+  if (i == c->g->seed) n->fa[0] /= (double)dp_size(sp); /* see lower.h: reductions over dp sum */
   Shape want = local_shape(sp, i);
   c->lin[i] = in;
   c->lw->map[i] = c->cur[i] = li;
@@ -239,12 +276,17 @@ int64_t lower_global_index(const StratPlan *sp, const Lowered *lw, int i, const 
   Shape ls = local_shape(sp, i);
   int64_t idx[CP_MAX_RANK], rest = local;
   for (int d = ls.rank - 1; d >= 0; d--) idx[d] = rest % ls.d[d], rest /= ls.d[d];
+  /* Axes in order: when dp and tp split the same dim (ZeRO over a tensor-parallel shard), dp
+   * splits the tp shard, so its index is undone first; cur[d] is the size of dim d undone so far. */
+  int64_t cur[CP_MAX_RANK];
+  for (int d = 0; d < ls.rank; d++) cur[d] = ls.d[d];
   for (int a = 0; a < sp->naxes; a++) {
     Pl p = sp->pl[i].ax[a];
     if (p.kind != PL_S) continue;
-    int64_t b = sp->axes[a].role == AX_TP ? lw->blocks[i] : 1, part = ls.d[p.dim] / b, j = idx[p.dim];
-    /* block j / part of the global dim, this rank's part of it, the offset inside */
-    idx[p.dim] = (j / part) * (n->shape.d[p.dim] / b) + coord[a] * part + j % part;
+    int64_t b = sp->axes[a].role == AX_TP ? lw->blocks[i] : 1, part = cur[p.dim] / b, j = idx[p.dim];
+    /* block j / part of the dim, this rank's part of it, the offset inside */
+    idx[p.dim] = (j / part) * (cur[p.dim] * sp->axes[a].n / b) + coord[a] * part + j % part;
+    cur[p.dim] *= sp->axes[a].n;
   }
   int64_t g = 0;
   for (int d = 0; d < n->shape.rank; d++) g = g * n->shape.d[d] + idx[d];
@@ -258,7 +300,11 @@ static void map_lists(const Ctx *c, Graph *lg) {
   const int *m = c->lw->map;
   for (int k = 0; k < g->params.n; k++) VEC_PUSH(lg->params, m[g->params.a[k]]);
   for (int k = 0; k < g->inputs.n; k++) VEC_PUSH(lg->inputs, m[g->inputs.a[k]]);
-  for (int k = 0; k < g->grads.n; k++) VEC_PUSH(lg->grads, g->grads.a[k] >= 0 ? m[g->grads.a[k]] : -1);
+  for (int k = 0; k < g->grads.n; k++) { /* shaped as this rank's param: reduce-scattered under zero 3 */
+    int gk = g->grads.a[k], v = gk >= 0 ? m[gk] : -1;
+    if (v >= 0 && !shape_eq(&lg->nodes[v].shape, &lg->nodes[m[g->params.a[k]]].shape)) v = c->cur[gk];
+    VEC_PUSH(lg->grads, v);
+  }
   for (int k = 0; k < g->states.n; k++) VEC_PUSH(lg->states, m[g->states.a[k]]);
   for (int k = 0; k < g->layer_names.n; k++) VEC_PUSH(lg->layer_names, g->layer_names.a[k]);
   for (int k = 0; k < g->metrics.n; k++) {
@@ -268,6 +314,7 @@ static void map_lists(const Ctx *c, Graph *lg) {
   }
   lg->loss = g->loss >= 0 ? c->cur[g->loss] : -1;
   lg->grad_norm = g->grad_norm >= 0 ? c->cur[g->grad_norm] : -1;
+  lg->seed = g->seed >= 0 ? m[g->seed] : -1;
   lg->accum = g->accum;
   lg->batch = g->batch;
 }

@@ -26,10 +26,18 @@
  * is in Lowered.blocks; init, save and load map shard elements to global ones through it, so
  * checkpoints hold the ordinary (unpermuted) tensor.
  *
- * Gradient accumulators partial (P) on the dp axis get no collective node: the runtime reduces
- * them (the mean over the dp group, once per step, as in pure data parallelism), and the update
- * reads them as replicated. An in-graph all-reduce would sum (not average) each rank's local-mean
- * gradients, run after every micro-batch, and hand the update a value living past micro_step. */
+ * Partial sums on the dp axis. Each rank's loss is the mean over its own samples, so its
+ * gradients would be dp times its share of the global mean's. The lowering divides the gradient
+ * seed (Graph.seed, 1/accum) by dp instead: every P on the dp axis of the backward and the update
+ * is then a true partial sum, and every reduction of it (in the graph, or the runtime's) sums.
+ * The loss and metrics (P on dp too) are means of means, averaged by the runtime.
+ *
+ * Gradient accumulators partial (P) on the dp axis get no collective node: the runtime sums them
+ * over the dp group once per step, after all micro-batches, and the update reads them as
+ * replicated. ZeRO 2 and 3 place the accumulators S(0) on dp instead (strategy.c): the reduce-
+ * scatter is then in the graph, after each micro-batch's gradient, and each rank keeps its part.
+ * ZeRO 1 and 2: the update runs on each rank's part (S(0) optimizer state) and an all-gather
+ * writes the whole param back; ZeRO 3 keeps params S(0) and gathers them before each use. */
 #ifndef CPLAN_LOWER_H
 #define CPLAN_LOWER_H
 
@@ -42,8 +50,8 @@ typedef struct Lowered {
                         the tp axis (1: contiguous; 3: fused q, k, v) */
   int ncolls;        /* collective nodes inserted */
   int nruntime;      /* reshards left to the runtime instead: the dp all-reduces of gradient
-                        accumulators (runtime/train.c sums them over the dp group and scales by
-                        1/dp once per step, after all micro-batches) */
+                        accumulators (runtime/train.c sums them over the dp group once per step,
+                        after all micro-batches) */
 } Lowered;
 
 /* The per-rank graph of sp's training graph. NULL with a message in err when a placement has no

@@ -249,7 +249,8 @@ static Graph *train_model(Options *o, Front *fe, const char *what) {
     diag_error(SPAN_NONE, "%s needs a train block: %s has none", what, o->file);
     return NULL;
   }
-  return elaborate(fe, fe->train->model);
+  /* a plan lowered per rank is elaborated for the global micro-batch (train.h) */
+  return sema_build_model(fe->sema, fe->train->model, fe->train->model_call, train_graph_batch(fe->train));
 }
 
 /* --stage=c (plan.c) and --stage=llvm (the IR of its fused kernels): both need a train block. */

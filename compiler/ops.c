@@ -124,6 +124,14 @@ static bool shape_leaf(const Graph *g, Node *n, char *err, size_t errlen) {
 
 /* ---- internal ops of training graphs (autodiff, optimizer) ------------------------------ */
 
+/* Two all-gathers of the same value along the same axis and dim: the same whole value (ZeRO 3
+ * gathers a param again for the backward, lower.c). */
+static bool same_gather(const Graph *g, int a, int b) {
+  const Node *x = &g->nodes[a], *y = &g->nodes[b];
+  return x->op == OP_ALL_GATHER && y->op == OP_ALL_GATHER && x->in[0] == y->in[0] && x->ia[0] == y->ia[0] &&
+         x->ia[1] == y->ia[1];
+}
+
 /* GRAD: inputs [dy, forward inputs..., forward node]; the type of forward input ia[0]. These
  * are made by passes, so a failure here is a bug in the pass, reported by ir_verify. */
 static bool shape_grad(const Graph *g, Node *n, char *err, size_t errlen) {
@@ -134,7 +142,8 @@ static bool shape_grad(const Graph *g, Node *n, char *err, size_t errlen) {
   if (n->nin != f->nin + 2) return fail(err, errlen, "grad: expected %d inputs, got %d", f->nin + 2, n->nin);
   if (n->in[n->nin - 1] != n->fwd) return fail(err, errlen, "grad: the last input must be the forward node");
   for (int k = 0; k < f->nin; k++)
-    if (n->in[1 + k] != f->in[k]) return fail(err, errlen, "grad: input %d is not the forward node's input %d", 1 + k, k);
+    if (n->in[1 + k] != f->in[k] && !same_gather(g, n->in[1 + k], f->in[k]))
+      return fail(err, errlen, "grad: input %d is not the forward node's input %d", 1 + k, k);
   const Node *dy = in_node(g, n, 0);
   if (!shape_eq(&dy->shape, &f->shape))
     return fail(err, errlen, "grad: dy %s does not match the forward output %s", shape_str(&dy->shape), shape_str(&f->shape));

@@ -20,13 +20,21 @@ bool ad_backward(Graph *g, int64_t accum);
  * param that has a gradient, reading the ACCUM nodes ad_backward made. Requires ad_backward. */
 bool opt_lower(Graph *g, const TrainConf *t);
 
-/* The data-parallel degree of the plan: the pinned dp; else, on a mesh of CPU devices with no
- * tp, pp or sp pinned (`strategy = auto` included), every device (for now `auto` means pure data
- * parallelism on the CPU backend); else 1. */
+/* The data-parallel degree of the plan: the pinned dp; else, on a mesh of CPU devices, or with
+ * tp or pp pinned, the devices tp and pp leave (every device when neither is pinned: for now
+ * `strategy = auto` means pure data parallelism on the CPU backend); else 1. */
 int64_t train_dp(const TrainConf *t);
 
-/* The micro-batch B is bound to: the pinned micro, else batch / train_dp(t). */
+/* The micro-batch of one data-parallel rank: the pinned micro, else batch / train_dp(t). */
 int64_t train_micro(const TrainConf *t);
+
+/* Whether the plan is placed and lowered to per-rank programs (lower.h): tensor parallelism or
+ * ZeRO. Pure data parallelism runs the one-device training graph on every rank. */
+bool train_lowered(const TrainConf *t);
+
+/* The value B is bound to when the model is elaborated for building: train_micro, or for a
+ * lowered plan the global micro-batch dp * train_micro (strat_pin splits it over dp). */
+int64_t train_graph_batch(const TrainConf *t);
 
 /* ad_backward with accum = batch / (dp * micro) (B of g must be bound to the micro-batch), then
  * opt_lower and ir_verify. False after a diagnostic (also when batch is not a multiple of

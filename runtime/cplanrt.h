@@ -255,15 +255,18 @@ typedef struct RtPlan {
   /* Data parallelism (0 in a plan from before it means 1).  The program runs as `devices` MPI
    * ranks (mpirun -np devices); with dp = devices each rank computes samples
    * [rank*batch/dp, (rank+1)*batch/dp) of every step in accum micro-batches of micro (so batch =
-   * dp * micro * accum), and the gradient accumulators are all-reduced (summed, then scaled by
-   * 1/dp) before update. */
+   * dp * micro * accum), and the gradient accumulators are all-reduced before update: summed,
+   * then scaled by 1/dp, except in a lowered plan (gparams != NULL), whose gradient seed already
+   * carries the 1/dp (compiler/lower.h), where they are summed only, and only those held whole
+   * on the dp axis (split_dim < 0: ZeRO 2 and 3 reduce-scatter theirs inside the graph). */
   int64_t dp;
   int64_t devices;              /* the mesh's device count = the ranks the program needs */
   const char *mesh;             /* the mesh's name, for messages (NULL: the default mesh) */
   int nmesh_axes;
   const int64_t *mesh_axes;     /* axis sizes, outermost first */
   const char *const *mesh_axis_names;
-  /* Tensor parallelism (issue 4; 0 and NULL in a plan without it). The ranks form the grid of
+  /* A lowered plan (tensor parallelism or ZeRO; gparams is NULL in a plan without: pure data
+   * parallelism runs the one-device program on every rank). The ranks form the grid of
    * the strategy's axes plan_axes (outermost first: dp, tp; degree-1 axes omitted), row-major
    * over the world ranks; dp_axis and tp_axis index it (-1: none). params and states are this
    * rank's shards; gparams and gstates are the whole tensors (laid out as a one-device plan lays
@@ -279,6 +282,9 @@ typedef struct RtPlan {
   const RtPlanState *gstates;
   int64_t gstate_floats;
   int64_t (*global_index)(int state, int k, const int64_t *coord, int64_t local);
+  /* The dim of param k (state k when state != 0) split along strategy axis a, -1 when that axis
+   * holds it whole (replicated, or partial for a gradient accumulator the runtime reduces). */
+  int (*split_dim)(int state, int k, int a);
   /* What checkpoints record and --resume accepts (NULL: source_hash): the build's hash without
    * the strategy and mesh settings, so a checkpoint of one strategy resumes under another. */
   const char *resume_hash;

@@ -73,7 +73,7 @@ static void init_param(const RtRun *run, int pk, float *dst) {
   double a = pp->init_a, b = pp->init_b;
   for (int64_t i = 0; i < pp->numel; i++) {
     /* a shard's element takes the value of its global index: the same values as one device */
-    uint64_t k = (uint64_t)(p->tp > 1 ? p->global_index(0, pk, run->axis_coord, i) : i);
+    uint64_t k = (uint64_t)(p->gparams && pp->numel != p->gparams[pk].numel ? p->global_index(0, pk, run->axis_coord, i) : i);
     double v = 0;
     switch (pp->init) {
     case RT_INIT_ZEROS: v = 0; break;
@@ -403,7 +403,15 @@ static int fill_inputs(Trainer *t, int eval, int64_t step, int64_t m, RtError *e
 static int64_t plan_dp(const RtPlan *p) { return p->dp > 0 ? p->dp : 1; }
 static int64_t plan_tp(const RtPlan *p) { return p->tp > 1 ? p->tp : 1; }
 /* the group data parallelism reduces over: the dp axis's (the world without tensor parallelism) */
-static RtComm *dp_group(Trainer *t) { return t->p->dp_axis >= 0 && plan_tp(t->p) > 1 ? t->run.axis_comm[t->p->dp_axis] : t->world; }
+/* a lowered plan (tensor parallelism, ZeRO): params and states are this rank's shards */
+static int lowered(const RtPlan *p) { return p->gparams != NULL && p->nplan_axes > 0; }
+static RtComm *dp_group(Trainer *t) { return t->p->dp_axis >= 0 && lowered(t->p) ? t->run.axis_comm[t->p->dp_axis] : t->world; }
+/* whether the runtime reduces state i over the dp group: a gradient accumulator held whole on
+ * the dp axis (ZeRO 2 and 3 reduce-scatter theirs in the graph) */
+static int runtime_reduced(const RtPlan *p, int i) {
+  if (p->states[i].saved) return 0;
+  return !lowered(p) || p->dp_axis < 0 || !p->split_dim || p->split_dim(1, i, p->dp_axis) < 0;
+}
 static int64_t plan_devices(const RtPlan *p) { return p->devices > 0 ? p->devices : 1; }
 
 /* Every rank learns whether any rank failed (rc != 0 there) and returns -1 if so.  A rank that
@@ -425,7 +433,7 @@ static int plan_grads(Trainer *t, RtError *err) {
   int64_t lo = INT64_MAX, hi = 0, n = 0;
   for (int i = 0; i < p->nstates; i++) {
     const RtPlanState *st = &p->states[i];
-    if (st->saved) continue;
+    if (!runtime_reduced(p, i)) continue;
     lo = st->offset < lo ? st->offset : lo;
     hi = st->offset + st->numel > hi ? st->offset + st->numel : hi;
     n += st->numel;
@@ -433,7 +441,7 @@ static int plan_grads(Trainer *t, RtError *err) {
   t->grad_lo = lo, t->grad_n = hi > lo ? hi - lo : 0;
   for (int i = 0; i < p->nstates && t->grad_n; i++) {
     const RtPlanState *st = &p->states[i];
-    if (st->saved && st->offset < hi && st->offset + st->numel > lo) {
+    if (!runtime_reduced(p, i) && st->offset < hi && st->offset + st->numel > lo) {
       t->grad_lo = -1, t->grad_n = n;
       if (!(t->gradbuf = malloc((size_t)n * sizeof(float) + 1)))
         return rt_errf(err, "out of memory for the gradient buffer (%lld floats)", (long long)n);
@@ -444,27 +452,29 @@ static int plan_grads(Trainer *t, RtError *err) {
 }
 
 /* Sums the gradient accumulators over the ranks and scales them by 1/dp: each rank seeded its
- * micro-batches with 1/accum, so the result is the mean over the global batch, as on one device. */
+ * micro-batches with 1/accum, so the result is the mean over the global batch, as on one device.
+ * A lowered plan's seed carries the 1/dp already: there they are only summed (cplanrt.h). */
 static void all_reduce_grads(Trainer *t) {
   const RtPlan *p = t->p;
-  float scale = (float)(1.0 / (double)plan_dp(p)), *g = t->gradbuf;
+  float scale = lowered(p) ? 1.0f : (float)(1.0 / (double)plan_dp(p)), *g = t->gradbuf;
   if (!t->grad_n) return;
   if (!g) {
     g = t->run.state + t->grad_lo;
     rt_comm_all_reduce(dp_group(t), g, t->grad_n, RT_COMM_F32);
-    for (int64_t i = 0; i < t->grad_n; i++) g[i] *= scale;
+    if (scale != 1.0f)
+      for (int64_t i = 0; i < t->grad_n; i++) g[i] *= scale;
     return;
   }
   int64_t k = 0;
   for (int i = 0; i < p->nstates; i++)
-    if (!p->states[i].saved) {
+    if (runtime_reduced(p, i)) {
       memcpy(g + k, t->run.state + p->states[i].offset, (size_t)p->states[i].numel * sizeof *g);
       k += p->states[i].numel;
     }
   rt_comm_all_reduce(dp_group(t), g, k, RT_COMM_F32);
   k = 0;
   for (int i = 0; i < p->nstates; i++) {
-    if (p->states[i].saved) continue;
+    if (!runtime_reduced(p, i)) continue;
     float *dst = t->run.state + p->states[i].offset;
     for (int64_t e = 0; e < p->states[i].numel; e++) dst[e] = g[k + e] * scale;
     k += p->states[i].numel;
@@ -488,7 +498,7 @@ static void reduce_means(Trainer *t, double *sums, int n, int64_t per_rank) {
  * bytes) before a rank-0 file claims to hold everyone's params. */
 static int check_replicas(Trainer *t, RtError *err) {
   if (t->nranks <= 1) return 0;
-  if (plan_tp(t->p) > 1) return 0; /* tp ranks hold different shards (under dp x tp only the dp group's agree) */
+  if (lowered(t->p)) return 0; /* ranks hold different shards */
   uint64_t h = 0xcbf29ce484222325ull;
   const unsigned char *b = (const unsigned char *)t->run.params;
   for (size_t i = 0; i < (size_t)t->p->param_floats * sizeof(float); i++) h = (h ^ b[i]) * 0x100000001b3ull;
@@ -505,25 +515,28 @@ static int check_replicas(Trainer *t, RtError *err) {
   return 0;
 }
 
-/* ---- tensor parallelism: whole tensors for files ---------------------------------------------- */
+/* ---- lowered plans: whole tensors for files -------------------------------------------------- */
 
-/* Every rank gets the whole params (states when state) in the one-device layout: each tp rank
- * places its shard's elements at their global indices (a replicated tensor: the lead rank only)
- * and the tp group sums the parts, which is exact as they do not overlap. NULL: out of memory. */
+/* Every rank gets the whole params (states when state) in the one-device layout: each rank places
+ * its shard's elements at their global indices, if it is the first (coordinate 0) on every axis
+ * that holds the tensor whole, and the world sums the parts, which is exact as each element comes
+ * from exactly one rank. Out of memory stops every rank. */
 static float *whole(Trainer *t, int state) {
   const RtPlan *p = t->p;
-  int n = state ? p->nstates : p->nparams, tpa = p->tp_axis;
+  int n = state ? p->nstates : p->nparams;
   float *w = calloc((size_t)(state ? p->gstate_floats : p->gparam_floats) + 1, sizeof *w);
   if (!w) rt_comm_abort(t->world, 1, "out of memory for the whole params");
-  int lead = t->run.axis_coord[tpa] == 0;
   for (int k = 0; k < n; k++) {
+    int lead = 1;
+    for (int a = 0; a < p->nplan_axes; a++)
+      if (p->split_dim(state, k, a) < 0 && t->run.axis_coord[a] != 0) lead = 0;
+    if (!lead) continue;
     int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[k].numel : p->gparams[k].numel;
     int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[k].offset : p->gparams[k].offset;
     const float *src = (state ? t->run.state : t->run.params) + lo;
-    if (ln == gn && !lead) continue;
     for (int64_t l = 0; l < ln; l++) w[go + (ln == gn ? l : p->global_index(state, k, t->run.axis_coord, l))] = src[l];
   }
-  rt_comm_all_reduce(t->run.axis_comm[tpa], w, state ? p->gstate_floats : p->gparam_floats, RT_COMM_F32);
+  rt_comm_all_reduce(t->world, w, state ? p->gstate_floats : p->gparam_floats, RT_COMM_F32);
   return w;
 }
 
@@ -552,7 +565,7 @@ static RtRun whole_run(const Trainer *t, RtPlan *gp, float *wp, float *ws) {
 
 /* --save and --save-init: rank 0 writes the whole params. */
 static int save_params(Trainer *t, const char *path, RtError *err) {
-  if (plan_tp(t->p) <= 1) return t->rank == 0 ? rt_params_save(&t->run, path, err) : 0;
+  if (!lowered(t->p)) return t->rank == 0 ? rt_params_save(&t->run, path, err) : 0;
   RtPlan gp;
   float *wp = whole(t, 0);
   RtRun r = whole_run(t, &gp, wp, NULL);
@@ -616,7 +629,7 @@ static int load_or_init(Trainer *t, RtError *err) {
     char dir[4096];
     RtCkptInfo info;
     if (rt_ckpt_find(t->o.resume, dir, sizeof dir, err) != 0) return -1;
-    if (plan_tp(p) > 1) { /* every rank reads the whole tensors and keeps its shards */
+    if (lowered(p)) { /* every rank reads the whole tensors and keeps its shards */
       RtPlan gp;
       float *wp = calloc((size_t)p->gparam_floats + 1, 4), *ws = calloc((size_t)p->gstate_floats + 1, 4);
       RtRun r = whole_run(t, &gp, wp, ws);
@@ -639,7 +652,7 @@ static int load_or_init(Trainer *t, RtError *err) {
     say(t, "resumed from %s at step %lld", dir, (long long)info.step);
     return 0;
   }
-  if (t->o.init && plan_tp(p) > 1) {
+  if (t->o.init && lowered(p)) {
     RtPlan gp;
     float *wp = calloc((size_t)p->gparam_floats + 1, 4);
     RtRun r = whole_run(t, &gp, wp, NULL);
@@ -849,7 +862,7 @@ static int write_checkpoint(Trainer *t, const char *dir, int64_t done, RtError *
     info.data_offset = S > 0 ? done % S * t->p->batch * t->p->seq_len : -1;
   }
   if (check_replicas(t, err) != 0) return -1;
-  if (plan_tp(t->p) > 1) { /* the whole tensors, gathered by every rank, written by rank 0 */
+  if (lowered(t->p)) { /* the whole tensors, gathered by every rank, written by rank 0 */
     RtPlan gp;
     float *wp = whole(t, 0), *ws = whole(t, 1);
     RtRun r = whole_run(t, &gp, wp, ws);
@@ -917,6 +930,8 @@ static int step_and_report(Trainer *t, int64_t s, RtError *err) {
   /* on every line, so the last one (of a finished or an interrupted run) has them */
   cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)rt_peak_rss_bytes());
   cJSON_AddNumberToObject(j, "arena_bytes", (double)arena_bytes(t));
+  cJSON_AddNumberToObject(j, "param_bytes", 4.0 * (double)t->p->param_floats); /* this rank's */
+  cJSON_AddNumberToObject(j, "state_bytes", 4.0 * (double)t->p->state_floats);
   progress(t, s, lr, gn, sec);
   tt = rt_trace_now();
   int rc = eval_due(t, s) ? evaluate(t, s, j, err) : 0;
@@ -1031,7 +1046,7 @@ static int join_ranks(Trainer *t, int *argc, char ***argv) {
   t->rank = rt_comm_rank(t->world);
   t->nranks = rt_comm_size(t->world);
   t->run.dp_rank = t->rank;
-  if (t->nranks == devices && p->nplan_axes > 0 && plan_tp(p) > 1) {
+  if (t->nranks == devices && lowered(p)) {
     /* the strategy's grid, row-major over the world ranks (cplanrt.h) */
     rt_comm_split_axes(t->world, p->plan_axes, p->plan_axis_names, p->nplan_axes, t->run.axis_comm);
     for (int a = p->nplan_axes - 1, r = t->rank; a >= 0; a--)
