@@ -1429,9 +1429,9 @@ static bool check_strategy(Cg *c) {
   const TrainConf *t = c->t;
   const StrategyConf *st = &t->strategy;
   int64_t devices = t->mesh ? t->mesh->ndevices : 1, dp = train_dp(t);
-  if (c->sp && c->sp->pp == 1 && c->sp->sp == 1 && c->sp->dp * c->sp->tp == devices) return true;
+  if (c->sp && c->sp->pp == 1 && c->sp->dp * c->sp->tp == devices) return true;
   if (st->tp > 1 || st->pp > 1 || st->sp > 1 || st->zero > 0) {
-    diag_error(st->span, "this version runs data and tensor parallelism and ZeRO: pp and sp are not supported yet");
+    diag_error(st->span, "this version runs data, tensor and sequence parallelism and ZeRO: pp is not supported yet");
     diag_hint("use `strategy = { dp = %lld }` or `strategy = auto`", (long long)devices);
     return false;
   }

@@ -204,8 +204,8 @@ static bool is_spmd(const TrainConf *t) { return train_lowered(t); }
 static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   int64_t dp, tp, pp, micro;
   if (!strat_degrees(NULL, t, &dp, &tp, &pp, &micro)) return false;
-  if (pp > 1 || t->strategy.sp > 1) {
-    diag_error(t->strategy.span, "this version runs data and tensor parallelism and ZeRO: pp and sp are not "
+  if (pp > 1) {
+    diag_error(t->strategy.span, "this version runs data, tensor and sequence parallelism and ZeRO: pp is not "
                "supported yet");
     diag_hint("use `strategy = { dp = %lld, tp = %lld }`", (long long)(dp * pp), (long long)tp);
     return false;

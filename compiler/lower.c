@@ -156,16 +156,6 @@ static void localize(Ctx *c, int i, Node *n, const Shape *want) {
   }
 }
 
-/* An elementwise node split along output dim od takes a whole (R) input that does not broadcast
- * along od as that input's local part (shard_elementwise: "R inputs are sliced locally"). */
-static Pl local_slice(const Ctx *c, int i, int k, Pl cons, Pl out) {
-  const Node *n = &c->g->nodes[i];
-  if (cons.kind != PL_R || out.kind != PL_S || !(ir_ops[n->op].flags & OPF_ELEMENTWISE)) return cons;
-  const Shape *s = &c->g->nodes[n->in[k]].shape;
-  int d = out.dim - (n->shape.rank - s->rank);
-  return d >= 0 && s->d[d] != 1 ? pl_s(d) : cons;
-}
-
 static int64_t dp_size(const StratPlan *sp) {
   for (int a = 0; a < sp->naxes; a++)
     if (sp->axes[a].role == AX_DP) return sp->axes[a].n;
@@ -200,7 +190,7 @@ static void lower_node(Ctx *c, int i) {
       continue;
     }
     Pl want[3];
-    for (int a = 0; a < sp->naxes; a++) want[a] = local_slice(c, i, k, sp->cons[a][i][k], sp->pl[i].ax[a]);
+    for (int a = 0; a < sp->naxes; a++) want[a] = shard_sliced_input(c->g, o, k, sp->cons[a][i][k], sp->pl[i].ax[a]);
     in[k] = reshard(c, o->in[k], want);
   }
   int li = ir_add(lg, o->op, in, o->nin, o->span);

@@ -2,7 +2,8 @@
 # tp.sh CPLANC SRCDIR: tensor parallelism (Megatron 1D, tp = 2) on CPU ranks under mpirun.
 # gpt_small and llama_small built with strategy tp = 2 on a mesh of 2 CPUs (and dp = 2 x tp = 2
 # on 4) must train like the single-device program: the 6 losses and gradient norms within 2e-4
-# relative and the consolidated params (--save: rank 0 gathers the shards into whole tensors) within 1e-4; a tp
+# relative and the consolidated params (--save: rank 0 gathers the shards into whole tensors) within 1e-4
+# (also with sequence parallelism, sp = 2 on dp = 2 x tp = 2); a tp
 # checkpoint (whole tensors) resumes on 1 device with the same losses.
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
@@ -39,6 +40,10 @@ for m in gpt_small llama_small; do
   e2e_build "$m-dp2tp2" "$m.cplan" "${sets[@]}"
   e2e_prog 0 "$m-dp2tp2" "$mpirun" -np 4 --oversubscribe "./$m-dp2tp2" --save "$m-dp2tp2.st" --metrics "$m-dp2tp2.jsonl"
   e2e_close "$m dp=2 x tp=2" "$m-1.jsonl" "$m-dp2tp2.jsonl" "$m-1.st" "$m-dp2tp2.st"
+  # sequence parallelism (Megatron): the norms, residuals and dropout run on sequence shards
+  e2e_build "$m-sp" "$m.cplan" "${sets[@]}" --set train.strategy.sp=2
+  e2e_prog 0 "$m-sp" "$mpirun" -np 4 --oversubscribe "./$m-sp" --save "$m-sp.st" --metrics "$m-sp.jsonl"
+  e2e_close "$m dp=2 x tp=2 x sp=2" "$m-1.jsonl" "$m-sp.jsonl" "$m-1.st" "$m-sp.st"
   # the tp checkpoint after 3 steps holds whole tensors: one device resumes it
   e2e_prog 0 "$m-resume" "./$m-1" --resume "ck-$m/step_000003" --metrics "$m-res.jsonl"
   tail_close "$m tp=2 -> 1 resume" "$m-1.jsonl" "$m-res.jsonl" 3
