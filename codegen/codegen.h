@@ -33,10 +33,24 @@ bool cg_emit_c_spmd(FILE *out, const struct StratPlan *sp, const struct Lowered 
                     const char *source_hash);
 
 /* The arena bytes the last successful cg_emit_c planned (its peak over the phases). */
+/* Pipeline parallelism (compiler/pipeline.h): stage `stage`'s file plan_sN.c of a program that
+ * links every stage's file and cg_emit_c_pipeline_main's plan.c (the stage table and main). Its
+ * kernels' symbols carry the prefix "sN_" (cg_last_kernels lists this stage's). */
+struct Pipeline;
+bool cg_emit_c_stage(FILE *out, const struct StratPlan *sp, const struct Lowered *lw, const struct Pipeline *pipe,
+                     int stage, const TrainConf *t, const char *source_hash);
+bool cg_emit_c_pipeline_main(FILE *out, int pp);
+
 int64_t cg_last_work_bytes(void);
 
 /* The fused elementwise and row kernels (compiler/fusion.h) the last cg_emit_c's plan.c calls: sets
  * *kernels and returns how many (0: none, *kernels may be NULL). They go to cg_llvm_object. */
 int cg_last_kernels(const CgKernel **kernels);
+
+/* ---- emit_cuda.c: the same kernels as CUDA C (issue 6) ----------------------------------------
+ * Writes a standalone CUDA source with one `extern "C" __global__` kernel per CgKernel (a norm
+ * backward adds NAME_dw), f32, shapes compiled in, launch conventions in its header comment; it
+ * compiles with `nvcc --ptx` and NVRTC. False with a message in err for a malformed kernel. */
+bool cg_emit_cuda(FILE *out, const CgKernel *ks, int n, const char *model, char *err, size_t errlen);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "../compiler/fusion.h"
 #include "../compiler/lower.h"
+#include "../compiler/pipeline.h"
 #include "../compiler/memplan.h"
 #include "../compiler/train.h"
 
@@ -52,6 +53,10 @@ typedef struct Cg {
   int64_t gparam_floats, gstate_floats; /* tensor parallelism: the whole tensors' floats */
   const StratPlan *sp;    /* tensor parallelism: the placements and the lowering g came from */
   const Lowered *lw;      /* (NULL: a one-device or data-parallel plan) */
+  const Pipeline *pipe;   /* pipeline parallelism: the stages (NULL: none); g is stage `stage`'s */
+  int stage;
+  int ppa;                /* the pp axis among the strategy axes */
+  int only_role;          /* emit_phase_fn: only nodes of this role (-1: every role of the phase) */
 } Cg;
 
 static int64_t last_work_bytes;
@@ -63,6 +68,8 @@ static const Fusion *last_fusion;
 static CgKernel *last_kernels;
 static int last_nkernels;
 static VEC(CgKernel) row_kernels;
+/* "s1_" while a pipeline stage is emitted: its kernels' symbols stay apart from other stages' */
+static const char *sym_prefix = "";
 
 int64_t cg_last_work_bytes(void) { return last_work_bytes; }
 
@@ -91,7 +98,7 @@ static const char *row_kernel(CgRowOp op, int64_t rows, int64_t n, float eps) {
       [CG_ROW_LAYER_NORM_FWD] = "layer_norm",   [CG_ROW_LAYER_NORM_BWD] = "layer_norm_bwd",
       [CG_ROW_RMS_NORM_FWD] = "rms_norm",       [CG_ROW_RMS_NORM_BWD] = "rms_norm_bwd",
       [CG_ROW_SUM_FWD] = "sum",                 [CG_ROW_MEAN_FWD] = "mean"};
-  CgKernel r = {.name = cp_fmt("k_row%d_%s", row_kernels.n, names[op]), .rank = 2, .shape = {rows, n}, .row = op,
+  CgKernel r = {.name = cp_fmt("%sk_row%d_%s", sym_prefix, row_kernels.n, names[op]), .rank = 2, .shape = {rows, n}, .row = op,
                 .eps = eps};
   VEC_PUSH(row_kernels, r);
   return r.name;
@@ -521,6 +528,13 @@ static uint64_t node_key(int i) { /* splitmix64 of the node index: the dropout s
   return z ^ (z >> 31);
 }
 
+/* The dropout stream of dropout node i: a clone made by recompute.c (and its original) names the
+ * original in ia[0] as index + 1, so both draw one mask; 0 is the node itself. */
+static uint64_t dropout_key(const Cg *c, int i) {
+  int64_t k = nd(c, i)->ia[0];
+  return node_key(k > 0 ? (int)(k - 1) : i);
+}
+
 static void emit_dropout(Cg *c, int i) {
   const Node *n = nd(c, i);
   if (c->ph == PH_EVAL || n->fa[0] == 0) {
@@ -530,7 +544,7 @@ static void emit_dropout(Cg *c, int i) {
   }
   const char *mask = cp_fmt("B(%lld)", (long long)c->nc[i].soff[c->ph]);
   EMIT("  dropout_mask(run, %s, %lld, %.17g, 0x%016llxULL);\n", mask, (long long)numel(n), n->fa[0],
-       (unsigned long long)node_key(i));
+       (unsigned long long)dropout_key(c, i));
   EMIT("  k_dropout_forward(%s, %s, %s, %lld, %s);\n", ptr(c, i), ptr(c, n->in[0]), mask, (long long)numel(n),
        flt(n->fa[0]));
 }
@@ -695,6 +709,21 @@ static void emit_collective(Cg *c, int i) {
   if (x->dtype != DT_F32) unsupported(c, i, "a collective of a non-f32 tensor");
 }
 
+/* A crossing between pipeline stages (pipeline.h) over the pp axis group, whose rank is the stage:
+ * the send does not wait (rt_comm_isend copies), the receive does. */
+static void emit_pp(Cg *c, int i) {
+  const Node *n = nd(c, i);
+  const Node *x = n->op == OP_PP_SEND ? in(c, i, 0) : n;
+  const char *ty = x->dtype == DT_I32 ? "RT_COMM_I32" : "RT_COMM_F32";
+  if (x->dtype != DT_F32 && x->dtype != DT_I32) unsupported(c, i, "a pipeline crossing of this dtype");
+  if (n->op == OP_PP_SEND)
+    EMIT("  rt_comm_isend(run->axis_comm[%d], %s, %lld, %s, %d, %d); /* to stage %d */\n", c->ppa, ptr(c, n->in[0]),
+         (long long)numel(x), ty, (int)n->ia[0], (int)n->ia[1], (int)n->ia[0]);
+  else
+    EMIT("  rt_comm_recv(run->axis_comm[%d], %s, %lld, %s, %d, %d); /* from stage %d */\n", c->ppa, ptr(c, i),
+         (long long)numel(x), ty, (int)n->ia[0], (int)n->ia[1], (int)n->ia[0]);
+}
+
 /* The vocab-parallel cross entropy (kernels/cpu/vocab_parallel.h: the exchange sequence): m and
  * s stay in aux for the backward; the result is this rank's part of the loss (P). */
 static void emit_vocab_ce(Cg *c, int i) {
@@ -776,6 +805,7 @@ static void emit_forward(Cg *c, int i) {
     EMIT("  k_accum(%s, %s, %lld);\n", ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(n));
     break;
   case OP_ALL_REDUCE: case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_SHARD_SLICE: emit_collective(c, i); break;
+  case OP_PP_SEND: case OP_PP_RECV: emit_pp(c, i); break;
   default: unsupported(c, i, cp_fmt("the op '%s'", ir_ops[n->op].name));
   }
 }
@@ -875,7 +905,7 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
     if (f->fa[0] > 0)
       EMIT("  dropout_mask(run, %s, %lld, %.17g, 0x%016llxULL); /* the forward's mask again */\n", mask,
-           (long long)numel(f), f->fa[0], (unsigned long long)node_key(n->fwd));
+           (long long)numel(f), f->fa[0], (unsigned long long)dropout_key(c, n->fwd));
     EMIT("  k_dropout_backward(%s, %s, %s, %lld, %s);\n", dx, dy, f->fa[0] > 0 ? mask : "NULL", (long long)numel(f),
          flt(f->fa[0]));
     break;
@@ -1066,7 +1096,8 @@ static void emit_phase_fn(Cg *c, int ph, const char *sig, const char *why) {
       const Node *s = nd(c, g->states.a[k]);
       if (!s->ia[1]) EMIT("  memset(%s, 0, %lld); /* %s */\n", ptr(c, g->states.a[k]), (long long)ir_node_bytes(g, g->states.a[k]), s->name);
     }
-    EMIT("  return %s;\n}\n", g->grad_norm >= 0 ? scalar_value(c, g->grad_norm) : "0.0");
+    /* a pipeline stage without the norm returns -1: the runtime takes the stage's that has it */
+    EMIT("  return %s;\n}\n", g->grad_norm >= 0 ? scalar_value(c, g->grad_norm) : c->pipe ? "-1.0" : "0.0");
     return;
   }
   for (int k = 0; k < g->inputs.n; k++) {
@@ -1076,8 +1107,12 @@ static void emit_phase_fn(Cg *c, int ph, const char *sig, const char *why) {
   }
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
-    if (!in_phase(n, ph) || n->role == ROLE_UPD) continue;
+    if (!in_phase(n, ph) || n->role == ROLE_UPD || (c->only_role >= 0 && (int)n->role != c->only_role)) continue;
     emit_node(c, i);
+  }
+  if (!strstr(sig, "double *loss")) { /* a pipeline stage's backward */
+    EMIT("}\n");
+    return;
   }
   EMIT("  *loss = %s;\n", g->loss >= 0 ? scalar_value(c, g->loss) : "0.0");
   for (int k = 0; k < g->metrics.n; k++)
@@ -1150,7 +1185,7 @@ static void emit_tables(Cg *c) {
  * axis the split dim (-1: whole) and the block count of the blocked layout (lower.h). */
 static void emit_gi_row(Cg *c, int gi) {
   const StratPlan *sp = c->sp;
-  const Node *gn = &sp->g->nodes[gi], *ln = nd(c, c->lw->map[gi]);
+  const Node *gn = &sp->g->nodes[gi], *ln = &c->lw->g->nodes[c->lw->map[gi]];
   EMIT("    {%d, {", gn->shape.rank);
   for (int d = 0; d < gn->shape.rank; d++) EMIT("%s%lld", d ? ", " : "", (long long)gn->shape.d[d]);
   EMIT("}, {");
@@ -1188,7 +1223,8 @@ static int64_t gi_model(const StratPlan *sp, const Lowered *lw, int gi, const in
 
 static void check_gi(Cg *c, int gi) {
   const StratPlan *sp = c->sp;
-  int64_t n = numel(nd(c, c->lw->map[gi])), coord[3] = {0, 0, 0};
+  int64_t n = numel(&c->lw->g->nodes[c->lw->map[gi]]), coord[3] = {0, 0, 0};
+  if (sp->naxes == 0) return;
   for (int64_t r = 0; r < sp->axes[sp->naxes - 1].n; r++) {
     coord[sp->naxes - 1] = r;
     for (int64_t l = 0; l < n; l += n - 1 > 0 ? n - 1 : 1)
@@ -1214,11 +1250,23 @@ static void emit_global_tables(Cg *c) {
   for (int k = 0; k < gg->states.n; k++) emit_gi_row(c, gg->states.a[k]), check_gi(c, gg->states.a[k]);
   if (!gg->states.n) EMIT("    {0},\n");
   EMIT("};\n");
+  const char *kp = "k", *ks = "k";
+  if (c->pipe) { /* this stage's params and states among the global ones (pipeline.h) */
+    const PipeStage *ps = &c->pipe->stages[c->stage];
+    EMIT("static const int param_global[] = {");
+    for (int k = 0; k < c->g->params.n; k++) EMIT("%s%d", k ? ", " : "", ps->gparam[k]);
+    EMIT("%s};\nstatic const int state_global[] = {", c->g->params.n ? "" : "0");
+    for (int k = 0; k < c->g->states.n; k++) EMIT("%s%d", k ? ", " : "", ps->gstate[k]);
+    EMIT("%s};\nstatic const unsigned char param_owned[] = {", c->g->states.n ? "" : "0");
+    for (int k = 0; k < c->g->params.n; k++) EMIT("%s%d", k ? ", " : "", ps->owned[k]);
+    EMIT("%s};\n", c->g->params.n ? "" : "0");
+    kp = "param_global[k]", ks = "state_global[k]";
+  }
   EMIT("\n/* The global (row-major) index of element `local` of the shard that the rank at strategy\n"
        " * coordinates coord holds of param k (state: of state k).\n"
        " * Axes in order: where two split the same dim, the later splits the earlier's shard (lower.c). */\n"
        "static int64_t global_index(int state, int k, const int64_t *coord, int64_t local) {\n"
-       "  const GiInfo *t = state ? &gi_states[k] : &gi_params[k];\n"
+       "  const GiInfo *t = state ? &gi_states[%s] : &gi_params[%s];\n"
        "  int64_t idx[%d], cur[%d], rest = local, g = 0;\n"
        "  for (int d = t->rank - 1; d >= 0; d--) idx[d] = rest %% t->ls[d], rest /= t->ls[d], cur[d] = t->ls[d];\n"
        "  for (int a = 0; a < %d; a++) {\n"
@@ -1229,8 +1277,9 @@ static void emit_global_tables(Cg *c) {
        "    cur[d] *= plan_axes[a];\n"
        "  }\n"
        "  for (int d = 0; d < t->rank; d++) g = g * t->gs[d] + idx[d];\n"
-       "  return g;\n}\n", CP_MAX_RANK, CP_MAX_RANK, sp->naxes);
-  EMIT("\nstatic int split_dim(int state, int k, int a) { return (state ? &gi_states[k] : &gi_params[k])->dim[a]; }\n");
+       "  return g;\n}\n", ks, kp, CP_MAX_RANK, CP_MAX_RANK, sp->naxes);
+  EMIT("\nstatic int split_dim(int state, int k, int a) { return (state ? &gi_states[%s] : &gi_params[%s])->dim[a]; }\n",
+       ks, kp);
   static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
   int64_t off = 0;
   EMIT("\n/* the whole params and states, as a one-device plan lays them out (--save, checkpoints) */\n"
@@ -1363,7 +1412,10 @@ static void emit_plan(Cg *c, const char *hash) {
        (long long)t->ckpt_keep, c_string(abs_path(t->ckpt_dir)));
   EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, c_string(abs_path(t->log_file)));
   EMIT("    .flops_per_step = %.17g,\n", step_flops(c));
-  EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
+  if (c->pipe)
+    EMIT("    .lr_at = lr_at,\n    .forward = pp_forward,\n    .backward = pp_backward,\n    .update = update,\n"
+         "    .eval_step = eval_step,\n");
+  else EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
   const MeshConf *m = t->mesh;
   EMIT("    .dp = %lld,\n    .devices = %lld,\n    .mesh = %s,\n", (long long)(c->sp ? c->sp->dp : train_dp(t)),
        (long long)(m ? m->ndevices : 1), c_string(m ? m->name : NULL));
@@ -1382,8 +1434,24 @@ static void emit_plan(Cg *c, const char *hash) {
     EMIT("    .gstates = gstates,\n    .gstate_floats = %lld,\n    .global_index = global_index,\n    .split_dim = split_dim,\n",
          (long long)c->gstate_floats);
   }
+  if (c->pipe)
+    EMIT("    .pp = %d,\n    .stage = %d,\n    .stage_plans = cplan_stages,\n    .pp_axis = %d,\n    .pp_schedule = %d,\n"
+         "    .param_global = param_global,\n    .state_global = state_global,\n    .param_owned = param_owned,\n"
+         "    .ngparams = %d,\n    .ngstates = %d,\n",
+         c->pipe->pp, c->stage, c->ppa, t->strategy.pipeline == PS_GPIPE ? 1 : 0, c->sp->g->params.n, c->sp->g->states.n);
   EMIT("};\n");
-  EMIT("\nint main(int argc, char **argv) { return rt_main(argc, argv, &cplan_plan); }\n");
+  if (!c->pipe) EMIT("\nint main(int argc, char **argv) { return rt_main(argc, argv, &cplan_plan); }\n");
+}
+
+bool cg_emit_c_pipeline_main(FILE *out, int pp) {
+  fprintf(out, "/* plan.c: the stages of a pipeline-parallel plan (plan_s0.c ... plan_s%d.c), generated by cplanc %s.\n"
+               " * rt_main runs the stage of the rank's pp coordinate. Do not edit. */\n#include \"cplanrt.h\"\n\n", pp - 1,
+          CPLAN_VERSION);
+  for (int s = 0; s < pp; s++) fprintf(out, "extern const RtPlan cplan_plan_s%d;\n", s);
+  fprintf(out, "const RtPlan *const cplan_stages[] = {");
+  for (int s = 0; s < pp; s++) fprintf(out, "%s&cplan_plan_s%d", s ? ", " : "", s);
+  fprintf(out, "};\n\nint main(int argc, char **argv) { return rt_main(argc, argv, &cplan_plan_s0); }\n");
+  return true;
 }
 
 static void emit_prelude(Cg *c) {
@@ -1401,6 +1469,8 @@ static void emit_prelude(Cg *c) {
        "#include <string.h>\n\n");
   EMIT("#define P(off) (run->params + (off))\n#define S(off) (run->state + (off))\n"
        "#define F(off) ((float *)(w + (off)))\n#define I(off) ((int32_t *)(w + (off)))\n#define B(off) ((uint8_t *)(w + (off)))\n");
+  if (c->pipe) /* one of several stage files linked into one program: the names stay apart */
+    EMIT("\n#define cplan_plan cplan_plan_s%d\nextern const RtPlan *const cplan_stages[];\n", c->stage);
   EMIT("\nextern const RtPlan cplan_plan;\n");
   if (c->fu->ngroups) EMIT("\n/* fused elementwise kernels, generated through LLVM into kernels.o */\n");
   char proto[256];
@@ -1429,7 +1499,7 @@ static bool check_strategy(Cg *c) {
   const TrainConf *t = c->t;
   const StrategyConf *st = &t->strategy;
   int64_t devices = t->mesh ? t->mesh->ndevices : 1, dp = train_dp(t);
-  if (c->sp && c->sp->pp == 1 && c->sp->dp * c->sp->tp == devices) return true;
+  if (c->sp && (c->sp->pp == 1 || c->pipe) && c->sp->dp * c->sp->tp * c->sp->pp == devices) return true;
   if (st->tp > 1 || st->pp > 1 || st->sp > 1 || st->zero > 0) {
     diag_error(st->span, "this version runs data, tensor and sequence parallelism and ZeRO: pp is not supported yet");
     diag_hint("use `strategy = { dp = %lld }` or `strategy = auto`", (long long)devices);
@@ -1474,11 +1544,16 @@ static Fusion *no_fusion(const Graph *g) {
 }
 
 static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash, const StratPlan *sp,
-                        const Lowered *lw) {
-  Cg c = {.g = g, .t = t, .out = out, .ok = true, .sp = sp, .lw = lw};
+                        const Lowered *lw, const Pipeline *pipe, int stage) {
+  Cg c = {.g = g, .t = t, .out = out, .ok = true, .sp = sp, .lw = lw, .pipe = pipe, .stage = stage, .only_role = -1};
+  c.ppa = sp ? sp->naxes : 0; /* the runtime keeps the pp group after the placement axes' (cplanrt.h) */
+  sym_prefix = pipe ? cp_fmt("s%d_", stage) : "";
   if (!check_conf(&c)) return false;
   c.nc = cp_alloc(sizeof(NodeCg) * (size_t)(g->n ? g->n : 1));
-  c.fu = last_fusion = fusion_enabled() ? fusion_run(g) : no_fusion(g);
+  Fusion *fu = fusion_enabled() ? fusion_run(g) : no_fusion(g);
+  for (int k = 0; k < fu->ngroups && pipe; k++)
+    fu->kernels[k].name = fu->groups[k].kernel.name = cp_fmt("%s%s", sym_prefix, fu->kernels[k].name);
+  c.fu = last_fusion = fu;
   last_kernels = c.fu->kernels;
   last_nkernels = c.fu->ngroups;
   memset(&row_kernels, 0, sizeof row_kernels);
@@ -1507,8 +1582,17 @@ static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const cha
   if (sp) emit_global_tables(&c);
   emit_lr(&c);
   emit_dropout_helper(&c);
-  emit_phase_fn(&c, PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
-                "one micro-batch: the forward pass, the backward pass, gradient accumulation");
+  if (pipe) {
+    c.only_role = ROLE_FWD;
+    emit_phase_fn(&c, PH_TRAIN, "static void pp_forward(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                  "one micro-batch, this stage's forward pass (what the backward reads stays in this slot's arena)");
+    c.only_role = ROLE_BWD;
+    emit_phase_fn(&c, PH_TRAIN, "static void pp_backward(RtRun *run, const void *const *inputs)",
+                  "the same micro-batch (the same arena), this stage's backward pass and gradient accumulation");
+    c.only_role = -1;
+  } else
+    emit_phase_fn(&c, PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                  "one micro-batch: the forward pass, the backward pass, gradient accumulation");
   emit_phase_fn(&c, PH_TRAIN, "static double update(RtRun *run)",
                 "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
   emit_phase_fn(&c, PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
@@ -1529,9 +1613,14 @@ static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const cha
 }
 
 bool cg_emit_c(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash) {
-  return emit_c_impl(out, g, t, source_hash, NULL, NULL);
+  return emit_c_impl(out, g, t, source_hash, NULL, NULL, NULL, 0);
 }
 
 bool cg_emit_c_spmd(FILE *out, const StratPlan *sp, const Lowered *lw, const TrainConf *t, const char *source_hash) {
-  return emit_c_impl(out, lw->g, t, source_hash, sp, lw);
+  return emit_c_impl(out, lw->g, t, source_hash, sp, lw, NULL, 0);
+}
+
+bool cg_emit_c_stage(FILE *out, const StratPlan *sp, const Lowered *lw, const struct Pipeline *pipe, int stage,
+                     const TrainConf *t, const char *source_hash) {
+  return emit_c_impl(out, pipe->stages[stage].g, t, source_hash, sp, lw, pipe, stage);
 }

@@ -134,7 +134,7 @@ int64_t train_dp(const TrainConf *t) {
   return 1;
 }
 
-bool train_lowered(const TrainConf *t) { return t->strategy.tp > 1 || t->strategy.zero > 0; }
+bool train_lowered(const TrainConf *t) { return t->strategy.tp > 1 || t->strategy.zero > 0 || t->strategy.pp > 1; }
 
 int64_t train_graph_batch(const TrainConf *t) {
   int64_t b = train_micro(t);
@@ -162,7 +162,8 @@ static int64_t accum_steps(const TrainConf *t) {
 
 bool train_graph(Graph *g, const TrainConf *t) {
   int64_t accum = accum_steps(t);
-  if (accum < 1 || !ad_backward(g, accum) || !opt_lower(g, t)) return false;
+  if (accum < 1 || !ad_backward(g, accum) || !opt_lower(g, t) || !recompute_apply(g, t->strategy.recompute))
+    return false;
   char err[512];
   if (!ir_verify(g, err, sizeof err)) cp_panic(__FILE__, __LINE__, "training graph fails ir_verify: %s", err);
   return true;

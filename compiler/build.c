@@ -7,6 +7,7 @@
 #include "../codegen/codegen.h"
 #include "cplan_config.h"
 #include "lower.h"
+#include "pipeline.h"
 #include "train.h"
 
 #include <errno.h>
@@ -67,6 +68,9 @@ const char *build_hash(const char *const *sets, int nsets, const char *train) {
 
 /* ---- running the C compiler ------------------------------------------------------------------- */
 
+/* The stage files the last emit_any wrote (0: plan.c only). */
+static int last_stages;
+
 typedef VEC(const char *) Argv;
 
 /* Appends each space-separated word of s. */
@@ -84,7 +88,7 @@ static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
 /* The compile-and-link command for plan.c -> out. NULL after a diagnostic when the runtime or
  * kernel libraries are missing. */
-static Argv *cc_command(const char *plan_c, const char *obj, const char *out) {
+static Argv *cc_command(const char *plan_c, const char *obj, const char *out, int stages) {
   const char *home = getenv("CPLAN_HOME"), *cc = getenv("CPLAN_CC");
   const char *inc[2], *lib[2];
   if (home && *home) {
@@ -109,6 +113,8 @@ static Argv *cc_command(const char *plan_c, const char *obj, const char *out) {
   push_words(a, CPLAN_MPI_CFLAGS);
   push_words(a, CPLAN_SANITIZE_CFLAGS); /* empty unless cplan's own libraries are instrumented */
   VEC_PUSH(*a, plan_c);
+  const char *slash = strrchr(plan_c, '/');
+  for (int k = 0; k < stages; k++) VEC_PUSH(*a, cp_fmt("%.*splan_s%d.c", slash ? (int)(slash - plan_c + 1) : 0, plan_c, k));
   if (obj) VEC_PUSH(*a, obj);
   VEC_PUSH(*a, "-o");
   VEC_PUSH(*a, out);
@@ -154,7 +160,7 @@ static char *read_all(const char *path) {
 /* Compiles dir/plan.c, with dir/kernels.o when obj (the fused kernels), into out. */
 static bool compile(const char *dir, bool obj, const char *out) {
   const char *plan_c = cp_fmt("%s/plan.c", dir), *log = cp_fmt("%s/cc.log", dir);
-  Argv *a = cc_command(plan_c, obj ? cp_fmt("%s/kernels.o", dir) : NULL, out);
+  Argv *a = cc_command(plan_c, obj ? cp_fmt("%s/kernels.o", dir) : NULL, out, last_stages);
   if (!a) return false;
   if (run_logged(a, log)) return true;
   StrBuf cmd = {0};
@@ -197,6 +203,7 @@ static bool copy_file(const char *from, const char *to) {
 typedef struct Spmd {
   StratPlan *sp;
   Lowered *lw;
+  Pipeline *pipe;    /* pp > 1: the stages (pipeline.h) */
 } Spmd;
 
 static bool is_spmd(const TrainConf *t) { return train_lowered(t); }
@@ -204,10 +211,9 @@ static bool is_spmd(const TrainConf *t) { return train_lowered(t); }
 static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   int64_t dp, tp, pp, micro;
   if (!strat_degrees(NULL, t, &dp, &tp, &pp, &micro)) return false;
-  if (pp > 1) {
-    diag_error(t->strategy.span, "this version runs data, tensor and sequence parallelism and ZeRO: pp is not "
-               "supported yet");
-    diag_hint("use `strategy = { dp = %lld, tp = %lld }`", (long long)(dp * pp), (long long)tp);
+  if (pp > 1 && t->strategy.pipeline == PS_INTERLEAVED) {
+    diag_error(t->strategy.span, "the interleaved pipeline schedule is not executed yet");
+    diag_hint("use `pipeline = \"1f1b\"` (the default) or `pipeline = \"gpipe\"`");
     return false;
   }
   /* g's B is bound to the global micro-batch dp * micro (train_graph_batch), as strat_pin wants */
@@ -229,25 +235,65 @@ static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
     diag_error(t->strategy.span, "this strategy cannot be lowered to per-rank programs yet: %s", err);
     return false;
   }
+  out->pipe = NULL;
+  if (pp > 1 && !(out->pipe = pp_partition(out->sp, out->lw, err, sizeof err))) {
+    diag_error(t->strategy.span, "this strategy cannot be cut into pipeline stages yet: %s", err);
+    return false;
+  }
   return true;
+}
+
+/* The kernels of every stage of a pipeline (each stage's emission replaces cg_last_kernels'). */
+static VEC(CgKernel) stage_kernels;
+
+static void keep_kernels(void) {
+  const CgKernel *ks;
+  int n = cg_last_kernels(&ks);
+  for (int k = 0; k < n; k++) VEC_PUSH(stage_kernels, ks[k]);
+}
+
+/* plan.c and, under pp, plan_s0.c ... into dir (NULL: every file to f, one after the other). */
+static bool emit_pipeline(FILE *f, const char *dir, const Spmd *s, const TrainConf *t, const char *hash) {
+  stage_kernels.n = 0;
+  bool ok = true;
+  for (int k = 0; k < s->pipe->pp && ok; k++) {
+    FILE *o = f;
+    const char *path = dir ? cp_fmt("%s/plan_s%d.c", dir, k) : NULL;
+    if (path && !(o = fopen(path, "w"))) {
+      diag_error(SPAN_NONE, "cannot write %s: %s", path, strerror(errno));
+      return false;
+    }
+    if (!path) fprintf(o, "/* ==== plan_s%d.c ==== */\n", k);
+    ok = cg_emit_c_stage(o, s->sp, s->lw, s->pipe, k, t, hash);
+    keep_kernels();
+    if (path && fclose(o) != 0 && ok) {
+      diag_error(SPAN_NONE, "cannot write %s: %s", path, strerror(errno));
+      ok = false;
+    }
+  }
+  if (!dir) fprintf(f, "/* ==== plan.c ==== */\n");
+  return ok && cg_emit_c_pipeline_main(f, s->pipe->pp);
 }
 
 /* plan.c of g: the training graph lowered per rank under tp or zero (then g must not have been
  * through train_graph yet), else g's training graph itself. */
-static bool emit_any(FILE *f, Graph *g, const TrainConf *t, const char *hash) {
+static bool emit_any(FILE *f, const char *dir, Graph *g, const TrainConf *t, const char *hash) {
+  last_stages = 0;
   if (!is_spmd(t)) return train_graph(g, t) && cg_emit_c(f, g, t, hash);
   Spmd s;
   if (!spmd_lower(g, t, &s)) return false;
-  return cg_emit_c_spmd(f, s.sp, s.lw, t, hash);
+  if (!s.pipe) return cg_emit_c_spmd(f, s.sp, s.lw, t, hash);
+  last_stages = s.pipe->pp;
+  return emit_pipeline(f, dir, &s, t, hash);
 }
 
-static bool write_plan_c(Graph *g, const TrainConf *t, const char *path, const char *hash) {
+static bool write_plan_c(Graph *g, const TrainConf *t, const char *dir, const char *path, const char *hash) {
   FILE *f = fopen(path, "w");
   if (!f) {
     diag_error(SPAN_NONE, "cannot write %s: %s", path, strerror(errno));
     return false;
   }
-  bool ok = emit_any(f, g, t, hash);
+  bool ok = emit_any(f, dir, g, t, hash);
   if (fclose(f) != 0 && ok) {
     diag_error(SPAN_NONE, "cannot write %s: %s", path, strerror(errno));
     ok = false;
@@ -260,6 +306,7 @@ static bool write_plan_c(Graph *g, const TrainConf *t, const char *path, const c
 static bool write_kernels(const char *path, bool *obj) {
   const CgKernel *ks;
   int n = cg_last_kernels(&ks);
+  if (last_stages) ks = stage_kernels.a, n = stage_kernels.n;
   char err[1024];
   *obj = n > 0;
   if (n == 0 || cg_llvm_object(ks, n, path, err, sizeof err)) return true;
@@ -270,10 +317,11 @@ static bool write_kernels(const char *path, bool *obj) {
 static void remove_dir(const char *dir) {
   static const char *const files[] = {"plan.c", "cc.log", "kernels.o"};
   for (int k = 0; k < 3; k++) unlink(cp_fmt("%s/%s", dir, files[k]));
+  for (int k = 0; k < last_stages; k++) unlink(cp_fmt("%s/plan_s%d.c", dir, k));
   rmdir(dir);
 }
 
-bool build_emit_c(FILE *out, Graph *g, const TrainConf *t) { return emit_any(out, g, t, "emit"); }
+bool build_emit_c(FILE *out, Graph *g, const TrainConf *t) { return emit_any(out, NULL, g, t, "emit"); }
 
 bool build_emit_llvm(FILE *out, Graph *g, const TrainConf *t) {
   if (!train_graph(g, t)) return false;
@@ -302,10 +350,10 @@ bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o) {
     return false;
   }
   const char *plan_c = cp_fmt("%s/plan.c", dir);
-  bool ok = write_plan_c(g, t, plan_c, o->hash ? o->hash : "");
-  if (ok && o->keep_c) {
-    const char *to = cp_fmt("%s/plan.c", o->keep_c);
-    if (!mkdir_p(o->keep_c) || !copy_file(plan_c, to)) {
+  bool ok = write_plan_c(g, t, dir, plan_c, o->hash ? o->hash : "");
+  for (int k = -1; ok && o->keep_c && k < last_stages; k++) {
+    const char *name = k < 0 ? "plan.c" : cp_fmt("plan_s%d.c", k), *to = cp_fmt("%s/%s", o->keep_c, name);
+    if (!mkdir_p(o->keep_c) || !copy_file(cp_fmt("%s/%s", dir, name), to)) {
       diag_error(SPAN_NONE, "--keep-c: cannot write %s: %s", to, strerror(errno));
       ok = false;
     }

@@ -26,6 +26,7 @@ typedef struct Ctx {
   VEC(Cached) cache;
   VEC(Cached) regathered; /* zero 3: a forward all-gather of a param -> its backward one */
   Role role;         /* the role of the node being lowered (its reshards run in its phase) */
+  int global;        /* the global node being lowered */
   char *err;
   size_t errlen;
   bool failed;
@@ -55,6 +56,7 @@ static Shape local_shape(const StratPlan *sp, int i) {
 static int add_coll(Ctx *c, OpId op, int value, int axis, int d1, int d2) {
   Graph *lg = c->lw->g;
   int k = ir_add(lg, op, &value, 1, lg->nodes[value].span);
+  VEC_PUSH(c->lw->origin, c->global);
   Node *n = &lg->nodes[k];
   n->ia[0] = axis, n->ia[1] = d1, n->ia[2] = d2, n->ia[3] = c->sp->axes[axis].n;
   n->role = c->role; /* it runs right before the node that needs it, in that node's phase */
@@ -184,6 +186,7 @@ static void lower_node(Ctx *c, int i) {
   int *in = cp_alloc(sizeof(int) * (size_t)(o->nin ? o->nin : 1));
   bool grad = o->op == OP_GRAD;
   c->role = o->role;
+  c->global = i;
   for (int k = 0; k < o->nin; k++) {
     if (grad && k > 0) { /* the forward node's inputs as it consumed them, then the forward node */
       in[k] = k < o->nin - 1 ? regather(c, c->lin[o->fwd][k - 1]) : c->lw->map[o->fwd];
@@ -194,6 +197,7 @@ static void lower_node(Ctx *c, int i) {
     in[k] = reshard(c, o->in[k], want);
   }
   int li = ir_add(lg, o->op, in, o->nin, o->span);
+  VEC_PUSH(c->lw->origin, i);
   Node *n = &lg->nodes[li];
   memcpy(n->ia, o->ia, sizeof n->ia);
   memcpy(n->fa, o->fa, sizeof n->fa);

@@ -49,6 +49,8 @@ typedef struct Lowered {
   int *blocks;       /* per node of the global graph: the blocked-layout count of its split dim on
                         the tp axis (1: contiguous; 3: fused q, k, v) */
   int ncolls;        /* collective nodes inserted */
+  VEC(int) origin;   /* per node of g: the global node whose lowering made it (a collective: the
+                        node that needs it) */
   int nruntime;      /* reshards left to the runtime instead: the dp all-reduces of gradient
                         accumulators (runtime/train.c sums them over the dp group once per step,
                         after all micro-batches) */

@@ -189,6 +189,21 @@ static bool shape_coll(const Graph *g, Node *n, char *err, size_t errlen) {
   return true;
 }
 
+static bool shape_pp(const Graph *g, Node *n, char *err, size_t errlen) {
+  if (n->ia[0] < 0) return fail(err, errlen, "%s: bad peer stage %lld", op_name(n), (long long)n->ia[0]);
+  if (n->op == OP_PP_SEND) {
+    (void)in_node(g, n, 0);
+    n->shape = (Shape){.rank = 0};
+    n->dtype = DT_F32;
+    return true;
+  }
+  if (n->ndims < 0 || n->ndims > CP_MAX_RANK) return fail(err, errlen, "pp_recv: bad rank %d", n->ndims);
+  n->shape = (Shape){.rank = n->ndims};
+  for (int d = 0; d < n->ndims; d++) n->shape.d[d] = n->dims[d];
+  n->dtype = (DType)n->ia[2];
+  return true;
+}
+
 static bool shape_arange(const Graph *g, Node *n, char *err, size_t errlen) {
   if (n->ia[0] < 1) return fail(err, errlen, "arange: n must be >= 1, got %lld", (long long)n->ia[0]);
   n->shape = (Shape){.rank = 1, .d = {n->ia[0]}};

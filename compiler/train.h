@@ -28,17 +28,24 @@ int64_t train_dp(const TrainConf *t);
 /* The micro-batch of one data-parallel rank: the pinned micro, else batch / train_dp(t). */
 int64_t train_micro(const TrainConf *t);
 
-/* Whether the plan is placed and lowered to per-rank programs (lower.h): tensor parallelism or
- * ZeRO. Pure data parallelism runs the one-device training graph on every rank. */
+/* Whether the plan is placed and lowered to per-rank programs (lower.h): tensor or pipeline
+ * parallelism, or ZeRO. Pure data parallelism runs the one-device training graph on every rank. */
 bool train_lowered(const TrainConf *t);
 
 /* The value B is bound to when the model is elaborated for building: train_micro, or for a
  * lowered plan the global micro-batch dp * train_micro (strat_pin splits it over dp). */
 int64_t train_graph_batch(const TrainConf *t);
 
+/* Activation recomputation (recompute.c): under RC_FULL, each layer's forward nodes its GRADs
+ * read are cloned (role ROLE_BWD) right before the layer's backward and the GRADs rewired to the
+ * clones, so only the values entering a layer live from the forward to the backward; under
+ * RC_SELECTIVE only the attention core (sdpa, a hand-written softmax over [.., T, T] scores) is.
+ * Every index of g is renumbered. RC_NONE and RC_SEARCH change nothing. */
+bool recompute_apply(Graph *g, Recompute mode);
+
 /* ad_backward with accum = batch / (dp * micro) (B of g must be bound to the micro-batch), then
- * opt_lower and ir_verify. False after a diagnostic (also when batch is not a multiple of
- * dp * micro). */
+ * opt_lower, recompute_apply (t's strategy.recompute) and ir_verify. False after a diagnostic
+ * (also when batch is not a multiple of dp * micro). */
 bool train_graph(Graph *g, const TrainConf *t);
 
 #endif

@@ -23,6 +23,10 @@ struct RtComm {
   int rank, size;
   char name[64];               /* "world", "axis dp" */
   uint64_t bytes;              /* passed to collectives and sends */
+  /* rt_comm_isend's sends in flight, with the copies they send */
+  MPI_Request *reqs;
+  void **copies;
+  int npend, cap;
 };
 
 static int world_rank = -1;    /* for messages from the watchdog and aborts */
@@ -55,13 +59,14 @@ static MPI_Datatype mpi_type(RtCommType t) {
   case RT_COMM_F64: return MPI_DOUBLE;
   case RT_COMM_I64: return MPI_INT64_T;
   case RT_COMM_U8: return MPI_UINT8_T;
+  case RT_COMM_I32: return MPI_INT32_T;
   case RT_COMM_TYPE_COUNT: break;
   }
   return MPI_DATATYPE_NULL;
 }
 
 static size_t type_size(RtCommType t) {
-  return t == RT_COMM_F32 ? 4 : t == RT_COMM_U8 ? 1 : 8;
+  return t == RT_COMM_F32 || t == RT_COMM_I32 ? 4 : t == RT_COMM_U8 ? 1 : 8;
 }
 
 /* An MPI count: larger ones would need derived types, which no plan needs yet. */
@@ -225,6 +230,9 @@ void rt_comm_split_axes(RtComm *world, const int64_t *sizes, const char *const *
 
 void rt_comm_free(RtComm *c) {
   if (!c) return;
+  rt_comm_wait_sends(c);
+  free(c->reqs);
+  free(c->copies);
   if (c->comm != MPI_COMM_WORLD) MPI_CHECK(c, MPI_Comm_free(&c->comm));
   free(c);
 }
@@ -303,6 +311,36 @@ void rt_comm_send(RtComm *c, const void *buf, int64_t count, RtCommType t, int p
   MPI_CHECK(c, MPI_Send(buf, n, mpi_type(t), peer, tag, c->comm));
   watch(c, NULL);
   rt_trace_comm("send", c->name, (uint64_t)count * type_size(t), t0);
+}
+
+void rt_comm_isend(RtComm *c, const void *buf, int64_t count, RtCommType t, int peer, int tag) {
+  double t0 = rt_trace_now();
+  int n = icount(c, count, "MPI_Isend");
+  size_t bytes = (size_t)count * type_size(t);
+  if (c->npend == c->cap) {
+    int cap = c->cap ? 2 * c->cap : 16;
+    MPI_Request *r = realloc(c->reqs, sizeof *r * (size_t)cap);
+    void **b = r ? realloc(c->copies, sizeof *b * (size_t)cap) : NULL;
+    if (r) c->reqs = r;
+    if (!r || !b) rt_comm_abort(c, 1, "out of memory for a send");
+    c->copies = b, c->cap = cap;
+  }
+  void *copy = malloc(bytes + 1);
+  if (!copy) rt_comm_abort(c, 1, "out of memory for a send");
+  memcpy(copy, buf, bytes);
+  c->bytes += bytes;
+  MPI_CHECK(c, MPI_Isend(copy, n, mpi_type(t), peer, tag, c->comm, &c->reqs[c->npend]));
+  c->copies[c->npend++] = copy;
+  rt_trace_comm("isend", c->name, bytes, t0);
+}
+
+void rt_comm_wait_sends(RtComm *c) {
+  if (!c || !c->npend) return;
+  watch(c, "MPI_Waitall (sends)");
+  MPI_CHECK(c, MPI_Waitall(c->npend, c->reqs, MPI_STATUSES_IGNORE));
+  watch(c, NULL);
+  for (int k = 0; k < c->npend; k++) free(c->copies[k]);
+  c->npend = 0;
 }
 
 void rt_comm_recv(RtComm *c, void *buf, int64_t count, RtCommType t, int peer, int tag) {

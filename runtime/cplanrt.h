@@ -285,6 +285,28 @@ typedef struct RtPlan {
   /* The dim of param k (state k when state != 0) split along strategy axis a, -1 when that axis
    * holds it whole (replicated, or partial for a gradient accumulator the runtime reduces). */
   int (*split_dim)(int state, int k, int a);
+  /* Pipeline parallelism (pp > 1; 0 in a plan without). The program links one RtPlan per stage;
+   * rt_main, given stage 0's, runs stage_plans[c] where c is the rank's coordinate on the pp axis,
+   * the outermost of the rank grid (pp, then plan_axes); its group and coordinate are
+   * RtRun.axis_comm[pp_axis] and axis_coord[pp_axis], pp_axis = nplan_axes. A stage's params are those it reads (param_global[k]: the index in
+   * gparams, param_owned[k]: this stage updates it and writes it to files; a param several
+   * stages read, a tied embedding, is owned by the first and sent to the others after each
+   * update), its states those of its owned params (state_global[k]: the index in gstates). Its
+   * micro-batches run as forward (with the loss and metrics on the last stage) and backward,
+   * each on the arena of its slot, in the order of pp_schedule (0: 1F1B, 1: GPipe); values that
+   * cross stages are sent inside them (rt_comm_isend / rt_comm_recv on the pp group). update
+   * returns the gradient norm on the stage that computes it and -1 elsewhere. */
+  int64_t pp;
+  int stage;
+  const struct RtPlan *const *stage_plans;
+  int pp_axis;
+  int pp_schedule;
+  void (*forward)(RtRun *run, const void *const *inputs, double *loss, double *metrics);
+  void (*backward)(RtRun *run, const void *const *inputs);
+  const int *param_global;
+  const int *state_global;
+  const unsigned char *param_owned;
+  int ngparams, ngstates;       /* the whole params and states (gparams, gstates) */
   /* What checkpoints record and --resume accepts (NULL: source_hash): the build's hash without
    * the strategy and mesh settings, so a checkpoint of one strategy resumes under another. */
   const char *resume_hash;
@@ -356,7 +378,7 @@ int rt_ckpt_prune(const char *dir, int64_t keep, RtError *err);
  * rank and the collective and aborts every rank, so a run never hangs forever.
  * Checklist: a type added to RtCommType is added to the MPI type table in comm.c. */
 
-typedef enum RtCommType { RT_COMM_F32, RT_COMM_F64, RT_COMM_I64, RT_COMM_U8, RT_COMM_TYPE_COUNT } RtCommType;
+typedef enum RtCommType { RT_COMM_F32, RT_COMM_F64, RT_COMM_I64, RT_COMM_U8, RT_COMM_I32, RT_COMM_TYPE_COUNT } RtCommType;
 
 typedef struct RtComm RtComm;
 
@@ -387,6 +409,11 @@ void rt_comm_all_to_all(RtComm *c, const void *send, void *recv, int64_t count, 
 void rt_comm_broadcast(RtComm *c, void *buf, int64_t count, RtCommType t, int root);
 void rt_comm_send(RtComm *c, const void *buf, int64_t count, RtCommType t, int peer, int tag);
 void rt_comm_recv(RtComm *c, void *buf, int64_t count, RtCommType t, int peer, int tag);
+/* A send that does not wait for the receiver: buf is copied (the caller may reuse it at once).
+ * rt_comm_wait_sends waits for every such send of c to complete and frees the copies (the
+ * runtime calls it after each step and evaluation; rt_comm_free calls it too). */
+void rt_comm_isend(RtComm *c, const void *buf, int64_t count, RtCommType t, int peer, int tag);
+void rt_comm_wait_sends(RtComm *c);
 void rt_comm_barrier(RtComm *c);
 /* Bytes this rank has passed to collectives and sends through c (a measure, not wire bytes). */
 uint64_t rt_comm_bytes(const RtComm *c);

@@ -73,7 +73,8 @@ static void init_param(const RtRun *run, int pk, float *dst) {
   double a = pp->init_a, b = pp->init_b;
   for (int64_t i = 0; i < pp->numel; i++) {
     /* a shard's element takes the value of its global index: the same values as one device */
-    uint64_t k = (uint64_t)(p->gparams && pp->numel != p->gparams[pk].numel ? p->global_index(0, pk, run->axis_coord, i) : i);
+    int gk = p->param_global ? p->param_global[pk] : pk;
+    uint64_t k = (uint64_t)(p->gparams && pp->numel != p->gparams[gk].numel ? p->global_index(0, pk, run->axis_coord, i) : i);
     double v = 0;
     switch (pp->init) {
     case RT_INIT_ZEROS: v = 0; break;
@@ -245,6 +246,10 @@ typedef struct Trainer {
   int stop_agreed;              /* a signal reached some rank (multi-rank runs) */
   uint64_t comm_bytes;          /* rt_comm_bytes before this step */
   int ready;                    /* setup succeeded on every rank: the end-of-run collectives run */
+  /* pipeline parallelism: the micro-batches in flight, each with its arena and input buffers */
+  int nslots;
+  unsigned char **slot_work;
+  void ***slot_bufs;
 } Trainer;
 
 static volatile sig_atomic_t stop_signal;
@@ -402,9 +407,10 @@ static int fill_inputs(Trainer *t, int eval, int64_t step, int64_t m, RtError *e
 
 static int64_t plan_dp(const RtPlan *p) { return p->dp > 0 ? p->dp : 1; }
 static int64_t plan_tp(const RtPlan *p) { return p->tp > 1 ? p->tp : 1; }
+static int64_t plan_pp(const RtPlan *p) { return p->pp > 1 ? p->pp : 1; }
 /* the group data parallelism reduces over: the dp axis's (the world without tensor parallelism) */
 /* a lowered plan (tensor parallelism, ZeRO): params and states are this rank's shards */
-static int lowered(const RtPlan *p) { return p->gparams != NULL && p->nplan_axes > 0; }
+static int lowered(const RtPlan *p) { return p->gparams != NULL; }
 static RtComm *dp_group(Trainer *t) { return t->p->dp_axis >= 0 && lowered(t->p) ? t->run.axis_comm[t->p->dp_axis] : t->world; }
 /* whether the runtime reduces state i over the dp group: a gradient accumulator held whole on
  * the dp axis (ZeRO 2 and 3 reduce-scatter theirs in the graph) */
@@ -489,7 +495,8 @@ static void reduce_means(Trainer *t, double *sums, int n, int64_t per_rank) {
     sums[n] = stop_signal != 0;
     rt_comm_all_reduce(t->world, sums, n + 1, RT_COMM_F64);
     t->stop_agreed = sums[n] > 0;
-    div *= (double)(t->nranks / plan_tp(t->p)); /* the tp ranks' losses are parts of one: summed */
+    /* the tp ranks' losses are parts of one (summed); only the last pipeline stage has them */
+    div *= (double)(t->nranks / (plan_tp(t->p) * plan_pp(t->p)));
   }
   for (int i = 0; i < n; i++) sums[i] /= div;
 }
@@ -517,6 +524,12 @@ static int check_replicas(Trainer *t, RtError *err) {
 
 /* ---- lowered plans: whole tensors for files -------------------------------------------------- */
 
+/* The index among the whole params (states) of this plan's param (state) k. */
+static int global_k(const RtPlan *p, int state, int k) {
+  const int *m = state ? p->state_global : p->param_global;
+  return m ? m[k] : k;
+}
+
 /* Every rank gets the whole params (states when state) in the one-device layout: each rank places
  * its shard's elements at their global indices, if it is the first (coordinate 0) on every axis
  * that holds the tensor whole, and the world sums the parts, which is exact as each element comes
@@ -527,12 +540,13 @@ static float *whole(Trainer *t, int state) {
   float *w = calloc((size_t)(state ? p->gstate_floats : p->gparam_floats) + 1, sizeof *w);
   if (!w) rt_comm_abort(t->world, 1, "out of memory for the whole params");
   for (int k = 0; k < n; k++) {
-    int lead = 1;
+    int lead = state || !p->param_owned || p->param_owned[k]; /* a pipeline stage writes what it owns */
     for (int a = 0; a < p->nplan_axes; a++)
       if (p->split_dim(state, k, a) < 0 && t->run.axis_coord[a] != 0) lead = 0;
     if (!lead) continue;
-    int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[k].numel : p->gparams[k].numel;
-    int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[k].offset : p->gparams[k].offset;
+    int gk = global_k(p, state, k);
+    int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[gk].numel : p->gparams[gk].numel;
+    int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[gk].offset : p->gparams[gk].offset;
     const float *src = (state ? t->run.state : t->run.params) + lo;
     for (int64_t l = 0; l < ln; l++) w[go + (ln == gn ? l : p->global_index(state, k, t->run.axis_coord, l))] = src[l];
   }
@@ -545,8 +559,9 @@ static void scatter(Trainer *t, int state, const float *w) {
   const RtPlan *p = t->p;
   int n = state ? p->nstates : p->nparams;
   for (int k = 0; k < n; k++) {
-    int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[k].numel : p->gparams[k].numel;
-    int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[k].offset : p->gparams[k].offset;
+    int gk = global_k(p, state, k);
+    int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[gk].numel : p->gparams[gk].numel;
+    int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[gk].offset : p->gparams[gk].offset;
     float *dst = (state ? t->run.state : t->run.params) + lo;
     for (int64_t l = 0; l < ln; l++) dst[l] = w[go + (ln == gn ? l : p->global_index(state, k, t->run.axis_coord, l))];
   }
@@ -557,6 +572,8 @@ static RtRun whole_run(const Trainer *t, RtPlan *gp, float *wp, float *ws) {
   *gp = *t->p;
   gp->params = gp->gparams, gp->param_floats = gp->gparam_floats;
   gp->states = gp->gstates, gp->state_floats = gp->gstate_floats;
+  if (gp->ngparams) gp->nparams = gp->ngparams, gp->nstates = gp->ngstates; /* a pipeline stage's */
+  gp->param_global = gp->state_global = NULL, gp->param_owned = NULL;
   gp->tp = 0;
   RtRun r = t->run;
   r.plan = gp, r.params = wp, r.state = ws;
@@ -575,6 +592,28 @@ static int save_params(Trainer *t, const char *path, RtError *err) {
 }
 
 /* ---- setup: memory, params, flags ------------------------------------------------------------ */
+
+/* Pipeline parallelism: the micro-batches one stage has in flight (1F1B: at most the stages from
+ * it to the last; GPipe: all of a step's), each with its own arena and input buffers. Slot 0 is
+ * run.work and bufs. */
+static int alloc_slots(Trainer *t, size_t work, RtError *err) {
+  const RtPlan *p = t->p;
+  int64_t k = p->pp_schedule == 1 ? p->accum : plan_pp(p) - p->stage;
+  t->nslots = (int)(k < p->accum ? k : p->accum);
+  t->slot_work = calloc((size_t)t->nslots, sizeof *t->slot_work);
+  t->slot_bufs = calloc((size_t)t->nslots, sizeof *t->slot_bufs);
+  if (!t->slot_work || !t->slot_bufs) return rt_errf(err, "out of memory");
+  t->slot_work[0] = t->run.work;
+  t->slot_bufs[0] = t->bufs;
+  for (int q = 1; q < t->nslots; q++) {
+    if (!(t->slot_work[q] = aligned_alloc(64, work ? work : 64))) return rt_errf(err, "out of memory for %d arenas", t->nslots);
+    memset(t->slot_work[q], 0, work);
+    if (!(t->slot_bufs[q] = calloc((size_t)p->ninputs + 1, sizeof(void *)))) return rt_errf(err, "out of memory");
+    for (int i = 0; i < p->ninputs; i++)
+      if (!(t->slot_bufs[q][i] = calloc((size_t)input_numel(&p->inputs[i]) + 1, 4))) return rt_errf(err, "out of memory");
+  }
+  return 0;
+}
 
 static int alloc_all(Trainer *t, RtError *err) {
   const RtPlan *p = t->p;
@@ -595,6 +634,7 @@ static int alloc_all(Trainer *t, RtError *err) {
   t->msum = calloc((size_t)p->nmetrics + 2, sizeof *t->msum); /* + loss and stop flag */
   if (!t->bufs || !t->cbufs || !t->mets || !t->msum) return rt_errf(err, "out of memory");
   if (t->nranks > 1 && plan_grads(t, err) != 0) return -1;
+  if (plan_pp(p) > 1 && alloc_slots(t, work, err) != 0) return -1;
   for (int i = 0; i < p->ninputs; i++) {
     t->bufs[i] = calloc((size_t)input_numel(&p->inputs[i]) + 1, 4);
     if (!t->bufs[i]) return rt_errf(err, "out of memory for input '%s'", p->inputs[i].name);
@@ -604,6 +644,13 @@ static int alloc_all(Trainer *t, RtError *err) {
 }
 
 static void free_all(Trainer *t) {
+  for (int q = 1; q < t->nslots; q++) {
+    free(t->slot_work ? t->slot_work[q] : NULL);
+    for (int i = 0; t->slot_bufs && t->slot_bufs[q] && i < t->p->ninputs; i++) free(t->slot_bufs[q][i]);
+    free(t->slot_bufs ? t->slot_bufs[q] : NULL);
+  }
+  free(t->slot_work);
+  free(t->slot_bufs);
   for (int i = 0; t->bufs && i < t->p->ninputs; i++) free(t->bufs[i]);
   free(t->bufs);
   free(t->cbufs);
@@ -672,7 +719,7 @@ static int resolve_run(Trainer *t, RtError *err) {
     return rt_errf(err, "bad plan: batch %lld != dp %lld x micro %lld x accum %lld",
                    (long long)p->batch, (long long)plan_dp(p), (long long)p->micro,
                    (long long)p->accum);
-  if (plan_dp(p) * plan_tp(p) != plan_devices(p))
+  if (plan_dp(p) * plan_tp(p) * plan_pp(p) != plan_devices(p))
     return rt_errf(err, "bad plan: dp %lld on %lld devices (only pure data parallelism runs)",
                    (long long)plan_dp(p), (long long)plan_devices(p));
   t->stop = t->o.steps >= 0 ? t->o.steps : p->steps;
@@ -727,7 +774,12 @@ static void banner(Trainer *t) {
   else
     say(t, "data: tensors %s (%lld rows)%s%s", t->data_path, (long long)rt_tsrc_rows(t->ts),
         t->has_val ? ", val " : "", t->has_val ? p->val_path : "");
-  if (t->nranks > 1)
+  if (t->nranks > 1 && lowered(p))
+    say(t, "%d ranks (mesh %s): dp %lld x tp %lld x pp %lld%s, each micro %lld x accum %lld of the batch of %lld",
+        t->nranks, p->mesh ? p->mesh : "?", (long long)plan_dp(p), (long long)plan_tp(p), (long long)plan_pp(p),
+        plan_pp(p) > 1 ? (p->pp_schedule == 1 ? " (GPipe)" : " (1F1B)") : "", (long long)p->micro,
+        (long long)p->accum, (long long)p->batch);
+  else if (t->nranks > 1)
     say(t, "data parallel: %d ranks (mesh %s), each micro %lld x accum %lld of the batch of %lld; "
         "gradients all-reduced as %lld floats%s", t->nranks, p->mesh ? p->mesh : "?",
         (long long)p->micro, (long long)p->accum, (long long)p->batch, (long long)t->grad_n,
@@ -801,6 +853,7 @@ static int evaluate(Trainer *t, int64_t s, cJSON *j, RtError *err) {
       lsum += loss;
       for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
     }
+  if (plan_pp(p) > 1) rt_comm_wait_sends(t->run.axis_comm[p->pp_axis]);
   /* t->msum[nmetrics] carries the loss through the reduction */
   t->msum[p->nmetrics] = lsum;
   reduce_means(t, t->msum, p->nmetrics + 1, n);
@@ -816,6 +869,69 @@ static int evaluate(Trainer *t, int64_t s, cJSON *j, RtError *err) {
   return 0;
 }
 
+/* Pipeline parallelism: after the update, the owner of a param other stages also read (a tied
+ * embedding) sends them its new value. Every stage walks the same global list, so the sends and
+ * receives pair up. */
+static void sync_shared_params(Trainer *t) {
+  const RtPlan *p = t->p, *const *sp = p->stage_plans;
+  RtComm *g = t->run.axis_comm[p->pp_axis];
+  int n = (int)plan_pp(p);
+  for (int k = 0; k < p->nparams; k++) {
+    int gk = p->param_global[k];
+    int owner = -1;
+    for (int q = 0; q < n && owner < 0; q++)
+      for (int j = 0; j < sp[q]->nparams; j++)
+        if (sp[q]->param_global[j] == gk && sp[q]->param_owned[j]) owner = q;
+    if (owner < 0) continue;
+    float *v = t->run.params + p->params[k].offset;
+    if (p->param_owned[k]) {
+      for (int q = 0; q < n; q++)
+        for (int j = 0; q != p->stage && j < sp[q]->nparams; j++)
+          if (sp[q]->param_global[j] == gk) rt_comm_isend(g, v, p->params[k].numel, RT_COMM_F32, q, 1 << 20 | gk);
+    } else
+      rt_comm_recv(g, v, p->params[k].numel, RT_COMM_F32, owner, 1 << 20 | gk);
+  }
+  rt_comm_wait_sends(g);
+}
+
+/* Micro-batch m's forward (fwd) or backward on its slot. */
+static int pp_run(Trainer *t, int64_t s, int64_t m, int fwd, double *lsum, RtError *err) {
+  const RtPlan *p = t->p;
+  int q = (int)(m % t->nslots);
+  t->run.work = t->slot_work[q];
+  t->run.micro_index = m;
+  double t0 = rt_trace_now(), loss = 0;
+  if (fwd) {
+    t->bufs = t->slot_bufs[q];
+    if (fill_inputs(t, 0, s, m, err) != 0) rt_comm_abort(t->world, 1, err->msg);
+    rt_trace_span("data", t0, s, m);
+    t0 = rt_trace_now();
+    p->forward(&t->run, (const void *const *)t->slot_bufs[q], &loss, t->mets);
+    rt_trace_span("forward", t0, s, m);
+    *lsum += loss;
+    for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
+  } else {
+    p->backward(&t->run, (const void *const *)t->slot_bufs[q]);
+    rt_trace_span("backward", t0, s, m);
+  }
+  return 0;
+}
+
+/* One step of a pipeline stage: the micro-batches' forwards and backwards in the schedule's
+ * order (GPipe: every forward, then every backward; 1F1B: P - 1 - stage forwards, then one
+ * forward and one backward at a time, then the remaining backwards), on nslots arenas. */
+static void pp_micro_batches(Trainer *t, int64_t s, double *lsum, RtError *err) {
+  const RtPlan *p = t->p;
+  int64_t M = p->accum, warm = p->pp_schedule == 1 ? M : plan_pp(p) - 1 - p->stage, f = 0, b = 0;
+  if (warm > M) warm = M;
+  for (; f < warm; f++) pp_run(t, s, f, 1, lsum, err);
+  for (; f < M; f++, b++) pp_run(t, s, f, 1, lsum, err), pp_run(t, s, b, 0, lsum, err);
+  for (; b < M; b++) pp_run(t, s, b, 0, lsum, err);
+  t->run.work = t->slot_work[0];
+  t->bufs = t->slot_bufs[0];
+  rt_comm_wait_sends(t->run.axis_comm[p->pp_axis]);
+}
+
 /* One optimizer step: accum micro-batches, then the update.  The loss and metrics are the means
  * of the micro-batches' (they are of equal size). */
 static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
@@ -823,7 +939,8 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   double lsum = 0, loss;
   memset(t->msum, 0, (size_t)p->nmetrics * sizeof *t->msum);
   t->run.step = s;
-  for (int64_t m = 0; m < p->accum; m++) {
+  if (plan_pp(p) > 1) pp_micro_batches(t, s, &lsum, err);
+  for (int64_t m = 0; m < p->accum && plan_pp(p) == 1; m++) {
     double t0 = rt_trace_now();
     if (fill_inputs(t, 0, s, m, err) != 0) {
       if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg); /* the others are in a collective */
@@ -842,6 +959,14 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   if (t->nranks > 1) rt_trace_span("grad_sync", t0, s, -1);
   t0 = rt_trace_now();
   *gn = p->update(&t->run);
+  if (plan_pp(p) > 1) { /* the stage with the norm has it; the others -1 */
+    RtComm *g = t->run.axis_comm[p->pp_axis];
+    rt_comm_wait_sends(g);
+    sync_shared_params(t);
+    double v = *gn > 0 ? *gn : 0;
+    rt_comm_all_reduce(g, &v, 1, RT_COMM_F64);
+    *gn = v;
+  }
   rt_trace_span("update", t0, s, -1);
   t->msum[p->nmetrics] = lsum;
   reduce_means(t, t->msum, p->nmetrics + 1, p->accum);
@@ -896,7 +1021,7 @@ static int checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
 
 /* The arenas this rank allocated (alloc_all): params, optimizer state and gradients, work. */
 static int64_t arena_bytes(const Trainer *t) {
-  return 4 * (t->p->param_floats + t->p->state_floats) + t->p->work_bytes;
+  return 4 * (t->p->param_floats + t->p->state_floats) + t->p->work_bytes * (t->nslots > 1 ? t->nslots : 1);
 }
 
 static int eval_due(const Trainer *t, int64_t s) {
@@ -1003,21 +1128,24 @@ static int run_all(Trainer *t) {
  * with several ranks, rank 0's line for each rank (gathered: every rank calls it). */
 static void report_memory(Trainer *t) {
   const RtPlan *p = t->p;
-  int64_t mine[2] = {rt_peak_rss_bytes(), arena_bytes(t)}, *all = mine;
+  /* a pipeline stage's arenas differ from the others' (and it has one work arena per slot) */
+  int64_t work = p->work_bytes * (t->nslots > 1 ? t->nslots : 1);
+  int64_t mine[5] = {rt_peak_rss_bytes(), arena_bytes(t), 4 * p->param_floats,
+                     4 * p->state_floats, work}, *all = mine;
   if (t->nranks > 1) {
     /* every rank is in this collective: without memory, none can go on */
-    if (!(all = calloc(2 * (size_t)t->nranks, sizeof *all))) rt_comm_abort(t->world, 1, "out of memory");
-    rt_comm_all_gather(t->world, mine, all, 2, RT_COMM_I64);
+    if (!(all = calloc(5 * (size_t)t->nranks, sizeof *all))) rt_comm_abort(t->world, 1, "out of memory");
+    rt_comm_all_gather(t->world, mine, all, 5, RT_COMM_I64);
   }
   char a[32], b[32], c[32], d[32], e[32];
   for (int q = 0; q < t->nranks; q++) {
     char who[32] = "";
+    const int64_t *m = all + 5 * q;
     if (t->nranks > 1) snprintf(who, sizeof who, "rank %d: ", q);
     say(t, "memory: %speak RSS %s, arenas %s (params %s, state %s, work %s)", who,
-        human(a, sizeof a, (double)all[2 * q], "B"), human(b, sizeof b, (double)all[2 * q + 1], "B"),
-        human(c, sizeof c, 4.0 * (double)p->param_floats, "B"),
-        human(d, sizeof d, 4.0 * (double)p->state_floats, "B"),
-        human(e, sizeof e, (double)p->work_bytes, "B"));
+        human(a, sizeof a, (double)m[0], "B"), human(b, sizeof b, (double)m[1], "B"),
+        human(c, sizeof c, (double)m[2], "B"), human(d, sizeof d, (double)m[3], "B"),
+        human(e, sizeof e, (double)m[4], "B"));
   }
   if (all != mine) free(all);
 }
@@ -1047,11 +1175,22 @@ static int join_ranks(Trainer *t, int *argc, char ***argv) {
   t->nranks = rt_comm_size(t->world);
   t->run.dp_rank = t->rank;
   if (t->nranks == devices && lowered(p)) {
-    /* the strategy's grid, row-major over the world ranks (cplanrt.h) */
-    rt_comm_split_axes(t->world, p->plan_axes, p->plan_axis_names, p->nplan_axes, t->run.axis_comm);
-    for (int a = p->nplan_axes - 1, r = t->rank; a >= 0; a--)
-      t->run.axis_coord[a] = r % p->plan_axes[a], r /= (int)p->plan_axes[a];
+    /* the strategy's grid, row-major over the world ranks (cplanrt.h): pp outermost, then the
+     * placement axes; the pp group and coordinate go after the placement axes' */
+    int n = p->nplan_axes, pp = plan_pp(p) > 1, na = n + pp;
+    int64_t sizes[4];
+    const char *names[4];
+    RtComm *groups[4];
+    int64_t coord[4];
+    if (pp) sizes[0] = plan_pp(p), names[0] = "pp";
+    for (int a = 0; a < n; a++) sizes[pp + a] = p->plan_axes[a], names[pp + a] = p->plan_axis_names[a];
+    rt_comm_split_axes(t->world, sizes, names, na, groups);
+    for (int a = na - 1, r = t->rank; a >= 0; a--) coord[a] = r % sizes[a], r /= (int)sizes[a];
+    for (int a = 0; a < n; a++) t->run.axis_comm[a] = groups[pp + a], t->run.axis_coord[a] = coord[pp + a];
+    if (pp) t->run.axis_comm[n] = groups[0], t->run.axis_coord[n] = coord[0];
     t->run.dp_rank = p->dp_axis >= 0 ? t->run.axis_coord[p->dp_axis] : 0;
+    if (plan_pp(p) > 1) /* this rank runs its pipeline stage's plan */
+      t->p = t->run.plan = p->stage_plans[t->run.axis_coord[p->pp_axis]];
   }
   if (t->nranks == devices) return 0;
   if (devices == 1)

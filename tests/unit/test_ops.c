@@ -703,6 +703,21 @@ static void test_collectives(void) {
   for (int i = g->n - 8; i < g->n; i++) check(ir_node_flops(g, i) == 0, "collectives count no FLOPs", __LINE__);
 }
 
+/* Pipeline crossings (pipeline.c): ia[0] the peer stage, ia[1] the tag; pp_recv's shape from dims
+ * and its dtype from ia[2]; pp_send yields a rank-0 token. */
+static void test_pipeline(void) {
+  int x = T(DT_F32, 2, 4, 6);
+  int s = N1(OP_PP_SEND, x);
+  at(s)->ia[0] = 1;
+  OK(s, "f32[]");
+  int r = ir_add(g, OP_PP_RECV, NULL, 0, SPAN_NONE);
+  at(r)->ia[0] = 0, at(r)->ia[2] = DT_I32, at(r)->ndims = 2, at(r)->dims[0] = 3, at(r)->dims[1] = 5;
+  OK(r, "i32[3, 5]");
+  int bad = ir_add(g, OP_PP_RECV, NULL, 0, SPAN_NONE);
+  at(bad)->ia[0] = -1;
+  ERR(bad, "bad peer stage -1");
+}
+
 /* The checklist in ops.def: every op has a case here. */
 static void test_coverage(void) {
   for (int op = 0; op < OP__COUNT; op++)
@@ -734,6 +749,7 @@ int main(void) {
   test_verify();
   test_print();
   test_collectives();
+  test_pipeline();
   test_coverage();
   printf("%d passed, %d failed\n", passed, failed);
   return failed ? 1 : 0;

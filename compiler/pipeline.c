@@ -1,0 +1,307 @@
+/* pipeline.c: cutting the per-rank graph into pipeline stages (pipeline.h). */
+#include "pipeline.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+/* Nodes every stage that reads them gets its own copy of: leaves and input-less nodes (arange). */
+static bool replicated(const Node *n) { return (ir_ops[n->op].flags & OPF_LEAF) || (n->nin == 0 && n->op != OP_PP_RECV); }
+
+typedef VEC(int) IntVec;
+
+/* Consumers of every node. */
+static IntVec *consumers(const Graph *g) {
+  IntVec *u = cp_alloc(sizeof(IntVec) * (size_t)(g->n ? g->n : 1));
+  for (int i = 0; i < g->n; i++)
+    for (int k = 0; k < g->nodes[i].nin; k++) VEC_PUSH(u[g->nodes[i].in[k]], i);
+  return u;
+}
+
+/* The param a STATE, ACCUM or ASSIGN writes for (global node indices), -1 when none. */
+static int param_of(const Graph *g, int i) {
+  const Node *n = &g->nodes[i];
+  if (n->op == OP_ACCUM || n->op == OP_ASSIGN) n = &g->nodes[n->in[0]];
+  if (n->op == OP_STATE) return n->ia[0];
+  return n->op == OP_PARAM ? (int)(n - g->nodes) : -1;
+}
+
+/* The stage of every node of the global graph (pipeline.h); -1 for replicated nodes. own[i] is
+ * the owner stage of param i (and of states, through their param). */
+static int *global_stages(const StratPlan *sp, int *own) {
+  const Graph *g = sp->g;
+  int n = g->n;
+  int *st = cp_alloc(sizeof(int) * (size_t)(n ? n : 1));
+  IntVec *use = consumers(g);
+  for (int i = 0; i < n; i++) {
+    const Node *x = &g->nodes[i];
+    st[i] = -1;
+    own[i] = -1;
+    if (!replicated(x) && x->role == ROLE_FWD) st[i] = sp->stage[i];
+  }
+  for (int i = 0; i < n; i++) {
+    if (g->nodes[i].op != OP_PARAM) continue;
+    int s = -1;
+    for (int q = 0; q < use[i].n; q++) {
+      int c = use[i].a[q];
+      if (st[c] >= 0 && (s < 0 || st[c] < s)) s = st[c];
+    }
+    own[i] = s >= 0 ? s : 0;
+  }
+  for (int i = 0; i < n; i++) {
+    const Node *x = &g->nodes[i];
+    if (x->op == OP_STATE) own[i] = own[x->ia[0]];
+    if (replicated(x) || x->role == ROLE_FWD) continue;
+    int p = param_of(g, i);
+    if (x->op == OP_GRAD) st[i] = st[x->fwd];
+    else if ((x->op == OP_ACCUM || x->op == OP_ASSIGN) && p >= 0) st[i] = own[p];
+    else if (x->role == ROLE_BWD && x->layer >= 0 && sp->stage[i] >= 0)
+      st[i] = sp->stage[i]; /* in a layer: its stage (gradient sums, recomputed forward nodes) */
+    else if (x->role == ROLE_BWD)
+      for (int k = 0; k < x->nin; k++) {
+        int s = st[x->in[k]];
+        if (s >= 0 && (st[i] < 0 || s < st[i])) st[i] = s;
+      }
+  }
+  /* the update: the stage of the params a node serves when that is one stage ... */
+  for (int i = n - 1; i >= 0; i--) {
+    const Node *x = &g->nodes[i];
+    if (st[i] >= 0 || replicated(x) || x->role != ROLE_UPD) continue;
+    int s = -2;
+    for (int q = 0; q < use[i].n && s != -3; q++) {
+      int c = st[use[i].a[q]];
+      s = c < 0 ? -3 : s == -2 || s == c ? c : -3;
+    }
+    if (s >= 0) st[i] = s;
+  }
+  /* ... else the highest stage of its inputs (the gradient norm); lastly the lowest reader's */
+  for (int i = 0; i < n; i++) {
+    const Node *x = &g->nodes[i];
+    if (st[i] >= 0 || replicated(x)) continue;
+    for (int k = 0; k < x->nin; k++) {
+      int in = x->in[k], s = replicated(&g->nodes[in]) ? own[in] : st[in];
+      if (s > st[i]) st[i] = s;
+    }
+  }
+  for (int i = n - 1; i >= 0; i--) {
+    if (st[i] >= 0 || replicated(&g->nodes[i])) continue;
+    for (int q = 0; q < use[i].n; q++) {
+      int c = st[use[i].a[q]];
+      if (c >= 0 && (st[i] < 0 || c < st[i])) st[i] = c;
+    }
+    if (st[i] < 0) st[i] = 0;
+  }
+  return st;
+}
+
+typedef struct Cut {
+  const StratPlan *sp;
+  const Graph *lg;   /* the lowered graph */
+  int *lst;          /* per lowered node: its stage (-1: replicated) */
+  int *tag;          /* [j * pp + s]: the tag of value j's crossing to stage s, -1: none */
+  Role *erole;       /* [j * pp + s]: the phase it crosses in (the first reader's role there) */
+  IntVec *use;
+  char *err;
+  size_t errlen;
+  bool failed;
+} Cut;
+
+static void failf(Cut *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void failf(Cut *c, const char *fmt, ...) {
+  if (c->failed) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, c->errlen, fmt, ap);
+  va_end(ap);
+  c->failed = true;
+}
+
+/* A copy of lowered node j in g with inputs in (attributes, name, layer, role). */
+static int copy_node(Cut *c, Graph *g, int j, const int *in, int fwd) {
+  const Node *o = &c->lg->nodes[j];
+  int k = ir_add(g, o->op, in, o->nin, o->span);
+  Node *n = &g->nodes[k];
+  memcpy(n->ia, o->ia, sizeof n->ia);
+  memcpy(n->fa, o->fa, sizeof n->fa);
+  memcpy(n->dims, o->dims, sizeof n->dims);
+  n->ndims = o->ndims, n->name = o->name, n->layer = o->layer, n->role = o->role;
+  n->fwd = fwd;
+  if (replicated(o)) {
+    n->shape = o->shape;
+    n->dtype = o->dtype;
+    return k;
+  }
+  char e[256];
+  if (!ir_infer(g, k, e, sizeof e)) failf(c, "pipeline stage: node %%%d (%s): %s", j, ir_ops[o->op].name, e);
+  return k;
+}
+
+typedef struct Build {
+  Cut *c;
+  int s;
+  Graph *g;
+  int *local;        /* per lowered node: its copy here, -1 */
+  int *recv;         /* per lowered node: its PP_RECV here, -1 */
+  IntVec pending[3]; /* per role: sends to add before the first node of that role */
+  Role cur;          /* the role of the nodes being copied */
+} Build;
+
+static int leaf_copy(Build *b, int v) {
+  if (b->local[v] >= 0) return b->local[v];
+  const Node *o = &b->c->lg->nodes[v];
+  int *in = cp_alloc(sizeof(int) * (size_t)(o->nin ? o->nin : 1));
+  for (int k = 0; k < o->nin; k++) in[k] = leaf_copy(b, o->in[k]);
+  int k = copy_node(b->c, b->g, v, in, -1);
+  if (o->op == OP_STATE) b->g->nodes[k].ia[0] = leaf_copy(b, (int)o->ia[0]);
+  return b->local[v] = k;
+}
+
+static void add_send(Build *b, int j, int to) {
+  Cut *c = b->c;
+  int pp = (int)c->sp->pp, in = b->local[j];
+  int k = ir_add(b->g, OP_PP_SEND, &in, 1, c->lg->nodes[j].span);
+  Node *n = &b->g->nodes[k];
+  n->ia[0] = to, n->ia[1] = c->tag[j * pp + to];
+  n->role = c->erole[j * pp + to];
+  n->layer = c->lg->nodes[j].layer;
+  char e[256];
+  if (!ir_infer(b->g, k, e, sizeof e)) failf(c, "pipeline send: %s", e);
+}
+
+static void flush_pending(Build *b, Role r) {
+  for (int rr = ROLE_FWD; rr <= (int)r; rr++) {
+    for (int q = 0; q < b->pending[rr].n; q += 2) add_send(b, b->pending[rr].a[q], b->pending[rr].a[q + 1]);
+    b->pending[rr].n = 0;
+  }
+}
+
+static int input_of(Build *b, int v) {
+  Cut *c = b->c;
+  if (c->lst[v] < 0) return leaf_copy(b, v);
+  if (c->lst[v] == b->s) return b->local[v];
+  if (b->recv[v] >= 0) return b->recv[v];
+  const Node *o = &c->lg->nodes[v];
+  int pp = (int)c->sp->pp, k = ir_add(b->g, OP_PP_RECV, NULL, 0, o->span);
+  Node *n = &b->g->nodes[k];
+  n->ia[0] = c->lst[v], n->ia[1] = c->tag[v * pp + b->s], n->ia[2] = o->dtype;
+  n->ndims = o->shape.rank;
+  for (int d = 0; d < o->shape.rank; d++) n->dims[d] = o->shape.d[d];
+  n->role = c->erole[v * pp + b->s];
+  n->layer = o->layer;
+  char e[256];
+  if (!ir_infer(b->g, k, e, sizeof e)) failf(c, "pipeline receive: %s", e);
+  return b->recv[v] = k;
+}
+
+static PipeStage build_stage(Cut *c, const Lowered *lw, int s) {
+  const Graph *lg = c->lg;
+  int pp = (int)c->sp->pp;
+  Build b = {.c = c, .s = s, .g = ir_new(lg->model_name)};
+  b.local = cp_alloc(sizeof(int) * (size_t)lg->n);
+  b.recv = cp_alloc(sizeof(int) * (size_t)lg->n);
+  for (int j = 0; j < lg->n; j++) b.local[j] = b.recv[j] = -1;
+  for (int k = 0; k < lg->inputs.n; k++) leaf_copy(&b, lg->inputs.a[k]); /* every stage reads the data */
+  for (int j = 0; j < lg->n && !c->failed; j++) {
+    const Node *o = &lg->nodes[j];
+    if (c->lst[j] != s) continue;
+    flush_pending(&b, o->role);
+    b.g->cur_layer = o->layer;
+    int *in = cp_alloc(sizeof(int) * (size_t)(o->nin ? o->nin : 1));
+    for (int k = 0; k < o->nin; k++) in[k] = input_of(&b, o->in[k]);
+    b.local[j] = copy_node(c, b.g, j, in, o->fwd >= 0 ? b.local[o->fwd] : -1);
+    if (o->op == OP_GRAD && b.local[o->fwd] < 0) failf(c, "pipeline: the gradient %%%d is not on its forward node's stage", j);
+    for (int to = 0; to < pp; to++) {
+      if (to == s || c->tag[j * pp + to] < 0) continue;
+      Role r = c->erole[j * pp + to];
+      if (r == o->role) add_send(&b, j, to);
+      else {
+        VEC_PUSH(b.pending[r], j);
+        VEC_PUSH(b.pending[r], to);
+      }
+    }
+  }
+  flush_pending(&b, ROLE_UPD);
+  /* the lists, in the lowered graph's orders */
+  Graph *g = b.g;
+  PipeStage ps = {.g = g};
+  ps.gparam = cp_alloc(sizeof(int) * (size_t)(lg->params.n + 1));
+  ps.owned = cp_alloc(sizeof(bool) * (size_t)(lg->params.n + 1));
+  ps.gstate = cp_alloc(sizeof(int) * (size_t)(lg->states.n + 1));
+  for (int k = 0; k < lg->params.n; k++) {
+    int v = b.local[lg->params.a[k]];
+    if (v < 0) continue;
+    ps.gparam[g->params.n] = k;
+    ps.owned[g->params.n] = true; /* set by pp_partition */
+    VEC_PUSH(g->params, v);
+    int gr = lg->grads.n ? lg->grads.a[k] : -1;
+    VEC_PUSH(g->grads, gr >= 0 && b.local[gr] >= 0 ? b.local[gr] : -1);
+  }
+  for (int k = 0; k < lg->inputs.n; k++) VEC_PUSH(g->inputs, b.local[lg->inputs.a[k]]);
+  for (int k = 0; k < lg->states.n; k++) {
+    int v = b.local[lg->states.a[k]];
+    if (v < 0) continue;
+    ps.gstate[g->states.n] = k;
+    VEC_PUSH(g->states, v);
+  }
+  for (int k = 0; k < lg->layer_names.n; k++) VEC_PUSH(g->layer_names, lg->layer_names.a[k]);
+  for (int k = 0; k < lg->metrics.n; k++) {
+    Metric m = lg->metrics.a[k];
+    if (b.local[m.node] < 0) continue;
+    m.node = b.local[m.node];
+    VEC_PUSH(g->metrics, m);
+  }
+  g->loss = lg->loss >= 0 ? b.local[lg->loss] : -1;
+  g->grad_norm = lg->grad_norm >= 0 ? b.local[lg->grad_norm] : -1;
+  g->seed = lg->seed >= 0 ? b.local[lg->seed] : -1;
+  g->accum = lg->accum;
+  g->batch = lg->batch;
+  (void)lw;
+  return ps;
+}
+
+Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, char *err, size_t errlen) {
+  const Graph *gg = sp->g, *lg = lw->g;
+  int pp = (int)sp->pp;
+  int *own = cp_alloc(sizeof(int) * (size_t)(gg->n ? gg->n : 1));
+  int *gst = global_stages(sp, own);
+  Cut c = {.sp = sp, .lg = lg, .err = err, .errlen = errlen};
+  c.lst = cp_alloc(sizeof(int) * (size_t)(lg->n ? lg->n : 1));
+  for (int j = 0; j < lg->n; j++) c.lst[j] = replicated(&lg->nodes[j]) ? -1 : gst[lw->origin.a[j]];
+  /* the crossings: value j read on another stage */
+  c.tag = cp_alloc(sizeof(int) * (size_t)(lg->n * pp + 1));
+  c.erole = cp_alloc(sizeof(Role) * (size_t)(lg->n * pp + 1));
+  for (int q = 0; q < lg->n * pp; q++) c.tag[q] = -1, c.erole[q] = ROLE_UPD;
+  Pipeline *p = cp_alloc(sizeof *p);
+  p->pp = pp;
+  for (int i = 0; i < lg->n; i++) {
+    const Node *n = &lg->nodes[i];
+    if (c.lst[i] < 0) continue;
+    for (int k = 0; k < n->nin; k++) {
+      int v = n->in[k];
+      if (c.lst[v] < 0 || c.lst[v] == c.lst[i]) continue;
+      int q = v * pp + c.lst[i];
+      if (c.tag[q] < 0) c.tag[q] = p->ncross++;
+      if (n->role < c.erole[q]) c.erole[q] = n->role;
+    }
+  }
+  p->stages = cp_alloc(sizeof(PipeStage) * (size_t)pp);
+  for (int s = 0; s < pp && !c.failed; s++) p->stages[s] = build_stage(&c, lw, s);
+  if (c.failed) return NULL;
+  p->owner = cp_alloc(sizeof(int) * (size_t)(gg->params.n + 1));
+  for (int k = 0; k < gg->params.n; k++) p->owner[k] = own[gg->params.a[k]];
+  for (int s = 0; s < pp; s++) {
+    PipeStage *ps = &p->stages[s];
+    for (int k = 0; k < ps->g->params.n; k++) ps->owned[k] = p->owner[ps->gparam[k]] == s;
+    bool work = false;
+    for (int i = 0; i < ps->g->n; i++) work |= ps->g->nodes[i].role == ROLE_FWD && !replicated(&ps->g->nodes[i]);
+    if (!work) {
+      snprintf(err, errlen, "pipeline stage %d has no forward computation", s);
+      return NULL;
+    }
+    char e[512];
+    if (!ir_verify(ps->g, e, sizeof e)) {
+      snprintf(err, errlen, "pipeline stage %d: %s", s, e);
+      return NULL;
+    }
+  }
+  return p;
+}
