@@ -26,6 +26,10 @@ bool build_emit_c(FILE *out, Graph *g, const TrainConf *t);
  * kernels its plan.c calls (`cplanc emit --stage=llvm`). */
 bool build_emit_llvm(FILE *out, Graph *g, const TrainConf *t);
 
+/* Lowers g to a training graph and prints its fused kernels as CUDA C (`cplanc emit
+ * --stage=cuda`; defined in codegen/emit_cuda.c). */
+bool build_emit_cuda(FILE *out, Graph *g, const TrainConf *t);
+
 /* A hex digest of every source text the front end read (the file, its imports, the --set
  * pseudo-sources), the overrides, the train block name and the cplanc version. */
 const char *build_hash(const char *const *sets, int nsets, const char *train);

@@ -3,6 +3,7 @@
  * report), and maps the outcome to the exit status: 0 success, 1 user error (a
  * diagnostic was printed), 2 bad usage. */
 #include "build.h"
+#include "calibrate_cmd.h"
 #include "check.h"
 #include "cplan.h"
 #include "ir.h"
@@ -31,6 +32,12 @@ typedef struct Options {
   const char *val;    /* data: --val FRACTION */
   const char *kind;   /* data: the kind of input ("text") */
   const char *keep_c; /* build: --keep-c DIR */
+  const char *plan;   /* build: --plan PLAN.json */
+  const char *top;    /* plan: --top K */
+  const char *trace;  /* plan: --trace FILE.json */
+  const char *report; /* plan: --report FILE.html */
+  const char *np;     /* calibrate: --np N */
+  bool quick;         /* calibrate: --quick */
   char **rest;        /* run: the program's arguments, after `--` */
   int nrest;
 } Options;
@@ -43,6 +50,7 @@ static int cmd_data(Options *o);
 static int cmd_build(Options *o);
 static int cmd_run(Options *o);
 static int cmd_plan(Options *o);
+static int cmd_calibrate(Options *o);
 
 /* The subcommand table: --help, dispatch and "did you mean" read it.
  * Checklist: a new command needs a row here and a section in README.md. */
@@ -75,21 +83,30 @@ static const Command commands[] = {
      "  grad  the training graph: forward, backward (gradients, accumulation) and the\n"
      "        optimizer update of the train block, one line per node\n"
      "  c     the generated C program plan.c of the train block (what `build` compiles)\n"
-     "  llvm  the optimized LLVM IR of the fused elementwise kernels plan.c calls\n"},
-    {"plan", cmd_plan, "explain the placements and collectives of a pinned strategy",
-     "usage: cplanc plan FILE [--explain] [--json] [--train NAME] [--set KEY=VALUE]...\n"
+     "  llvm  the optimized LLVM IR of the fused elementwise kernels plan.c calls\n"
+     "  cuda  the same fused kernels as standalone CUDA C (nvcc --ptx, NVRTC)\n"},
+    {"plan", cmd_plan, "search the strategy and rank the best ones; explain a strategy's placements",
+     "usage: cplanc plan FILE [--top K] [--explain] [--json] [--trace F.json] [--report F.html]\n"
+     "                        [--train NAME] [--set KEY=VALUE]...\n"
      "\n"
-     "Pins the train block's strategy (dp, tp, pp, sp, zero, micro) on its mesh and prints\n"
-     "the degrees, the pipeline stages and every collective the placements imply, with its\n"
-     "bytes per device and step. The search for `strategy = auto` is a later version: auto\n"
-     "is explained as pure data parallelism.\n"
+     "Searches the train block's strategy (what `strategy` pins is kept) with the cost model\n"
+     "of the mesh and prints the K fastest plans that fit the memory limit: dp, tp, pp, sp,\n"
+     "zero, micro-batch, recompute, schedule, predicted step time, tokens/s, MFU, memory and\n"
+     "bytes sent per device, pipeline bubble. With a pinned strategy, --explain prints that\n"
+     "strategy as written: its degrees, stages, placements and every collective.\n"
      "\n"
+     "  --top K         rows of the ranking (default 5)\n"
      "  --explain       also print every param's and activation's placement ([S(0), R], ...)\n"
-     "  --json          print the whole plan as one JSON object\n"
+     "                  and every collective of the best (or pinned) strategy\n"
+     "  --json          print the plans as one JSON object (format cplan-plan/1; `build --plan`\n"
+     "                  reads it) with the explanation of the best (or pinned) strategy\n"
+     "  --trace F.json  write the simulated step of the best plan as a Chrome/Perfetto trace\n"
+     "  --report F.html write a page with the pipeline timeline, the memory breakdown and a\n"
+     "                  chart of the top K (step time against memory)\n"
      "  --train NAME    the train block to use when the file has several\n"
      "  --set KEY=VALUE override a setting (see `cplanc check --help`)\n"},
     {"build", cmd_build, "compile a training program (CPU: one device, or dp/tp over MPI ranks)",
-     "usage: cplanc build FILE -o PROG [--train NAME] [--set KEY=VALUE]... [--keep-c DIR]\n"
+     "usage: cplanc build FILE -o PROG [--train NAME] [--set KEY=VALUE]... [--keep-c DIR] [--plan F.json]\n"
      "\n"
      "Compiles the train block of FILE into the executable PROG: autodiff, the optimizer,\n"
      "memory planning, then plan.c (C, one kernel call per IR node) compiled with the\n"
@@ -98,6 +115,8 @@ static const Command commands[] = {
      "\n"
      "  -o PROG         the executable to write\n"
      "  --keep-c DIR    also write the generated plan.c into DIR\n"
+     "  --plan F.json   build the best plan of a saved `cplanc plan --json` (its strategy\n"
+     "                  replaces the file's)\n"
      "  --train NAME    the train block to use when the file has several\n"
      "  --set KEY=VALUE override a setting (see `cplanc check --help`)\n"
      "\n"
@@ -109,7 +128,24 @@ static const Command commands[] = {
      "Builds FILE as `cplanc build` does into a cache, unless the same sources, overrides\n"
      "and cplanc version were built before, then runs the program with the arguments\n"
      "after `--`. The cache is .cplan-cache/ next to FILE, or $CPLAN_CACHE.\n"},
-    {"calibrate", NULL, "measure this machine for the cost model (not yet available)", NULL},
+    {"calibrate", cmd_calibrate, "measure this machine and write a device profile for the cost model",
+     "usage: cplanc calibrate -o PROFILE.json [--np N] [--quick]\n"
+     "\n"
+     "Measures this machine as N CPU devices (N MPI ranks, each with the CPUs / N threads a plan\n"
+     "rank gets): OpenBLAS sgemm by size (flops_f32 and efficiency per size), a stream triad\n"
+     "(hbm), the layer_norm, softmax and gelu kernels (efficiency against hbm) and, when N > 1,\n"
+     "all_reduce, all_gather, reduce_scatter and broadcast by size from 4 KiB to 64 MiB\n"
+     "(intra_bw and intra_latency from a ring fit). Prints the table as it measures and writes\n"
+     "the profile that `device = profile(\"PROFILE.json\")` reads (docs/language.md, section 6).\n"
+     "CPU only: NCCL and GPU kernels are not measured. About 5 s for N = 1, 10-20 s for N = 2.\n"
+     "\n"
+     "  -o FILE         the profile to write (through FILE.tmp and a rename)\n"
+     "  --np N          ranks to measure on, started with `mpirun -np N --oversubscribe`\n"
+     "                  (default 1: no collectives; use the mesh's device count)\n"
+     "  --quick         small sizes and few repetitions: rough figures in about a second\n"
+     "\n"
+     "Environment: CPLAN_MPIEXEC (the MPI launcher, default the one found at configure time),\n"
+     "CPLAN_HOME (an installed cplan: its bin/cplan-calibrate).\n"},
     {"data", cmd_data, "turn a text file into training data (byte-level tokens)",
      "usage: cplanc data text FILE -o OUT.bin [--val FRACTION]\n"
      "\n"
@@ -249,15 +285,18 @@ static Graph *train_model(Options *o, Front *fe, const char *what) {
     diag_error(SPAN_NONE, "%s needs a train block: %s has none", what, o->file);
     return NULL;
   }
+  if (o->plan && !plan_load(o->plan, &fe->train->strategy)) return NULL;
   /* a plan lowered per rank is elaborated for the global micro-batch (train.h) */
   return sema_build_model(fe->sema, fe->train->model, fe->train->model_call, train_graph_batch(fe->train));
 }
 
-/* --stage=c (plan.c) and --stage=llvm (the IR of its fused kernels): both need a train block. */
-static int emit_c(Options *o, bool llvm) {
+/* --stage=c (plan.c), --stage=llvm and --stage=cuda (its fused kernels as LLVM IR, as CUDA C):
+ * all need a train block. */
+static int emit_c(Options *o, const char *stage) {
   Front fe;
-  Graph *g = train_model(o, &fe, llvm ? "--stage=llvm" : "--stage=c");
-  if (g && llvm) build_emit_llvm(stdout, g, fe.train);
+  Graph *g = train_model(o, &fe, cp_fmt("--stage=%s", stage));
+  if (g && strcmp(stage, "llvm") == 0) build_emit_llvm(stdout, g, fe.train);
+  else if (g && strcmp(stage, "cuda") == 0) build_emit_cuda(stdout, g, fe.train);
   else if (g) build_emit_c(stdout, g, fe.train);
   return finish();
 }
@@ -283,17 +322,43 @@ static int cmd_plan(Options *o) {
   Front fe;
   if (!front_end(o, &fe, true)) return finish();
   if (!fe.train) diag_error(SPAN_NONE, "plan needs a train block: %s has none", o->file);
-  else plan_cmd_run(stdout, fe.sema, fe.train, o->explain, o->json);
+  else {
+    PlanOpts po = {.explain = o->explain, .json = o->json, .trace = o->trace, .report = o->report};
+    if (o->top) {
+      char *end;
+      long k = strtol(o->top, &end, 10);
+      if (end == o->top || *end || k < 1 || k > 1000)
+        return usage_error(command_named("plan"), "--top takes a number from 1 to 1000, got '%s'", o->top);
+      po.top = (int)k;
+    }
+    plan_cmd_run(stdout, fe.sema, fe.train, &po);
+  }
+  return finish();
+}
+
+static int cmd_calibrate(Options *o) {
+  const Command *c = command_named("calibrate");
+  if (!o->out) return usage_error(c, "calibrate needs -o PROFILE.json%s", "");
+  CalibrateOpts co = {.out = o->out, .np = 1, .quick = o->quick};
+  if (o->np) {
+    char *end;
+    long n = strtol(o->np, &end, 10);
+    if (end == o->np || *end || n < 1 || n > 1024)
+      return usage_error(c, "--np takes a number of ranks from 1 to 1024, got '%s'", o->np);
+    co.np = (int)n;
+  }
+  calibrate_run(&co);
   return finish();
 }
 
 static int cmd_emit(Options *o) {
-  static const char *const stages[] = {"ast", "ir", "grad", "c", "llvm"};
+  static const char *const stages[] = {"ast", "ir", "grad", "c", "llvm", "cuda"};
   if (!o->stage) return usage_error(command_named("emit"), "emit needs --stage=STAGE%s", "");
   bool ast = strcmp(o->stage, "ast") == 0, grad = strcmp(o->stage, "grad") == 0;
-  if (strcmp(o->stage, "c") == 0 || strcmp(o->stage, "llvm") == 0) return emit_c(o, o->stage[0] == 'l');
+  if (strcmp(o->stage, "c") == 0 || strcmp(o->stage, "llvm") == 0 || strcmp(o->stage, "cuda") == 0)
+    return emit_c(o, o->stage);
   if (!ast && !grad && strcmp(o->stage, "ir") != 0) {
-    const char *near = cp_closest(o->stage, stages, 5);
+    const char *near = cp_closest(o->stage, stages, 6);
     fprintf(stderr, "cplanc: unknown stage '%s'%s%s%s\n", o->stage, near ? " (did you mean '" : "",
             near ? near : "", near ? "'?)" : "");
     fprintf(stderr, "%s", command_named("emit")->usage);
@@ -405,20 +470,35 @@ static int run_command(const Command *c, int argc, char **argv) {
       o.model = v;
     } else if (opt_value(argc, argv, &i, "--stage", &v, &status)) {
       o.stage = v;
-    } else if ((c->run == cmd_data || c->run == cmd_build) && opt_value(argc, argv, &i, "-o", &v, &status)) {
+    } else if ((c->run == cmd_data || c->run == cmd_build || c->run == cmd_calibrate) &&
+               opt_value(argc, argv, &i, "-o", &v, &status)) {
       o.out = v;
     } else if (c->run == cmd_build && opt_value(argc, argv, &i, "--keep-c", &v, &status)) {
       o.keep_c = v;
+    } else if (c->run == cmd_build && opt_value(argc, argv, &i, "--plan", &v, &status)) {
+      o.plan = v;
+    } else if (c->run == cmd_plan && opt_value(argc, argv, &i, "--top", &v, &status)) {
+      o.top = v;
+    } else if (c->run == cmd_plan && opt_value(argc, argv, &i, "--trace", &v, &status)) {
+      o.trace = v;
+    } else if (c->run == cmd_plan && opt_value(argc, argv, &i, "--report", &v, &status)) {
+      o.report = v;
     } else if (c->run == cmd_run && strcmp(a, "--") == 0) {
       o.rest = argv + i + 1;
       o.nrest = argc - i - 1;
       break;
+    } else if (c->run == cmd_calibrate && opt_value(argc, argv, &i, "--np", &v, &status)) {
+      o.np = v;
+    } else if (c->run == cmd_calibrate && strcmp(a, "--quick") == 0) {
+      o.quick = true;
     } else if (c->run == cmd_data && opt_value(argc, argv, &i, "--val", &v, &status)) {
       o.val = v;
     } else if (a[0] == '-' && a[1]) {
       return usage_error(c, "unknown option '%s'", a);
     } else if (c->run == cmd_data && !o.kind) {
       o.kind = a;
+    } else if (c->run == cmd_calibrate) {
+      return usage_error(c, "calibrate takes no input file ('%s')", a);
     } else if (o.file) {
       return usage_error(c, "more than one input file ('%s')", a);
     } else {
@@ -426,7 +506,7 @@ static int run_command(const Command *c, int argc, char **argv) {
     }
     if (status) return status;
   }
-  if (!o.file) return usage_error(c, "%s needs a .cplan file", c->name);
+  if (!o.file && c->run != cmd_calibrate) return usage_error(c, "%s needs a .cplan file", c->name);
   return c->run(&o);
 }
 

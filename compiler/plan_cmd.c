@@ -1,10 +1,15 @@
-/* plan_cmd.c: `cplanc plan`. Until the search exists (a later issue) it explains a pinned
- * strategy (`strategy = auto` is explained as pure data parallelism): the degrees and logical
- * mesh, the pipeline stages, every param's placement, the activations of each layer (identical
- * layers are printed once) and every collective with its bytes per device and step. */
+/* plan_cmd.c: `cplanc plan`. The search's ranking of strategies (search.c): a table of the top K
+ * with predicted step time, memory and communication, --json (cplan-plan/1), --trace (the
+ * simulated step) and --report (an HTML page). The explanation of one strategy: the degrees and
+ * logical mesh, the pipeline stages, every param's placement, the activations of each layer
+ * (identical layers are printed once) and every collective with its bytes per device and step. A
+ * pinned strategy with --explain is explained as written, without a search. */
 #include "plan_cmd.h"
 #include "placement.h"
+#include "search.h"
 #include "train.h"
+
+#include <errno.h>
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -53,8 +58,6 @@ static void print_summary(FILE *f, const StratPlan *sp, const TrainConf *t) {
   const MeshConf *m = t->mesh;
   fprintf(f, "plan for %s on %s (%lld device%s)\n", sp->g->model_name, m && m->name ? m->name : "the local machine",
           (long long)(m ? m->ndevices : 1), m && m->ndevices == 1 ? "" : "s");
-  if (t->strategy.is_auto)
-    fprintf(f, "strategy = auto: the strategy search is a later issue; explaining pure data parallelism\n");
   fprintf(f, "strategy: dp = %lld, tp = %lld, pp = %lld, sp = %lld, zero = %lld, micro = %lld, accumulation = %lld\n",
           (long long)sp->dp, (long long)sp->tp, (long long)sp->pp, (long long)sp->sp, (long long)sp->zero,
           (long long)sp->micro, (long long)sp->accum);
@@ -168,9 +171,10 @@ static void print_colls(FILE *f, const StratPlan *sp) {
 
 static cJSON *pl_json(const StratPlan *sp, int i) { return cJSON_CreateString(placement_str(&sp->pl[i])); }
 
-static void print_json(FILE *f, const StratPlan *sp, const TrainConf *t) {
+/* The explanation of a pinned strategy as JSON fields of root. */
+static void add_explain_json(cJSON *root, const StratPlan *sp, const TrainConf *t) {
   const Graph *g = sp->g;
-  cJSON *root = cJSON_CreateObject(), *st = cJSON_AddObjectToObject(root, "strategy");
+  cJSON *st = cJSON_AddObjectToObject(root, "strategy");
   cJSON_AddBoolToObject(st, "auto", t->strategy.is_auto);
   const char *keys[] = {"dp", "tp", "pp", "sp", "zero", "micro", "accumulation"};
   const int64_t vals[] = {sp->dp, sp->tp, sp->pp, sp->sp, sp->zero, sp->micro, sp->accum};
@@ -211,29 +215,28 @@ static void print_json(FILE *f, const StratPlan *sp, const TrainConf *t) {
     cJSON_AddNumberToObject(o, "per_step", c->per_step);
     cJSON_AddItemToArray(colls, o);
   }
-  char *s = cJSON_Print(root);
-  fprintf(f, "%s\n", s);
-  free(s);
-  cJSON_Delete(root);
 }
 
-void plan_cmd_run(FILE *out, Sema *s, const TrainConf *t, bool explain, bool json) {
+/* Pins t's strategy on its training graph (strat_degrees fills what is left out). NULL after a
+ * diagnostic. */
+static StratPlan *pin_strategy(Sema *s, const TrainConf *t, TrainConf *tc) {
   Program *prog = sema_program(s);
   int64_t dp, tp, pp, micro;
-  if (!strat_degrees(prog, t, &dp, &tp, &pp, &micro)) return;
+  if (!strat_degrees(prog, t, &dp, &tp, &pp, &micro)) return NULL;
   /* The graph of one global micro-batch (dp · micro samples): placements split it over dp. */
-  TrainConf tc = *t;
-  tc.strategy.dp = dp;
-  tc.strategy.micro = micro;
+  *tc = *t;
+  tc->strategy.dp = dp;
+  tc->strategy.micro = micro;
   Graph *g = sema_build_model(s, t->model, t->model_call, dp * micro);
-  if (!g || !train_graph(g, &tc)) return;
-  StratPlan *sp = strat_pin(prog, g, &tc);
-  if (!sp) return;
-  sp->sp = t->strategy.sp > 1 ? t->strategy.sp : 1;
-  if (json) {
-    print_json(out, sp, t);
-    return;
-  }
+  if (!g || !train_graph(g, tc)) return NULL;
+  StratPlan *sp = strat_pin(prog, g, tc);
+  if (sp) sp->sp = t->strategy.sp > 1 ? t->strategy.sp : 1;
+  return sp;
+}
+
+/* Today's explanation of a strategy: summary, stages, (placements,) collectives. */
+static void explain_text(FILE *out, const StratPlan *sp, const TrainConf *t, bool explain) {
+  const Graph *g = sp->g;
   int first = g->n;
   for (int i = 0; i < g->n && first == g->n; i++)
     if (g->nodes[i].layer >= 0) first = i;
@@ -244,4 +247,412 @@ void plan_cmd_run(FILE *out, Sema *s, const TrainConf *t, bool explain, bool jso
     print_activations(out, sp, first);
   }
   print_colls(out, sp);
+}
+
+/* ---- the search's ranking ------------------------------------------------------------------ */
+
+static const char *rc_str(Recompute r) { return r == RC_FULL ? "full" : r == RC_SELECTIVE ? "selective" : "none"; }
+static const char *sched_str(const SrchPlan *p) {
+  if (p->pp <= 1) return "-";
+  return p->sched == PS_GPIPE ? "gpipe" : p->sched == PS_INTERLEAVED ? "interleaved" : "1f1b";
+}
+
+static const char *secs_str(double s) {
+  if (s >= 100) return cp_fmt("%.0f s", s);
+  if (s >= 1) return cp_fmt("%.2f s", s);
+  if (s >= 1e-3) return cp_fmt("%.2f ms", s * 1e3);
+  return cp_fmt("%.1f us", s * 1e6);
+}
+
+static const char *count_str(double v) {
+  if (v >= 1e9) return cp_fmt("%.2fG", v / 1e9);
+  if (v >= 1e6) return cp_fmt("%.2fM", v / 1e6);
+  if (v >= 1e3) return cp_fmt("%.1fK", v / 1e3);
+  return cp_fmt("%.0f", v);
+}
+
+static const char *mesh_str(const TrainConf *t) {
+  const MeshConf *m = t->mesh;
+  if (!m) return "the local machine (1 device)";
+  return cp_fmt("%s (%lld x %s)", m->name ? m->name : "the local machine", (long long)m->ndevices, m->device.name);
+}
+
+static void print_ranking(FILE *f, const SrchResult *r, const TrainConf *t) {
+  fprintf(f, "search for %s on %s: batch %lld, memory limit %s per device\n", r->model, mesh_str(t),
+          (long long)t->batch, cp_bytes_str(r->memory));
+  fprintf(f, "  %d layer%s in %d class%s (each class solved once), %lld configurations, %lld ILPs (largest: %d "
+             "variables)\n",
+          r->layers, r->layers == 1 ? "" : "s", r->layer_classes, r->layer_classes == 1 ? "" : "es",
+          (long long)r->considered, (long long)r->ilp_solves, r->ilp_vars);
+  fprintf(f, "\n%4s %5s %4s %4s %4s %4s %5s %5s %-9s %-11s %10s %10s %6s %11s %11s %6s\n", "rank", "dp", "tp", "pp",
+          "sp", "zero", "micro", "mbs", "recompute", "schedule", "step", "tokens/s", "MFU", "memory/dev", "comm/dev",
+          "bubble");
+  for (int i = 0; i < r->n; i++) {
+    const SrchPlan *p = &r->plans[i];
+    fprintf(f, "%4d %5lld %4lld %4lld %4lld %4lld %5lld %5lld %-9s %-11s %10s %10s %5.1f%% %11s %11s %5.1f%%\n", i + 1,
+            (long long)p->dp, (long long)p->tp, (long long)p->pp, (long long)p->sp, (long long)p->zero,
+            (long long)p->micro, (long long)p->microbatches, rc_str(p->recompute), sched_str(p),
+            secs_str(p->step_time), count_str(p->tokens_per_s), 100 * p->mfu, cp_bytes_str(p->mem_total),
+            cp_bytes_str(p->comm_bytes), 100 * p->bubble);
+  }
+  fprintf(f, "(micro: samples per micro-batch per replica; mbs: micro-batches per step; comm/dev: bytes sent per "
+             "device per step)\n");
+  const SrchPlan *b = &r->plans[0];
+  fprintf(f, "\nbest: %s per step, %s per device (%.1f%% MFU), %s tokens/s\n", secs_str(b->step_time),
+          cp_si_str(b->tflops, "FLOP/s"), 100 * b->mfu, count_str(b->tokens_per_s));
+  fprintf(f, "  memory per device: params %s, grads %s, optimizer %s, activations %s, workspace %s = %s\n",
+          cp_bytes_str(b->mem_params), cp_bytes_str(b->mem_grads), cp_bytes_str(b->mem_optim),
+          cp_bytes_str(b->mem_acts), cp_bytes_str(b->mem_workspace), cp_bytes_str(b->mem_total));
+  StrBuf sl = {0};
+  for (int s = 0; s < b->pp; s++) sb_printf(&sl, "%s%d", s ? ", " : "", b->stage_layers[s]);
+  fprintf(f, "  per micro-batch: forward %s, backward %s (stage 0); gradient sync %s, optimizer update %s per step\n",
+          secs_str(b->stage_fwd[0]), secs_str(b->stage_bwd[0]), secs_str(b->dp_sync), secs_str(b->update));
+  if (b->pp > 1) fprintf(f, "  layers per stage: %s\n", sb_str(&sl));
+}
+
+static cJSON *plan_json(const SrchPlan *p) {
+  cJSON *o = cJSON_CreateObject();
+  const char *keys[] = {"dp", "tp", "pp", "sp", "zero", "micro", "microbatches"};
+  const int64_t vals[] = {p->dp, p->tp, p->pp, p->sp, p->zero, p->micro, p->microbatches};
+  for (int k = 0; k < 7; k++) cJSON_AddNumberToObject(o, keys[k], (double)vals[k]);
+  cJSON_AddStringToObject(o, "recompute", rc_str(p->recompute));
+  cJSON_AddStringToObject(o, "pipeline", p->pp > 1 ? sched_str(p) : "1f1b");
+  if (p->v > 1) cJSON_AddNumberToObject(o, "chunks", (double)p->v);
+  cJSON_AddNumberToObject(o, "step_time_s", p->step_time);
+  cJSON_AddNumberToObject(o, "tokens_per_s", p->tokens_per_s);
+  cJSON_AddNumberToObject(o, "mfu", p->mfu);
+  cJSON_AddNumberToObject(o, "tflops_per_device", p->tflops / 1e12);
+  cJSON_AddNumberToObject(o, "memory_per_device_bytes", p->mem_total);
+  cJSON *m = cJSON_AddObjectToObject(o, "memory");
+  cJSON_AddNumberToObject(m, "params", p->mem_params);
+  cJSON_AddNumberToObject(m, "grads", p->mem_grads);
+  cJSON_AddNumberToObject(m, "optimizer", p->mem_optim);
+  cJSON_AddNumberToObject(m, "activations", p->mem_acts);
+  cJSON_AddNumberToObject(m, "workspace", p->mem_workspace);
+  cJSON_AddNumberToObject(o, "comm_bytes_per_device", p->comm_bytes);
+  cJSON_AddNumberToObject(o, "bubble", p->bubble);
+  cJSON *sl = cJSON_AddArrayToObject(o, "stage_layers");
+  for (int s = 0; s < p->pp; s++) cJSON_AddItemToArray(sl, cJSON_CreateNumber(p->stage_layers[s]));
+  return o;
+}
+
+/* ---- the simulated step (--trace, --report) ---------------------------------------------------- */
+
+typedef struct Ev {
+  int stage;
+  char kind;           /* 'F' forward, 'B' backward (with recompute), 'S' gradient sync, 'U' update */
+  int micro;
+  double t0, t1;
+} Ev;
+typedef VEC(Ev) EvVec;
+
+/* Replays the schedule with the plan's per-stage times: forward j of stage s waits for stage s-1's
+ * and the send; backward j waits for stage s+1's. 1F1B runs pp - s forwards first, then one
+ * backward per forward; GPipe all forwards, then all backwards. Interleaving is replayed as 1F1B
+ * on v times as many chunks, each 1/v as long. */
+static EvVec simulate(const SrchPlan *p) {
+  EvVec ev = {0};
+  int pp = (int)p->pp, v = (int)(p->v > 0 ? p->v : 1), m = (int)p->microbatches * v;
+  double **fend = cp_alloc(sizeof(double *) * (size_t)pp), **bend = cp_alloc(sizeof(double *) * (size_t)pp);
+  char **order = cp_alloc(sizeof(char *) * (size_t)pp);
+  int *pos = cp_alloc(sizeof(int) * (size_t)pp), *nf = cp_alloc(sizeof(int) * (size_t)pp),
+      *nb = cp_alloc(sizeof(int) * (size_t)pp);
+  double *free_at = cp_alloc(sizeof(double) * (size_t)pp);
+  for (int s = 0; s < pp; s++) {
+    fend[s] = cp_alloc(sizeof(double) * (size_t)m);
+    bend[s] = cp_alloc(sizeof(double) * (size_t)m);
+    order[s] = cp_alloc((size_t)(2 * m + 1));
+    int warm = p->sched == PS_GPIPE ? m : (pp - s < m ? pp - s : m), k = 0, f = 0, b = 0;
+    for (; f < warm; f++) order[s][k++] = 'F';
+    while (b < m) {
+      order[s][k++] = 'B', b++;
+      if (f < m) order[s][k++] = 'F', f++;
+    }
+  }
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int s = 0; s < pp; s++) {
+      while (pos[s] < 2 * m) {
+        char op = order[s][pos[s]];
+        double ready;
+        if (op == 'F') {
+          int j = nf[s];
+          if (s > 0 && j >= nf[s - 1]) break;
+          ready = s > 0 ? fend[s - 1][j] + p->p2p : 0;
+        } else {
+          int j = nb[s];
+          if (j >= nf[s] || (s < pp - 1 && j >= nb[s + 1])) break;
+          ready = s < pp - 1 ? bend[s + 1][j] + p->p2p : fend[s][j];
+        }
+        double t0 = ready > free_at[s] ? ready : free_at[s];
+        double d = (op == 'F' ? p->stage_fwd[s] : p->stage_bwd[s]) / v;
+        int j = op == 'F' ? nf[s]++ : nb[s]++;
+        (op == 'F' ? fend : bend)[s][j] = free_at[s] = t0 + d;
+        VEC_PUSH(ev, ((Ev){s, op, j / v, t0, t0 + d}));
+        pos[s]++;
+        progress = true;
+      }
+    }
+  }
+  double end = 0;
+  for (int s = 0; s < pp; s++) end = free_at[s] > end ? free_at[s] : end;
+  double sync0 = end - p->dp_hidden, sync1 = sync0 + p->dp_sync, upd = sync1 > end ? sync1 : end;
+  for (int s = 0; s < pp; s++) { /* the gradient sync starts under the last backward (GPUs) */
+    if (p->dp_sync > 0) VEC_PUSH(ev, ((Ev){s, 'S', 0, sync0, sync1}));
+    VEC_PUSH(ev, ((Ev){s, 'U', 0, upd, upd + p->update}));
+  }
+  return ev;
+}
+
+static const char *ev_name(const Ev *e) {
+  switch (e->kind) {
+  case 'F': return cp_fmt("forward %d", e->micro);
+  case 'B': return cp_fmt("backward %d", e->micro);
+  case 'S': return "gradient sync (dp)";
+  default: return "optimizer update";
+  }
+}
+
+static bool write_trace(const char *path, const SrchPlan *p) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    diag_error(SPAN_NONE, "%s: cannot write the trace: %s", path, strerror(errno));
+    return false;
+  }
+  EvVec ev = simulate(p);
+  fprintf(f, "{\"displayTimeUnit\": \"ms\", \"otherData\": {\"source\": \"cplanc plan (simulated)\", "
+             "\"step_time_s\": %.9g},\n\"traceEvents\": [\n", p->step_time);
+  for (int s = 0; s < p->pp; s++)
+    fprintf(f, "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": \"stage %d\"}},\n", s, s);
+  for (int i = 0; i < ev.n; i++) {
+    const Ev *e = &ev.a[i];
+    fprintf(f, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"pid\": %d, \"tid\": 0, \"ts\": %.3f, \"dur\": %.3f}%s\n",
+            ev_name(e), e->kind == 'S' ? "comm" : "compute", e->stage, e->t0 * 1e6, (e->t1 - e->t0) * 1e6,
+            i + 1 < ev.n ? "," : "");
+  }
+  fprintf(f, "]}\n");
+  bool ok = fclose(f) == 0;
+  if (!ok) diag_error(SPAN_NONE, "%s: cannot write the trace: %s", path, strerror(errno));
+  return ok;
+}
+
+static void html_escape(FILE *f, const char *s) {
+  for (; *s; s++) {
+    if (*s == '<') fputs("&lt;", f);
+    else if (*s == '>') fputs("&gt;", f);
+    else if (*s == '&') fputs("&amp;", f);
+    else fputc(*s, f);
+  }
+}
+
+static bool write_report(const char *path, const SrchResult *r, const TrainConf *t) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    diag_error(SPAN_NONE, "%s: cannot write the report: %s", path, strerror(errno));
+    return false;
+  }
+  const SrchPlan *b = &r->plans[0];
+  fprintf(f, "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>cplan plan: ");
+  html_escape(f, r->model);
+  fprintf(f, "</title>\n<style>body{font-family:sans-serif;margin:2em;max-width:1100px}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}th{background:#eee}"
+             "svg text{font-size:11px;font-family:sans-serif}</style></head><body>\n<h1>");
+  html_escape(f, r->model);
+  fprintf(f, " on ");
+  html_escape(f, mesh_str(t));
+  fprintf(f, "</h1>\n<p>batch %lld, memory limit %s per device; %lld configurations, %lld ILPs, search %.3f s.</p>\n",
+          (long long)t->batch, cp_bytes_str(r->memory), (long long)r->considered, (long long)r->ilp_solves, r->seconds);
+  /* the top K */
+  fprintf(f, "<h2>Top %d</h2>\n<table><tr><th>rank</th><th>dp</th><th>tp</th><th>pp</th><th>sp</th><th>zero</th>"
+             "<th>micro</th><th>micro-batches</th><th>recompute</th><th>schedule</th><th>step</th><th>tokens/s</th>"
+             "<th>MFU</th><th>memory/device</th><th>comm/device</th><th>bubble</th></tr>\n", r->n);
+  for (int i = 0; i < r->n; i++) {
+    const SrchPlan *p = &r->plans[i];
+    fprintf(f, "<tr><td>%d</td><td>%lld</td><td>%lld</td><td>%lld</td><td>%lld</td><td>%lld</td><td>%lld</td>"
+               "<td>%lld</td><td>%s</td><td>%s</td><td>%s</td><td>%s</td><td>%.1f%%</td><td>%s</td><td>%s</td>"
+               "<td>%.1f%%</td></tr>\n", i + 1, (long long)p->dp, (long long)p->tp, (long long)p->pp, (long long)p->sp,
+            (long long)p->zero, (long long)p->micro, (long long)p->microbatches, rc_str(p->recompute), sched_str(p),
+            secs_str(p->step_time), count_str(p->tokens_per_s), 100 * p->mfu, cp_bytes_str(p->mem_total),
+            cp_bytes_str(p->comm_bytes), 100 * p->bubble);
+  }
+  fprintf(f, "</table>\n");
+  /* the pipeline timeline of the best plan */
+  EvVec ev = simulate(b);
+  double end = 0;
+  for (int i = 0; i < ev.n; i++) end = ev.a[i].t1 > end ? ev.a[i].t1 : end;
+  int W = 1000, row = 22, H = (int)b->pp * row + 30;
+  fprintf(f, "<h2>Pipeline timeline of the best plan (simulated step: %s)</h2>\n<svg width=\"%d\" height=\"%d\">\n",
+          secs_str(end), W + 70, H);
+  for (int s = 0; s < b->pp; s++) fprintf(f, "<text x=\"0\" y=\"%d\">stage %d</text>\n", s * row + 15, s);
+  for (int i = 0; i < ev.n; i++) {
+    const Ev *e = &ev.a[i];
+    const char *col = e->kind == 'F' ? "#4c8bf5" : e->kind == 'B' ? "#f5a74c" : e->kind == 'S' ? "#9c4cf5" : "#4cb050";
+    double x = 60 + (end > 0 ? e->t0 / end : 0) * W, w = end > 0 ? (e->t1 - e->t0) / end * W : 0;
+    fprintf(f, "<rect x=\"%.2f\" y=\"%d\" width=\"%.2f\" height=\"%d\" fill=\"%s\" stroke=\"#fff\" stroke-width=\"0.3\">"
+               "<title>%s: %s</title></rect>\n", x, e->stage * row, w > 0.2 ? w : 0.2, row - 4, col, ev_name(e),
+            secs_str(e->t1 - e->t0));
+  }
+  fprintf(f, "<text x=\"60\" y=\"%d\">0</text><text x=\"%d\" y=\"%d\" text-anchor=\"end\">%s</text>\n", H - 5, W + 60,
+          H - 5, secs_str(end));
+  fprintf(f, "</svg>\n<p>blue: forward, orange: backward, purple: gradient sync, green: optimizer update.</p>\n");
+  /* memory breakdown */
+  const char *mn[] = {"params", "grads", "optimizer", "activations", "workspace"};
+  const double mv[] = {b->mem_params, b->mem_grads, b->mem_optim, b->mem_acts, b->mem_workspace};
+  const char *mc[] = {"#4c8bf5", "#f5a74c", "#9c4cf5", "#e05555", "#999999"};
+  double lim = r->memory > b->mem_total && r->memory < 1e30 ? r->memory : b->mem_total;
+  fprintf(f, "<h2>Memory per device of the best plan (worst stage): %s of %s</h2>\n<svg width=\"%d\" height=\"70\">\n",
+          cp_bytes_str(b->mem_total), cp_bytes_str(r->memory), W + 70);
+  double x = 0;
+  for (int k = 0; k < 5; k++) {
+    double w = lim > 0 ? mv[k] / lim * W : 0;
+    fprintf(f, "<rect x=\"%.2f\" y=\"0\" width=\"%.2f\" height=\"30\" fill=\"%s\"><title>%s: %s</title></rect>\n", x, w,
+            mc[k], mn[k], cp_bytes_str(mv[k]));
+    fprintf(f, "<rect x=\"%d\" y=\"42\" width=\"10\" height=\"10\" fill=\"%s\"/><text x=\"%d\" y=\"52\">%s %s</text>\n",
+            k * 200, mc[k], k * 200 + 14, mn[k], cp_bytes_str(mv[k]));
+    x += w;
+  }
+  fprintf(f, "<line x1=\"%d\" y1=\"0\" x2=\"%d\" y2=\"34\" stroke=\"#000\" stroke-width=\"2\"/>\n</svg>\n",
+          (int)(lim > 0 ? r->memory / lim * W : 0) < W ? (int)(r->memory / lim * W) : W - 1,
+          (int)(lim > 0 ? r->memory / lim * W : 0) < W ? (int)(r->memory / lim * W) : W - 1);
+  /* top K: step time against memory */
+  double tmax = 0, mmax = 0;
+  for (int i = 0; i < r->n; i++) {
+    if (r->plans[i].step_time > tmax) tmax = r->plans[i].step_time;
+    if (r->plans[i].mem_total > mmax) mmax = r->plans[i].mem_total;
+  }
+  int PW = 500, PH = 300;
+  fprintf(f, "<h2>Top %d: step time against memory per device</h2>\n<svg width=\"%d\" height=\"%d\">\n", r->n, PW + 80,
+          PH + 40);
+  fprintf(f, "<line x1=\"60\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"#000\"/><line x1=\"60\" y1=\"0\" x2=\"60\" y2=\"%d\" "
+             "stroke=\"#000\"/>\n", PH, PW + 60, PH, PH);
+  fprintf(f, "<text x=\"60\" y=\"%d\">0</text><text x=\"%d\" y=\"%d\" text-anchor=\"end\">%s per device</text>\n", PH + 15,
+          PW + 60, PH + 15, cp_bytes_str(mmax * 1.1));
+  fprintf(f, "<text x=\"0\" y=\"12\">%s</text><text x=\"0\" y=\"%d\">step</text>\n", secs_str(tmax * 1.1), PH / 2);
+  for (int i = r->n - 1; i >= 0; i--) {
+    const SrchPlan *p = &r->plans[i];
+    double px = 60 + p->mem_total / (mmax * 1.1) * PW, py = PH - p->step_time / (tmax * 1.1) * PH;
+    fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"5\" fill=\"%s\"><title>#%d dp %lld tp %lld pp %lld zero %lld micro "
+               "%lld recompute %s: %s, %s</title></circle><text x=\"%.1f\" y=\"%.1f\">%d</text>\n", px, py,
+            i == 0 ? "#e05555" : "#4c8bf5", i + 1, (long long)p->dp, (long long)p->tp, (long long)p->pp,
+            (long long)p->zero, (long long)p->micro, rc_str(p->recompute), secs_str(p->step_time),
+            cp_bytes_str(p->mem_total), px + 7, py + 4, i + 1);
+  }
+  fprintf(f, "</svg>\n</body></html>\n");
+  bool ok = fclose(f) == 0;
+  if (!ok) diag_error(SPAN_NONE, "%s: cannot write the report: %s", path, strerror(errno));
+  return ok;
+}
+
+void plan_cmd_run(FILE *out, Sema *s, const TrainConf *t, const PlanOpts *o) {
+  bool pinned = !t->strategy.is_auto;
+  TrainConf tc;
+  /* A pinned strategy is checked (and, with --explain, explained) as it is written. */
+  if (pinned) {
+    StratPlan *sp = pin_strategy(s, t, &tc);
+    if (!sp) return;
+    if (o->explain && !o->json && !o->trace && !o->report) {
+      explain_text(out, sp, t, true);
+      return;
+    }
+  }
+  SrchResult *r = srch_run(s, t, o->top > 0 ? o->top : 5);
+  if (!r) return;
+  /* The strategy explained: the pinned one as build uses it, or the search's best. */
+  TrainConf best = *t;
+  srch_pin(&r->plans[0], &best.strategy);
+  const TrainConf *ex = pinned ? t : &best;
+  if (o->trace && !write_trace(o->trace, &r->plans[0])) return;
+  if (o->report && !write_report(o->report, r, t)) return;
+  if (o->json) {
+    StratPlan *sp = pin_strategy(s, ex, &tc);
+    if (!sp) return;
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "format", "cplan-plan/1");
+    cJSON_AddStringToObject(root, "model", r->model);
+    cJSON_AddNumberToObject(root, "devices", t->mesh ? (double)t->mesh->ndevices : 1);
+    cJSON_AddNumberToObject(root, "batch", (double)t->batch);
+    cJSON_AddNumberToObject(root, "memory_limit_bytes", r->memory < 1e300 ? r->memory : 0);
+    cJSON_AddNumberToObject(root, "search_seconds", r->seconds);
+    cJSON_AddNumberToObject(root, "configurations", (double)r->considered);
+    cJSON_AddNumberToObject(root, "ilp_solves", (double)r->ilp_solves);
+    cJSON_AddItemToObject(root, "best", plan_json(&r->plans[0]));
+    cJSON *c = cJSON_AddArrayToObject(root, "candidates");
+    for (int i = 0; i < r->n; i++) cJSON_AddItemToArray(c, plan_json(&r->plans[i]));
+    add_explain_json(root, sp, ex);
+    char *str = cJSON_Print(root);
+    fprintf(out, "%s\n", str);
+    free(str);
+    cJSON_Delete(root);
+    return;
+  }
+  print_ranking(out, r, t);
+  if (o->explain) {
+    StratPlan *sp = pin_strategy(s, ex, &tc);
+    if (!sp) return;
+    fprintf(out, "\nthe %s strategy, explained:\n", pinned ? "pinned" : "best");
+    explain_text(out, sp, ex, true);
+  }
+}
+
+/* `build --plan FILE`: the best plan of a saved `cplanc plan --json`. */
+bool plan_load(const char *path, StrategyConf *out) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    diag_error(SPAN_NONE, "%s: cannot open the plan: %s", path, strerror(errno));
+    return false;
+  }
+  StrBuf b = {0};
+  char buf[8192];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf - 1, f)) > 0) {
+    buf[n] = 0;
+    sb_puts(&b, buf);
+  }
+  fclose(f);
+  cJSON *root = cJSON_Parse(sb_str(&b));
+  const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
+  const cJSON *best = cJSON_GetObjectItemCaseSensitive(root, "best");
+  bool ok = false;
+  if (!root) diag_error(SPAN_NONE, "%s: not JSON (near byte %ld)", path, (long)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - sb_str(&b) : 0));
+  else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "cplan-plan/1") != 0)
+    diag_error(SPAN_NONE, "%s: not a plan: \"format\" should be \"cplan-plan/1\" (write it with `cplanc plan --json`)", path);
+  else if (!cJSON_IsObject(best)) diag_error(SPAN_NONE, "%s: the plan has no \"best\" object", path);
+  else {
+    const char *keys[] = {"dp", "tp", "pp", "sp", "zero", "micro"};
+    int64_t v[6];
+    ok = true;
+    for (int k = 0; k < 6 && ok; k++) {
+      const cJSON *x = cJSON_GetObjectItemCaseSensitive(best, keys[k]);
+      if (!cJSON_IsNumber(x) || x->valuedouble < (k == 4 ? 0 : 1) || x->valuedouble != (double)(int64_t)x->valuedouble) {
+        diag_error(SPAN_NONE, "%s: best.%s should be a%s integer", path, keys[k], k == 4 ? " non-negative" : " positive");
+        ok = false;
+      } else v[k] = (int64_t)x->valuedouble;
+    }
+    const cJSON *rc = cJSON_GetObjectItemCaseSensitive(best, "recompute");
+    const cJSON *pl = cJSON_GetObjectItemCaseSensitive(best, "pipeline");
+    Recompute r = RC_NONE;
+    PipeSched ps = PS_1F1B;
+    if (ok && cJSON_IsString(rc)) {
+      const char *s = rc->valuestring;
+      if (strcmp(s, "none") == 0) r = RC_NONE;
+      else if (strcmp(s, "selective") == 0) r = RC_SELECTIVE;
+      else if (strcmp(s, "full") == 0) r = RC_FULL;
+      else ok = false, diag_error(SPAN_NONE, "%s: best.recompute '%s' is not none, selective or full", path, s);
+    }
+    if (ok && cJSON_IsString(pl)) {
+      const char *s = pl->valuestring;
+      if (strcmp(s, "1f1b") == 0) ps = PS_1F1B;
+      else if (strcmp(s, "gpipe") == 0) ps = PS_GPIPE;
+      else if (strcmp(s, "interleaved") == 0) ps = PS_INTERLEAVED;
+      else ok = false, diag_error(SPAN_NONE, "%s: best.pipeline '%s' is not 1f1b, gpipe or interleaved", path, s);
+    }
+    if (ok) {
+      Span at = out->span;
+      *out = (StrategyConf){.is_auto = false, .dp = v[0], .tp = v[1], .pp = v[2], .sp = v[3], .zero = v[4],
+                            .micro = v[5], .recompute = r, .pipeline = ps, .span = at};
+    }
+  }
+  cJSON_Delete(root);
+  return ok;
 }

@@ -64,6 +64,33 @@ Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t ba
 /* ---- settings (settings.c) ----------------------------------------------- */
 typedef enum DeviceKind { DEV_CPU, DEV_CUDA } DeviceKind;
 
+/* What `cplanc calibrate` measured: the optional keys of a profile file (docs/language.md §6),
+ * written by tools/calibrate.c and read by settings.c profile_from_json. Per device (one rank of
+ * the calibration run), base units. For the cost model: a figure that is 0 was not measured.
+ * Checklist: a field added here is written by tools/calibrate.c and read in profile_from_json. */
+enum { CP_PROFILE_POINTS = 16 }; /* the most points kept per curve (more are an error) */
+typedef enum ProfileColl {       /* the JSON keys under "collectives", in this order */
+  PC_ALL_REDUCE, PC_ALL_GATHER, PC_REDUCE_SCATTER, PC_BROADCAST, PC__COUNT
+} ProfileColl;
+typedef struct ProfilePoint { double x, y; } ProfilePoint;
+typedef struct DeviceMeasured {
+  int ngemm;
+  ProfilePoint gemm[CP_PROFILE_POINTS]; /* "gemm_efficiency": x = n of an n x n x n f32 GEMM
+                                           (OpenBLAS), y = its FLOP/s / flops_f32 (<= 1), by n */
+  /* "kernel_efficiency": achieved bytes/s (input read + output written, one thread, as plans
+   * call kf_*) / hbm; may exceed 1 (hbm is a 3-stream triad on all the rank's threads) */
+  double eff_layer_norm, eff_softmax, eff_gelu; /* gelu stands for elementwise unary ops */
+  int coll_ranks;                       /* "collectives.ranks": ranks they ran on; 0: none */
+  struct {
+    double alpha;                       /* seconds: fitted fixed cost of one call on coll_ranks */
+    double beta;                        /* seconds per byte of the whole tensor (below) */
+    int npoints;
+    ProfilePoint points[CP_PROFILE_POINTS]; /* x = bytes of the whole tensor (all_reduce and
+                                           broadcast: the buffer; all_gather: the output;
+                                           reduce_scatter: the input), y = seconds per call */
+  } coll[PC__COUNT];                    /* t(bytes) ~ alpha + beta * bytes, at coll_ranks ranks */
+} DeviceMeasured;
+
 /* A device's cost-model figures. Built-in profiles are in devices.def. */
 typedef struct DeviceProfile {
   const char *name;      /* "a100_80gb", "cpu", "custom", or the profile file */
@@ -77,6 +104,7 @@ typedef struct DeviceProfile {
   double intra_latency;  /* seconds */
   double inter_latency;  /* seconds */
   const char *source;    /* where the figures come from */
+  const DeviceMeasured *measured; /* a calibrated profile file's measurements; NULL otherwise */
 } DeviceProfile;
 
 typedef struct MeshAxis {

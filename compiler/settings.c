@@ -108,7 +108,7 @@ enum { NCALLFNS = (int)(sizeof call_fns / sizeof call_fns[0]) };
 
 static const DeviceProfile builtin_devices[] = {
 #define DEVICE(name, kind, mem, f32, bf16, hbm, ibw, xbw, ilat, xlat, src) \
-  {name, kind, mem, f32, bf16, hbm, ibw, xbw, ilat, xlat, src},
+  {name, kind, mem, f32, bf16, hbm, ibw, xbw, ilat, xlat, src, NULL},
 #include "devices.def"
 #undef DEVICE
 };
@@ -682,11 +682,99 @@ static DeviceProfile builtin_profile(const DeviceProfile *d) {
   return p;
 }
 
+/* A number >= lo (> lo when open) at key of object o; false when absent or out of range. */
+static bool measured_num(const cJSON *o, const char *key, double lo, bool open, double *out) {
+  const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+  if (!cJSON_IsNumber(v) || !(open ? v->valuedouble > lo : v->valuedouble >= lo) || !(v->valuedouble < 1e300))
+    return false;
+  *out = v->valuedouble;
+  return true;
+}
+
+/* [[x, y], ...] with x > 0 and y > 0: at most CP_PROFILE_POINTS pairs. */
+static bool measured_points(const cJSON *a, ProfilePoint *pts, int *n) {
+  if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) > CP_PROFILE_POINTS) return false;
+  *n = 0;
+  for (const cJSON *e = a->child; e; e = e->next) {
+    const cJSON *x = cJSON_GetArrayItem(e, 0), *y = cJSON_GetArrayItem(e, 1);
+    if (!cJSON_IsArray(e) || cJSON_GetArraySize(e) != 2 || !cJSON_IsNumber(x) || !cJSON_IsNumber(y) ||
+        !(x->valuedouble > 0 && y->valuedouble > 0))
+      return false;
+    pts[(*n)++] = (ProfilePoint){x->valuedouble, y->valuedouble};
+  }
+  return true;
+}
+
+/* The measured keys of a `cplanc calibrate` profile (DeviceMeasured in sema.h); "calibration"
+ * (host, date, ranks, threads of the run) is for people and is not read. */
+static bool profile_measured(const cJSON *it, const char *path, Span at, DeviceMeasured *m) {
+  static const char *const kernels[] = {"layer_norm", "softmax", "gelu"};
+  static const char *const colls[PC__COUNT] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast"};
+  const char *key = it->string;
+  if (strcmp(key, "calibration") == 0) return true;
+  if (strcmp(key, "gemm_efficiency") == 0) {
+    bool good = cJSON_IsArray(it) && cJSON_GetArraySize(it) <= CP_PROFILE_POINTS;
+    m->ngemm = 0; /* a repeated key replaces the curve */
+    for (const cJSON *e = good ? it->child : NULL; e && good; e = e->next) {
+      ProfilePoint *pt = &m->gemm[m->ngemm++];
+      good = measured_num(e, "n", 0, true, &pt->x) && measured_num(e, "efficiency", 0, true, &pt->y) && pt->y <= 1;
+    }
+    if (!good) diag_error(at, "%s: 'gemm_efficiency' must be a list of at most %d {\"n\": N, \"efficiency\": E} "
+                          "with 0 < E <= 1", path, CP_PROFILE_POINTS);
+    return good;
+  }
+  if (strcmp(key, "kernel_efficiency") == 0) {
+    double *effs[] = {&m->eff_layer_norm, &m->eff_softmax, &m->eff_gelu};
+    bool good = cJSON_IsObject(it);
+    for (const cJSON *e = good ? it->child : NULL; e; e = e->next) {
+      int k = -1;
+      for (int i = 0; i < 3; i++)
+        if (strcmp(kernels[i], e->string) == 0) k = i;
+      if (k < 0) {
+        diag_warning(at, "%s: unknown kernel '%s' in 'kernel_efficiency' (ignored)", path, e->string);
+        hint_closest(e->string, kernels, 3);
+      } else if (!measured_num(it, kernels[k], 0, true, effs[k])) {
+        good = false;
+      }
+    }
+    if (!good) diag_error(at, "%s: 'kernel_efficiency' must map layer_norm, softmax, gelu to positive numbers", path);
+    return good;
+  }
+  /* "collectives": {"ranks": N, "all_reduce": {"alpha", "beta", "points": [[bytes, seconds], ...]}, ...} */
+  double ranks = 0;
+  if (!cJSON_IsObject(it) || !measured_num(it, "ranks", 2, false, &ranks) || ranks > 1 << 24 || ranks != (int)ranks) {
+    diag_error(at, "%s: 'collectives' must be an object with 'ranks' (an integer >= 2)", path);
+    return false;
+  }
+  m->coll_ranks = (int)ranks;
+  bool ok = true;
+  for (const cJSON *e = it->child; e; e = e->next) {
+    int c = -1;
+    for (int i = 0; i < PC__COUNT; i++)
+      if (strcmp(colls[i], e->string) == 0) c = i;
+    if (c < 0) {
+      if (strcmp(e->string, "ranks") == 0) continue;
+      diag_warning(at, "%s: unknown collective '%s' in 'collectives' (ignored)", path, e->string);
+      hint_closest(e->string, colls, PC__COUNT);
+    } else if (!measured_num(e, "alpha", 0, false, &m->coll[c].alpha) ||
+               !measured_num(e, "beta", 0, false, &m->coll[c].beta) ||
+               !measured_points(cJSON_GetObjectItemCaseSensitive(e, "points"), m->coll[c].points, &m->coll[c].npoints)) {
+      diag_error(at, "%s: 'collectives.%s' needs 'alpha' and 'beta' (numbers >= 0) and 'points' (at most %d "
+                 "[bytes, seconds] pairs)", path, e->string, CP_PROFILE_POINTS);
+      ok = false;
+    }
+  }
+  return ok;
+}
+
 /* profile("file.json"): the keys of DeviceProfile, numbers in base units, over a
- * base profile of the same kind (cpu, or h100_sxm for cuda) for what is left out. */
+ * base profile of the same kind (cpu, or h100_sxm for cuda) for what is left out; and the
+ * optional measured keys of `cplanc calibrate` (fields 11 on, into p->measured). */
 static bool profile_from_json(const cJSON *j, const char *path, Span at, DeviceProfile *p) {
   static const char *const fields[] = {"name", "kind", "memory", "flops_f32", "flops_bf16", "hbm",
-                                       "intra_bw", "inter_bw", "intra_latency", "inter_latency", "source"};
+                                       "intra_bw", "inter_bw", "intra_latency", "inter_latency", "source",
+                                       "gemm_efficiency", "kernel_efficiency", "collectives", "calibration"};
+  enum { NFIELDS = sizeof fields / sizeof fields[0], NMEASURED_FROM = 11 };
   double *nums[] = {NULL, NULL, &p->memory, &p->flops_f32, &p->flops_bf16, &p->hbm,
                     &p->intra_bw, &p->inter_bw, &p->intra_latency, &p->inter_latency, NULL};
   const cJSON *kind = cJSON_GetObjectItemCaseSensitive(j, "kind");
@@ -694,14 +782,18 @@ static bool profile_from_json(const cJSON *j, const char *path, Span at, DeviceP
   *p = builtin_profile(builtin_find(cuda ? "h100_sxm" : "cpu"));
   p->name = path;
   p->source = cp_fmt("profile file %s", path);
+  DeviceMeasured *measured = NULL;
   bool ok = true;
   for (const cJSON *it = j->child; it; it = it->next) {
     int f = -1;
-    for (int i = 0; i < 11; i++)
+    for (int i = 0; i < NFIELDS; i++)
       if (strcmp(fields[i], it->string) == 0) f = i;
     if (f < 0) {
       diag_warning(at, "%s: unknown profile key '%s' (ignored)", path, it->string);
-      hint_closest(it->string, fields, 11);
+      hint_closest(it->string, fields, NFIELDS);
+    } else if (f >= NMEASURED_FROM) {
+      if (!measured) measured = cp_alloc(sizeof *measured);
+      if (!profile_measured(it, path, at, measured)) ok = false;
     } else if (nums[f]) {
       if (!cJSON_IsNumber(it) || !(it->valuedouble >= 0)) {
         diag_error(at, "%s: '%s' must be a non-negative number in base units", path, it->string);
@@ -719,6 +811,7 @@ static bool profile_from_json(const cJSON *j, const char *path, Span at, DeviceP
       p->source = cp_fmt("profile file %s: %s", path, it->valuestring);
     }
   }
+  p->measured = measured;
   return ok;
 }
 

@@ -1,0 +1,1058 @@
+/* search.c: the auto-parallel search (search.h). Three parts, in this order:
+ *   1. the ILP and its CBC and brute-force solvers;
+ *   2. segments: the ILP of a set of forward nodes on the tp axis (one layer of each class, or
+ *      the nodes outside every layer), built from the sharding rules and the cost model;
+ *   3. the outer search: degrees, micro-batch size, ZeRO, recompute, schedule, and the pipeline
+ *      DP over contiguous layer ranges, then the ranking.
+ *
+ * What is approximate: the backward of a node costs twice its forward compute; the backward
+ * collective of an edge is the conjugate of its forward one (all-gather <-> reduce-scatter, an R
+ * value consumed by a split op gets partial gradients, all-reduced); gradients of params the tp
+ * axis replicates are reduced per micro-batch in the ILP (per step in reality: a small
+ * overestimate); the boundary between layers of different classes is taken as replicated;
+ * stages of a pipeline all use submeshes of the same shape (dp x tp). */
+#include "search.h"
+
+#include <coin/Cbc_C_Interface.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- 1. the ILP ------------------------------------------------------------------------------ */
+
+double srch_ilp_cost(const IlpProblem *p, const int *choice) {
+  double c = 0;
+  for (int v = 0; v < p->nvars; v++) c += p->cost[v][choice[v]];
+  for (int e = 0; e < p->nedges; e++) c += p->ecost[e][choice[p->eu[e]] * p->ncand[p->ev[e]] + choice[p->ev[e]]];
+  return c;
+}
+
+static double ilp_mem(const IlpProblem *p, const int *choice) {
+  double m = 0;
+  for (int v = 0; v < p->nvars; v++) m += p->mem ? p->mem[v][choice[v]] : 0;
+  return m;
+}
+
+bool srch_ilp_brute(const IlpProblem *p, int *choice, double *obj) {
+  int *cur = calloc((size_t)p->nvars + 1, sizeof *cur);
+  bool found = false;
+  for (;;) {
+    if (p->mem_limit <= 0 || ilp_mem(p, cur) <= p->mem_limit * (1 + 1e-9)) {
+      double c = srch_ilp_cost(p, cur);
+      if (!found || c < *obj - 1e-12) {
+        *obj = c;
+        memcpy(choice, cur, sizeof(int) * (size_t)p->nvars);
+        found = true;
+      }
+    }
+    int v = 0;
+    while (v < p->nvars && ++cur[v] == p->ncand[v]) cur[v++] = 0;
+    if (v == p->nvars) break;
+  }
+  free(cur);
+  return found;
+}
+
+/* CBC works best on coefficients near 1: time in microseconds, memory in GiB. */
+enum { TIME_SCALE = 1000000 };
+static const double MEM_SCALE = 1.0 / (1 << 30);
+
+bool srch_ilp_solve(const IlpProblem *p, int *choice, double *obj) {
+  Cbc_Model *m = Cbc_newModel();
+  Cbc_setLogLevel(m, 0);
+  int *xcol = malloc(sizeof(int) * (size_t)(p->nvars + 1));
+  int ncols = 0;
+  for (int v = 0; v < p->nvars; v++) {
+    xcol[v] = ncols;
+    for (int k = 0; k < p->ncand[v]; k++, ncols++) Cbc_addCol(m, "", 0, 1, p->cost[v][k] * TIME_SCALE, 1, 0, NULL, NULL);
+  }
+  int *ycol = malloc(sizeof(int) * (size_t)(p->nedges + 1));
+  for (int e = 0; e < p->nedges; e++) {
+    ycol[e] = ncols;
+    int na = p->ncand[p->eu[e]], nc = p->ncand[p->ev[e]];
+    for (int k = 0; k < na * nc; k++, ncols++) Cbc_addCol(m, "", 0, 1, p->ecost[e][k] * TIME_SCALE, 0, 0, NULL, NULL);
+  }
+  int maxrow = 1;
+  for (int v = 0; v < p->nvars; v++) maxrow += p->ncand[v];
+  for (int e = 0; e < p->nedges; e++) {
+    int na = p->ncand[p->eu[e]], nc = p->ncand[p->ev[e]];
+    if (na + 1 > maxrow) maxrow = na + 1;
+    if (nc + 1 > maxrow) maxrow = nc + 1;
+  }
+  int *idx = malloc(sizeof(int) * (size_t)maxrow);
+  double *val = malloc(sizeof(double) * (size_t)maxrow);
+  for (int v = 0; v < p->nvars; v++) { /* one choice per variable */
+    for (int k = 0; k < p->ncand[v]; k++) idx[k] = xcol[v] + k, val[k] = 1;
+    Cbc_addRow(m, "", p->ncand[v], idx, val, 'E', 1);
+  }
+  for (int e = 0; e < p->nedges; e++) { /* y's marginals are the two variables' x */
+    int u = p->eu[e], w = p->ev[e], na = p->ncand[u], nc = p->ncand[w];
+    for (int a = 0; a < na; a++) {
+      for (int c = 0; c < nc; c++) idx[c] = ycol[e] + a * nc + c, val[c] = 1;
+      idx[nc] = xcol[u] + a, val[nc] = -1;
+      Cbc_addRow(m, "", nc + 1, idx, val, 'E', 0);
+    }
+    for (int c = 0; c < nc; c++) {
+      for (int a = 0; a < na; a++) idx[a] = ycol[e] + a * nc + c, val[a] = 1;
+      idx[na] = xcol[w] + c, val[na] = -1;
+      Cbc_addRow(m, "", na + 1, idx, val, 'E', 0);
+    }
+  }
+  if (p->mem_limit > 0 && p->mem) {
+    int n = 0;
+    for (int v = 0; v < p->nvars; v++)
+      for (int k = 0; k < p->ncand[v]; k++) idx[n] = xcol[v] + k, val[n++] = p->mem[v][k] * MEM_SCALE;
+    Cbc_addRow(m, "", n, idx, val, 'L', p->mem_limit * MEM_SCALE);
+  }
+  Cbc_solve(m);
+  bool ok = Cbc_isProvenOptimal(m) && !Cbc_isProvenInfeasible(m);
+  if (ok) {
+    const double *x = Cbc_getColSolution(m);
+    for (int v = 0; v < p->nvars; v++) {
+      int best = 0;
+      for (int k = 1; k < p->ncand[v]; k++)
+        if (x[xcol[v] + k] > x[xcol[v] + best]) best = k;
+      choice[v] = best;
+    }
+    *obj = srch_ilp_cost(p, choice);
+    if (p->mem_limit > 0 && ilp_mem(p, choice) > p->mem_limit * (1 + 1e-6)) ok = false;
+  }
+  free(xcol), free(ycol), free(idx), free(val);
+  Cbc_deleteModel(m);
+  return ok;
+}
+
+/* ---- 2. segments ----------------------------------------------------------------------------- */
+
+/* One strategy of one node on the tp axis. */
+typedef struct Cand {
+  Pl *in;               /* per input */
+  Pl out;
+  bool split;           /* the node's work is divided over the axis */
+  double tf, tb;        /* seconds: forward, backward (compute, inner collectives, fixed edges) */
+  double bytes;         /* bytes sent per device (fixed edges and inner collectives) */
+  double act;           /* bytes saved for the backward pass */
+  double par;           /* param elements held per device */
+  double cheap_t;       /* forward seconds of a memory-bound node (selective recompute reruns it) */
+} Cand;
+
+typedef struct Var {
+  int node;
+  int nc;
+  Cand *c;
+} Var;
+
+typedef struct Edge {
+  int u, v;             /* variables */
+  double *f, *b, *bytes;/* per pair (a * nc(v) + c) */
+} Edge;
+
+/* What a solved node decided, per graph node (for the segments solved after it). */
+typedef struct Chosen {
+  bool set;
+  Pl out;
+  const Pl *in;
+  bool split;
+} Chosen;
+
+typedef struct Seg {
+  const Graph *g;
+  const CostModel *cm;
+  int64_t n;
+  CostLink link;
+  const uint8_t *bmask; /* per node: bit d set when dim d of its output is a batch dim */
+  const bool *saved;    /* per node: its output is kept for the backward pass */
+  int sp_mode;          /* -1 search, 0 no sequence splits of norms, 1 norms split along the sequence */
+  VEC(Var) vars;
+  VEC(Edge) edges;
+  int *var_of;          /* per graph node: its variable or -1 */
+} Seg;
+
+/* The summary of a solved segment, per micro-batch on one device. */
+typedef struct SegCost {
+  double tf, tb, bytes, act, par, cheap_t, cheap_act, out_act, max_act;
+  bool seq_split;       /* a norm runs split along the sequence (Megatron's sp) */
+} SegCost;
+
+static bool is_view(OpId op) {
+  return op == OP_RESHAPE || op == OP_TRANSPOSE || op == OP_PERMUTE || op == OP_SPLIT_HEADS ||
+         op == OP_MERGE_HEADS || op == OP_SLICE;
+}
+
+/* Ops whose backward does not read this input's value. */
+static bool grad_ignores_inputs(OpId op) {
+  return op == OP_ADD || op == OP_SUB || op == OP_NEG || op == OP_DROPOUT || op == OP_CONCAT || is_view(op);
+}
+
+/* Which forward outputs the backward pass keeps: inputs of ops whose gradient reads them (views
+ * pass the need to their input and take no memory themselves). */
+static bool *saved_outputs(const Graph *g) {
+  bool *need = cp_alloc((size_t)g->n);
+  for (int i = g->n - 1; i >= 0; i--) {
+    const Node *n = &g->nodes[i];
+    if (n->role != ROLE_FWD) continue;
+    if (n->op == OP_CROSS_ENTROPY || n->op == OP_SDPA || n->op == OP_SOFTMAX || n->op == OP_LOG_SOFTMAX)
+      need[i] = true; /* these backwards read their own output (softmax, attention's statistics) */
+    if (is_view(n->op) && need[i]) need[n->in[0]] = true;
+    if (grad_ignores_inputs(n->op)) continue;
+    for (int k = 0; k < n->nin; k++) need[n->in[k]] = true;
+  }
+  for (int i = 0; i < g->n; i++)
+    if (is_view(g->nodes[i].op) || (ir_ops[g->nodes[i].op].flags & OPF_LEAF)) need[i] = false;
+  return need;
+}
+
+static bool no_grad(const Graph *g, int u) {
+  const Node *n = &g->nodes[u];
+  return n->dtype == DT_I32 || n->op == OP_INPUT || n->op == OP_CONST || n->op == OP_ARANGE;
+}
+
+/* Forward and backward seconds (and bytes) of changing u's value from `from` to `to` for a
+ * consumer that runs split or not. */
+static void edge_cost(const Seg *s, int u, Pl from, Pl to, bool split, double *tf, double *tb, double *bytes) {
+  double whole = cost_act_bytes(s->cm, s->g, u);
+  Collective f = pl_reshard(from, to), b = COLL_NONE;
+  if (from.kind == PL_R && to.kind == PL_R) b = split ? COLL_ALL_REDUCE : COLL_NONE;
+  else if (from.kind == PL_S && to.kind == PL_R) b = split ? COLL_REDUCE_SCATTER : COLL_NONE;
+  else if (from.kind == PL_P) b = to.kind == PL_S ? COLL_ALL_GATHER : COLL_NONE;
+  else if (from.kind == PL_S && to.kind == PL_S) b = from.dim != to.dim ? COLL_ALL_TO_ALL : COLL_NONE;
+  else if (from.kind == PL_R && to.kind == PL_S) b = COLL_ALL_GATHER;
+  if (no_grad(s->g, u)) b = COLL_NONE;
+  *tf = cost_coll(f, whole, s->n, s->link);
+  *tb = cost_coll(b, whole, s->n, s->link);
+  *bytes = pl_coll_bytes(f, whole, s->n) + pl_coll_bytes(b, whole, s->n);
+}
+
+static bool batch_split(const Seg *s, int node, Pl p) {
+  return p.kind == PL_S && p.dim < 8 && (s->bmask[node] >> p.dim & 1);
+}
+
+/* The candidates of node i: leaves R (params also S(d)); other nodes their sharding rule's
+ * strategies, without splits of the batch (the dp axis's job). */
+static void node_cands(Seg *s, int i, Var *var) {
+  const Graph *g = s->g;
+  const Node *n = &g->nodes[i];
+  const CostModel *cm = s->cm;
+  VEC(Cand) cs = {0};
+  bool leaf = ir_ops[n->op].flags & OPF_LEAF;
+  if (leaf || s->n == 1) {
+    Cand c = {.in = cp_alloc(sizeof(Pl) * (size_t)(n->nin + 1)), .out = pl_r()};
+    for (int k = 0; k < n->nin; k++) c.in[k] = pl_r();
+    VEC_PUSH(cs, c);
+    if (n->op == OP_PARAM && s->n > 1)
+      for (int d = 0; d < n->shape.rank; d++)
+        if (n->shape.d[d] % s->n == 0) VEC_PUSH(cs, ((Cand){.in = c.in, .out = pl_s(d), .split = true}));
+  } else {
+    enum { MAXC = 256 };
+    Pl *ins = cp_alloc(sizeof(Pl) * (size_t)(MAXC * (n->nin ? n->nin : 1))), outs[MAXC];
+    int nc = shard_candidates(g, n, s->n, ins, outs, MAXC);
+    for (int k = 0; k < nc; k++) {
+      Pl *in = ins + (size_t)k * (size_t)n->nin;
+      bool bad = batch_split(s, i, outs[k]), split = outs[k].kind == PL_S;
+      for (int j = 0; j < n->nin; j++) {
+        bad |= batch_split(s, n->in[j], in[j]);
+        split |= in[j].kind == PL_S;
+      }
+      bool norm = n->op == OP_LAYER_NORM || n->op == OP_RMS_NORM;
+      bool seq = norm && in[0].kind == PL_S && n->shape.rank >= 3 && in[0].dim == n->shape.rank - 2;
+      if (norm && s->sp_mode == 0 && in[0].kind == PL_S) bad = true;
+      if (norm && s->sp_mode == 1 && !seq) bad = true;
+      if (!bad) VEC_PUSH(cs, ((Cand){.in = in, .out = outs[k], .split = split}));
+    }
+    if (cs.n == 0) { /* every strategy splits the batch: run whole */
+      Cand c = {.in = cp_alloc(sizeof(Pl) * (size_t)n->nin), .out = pl_r()};
+      for (int k = 0; k < n->nin; k++) c.in[k] = pl_r();
+      VEC_PUSH(cs, c);
+    }
+  }
+  for (int k = 0; k < cs.n; k++) {
+    Cand *c = &cs.a[k];
+    double div = c->split ? (double)s->n : 1, out_div = c->out.kind == PL_S ? (double)s->n : 1;
+    if (n->op == OP_PARAM) {
+      c->par = (double)shape_numel(&n->shape) / out_div;
+      continue;
+    }
+    if (leaf) continue;
+    double t = cost_node(cm, g, i, div);
+    c->tf = t;
+    c->tb = n->op == OP_CROSS_ENTROPY || (n->dtype == DT_I32) ? t : 2 * t;
+    if (s->saved[i]) c->act = cost_act_bytes(cm, g, i) / out_div;
+    if (cost_class(g, i) == CC_MEMORY && !is_view(n->op)) c->cheap_t = t;
+    ShardIO io = {.in = c->in, .n = s->n};
+    if (s->n > 1 && shard_node(g, n, &io) && io.extra_bytes > 0) {
+      c->tf += s->link.lat * 2 * (double)(s->n - 1) + io.extra_bytes / s->link.bw;
+      c->bytes += io.extra_bytes;
+    }
+  }
+  var->node = i;
+  var->nc = cs.n;
+  var->c = cs.a;
+}
+
+/* Adds the forward/backward cost of an edge between a variable and a fixed placement. */
+static void add_fixed_in(Seg *s, Var *v, int k, int u, Pl from) {
+  for (int c = 0; c < v->nc; c++) {
+    double tf, tb, by;
+    edge_cost(s, u, from, v->c[c].in[k], v->c[c].split, &tf, &tb, &by);
+    v->c[c].tf += tf, v->c[c].tb += tb, v->c[c].bytes += by;
+  }
+}
+
+static void add_fixed_out(Seg *s, Var *v, const Chosen *w, int k) {
+  for (int a = 0; a < v->nc; a++) {
+    double tf, tb, by;
+    edge_cost(s, v->node, v->c[a].out, w->in[k], w->split, &tf, &tb, &by);
+    v->c[a].tf += tf, v->c[a].tb += tb, v->c[a].bytes += by;
+  }
+}
+
+static void add_edge(Seg *s, int uv, int vv, int k, int u_node) {
+  Var *U = &s->vars.a[uv], *V = &s->vars.a[vv];
+  Edge *e = NULL;
+  for (int i = 0; i < s->edges.n && !e; i++)
+    if (s->edges.a[i].u == uv && s->edges.a[i].v == vv) e = &s->edges.a[i];
+  if (!e) {
+    size_t sz = sizeof(double) * (size_t)(U->nc * V->nc);
+    Edge ne = {uv, vv, cp_alloc(sz), cp_alloc(sz), cp_alloc(sz)};
+    VEC_PUSH(s->edges, ne);
+    e = &s->edges.a[s->edges.n - 1];
+  }
+  for (int a = 0; a < U->nc; a++)
+    for (int c = 0; c < V->nc; c++) {
+      double tf, tb, by;
+      edge_cost(s, u_node, U->c[a].out, V->c[c].in[k], V->c[c].split, &tf, &tb, &by);
+      int j = a * V->nc + c;
+      e->f[j] += tf, e->b[j] += tb, e->bytes[j] += by;
+    }
+}
+
+/* Builds the segment of `nodes` (forward, graph order). A producer outside it in [plo, phi)
+ * stands for the variable of node u + off (the previous identical layer: periodic); other outside
+ * producers have their `chosen` placement (R when none). Consumers outside the segment with a
+ * chosen strategy add their edge's cost to the producer. */
+static void seg_build(Seg *s, const int *nodes, int nn, int plo, int phi, int off, const Chosen *chosen) {
+  const Graph *g = s->g;
+  s->var_of = cp_alloc(sizeof(int) * (size_t)g->n);
+  for (int i = 0; i < g->n; i++) s->var_of[i] = -1;
+  for (int k = 0; k < nn; k++) {
+    Var v;
+    node_cands(s, nodes[k], &v);
+    s->var_of[nodes[k]] = s->vars.n;
+    VEC_PUSH(s->vars, v);
+  }
+  for (int vv = 0; vv < s->vars.n; vv++) {
+    int i = s->vars.a[vv].node;
+    const Node *n = &g->nodes[i];
+    for (int k = 0; k < n->nin; k++) {
+      int u = n->in[k], uv = s->var_of[u];
+      if (uv < 0 && u >= plo && u < phi) uv = s->var_of[u + off];
+      if (uv >= 0) add_edge(s, uv, vv, k, u);
+      else add_fixed_in(s, &s->vars.a[vv], k, u, chosen && chosen[u].set ? chosen[u].out : pl_r());
+    }
+  }
+  if (!chosen) return;
+  for (int w = 0; w < g->n; w++) {
+    if (s->var_of[w] >= 0 || !chosen[w].set || g->nodes[w].role != ROLE_FWD) continue;
+    for (int k = 0; k < g->nodes[w].nin; k++) {
+      int u = g->nodes[w].in[k];
+      if (s->var_of[u] >= 0 && !(u >= plo && u < phi)) add_fixed_out(s, &s->vars.a[s->var_of[u]], &chosen[w], k);
+    }
+  }
+}
+
+/* The ILP of a segment: time per micro-batch, and memory wa·(activations kept under rc) + wp·par
+ * against `limit` (<= 0: none). */
+static IlpProblem *seg_problem(const Seg *s, double wa, double wp, Recompute rc, double limit) {
+  IlpProblem *p = cp_alloc(sizeof *p);
+  int nv = s->vars.n, ne = s->edges.n;
+  p->nvars = nv;
+  p->ncand = cp_alloc(sizeof(int) * (size_t)(nv + 1));
+  p->cost = cp_alloc(sizeof(double *) * (size_t)(nv + 1));
+  p->mem = cp_alloc(sizeof(double *) * (size_t)(nv + 1));
+  for (int v = 0; v < nv; v++) {
+    const Var *V = &s->vars.a[v];
+    p->ncand[v] = V->nc;
+    p->cost[v] = cp_alloc(sizeof(double) * (size_t)V->nc);
+    p->mem[v] = cp_alloc(sizeof(double) * (size_t)V->nc);
+    for (int c = 0; c < V->nc; c++) {
+      p->cost[v][c] = V->c[c].tf + V->c[c].tb;
+      double act = rc == RC_FULL || (rc == RC_SELECTIVE && V->c[c].cheap_t > 0) ? 0 : V->c[c].act;
+      p->mem[v][c] = wa * act + wp * V->c[c].par;
+    }
+  }
+  p->nedges = ne;
+  p->eu = cp_alloc(sizeof(int) * (size_t)(ne + 1));
+  p->ev = cp_alloc(sizeof(int) * (size_t)(ne + 1));
+  p->ecost = cp_alloc(sizeof(double *) * (size_t)(ne + 1));
+  for (int e = 0; e < ne; e++) {
+    const Edge *E = &s->edges.a[e];
+    int k = s->vars.a[E->u].nc * s->vars.a[E->v].nc;
+    p->eu[e] = E->u, p->ev[e] = E->v;
+    p->ecost[e] = cp_alloc(sizeof(double) * (size_t)k);
+    for (int j = 0; j < k; j++) p->ecost[e][j] = E->f[j] + E->b[j];
+  }
+  p->mem_limit = limit;
+  return p;
+}
+
+/* Adds up a solved segment and records its choices in `chosen` (for node i + shift). */
+static SegCost seg_cost(const Seg *s, const int *choice, Chosen *chosen, int shift) {
+  SegCost sc = {0};
+  const Graph *g = s->g;
+  for (int v = 0; v < s->vars.n; v++) {
+    const Var *V = &s->vars.a[v];
+    const Cand *c = &V->c[choice[v]];
+    sc.tf += c->tf, sc.tb += c->tb, sc.bytes += c->bytes, sc.act += c->act, sc.par += c->par;
+    sc.cheap_t += c->cheap_t;
+    if (c->cheap_t > 0) sc.cheap_act += c->act;
+    if (c->act > sc.max_act) sc.max_act = c->act;
+    const Node *n = &g->nodes[V->node];
+    if ((n->op == OP_LAYER_NORM || n->op == OP_RMS_NORM) && c->in[0].kind == PL_S) sc.seq_split = true;
+    if (chosen) chosen[V->node + shift] = (Chosen){true, c->out, c->in, c->split};
+  }
+  for (int e = 0; e < s->edges.n; e++) {
+    const Edge *E = &s->edges.a[e];
+    int j = choice[E->u] * s->vars.a[E->v].nc + choice[E->v];
+    sc.tf += E->f[j], sc.tb += E->b[j], sc.bytes += E->bytes[j];
+  }
+  return sc;
+}
+
+static Seg seg_new(const Graph *g, const CostModel *cm, int64_t n, CostLink link, const uint8_t *bmask,
+                   const bool *saved, int sp_mode) {
+  Seg s = {.g = g, .cm = cm, .n = n, .link = link, .bmask = bmask, .saved = saved, .sp_mode = sp_mode};
+  return s;
+}
+
+IlpProblem *srch_graph_problem(const Graph *g, const CostModel *cm, int64_t n) {
+  uint8_t *bmask = cp_alloc((size_t)g->n);
+  for (int i = 0; i < g->n; i++) /* dim 0 of the inputs and of what inherits it: the batch */
+    if (g->nodes[i].op == OP_INPUT && g->nodes[i].shape.rank > 0) bmask[i] = 1;
+  Seg s = seg_new(g, cm, n, cost_group_link(cm, 1, n), bmask, saved_outputs(g), -1);
+  VEC(int) nodes = {0};
+  for (int i = 0; i < g->n; i++)
+    if (g->nodes[i].role == ROLE_FWD) VEC_PUSH(nodes, i);
+  Seg *sp = cp_alloc(sizeof *sp);
+  *sp = s;
+  seg_build(sp, nodes.a, nodes.n, 0, 0, 0, NULL);
+  return seg_problem(sp, 1, 0, RC_NONE, 0);
+}
+
+/* ---- 3. the outer search --------------------------------------------------------------------- */
+
+typedef struct Layers {
+  int L;
+  int *lo, *hi;         /* per layer: its nodes [lo, hi) */
+  int *cls;             /* per layer: its class */
+  int ncls;
+  int *rep;             /* per class: the layer that stands for it */
+  bool *periodic;       /* per class: its representative's input comes from an identical layer */
+  bool ok;              /* layers are contiguous (else everything is one segment) */
+} Layers;
+
+static bool layers_same(const Graph *g, const Layers *ly, int a, int b) {
+  int na = ly->hi[a] - ly->lo[a];
+  if (na != ly->hi[b] - ly->lo[b]) return false;
+  for (int j = 0; j < na; j++) {
+    const Node *x = &g->nodes[ly->lo[a] + j], *y = &g->nodes[ly->lo[b] + j];
+    if (x->op != y->op || x->nin != y->nin || x->dtype != y->dtype || !shape_eq(&x->shape, &y->shape) ||
+        x->ndims != y->ndims || memcmp(x->ia, y->ia, sizeof x->ia) != 0 || memcmp(x->fa, y->fa, sizeof x->fa) != 0)
+      return false;
+    for (int k = 0; k < x->nin; k++)
+      if (x->in[k] - ly->lo[a] != y->in[k] - ly->lo[b]) return false;
+  }
+  return true;
+}
+
+static Layers find_layers(const Graph *g) {
+  Layers ly = {.L = g->layer_names.n, .ok = true};
+  int L = ly.L;
+  ly.lo = cp_alloc(sizeof(int) * (size_t)(L + 1));
+  ly.hi = cp_alloc(sizeof(int) * (size_t)(L + 1));
+  ly.cls = cp_alloc(sizeof(int) * (size_t)(L + 1));
+  ly.rep = cp_alloc(sizeof(int) * (size_t)(L + 1));
+  ly.periodic = cp_alloc((size_t)(L + 1));
+  int *count = cp_alloc(sizeof(int) * (size_t)(L + 1));
+  for (int l = 0; l < L; l++) ly.lo[l] = g->n, ly.hi[l] = -1;
+  for (int i = 0; i < g->n; i++) {
+    int l = g->nodes[i].layer;
+    if (l < 0 || g->nodes[i].role != ROLE_FWD) continue;
+    if (i < ly.lo[l]) ly.lo[l] = i;
+    ly.hi[l] = i + 1;
+    count[l]++;
+  }
+  for (int l = 0; l < L; l++)
+    if (count[l] == 0 || count[l] != ly.hi[l] - ly.lo[l] || (l > 0 && ly.lo[l] < ly.hi[l - 1])) ly.ok = false;
+  if (!ly.ok) return ly;
+  for (int l = 0; l < L; l++) {
+    int c = 0;
+    while (c < ly.ncls && !layers_same(g, &ly, ly.rep[c], l)) c++;
+    if (c == ly.ncls) ly.rep[ly.ncls++] = l;
+    ly.cls[l] = c;
+    /* A representative whose previous layer is of its class gives a periodic boundary. */
+    if (l > 0 && ly.cls[l - 1] == c && !ly.periodic[c]) ly.rep[c] = l, ly.periodic[c] = true;
+  }
+  return ly;
+}
+
+/* Everything solved for one (tp, micro-batch size). */
+typedef struct Solved {
+  int64_t tp, b;
+  const Graph *g;
+  SegCost *layer;       /* per class */
+  SegCost pre, post;    /* nodes before the first layer / after the last */
+  double pre_par, post_par, shared_par; /* param elements: pre only, post only, both (tied) */
+  double boundary;      /* bytes of one layer's output per device (pipeline sends, full recompute) */
+  bool seq_split;
+  bool ok;
+  Seg *seg;             /* a single layer class: its segment, for the re-solves under a budget */
+  Chosen *chosen;
+} Solved;
+
+/* A re-solve of the (single) layer class under a memory budget (solved_fit), cached. */
+typedef struct Fit {
+  int64_t tp, b;
+  double budget, wa, wp;
+  Recompute rc;
+  const struct Solved *r; /* NULL when nothing fits the budget */
+} Fit;
+
+typedef struct Search {
+  Sema *sema;
+  const TrainConf *t;
+  CostModel cm;
+  int64_t N, B;
+  double memory;
+  VEC(Solved *) solved;
+  VEC(const Graph *) graphs; /* by micro-batch size b (index b; NULL when not built) */
+  int64_t maxb;
+  int g1n;              /* nodes of the graph at B = 1 */
+  uint8_t *bmask;
+  Layers ly;
+  int64_t ilp_solves;
+  int ilp_vars;
+  double flops_per_sample, tokens_per_sample;
+  VEC(SrchPlan) plans;
+  double min_mem;       /* the smallest per-device memory of the configurations that did not fit */
+  SrchPlan min_plan;
+  bool report;
+  VEC(Fit) fits;        /* re-solves of the layer under a memory budget */
+} Search;
+
+static const Graph *graph_at(Search *S, int64_t b) {
+  if (b <= S->maxb && S->graphs.a[b]) return S->graphs.a[b];
+  Graph *g = sema_build_model(S->sema, S->t->model, S->t->model_call, b);
+  if (b <= S->maxb) S->graphs.a[b] = g;
+  return g;
+}
+
+static bool solve(Search *S, Seg *s, IlpProblem *p, int *choice) {
+  double obj;
+  S->ilp_solves++;
+  if (p->nvars > S->ilp_vars) S->ilp_vars = p->nvars;
+  bool trivial = true;
+  for (int v = 0; v < p->nvars && trivial; v++) trivial = p->ncand[v] == 1;
+  if (trivial) {
+    memset(choice, 0, sizeof(int) * (size_t)p->nvars);
+    return p->mem_limit <= 0 || ilp_mem(p, choice) <= p->mem_limit;
+  }
+  (void)s;
+  return srch_ilp_solve(p, choice, &obj);
+}
+
+static int sp_mode(const TrainConf *t) {
+  int64_t sp = t->strategy.sp;
+  return sp > 1 ? 1 : sp == 1 ? 0 : -1;
+}
+
+/* Solves the layer classes and the rest for tp = n at micro-batch b (memory unconstrained: the
+ * fastest strategy per node; solved_fit re-solves under a budget when a config needs it). */
+static Solved *solved_at(Search *S, int64_t n, int64_t b) {
+  for (int i = 0; i < S->solved.n; i++)
+    if (S->solved.a[i]->tp == n && S->solved.a[i]->b == b) return S->solved.a[i];
+  Solved *r = cp_alloc(sizeof *r);
+  r->tp = n, r->b = b;
+  VEC_PUSH(S->solved, r);
+  const Graph *g = graph_at(S, b);
+  if (!g || g->n != S->g1n) return r; /* the structure the layers were found on */
+  r->g = g;
+  const bool *saved = saved_outputs(g);
+  CostLink link = cost_group_link(&S->cm, 1, n);
+  Chosen *chosen = cp_alloc(sizeof(Chosen) * (size_t)g->n);
+  const Layers *ly = &S->ly;
+  r->layer = cp_alloc(sizeof(SegCost) * (size_t)(ly->ncls + 1));
+  bool *in_layer = cp_alloc((size_t)g->n);
+  for (int c = 0; c < ly->ncls; c++) {
+    int l = ly->rep[c], lo = ly->lo[l], hi = ly->hi[l];
+    VEC(int) nodes = {0};
+    for (int i = lo; i < hi; i++) VEC_PUSH(nodes, i);
+    Seg *s = cp_alloc(sizeof *s);
+    *s = seg_new(g, &S->cm, n, link, S->bmask, saved, sp_mode(S->t));
+    int plo = 0, phi = 0, off = 0;
+    if (ly->periodic[c]) plo = ly->lo[l - 1], phi = ly->hi[l - 1], off = lo - plo;
+    seg_build(s, nodes.a, nodes.n, plo, phi, off, NULL);
+    IlpProblem *p = seg_problem(s, 1, 0, RC_NONE, 0);
+    int *choice = cp_alloc(sizeof(int) * (size_t)(p->nvars + 1));
+    if (!solve(S, s, p, choice)) return r;
+    if (ly->ncls == 1) r->seg = s;
+    /* Every layer of the class takes the representative's choices. */
+    for (int m = 0; m < ly->L; m++) {
+      if (ly->cls[m] != c) continue;
+      SegCost sc = seg_cost(s, choice, chosen, ly->lo[m] - lo);
+      if (m == l) r->layer[c] = sc;
+      for (int i = ly->lo[m]; i < ly->hi[m]; i++) in_layer[i] = true;
+    }
+    r->seq_split |= r->layer[c].seq_split;
+    int last = hi - 1;
+    r->boundary = cost_act_bytes(&S->cm, g, last) / (chosen[last].out.kind == PL_S ? (double)n : 1);
+  }
+  /* The rest: nodes outside every layer, split into pre and post by position. */
+  int first = ly->L > 0 ? ly->lo[0] : g->n;
+  VEC(int) rest = {0};
+  for (int i = 0; i < g->n; i++)
+    if (g->nodes[i].role == ROLE_FWD && !in_layer[i]) VEC_PUSH(rest, i);
+  Seg *s = cp_alloc(sizeof *s);
+  *s = seg_new(g, &S->cm, n, link, S->bmask, saved, sp_mode(S->t));
+  seg_build(s, rest.a, rest.n, 0, 0, 0, chosen);
+  IlpProblem *p = seg_problem(s, 1, 0, RC_NONE, 0);
+  int *choice = cp_alloc(sizeof(int) * (size_t)(p->nvars + 1));
+  if (!solve(S, s, p, choice)) return r;
+  for (int v = 0; v < s->vars.n; v++) {
+    const Var *V = &s->vars.a[v];
+    const Cand *c = &V->c[choice[v]];
+    int i = V->node;
+    const Node *nd = &g->nodes[i];
+    if (nd->op == OP_PARAM) { /* a param used before and after the layers is held by both ends */
+      bool pre = false, post = false;
+      for (int w = i + 1; w < g->n; w++)
+        for (int k = 0; k < g->nodes[w].nin; k++)
+          if (g->nodes[w].in[k] == i) *(w < first ? &pre : &post) = true;
+      if (pre && post) r->shared_par += c->par;
+      else if (pre || i < first) r->pre_par += c->par;
+      else r->post_par += c->par;
+      continue;
+    }
+    SegCost *sc = i < first ? &r->pre : &r->post;
+    sc->tf += c->tf, sc->tb += c->tb, sc->bytes += c->bytes, sc->act += c->act, sc->cheap_t += c->cheap_t;
+    if (c->cheap_t > 0) sc->cheap_act += c->act;
+    if (c->act > sc->max_act) sc->max_act = c->act;
+  }
+  for (int e = 0; e < s->edges.n; e++) {
+    const Edge *E = &s->edges.a[e];
+    int j = choice[E->u] * s->vars.a[E->v].nc + choice[E->v];
+    SegCost *sc = s->vars.a[E->v].node < first ? &r->pre : &r->post;
+    sc->tf += E->f[j], sc->tb += E->b[j], sc->bytes += E->bytes[j];
+  }
+  if (ly->L == 0) r->boundary = 0;
+  r->chosen = chosen;
+  r->ok = true;
+  return r;
+}
+
+/* One configuration of the outer loop. */
+typedef struct Config {
+  int64_t dp, tp, pp, b, m, zero, v;
+  Recompute rc;
+  PipeSched sched;
+} Config;
+
+/* Seconds and bytes of one layer of class c per micro-batch under recompute rc. */
+static double layer_time(const SegCost *c, Recompute rc) {
+  double t = c->tf + c->tb;
+  if (rc == RC_FULL) t += c->tf;
+  else if (rc == RC_SELECTIVE) t += c->cheap_t;
+  return t;
+}
+
+static double layer_act(const SegCost *c, Recompute rc, double boundary) {
+  if (rc == RC_FULL) return boundary;
+  if (rc == RC_SELECTIVE) return c->act - c->cheap_act;
+  return c->act;
+}
+
+typedef struct StageMem {
+  double params, grads, optim, acts, work, total;
+} StageMem;
+
+static StageMem stage_mem(const Search *S, const Solved *so, const Config *k, int s, int l0, int l1) {
+  const CostModel *cm = &S->cm;
+  double par = 0, act = 0, work = 0;
+  for (int l = l0; l < l1; l++) {
+    const SegCost *c = &so->layer[S->ly.cls[l]];
+    par += c->par;
+    act += layer_act(c, k->rc, so->boundary);
+    if (k->rc == RC_FULL && c->act > work) work = c->act; /* one layer's activations while it reruns */
+  }
+  bool first = s == 0, last = s == k->pp - 1;
+  if (first) par += so->pre_par, act += layer_act(&so->pre, k->rc == RC_FULL ? RC_NONE : k->rc, 0);
+  if (last) par += so->post_par, act += layer_act(&so->post, k->rc == RC_FULL ? RC_NONE : k->rc, 0);
+  if (first || last) par += so->shared_par;
+  double dp = (double)k->dp;
+  StageMem m;
+  m.params = par * cm->w_bytes / (k->zero >= 3 ? dp : 1);
+  m.grads = par * cm->g_bytes / (k->zero >= 2 ? dp : 1);
+  m.optim = par * cm->o_bytes / (k->zero >= 1 ? dp : 1);
+  m.acts = act * cost_inflight(k->sched, k->pp, s, k->m, k->v);
+  /* the gradient of the largest activation (the logits, usually) is alive next to it */
+  double transient = so->pre.max_act > so->post.max_act ? so->pre.max_act : so->post.max_act;
+  m.work = cm->workspace + work + transient;
+  if (k->zero >= 3) m.work += par / (double)(l1 - l0 > 0 ? l1 - l0 : 1) * cm->act_size * 2; /* gathered layer */
+  m.total = m.params + m.grads + m.optim + m.acts + m.work;
+  return m;
+}
+
+/* Seconds per micro-batch of stage s holding layers [l0, l1), and its bytes sent. */
+static double stage_time(const Search *S, const Solved *so, const Config *k, int s, int l0, int l1, double *fwd,
+                         double *bytes) {
+  double f = 0, t = 0, by = 0, par = 0;
+  for (int l = l0; l < l1; l++) {
+    const SegCost *c = &so->layer[S->ly.cls[l]];
+    f += c->tf, t += layer_time(c, k->rc), by += c->bytes, par += c->par;
+  }
+  if (s == 0) f += so->pre.tf, t += layer_time(&so->pre, RC_NONE), by += so->pre.bytes, par += so->pre_par;
+  if (s == k->pp - 1) f += so->post.tf, t += layer_time(&so->post, RC_NONE), by += so->post.bytes, par += so->post_par;
+  if (k->pp > 1) { /* activations forward, their gradients back; interleaving sends v times as often */
+    CostLink l = cost_group_link(&S->cm, k->dp * k->tp, 2);
+    double p = cost_p2p(so->boundary, l) * (double)k->v;
+    f += p, t += 2 * p, by += 2 * so->boundary * (double)k->v;
+  }
+  if (k->zero >= 3 && k->dp > 1) { /* params gathered before the forward and again for the backward */
+    CostLink l = cost_group_link(&S->cm, k->tp, k->dp);
+    double g = cost_coll(COLL_ALL_GATHER, par * S->cm.act_size, k->dp, l);
+    f += g, t += 2 * g, by += 2 * pl_coll_bytes(COLL_ALL_GATHER, par * S->cm.act_size, k->dp);
+  }
+  if (fwd) *fwd = f;
+  if (bytes) *bytes = by;
+  return t;
+}
+
+/* The pipeline DP: stages take contiguous layer ranges (near the even split), minimizing the
+ * slowest stage with every stage within the memory limit. Fills cut[] (pp + 1 boundaries);
+ * returns the slowest stage's seconds, or INFINITY, with *need the smallest worst-stage memory. */
+static double pipeline_dp(const Search *S, const Solved *so, const Config *k, int *cut, double *need) {
+  int L = S->ly.L, pp = (int)k->pp;
+  if (pp == 1) {
+    cut[0] = 0, cut[1] = L;
+    StageMem m = stage_mem(S, so, k, 0, 0, L);
+    *need = m.total;
+    return m.total <= S->memory ? stage_time(S, so, k, 0, 0, L, NULL, NULL) : INFINITY;
+  }
+  int lo = L / pp - 2, hi = (L + pp - 1) / pp + 2;
+  if (lo < 1) lo = 1;
+  size_t cells = (size_t)(pp + 1) * (size_t)(L + 1);
+  double *best = malloc(sizeof(double) * cells), *mem = malloc(sizeof(double) * cells);
+  int *from = malloc(sizeof(int) * cells);
+  for (size_t i = 0; i < cells; i++) best[i] = INFINITY, mem[i] = INFINITY, from[i] = -1;
+  best[0] = 0, mem[0] = 0;
+#define AT(s, l) ((size_t)(s) * (size_t)(L + 1) + (size_t)(l))
+  for (int s = 1; s <= pp; s++)
+    for (int l = s; l <= L; l++)
+      for (int n = lo; n <= hi && n <= l; n++) {
+        size_t prev = AT(s - 1, l - n);
+        if (mem[prev] == INFINITY) continue;
+        StageMem m = stage_mem(S, so, k, s - 1, l - n, l);
+        double t = stage_time(S, so, k, s - 1, l - n, l, NULL, NULL);
+        double bt = best[prev] > t ? best[prev] : t, bm = mem[prev] > m.total ? mem[prev] : m.total;
+        bool fits = bm <= S->memory, was = mem[AT(s, l)] <= S->memory;
+        /* prefer fitting, then faster, then smaller */
+        if ((fits && !was) || (fits == was && (bt < best[AT(s, l)] || (bt == best[AT(s, l)] && bm < mem[AT(s, l)])))) {
+          best[AT(s, l)] = bt, mem[AT(s, l)] = bm, from[AT(s, l)] = l - n;
+        }
+      }
+  double r = best[AT(pp, L)];
+  *need = mem[AT(pp, L)];
+  if (*need == INFINITY || from[AT(pp, L)] < 0) r = INFINITY;
+  else {
+    if (*need > S->memory) r = INFINITY;
+    cut[pp] = L;
+    for (int s = pp, l = L; s > 0; s--) l = cut[s - 1] = from[AT(s, l)];
+  }
+#undef AT
+  free(best), free(mem), free(from);
+  return r;
+}
+
+/* When the fastest layer strategy does not fit a configuration: the layer's ILP again, under the
+ * per-layer memory budget the configuration leaves on its fullest stage (stage 0 of an even split),
+ * with the configuration's weights for activations (in flight, after recompute) and params (grads
+ * and optimizer state after ZeRO). A single layer class only; at most MAX_FIT solves per search
+ * (distinct budgets within 2% share one). NULL when none fits or the budget is spent. */
+enum { MAX_FIT = 200 };
+static const Solved *solved_fit(Search *S, const Solved *so, const Config *k) {
+  if (!so->seg || S->ly.L == 0) return NULL;
+  const CostModel *cm = &S->cm;
+  double dp = (double)k->dp;
+  double wa = cost_inflight(k->sched, k->pp, 0, k->m, k->v);
+  double wp = cm->w_bytes / (k->zero >= 3 ? dp : 1) + cm->g_bytes / (k->zero >= 2 ? dp : 1) +
+              cm->o_bytes / (k->zero >= 1 ? dp : 1);
+  int lst = (int)((S->ly.L + k->pp - 1) / k->pp);
+  StageMem m = stage_mem(S, so, k, 0, 0, lst);
+  const SegCost *c = &so->layer[0];
+  double per = wa * layer_act(c, k->rc, so->boundary) + wp * c->par;
+  double budget = (S->memory - (m.total - lst * per)) / lst;
+  /* full recompute keeps only the layer boundary: the layer's strategy barely changes memory */
+  if (budget <= 0 || k->rc == RC_FULL) return NULL;
+  for (int i = 0; i < S->fits.n; i++) {
+    const Fit *f = &S->fits.a[i];
+    if (f->tp == so->tp && f->b == so->b && f->rc == k->rc && f->wa == wa && f->wp == wp &&
+        fabs(f->budget - budget) <= 0.02 * budget)
+      return f->r;
+  }
+  if (S->fits.n >= MAX_FIT) return NULL;
+  VEC_PUSH(S->fits, ((Fit){so->tp, so->b, budget, wa, wp, k->rc, NULL}));
+  Fit *fit = &S->fits.a[S->fits.n - 1];
+  IlpProblem *p = seg_problem(so->seg, wa, wp, k->rc, budget);
+  int *choice = cp_alloc(sizeof(int) * (size_t)(p->nvars + 1));
+  if (!solve(S, so->seg, p, choice)) return NULL;
+  Solved *r = cp_alloc(sizeof *r);
+  *r = *so;
+  r->layer = cp_alloc(sizeof(SegCost));
+  r->layer[0] = seg_cost(so->seg, choice, NULL, 0);
+  int last = S->ly.hi[S->ly.rep[0]] - 1;
+  const Var *lv = &so->seg->vars.a[so->seg->var_of[last]];
+  r->boundary = cost_act_bytes(cm, so->g, last) / (lv->c[choice[so->seg->var_of[last]]].out.kind == PL_S ? (double)so->tp : 1);
+  r->seq_split = so->seq_split || r->layer[0].seq_split;
+  fit->r = r;
+  return r;
+}
+
+/* Evaluates one configuration; pushes it as a plan when it fits. */
+static void evaluate(Search *S, const Solved *so, const Config *k) {
+  int pp = (int)k->pp;
+  int *cut = cp_alloc(sizeof(int) * (size_t)(pp + 1));
+  double need;
+  double tmax = pipeline_dp(S, so, k, cut, &need);
+  if (tmax == INFINITY) { /* the fastest layer strategy does not fit: a layer strategy that does */
+    const Solved *f = solved_fit(S, so, k);
+    double need2;
+    double t2 = f ? pipeline_dp(S, f, k, cut, &need2) : INFINITY;
+    if (f && need2 < need) need = need2;
+    if (t2 < INFINITY) tmax = t2, so = f;
+  }
+  SrchPlan p = {.dp = k->dp, .tp = k->tp, .pp = k->pp, .zero = k->zero, .micro = k->b, .microbatches = k->m,
+                .v = k->v, .recompute = k->rc, .sched = k->sched};
+  p.sp = so->seq_split && k->tp > 1 ? k->tp : 1;
+  if (tmax == INFINITY) {
+    if (need < S->min_mem) S->min_mem = need, S->min_plan = p;
+    return;
+  }
+  p.stage_layers = cp_alloc(sizeof(int) * (size_t)pp);
+  p.stage_fwd = cp_alloc(sizeof(double) * (size_t)pp);
+  p.stage_bwd = cp_alloc(sizeof(double) * (size_t)pp);
+  double max_par = 0, comm = 0;
+  for (int s = 0; s < pp; s++) {
+    double f, by;
+    double t = stage_time(S, so, k, s, cut[s], cut[s + 1], &f, &by);
+    p.stage_layers[s] = cut[s + 1] - cut[s];
+    p.stage_fwd[s] = f, p.stage_bwd[s] = t - f;
+    StageMem m = stage_mem(S, so, k, s, cut[s], cut[s + 1]);
+    if (m.total > p.mem_total)
+      p.mem_params = m.params, p.mem_grads = m.grads, p.mem_optim = m.optim, p.mem_acts = m.acts,
+      p.mem_workspace = m.work, p.mem_total = m.total;
+    double par = m.grads * (k->zero >= 2 ? (double)k->dp : 1) / S->cm.g_bytes;
+    if (par > max_par) max_par = par;
+    if (by * (double)k->m > comm) comm = by * (double)k->m;
+  }
+  /* Gradient reduction over dp (ZeRO 1/2: reduce-scatter, then the updated params gathered). */
+  double dpb = 0;
+  if (k->dp > 1) {
+    CostLink l = cost_group_link(&S->cm, k->tp, k->dp);
+    double gb = max_par * S->cm.g_bytes, wb = max_par * S->cm.act_size;
+    if (k->zero == 0) p.dp_sync = cost_coll(COLL_ALL_REDUCE, gb, k->dp, l), dpb = pl_coll_bytes(COLL_ALL_REDUCE, gb, k->dp);
+    else {
+      p.dp_sync = cost_coll(COLL_REDUCE_SCATTER, gb, k->dp, l);
+      dpb = pl_coll_bytes(COLL_REDUCE_SCATTER, gb, k->dp);
+      if (k->zero < 3) p.dp_sync += cost_coll(COLL_ALL_GATHER, wb, k->dp, l), dpb += pl_coll_bytes(COLL_ALL_GATHER, wb, k->dp);
+    }
+  }
+  const CostModel *cm = &S->cm;
+  double upd_bytes = max_par * (cm->w_bytes + cm->g_bytes + 2 * cm->o_bytes) * 2 / (k->zero >= 1 ? (double)k->dp : 1);
+  p.update = cm->dev.hbm > 0 ? upd_bytes / (cm->dev.hbm * cm->eff[CC_MEMORY]) : 0;
+  double v = (double)k->v;
+  /* On GPUs the gradient reduction runs in buckets behind the last backward (as DDP and Megatron
+   * do); the CPU runtime reduces after the backward, so nothing hides there. */
+  double hidden = cm->dev.kind == DEV_CUDA ? p.stage_bwd[0] : 0;
+  double exposed = p.dp_sync > hidden ? p.dp_sync - hidden : 0;
+  p.dp_hidden = p.dp_sync - exposed;
+  p.step_time = ((double)k->m + (double)(pp - 1) / v) * tmax + exposed + p.update;
+  p.bubble = cost_bubble(k->sched, k->pp, k->m, k->v);
+  p.p2p = pp > 1 ? cost_p2p(so->boundary, cost_group_link(&S->cm, k->dp * k->tp, 2)) : 0;
+  p.comm_bytes = comm + dpb;
+  double flops = 3 * S->flops_per_sample * (double)S->B;
+  p.tflops = flops / p.step_time / (double)S->N;
+  p.mfu = cm->peak > 0 ? p.tflops / cm->peak : 0;
+  p.tokens_per_s = S->tokens_per_sample * (double)S->B / p.step_time;
+  VEC_PUSH(S->plans, p);
+}
+
+static bool pinned_ok(int64_t pin, int64_t v) { return pin <= 0 || pin == v; }
+
+/* How many features a plan uses beyond plain data parallelism (ties go to the simpler plan). */
+static int plan_features(const SrchPlan *p) {
+  return (p->tp > 1) + (p->pp > 1) + (p->sp > 1) + (p->zero > 0) + (int)p->zero + (p->recompute != RC_NONE) +
+         (p->microbatches > 1);
+}
+
+/* Fastest first; plans within 0.5% of each other's step time (below the model's precision) go
+ * simpler first, then smaller. */
+static int plan_cmp(const void *a, const void *b) {
+  const SrchPlan *x = a, *y = b;
+  double lo = x->step_time < y->step_time ? x->step_time : y->step_time;
+  if (fabs(x->step_time - y->step_time) > 0.005 * lo) return x->step_time < y->step_time ? -1 : 1;
+  if (plan_features(x) != plan_features(y)) return plan_features(x) < plan_features(y) ? -1 : 1;
+  if (x->step_time != y->step_time) return x->step_time < y->step_time ? -1 : 1;
+  if (x->mem_total != y->mem_total) return x->mem_total < y->mem_total ? -1 : 1;
+  return 0;
+}
+
+/* Micro-batch sizes tried: the divisors of the per-replica batch up to 64, powers of two (and
+ * the whole per-replica batch when it is small), so graphs are elaborated for few sizes. */
+static bool try_micro(int64_t b, int64_t per) {
+  if (per % b != 0) return false;
+  if (b == per && b <= 64) return true;
+  return (b & (b - 1)) == 0 && b <= 64;
+}
+
+/* The span of the train block's `memory` setting, or none. */
+static bool memory_span(const Program *prog, const TrainConf *t, Span *at) {
+  for (int i = 0; prog && i < prog->nitems; i++) {
+    const Item *it = prog->items[i];
+    if (it->kind != IT_TRAIN || it->span.lo != t->span.lo || it->span.file != t->span.file) continue;
+    for (int j = 0; j < it->nsettings; j++)
+      if (strcmp(it->settings[j]->key, "memory") == 0) {
+        *at = it->settings[j]->span;
+        return true;
+      }
+  }
+  return false;
+}
+
+static const char *rc_name(Recompute r) { return r == RC_FULL ? "full" : r == RC_SELECTIVE ? "selective" : "none"; }
+
+static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report) {
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  Search *S = cp_alloc(sizeof *S);
+  S->sema = sema, S->t = t, S->report = report;
+  cost_init(&S->cm, t);
+  S->N = S->cm.mesh->ndevices;
+  S->B = t->batch > 0 ? t->batch : 1;
+  S->memory = t->memory > 0 ? t->memory : S->cm.dev.memory;
+  if (S->memory <= 0) S->memory = INFINITY;
+  S->min_mem = INFINITY;
+  S->maxb = 64;
+  S->graphs.a = cp_alloc(sizeof(Graph *) * (size_t)(S->maxb + 1));
+  /* The structure and the batch dims: the graph at B = 1 and B = 2. */
+  const Graph *g1 = graph_at(S, 1), *g2 = g1 ? graph_at(S, 2) : NULL;
+  if (!g1 || !g2) return NULL;
+  S->g1n = g1->n;
+  S->bmask = cp_alloc((size_t)g1->n);
+  if (g2->n == g1->n)
+    for (int i = 0; i < g1->n; i++)
+      for (int d = 0; d < g1->nodes[i].shape.rank && d < 8; d++)
+        if (g1->nodes[i].shape.d[d] != g2->nodes[i].shape.d[d]) S->bmask[i] |= (uint8_t)(1u << d);
+  S->ly = find_layers(g1);
+  if (!S->ly.ok) { /* no usable layer structure: one segment of everything */
+    S->ly.L = 0, S->ly.ncls = 0;
+  }
+  for (int i = 0; i < g1->n; i++)
+    if (g1->nodes[i].role == ROLE_FWD) S->flops_per_sample += ir_node_flops(g1, i);
+  S->tokens_per_sample = 1;
+  if (g1->inputs.n > 0 && g1->nodes[g1->inputs.a[0]].shape.rank >= 2)
+    S->tokens_per_sample = (double)g1->nodes[g1->inputs.a[0]].shape.d[1];
+
+  const StrategyConf *st = &t->strategy;
+  int L = S->ly.L;
+  int64_t considered = 0;
+  for (int64_t tp = 1; tp <= S->N; tp++) {
+    if (S->N % tp || !pinned_ok(st->tp, tp) || (st->sp > 1 && st->sp != tp)) continue;
+    for (int64_t pp = 1; pp * tp <= S->N; pp++) {
+      if ((S->N / tp) % pp || !pinned_ok(st->pp, pp) || (pp > 1 && pp > L)) continue;
+      int64_t dp = S->N / (tp * pp);
+      if (!pinned_ok(st->dp, dp) || S->B % dp) continue;
+      int64_t per = S->B / dp;
+      for (int64_t b = 1; b <= per; b++) {
+        if (st->micro > 0 ? b != st->micro || per % b : !try_micro(b, per)) continue;
+        Solved *so = solved_at(S, tp, b);
+        if (!so->ok) continue;
+        for (int64_t zero = 0; zero <= 3; zero++) {
+          if (st->zero >= 0 ? zero != st->zero : (zero > 0 && dp == 1)) continue;
+          for (int rc = RC_NONE; rc <= RC_FULL; rc++) {
+            if (st->recompute != RC_SEARCH && rc != (int)st->recompute) continue;
+            for (int sc = PS_1F1B; sc <= PS_INTERLEAVED; sc++) {
+              if (st->pipeline != PS_SEARCH ? sc != (int)st->pipeline : (pp == 1 && sc != PS_1F1B)) continue;
+              int64_t v = sc == PS_INTERLEAVED ? 2 : 1;
+              if (v > 1 && (pp == 1 || L % (pp * v) != 0)) continue;
+              Config k = {dp, tp, pp, b, per / b, zero, v, (Recompute)rc, (PipeSched)sc};
+              if (sc == PS_INTERLEAVED && k.m % pp != 0) continue; /* Megatron's interleaving needs it */
+              evaluate(S, so, &k);
+              considered++;
+            }
+          }
+        }
+      }
+    }
+  }
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  SrchResult *r = cp_alloc(sizeof *r);
+  r->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  r->considered = considered;
+  r->ilp_solves = S->ilp_solves;
+  r->ilp_vars = S->ilp_vars;
+  r->model_flops = 3 * S->flops_per_sample * (double)S->B;
+  r->tokens = S->tokens_per_sample * (double)S->B;
+  r->memory = S->memory;
+  r->model = g1->model_name;
+  r->layers = L;
+  r->layer_classes = S->ly.ncls;
+  if (considered == 0) {
+    if (report) {
+      diag_error(st->span, "no configuration satisfies the pinned strategy on %lld devices and batch %lld",
+                 (long long)S->N, (long long)S->B);
+      diag_hint("dp·tp·pp must be the device count, dp must divide the batch, pp must not exceed the %d layers, "
+                "and micro must divide batch / dp", L);
+    }
+    return NULL;
+  }
+  if (S->plans.n == 0) {
+    if (report) {
+      Span at = st->span;
+      bool mem_set = memory_span(sema_program(sema), t, &at);
+      const SrchPlan *m = &S->min_plan;
+      diag_error(at, "no strategy fits in %s per device: the smallest plan needs %s per device", cp_bytes_str(S->memory),
+                 cp_bytes_str(S->min_mem));
+      diag_note(at, "that plan: dp = %lld, tp = %lld, pp = %lld, zero = %lld, micro = %lld, recompute = %s",
+                (long long)m->dp, (long long)m->tp, (long long)m->pp, (long long)m->zero, (long long)m->micro,
+                rc_name(m->recompute));
+      diag_hint(mem_set ? "raise `memory` to at least %s, or plan on more devices"
+                        : "use devices with at least %s of memory, or more of them",
+                cp_bytes_str(S->min_mem));
+    }
+    return NULL;
+  }
+  qsort(S->plans.a, (size_t)S->plans.n, sizeof(SrchPlan), plan_cmp);
+  r->n = topk > 0 && topk < S->plans.n ? topk : S->plans.n;
+  r->plans = S->plans.a;
+  return r;
+}
+
+SrchResult *srch_run(Sema *s, const TrainConf *t, int topk) { return search(s, t, topk, true); }
+
+bool srch_runnable(const SrchPlan *p, const TrainConf *t) {
+  bool cpu = !t->mesh || t->mesh->device.kind == DEV_CPU;
+  return cpu && p->sched != PS_INTERLEAVED; /* the CPU backend runs every strategy but the interleaved schedule */
+}
+
+void srch_pin(const SrchPlan *p, StrategyConf *out) {
+  Span at = out->span;
+  *out = (StrategyConf){.is_auto = false, .dp = p->dp, .tp = p->tp, .pp = p->pp, .sp = p->sp, .micro = p->micro,
+                        .zero = p->zero, .recompute = p->recompute, .pipeline = p->sched, .span = at};
+}
+
+bool search_best_runnable(Sema *s, const TrainConf *t, StrategyConf *out) {
+  SrchResult *r = search(s, t, 1, false);
+  if (!r || r->n == 0 || !srch_runnable(&r->plans[0], t)) return false;
+  srch_pin(&r->plans[0], out);
+  return true;
+}

@@ -1,0 +1,127 @@
+/* cross_entropy.cu: fused softmax + cross-entropy, forward and backward (kernels_cuda.h;
+ * reference k_cross_entropy_* in kernels/cpu/ref.c). The [rows, v] softmax is never stored:
+ *  - forward: one block per row computes max and sum exp in f32, saves lse = max + log sum and
+ *    the row's loss lse - logit[target]; then one block adds the losses up in f64, in a fixed
+ *    order, into the mean over the counted rows and the count;
+ *  - backward: one block per row adds (dloss / count) (exp(logit - lse) - onehot) to dlogits.
+ * dloss and count are device scalars, so a step needs no host sync between the two. */
+#include "cuda_common.h"
+
+template <typename T>
+__device__ __forceinline__ void ce_rows(float *losses, float *lse, const T *logits, const int *targets, int rows,
+                                        int v) {
+  __shared__ float sh[33];
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T *x = logits + (long long)r * v;
+    float m = -CPLAN_INF;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, ld(x[j]));
+    m = block_reduce<true>(m, sh);
+    float s = 0.0f;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) s += expf(ld(x[j]) - m);
+    s = block_reduce<false>(s, sh);
+    if (threadIdx.x == 0) {
+      float l = m + logf(s);
+      int tg = targets[r];
+      lse[r] = l;
+      losses[r] = tg == -1 ? 0.0f : tg >= 0 && tg < v ? l - ld(x[tg]) : CPLAN_NAN;
+    }
+  }
+}
+
+/* one block: *loss = sum(losses) / count, *count = rows with a target other than -1 */
+__device__ __forceinline__ void ce_mean(float *loss, int *count, const float *losses, const int *targets, int rows) {
+  __shared__ double sh[33];
+  double s = 0.0, c = 0.0;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    s += losses[r];
+    c += targets[r] != -1;
+  }
+  s = block_sum_f64(s, sh);
+  c = block_sum_f64(c, sh);
+  if (threadIdx.x == 0) {
+    *count = (int)c;
+    *loss = c > 0 ? (float)(s / c) : 0.0f;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void ce_bwd(T *dlogits, const float *dloss, const int *count, const T *logits,
+                                       const float *lse, const int *targets, int rows, int v) {
+  if (*count <= 0) return;
+  float g = *dloss / (float)*count;
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    int tg = targets[r];
+    if (tg == -1) continue; /* an ignored row gets no gradient at all */
+    const T *x = logits + (long long)r * v;
+    T *dx = dlogits + (long long)r * v;
+    float l = lse[r];
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+      float p = expf(ld(x[j]) - l);
+      dx[j] = st<T>(ld(dx[j]) + g * (p - (j == tg ? 1.0f : 0.0f)));
+    }
+  }
+}
+
+#define CE_ENTRIES(T, S)                                                                                   \
+  extern "C" __global__ void cross_entropy_forward_##S(float *losses, float *lse, const T *logits,         \
+                                                       const int *targets, int rows, int v) {              \
+    ce_rows<T>(losses, lse, logits, targets, rows, v);                                                     \
+  }                                                                                                        \
+  extern "C" __global__ void cross_entropy_backward_##S(T *dlogits, const float *dloss, const int *count,  \
+                                                        const T *logits, const float *lse,                 \
+                                                        const int *targets, int rows, int v) {             \
+    ce_bwd<T>(dlogits, dloss, count, logits, lse, targets, rows, v);                                       \
+  }
+
+CE_ENTRIES(float, f32)
+CE_ENTRIES(bf16, bf16)
+
+extern "C" __global__ void cross_entropy_mean(float *loss, int *count, const float *losses, const int *targets,
+                                              int rows) {
+  ce_mean(loss, count, losses, targets, rows);
+}
+
+#ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
+#include "launch.h"
+
+extern "C" int cplan_cuda_cross_entropy_forward(CplanDtype dt, float *losses, float *lse, float *loss, int *count,
+                                                const void *logits, const int32_t *targets, int rows, int v,
+                                                cudaStream_t stream) {
+  const char *me = "cplan_cuda_cross_entropy_forward";
+  CPLAN_REQUIRE(me, rows >= 0 && v > 0, "bad shape [%d, %d]", rows, v);
+  CPLAN_REQUIRE(me, losses && lse && loss && count && logits && targets,
+                "losses, lse, loss, count, logits and targets must not be NULL");
+  unsigned grid = rows < 1 ? 1 : rows > (int)CPLAN_MAX_GRID ? CPLAN_MAX_GRID : (unsigned)rows;
+  int th = cplan_row_threads(v);
+  if (rows > 0) {
+    if (dt == CPLAN_F32)
+      cross_entropy_forward_f32<<<grid, th, 0, stream>>>(losses, lse, (const float *)logits, targets, rows, v);
+    else if (dt == CPLAN_BF16)
+      cross_entropy_forward_bf16<<<grid, th, 0, stream>>>(losses, lse, (const bf16 *)logits, targets, rows, v);
+    else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+    if (cplan_cuda_launched(me)) return -1;
+  }
+  cross_entropy_mean<<<1, 1024, 0, stream>>>(loss, count, losses, targets, rows);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_cross_entropy_backward(CplanDtype dt, void *dlogits, const float *dloss, const int *count,
+                                                 const void *logits, const float *lse, const int32_t *targets,
+                                                 int rows, int v, cudaStream_t stream) {
+  const char *me = "cplan_cuda_cross_entropy_backward";
+  CPLAN_REQUIRE(me, rows >= 0 && v > 0, "bad shape [%d, %d]", rows, v);
+  CPLAN_REQUIRE(me, dlogits && dloss && count && logits && lse && targets,
+                "dlogits, dloss, count, logits, lse and targets must not be NULL");
+  if (rows == 0) return 0;
+  unsigned grid = rows > (int)CPLAN_MAX_GRID ? CPLAN_MAX_GRID : (unsigned)rows;
+  int th = cplan_row_threads(v);
+  if (dt == CPLAN_F32)
+    cross_entropy_backward_f32<<<grid, th, 0, stream>>>((float *)dlogits, dloss, count, (const float *)logits, lse,
+                                                        targets, rows, v);
+  else if (dt == CPLAN_BF16)
+    cross_entropy_backward_bf16<<<grid, th, 0, stream>>>((bf16 *)dlogits, dloss, count, (const bf16 *)logits, lse,
+                                                         targets, rows, v);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+#endif

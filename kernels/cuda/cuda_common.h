@@ -1,0 +1,75 @@
+/* cuda_common.h: device-side helpers every kernels/cuda .cu file includes.
+ *
+ * The same source is compiled twice: by nvcc into libcplankernels_cuda.a (with the host
+ * launchers, which sit under #ifndef __CUDACC_RTC__), and by NVRTC in tests/cuda/test_nvrtc.c
+ * (CI has no GPU, NVRTC needs none). So nothing here may include a host header: only
+ * <cuda_bf16.h>, which NVRTC ships.
+ *
+ * Storage types: float, or __nv_bfloat16 (bf16). Arithmetic is always in float (sums, norms,
+ * softmax statistics), and results are rounded to the storage type once, at the store. */
+#ifndef CPLAN_CUDA_COMMON_H
+#define CPLAN_CUDA_COMMON_H
+
+#include <cuda_bf16.h>
+
+typedef __nv_bfloat16 bf16;
+
+#define CPLAN_INF __int_as_float(0x7f800000)
+#define CPLAN_NAN __int_as_float(0x7fc00000)
+
+__device__ __forceinline__ float ld(float x) { return x; }
+__device__ __forceinline__ float ld(bf16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T st(float x);
+template <> __device__ __forceinline__ float st<float>(float x) { return x; }
+template <> __device__ __forceinline__ bf16 st<bf16>(float x) { return __float2bfloat16_rn(x); }
+
+/* Warp-wide sum or max; every lane gets the result. The butterfly order is fixed, so the result
+ * is the same on every run (the kernels are deterministic). */
+template <bool MAX> __device__ __forceinline__ float warp_reduce(float v) {
+  for (int o = 16; o > 0; o >>= 1) {
+    float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = MAX ? fmaxf(v, u) : v + u;
+  }
+  return v;
+}
+
+__device__ __forceinline__ double warp_sum_f64(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+/* Block-wide sum or max over blockDim.x threads (a multiple of 32, at most 1024); sh is shared
+ * scratch of 33 floats. Every thread gets the result. Safe to call back to back. */
+template <bool MAX> __device__ __forceinline__ float block_reduce(float v, float *sh) {
+  v = warp_reduce<MAX>(v);
+  __syncthreads(); /* the previous call's readers of sh[32] are done */
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    int nw = (int)(blockDim.x + 31) >> 5;
+    float u = (int)threadIdx.x < nw ? sh[threadIdx.x] : (MAX ? -CPLAN_INF : 0.0f);
+    u = warp_reduce<MAX>(u);
+    if (threadIdx.x == 0) sh[32] = u;
+  }
+  __syncthreads();
+  return sh[32];
+}
+
+/* block_reduce<false> in double (sh: 33 doubles) */
+__device__ __forceinline__ double block_sum_f64(double v, double *sh) {
+  v = warp_sum_f64(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    int nw = (int)(blockDim.x + 31) >> 5;
+    double u = (int)threadIdx.x < nw ? sh[threadIdx.x] : 0.0;
+    u = warp_sum_f64(u);
+    if (threadIdx.x == 0) sh[32] = u;
+  }
+  __syncthreads();
+  return sh[32];
+}
+
+#endif

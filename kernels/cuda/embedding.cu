@@ -1,0 +1,87 @@
+/* embedding.cu: embedding lookup, forward and backward (kernels_cuda.h; reference
+ * k_embedding_* in kernels/cpu/ref.c).
+ *
+ * The backward is deterministic without sorting and without atomics: thread (p, col) owns
+ * column col of the table rows r with r % P == p, and walks the indices in order, adding
+ * dout[i, col] to dtable[idx[i], col] when idx[i] is one of its rows. No two threads touch the
+ * same element, and every element receives its terms in index order, as in the reference, so
+ * the f32 sums are the reference's bit for bit. The indices are staged through shared memory
+ * in tiles (every thread of a block reads them all). */
+#include "cuda_common.h"
+
+#define EMB_TILE 1024
+#define EMB_COLS 128 /* threads per block: columns */
+#define EMB_P 64     /* row classes: blocks along y */
+
+template <typename T>
+__device__ __forceinline__ void emb_fwd(T *out, const T *table, const int *idx, int n, int v, int c) {
+  long long total = (long long)n * c;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
+    long long i = e / c;
+    int j = (int)(e % c), r = idx[i];
+    out[e] = r >= 0 && r < v ? table[(long long)r * c + j] : st<T>(CPLAN_NAN);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void emb_bwd(float *dtable, const T *dout, const int *idx, int n, int v, int c) {
+  __shared__ int tile[EMB_TILE];
+  int col = blockIdx.x * EMB_COLS + threadIdx.x, p = blockIdx.y, np = gridDim.y;
+  for (int i0 = 0; i0 < n; i0 += EMB_TILE) {
+    int len = min(EMB_TILE, n - i0);
+    __syncthreads();
+    for (int e = threadIdx.x; e < len; e += blockDim.x) tile[e] = idx[i0 + e];
+    __syncthreads();
+    if (col >= c) continue;
+    for (int e = 0; e < len; e++) {
+      int r = tile[e];
+      if (r < 0 || r >= v || r % np != p) continue; /* an index out of range adds nothing */
+      dtable[(long long)r * c + col] += ld(dout[(long long)(i0 + e) * c + col]);
+    }
+  }
+}
+
+#define EMB_ENTRIES(T, S)                                                                                  \
+  extern "C" __global__ void embedding_forward_##S(T *out, const T *table, const int *idx, int n, int v,   \
+                                                   int c) {                                                \
+    emb_fwd<T>(out, table, idx, n, v, c);                                                                  \
+  }                                                                                                        \
+  extern "C" __global__ void embedding_backward_##S(float *dtable, const T *dout, const int *idx, int n,    \
+                                                    int v, int c) {                                        \
+    emb_bwd<T>(dtable, dout, idx, n, v, c);                                                                \
+  }
+
+EMB_ENTRIES(float, f32)
+EMB_ENTRIES(bf16, bf16)
+
+#ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
+#include "launch.h"
+
+extern "C" int cplan_cuda_embedding_forward(CplanDtype dt, void *out, const void *table, const int32_t *idx, int n,
+                                            int v, int c, cudaStream_t stream) {
+  const char *me = "cplan_cuda_embedding_forward";
+  CPLAN_REQUIRE(me, n >= 0 && v > 0 && c > 0, "bad shape: n %d, table [%d, %d]", n, v, c);
+  CPLAN_REQUIRE(me, n == 0 || (out && table && idx), "out, table and idx must not be NULL");
+  if (n == 0) return 0;
+  unsigned g = cplan_blocks((int64_t)n * c, 256, 65535u * 4);
+  if (dt == CPLAN_F32)
+    embedding_forward_f32<<<g, 256, 0, stream>>>((float *)out, (const float *)table, idx, n, v, c);
+  else if (dt == CPLAN_BF16)
+    embedding_forward_bf16<<<g, 256, 0, stream>>>((bf16 *)out, (const bf16 *)table, idx, n, v, c);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_embedding_backward(CplanDtype dt, float *dtable, const void *dout, const int32_t *idx,
+                                             int n, int v, int c, cudaStream_t stream) {
+  const char *me = "cplan_cuda_embedding_backward";
+  CPLAN_REQUIRE(me, n >= 0 && v > 0 && c > 0, "bad shape: n %d, table [%d, %d]", n, v, c);
+  CPLAN_REQUIRE(me, n == 0 || (dtable && dout && idx), "dtable, dout and idx must not be NULL");
+  if (n == 0) return 0;
+  dim3 grid((unsigned)((c + EMB_COLS - 1) / EMB_COLS), (unsigned)(v < EMB_P ? v : EMB_P));
+  if (dt == CPLAN_F32) embedding_backward_f32<<<grid, EMB_COLS, 0, stream>>>(dtable, (const float *)dout, idx, n, v, c);
+  else if (dt == CPLAN_BF16) embedding_backward_bf16<<<grid, EMB_COLS, 0, stream>>>(dtable, (const bf16 *)dout, idx, n, v, c);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+#endif

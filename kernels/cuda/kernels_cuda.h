@@ -1,0 +1,149 @@
+/* kernels_cuda.h: the C interface of libcplankernels_cuda, the hand-written CUDA kernels
+ * (DESIGN.md §2, issue 6). One .cu file per op family; each kernel has a launcher here.
+ *
+ * Conventions, shared by every launcher:
+ *  - the stream is the last argument; the launcher checks its shapes and arguments, launches,
+ *    and checks the launch (cudaGetLastError). It returns 0, or -1 with a message that
+ *    cplan_cuda_error() returns (per thread) naming the launcher and what is wrong. Nothing is
+ *    printed and nothing exits: the caller decides.
+ *  - data is contiguous, row-major, in device memory, with the semantics of the CPU reference
+ *    of kernels/cpu/ref.h (or ref_extra.h) named next to each launcher; a backward kernel
+ *    ACCUMULATES (+=) into its gradients, as there.
+ *  - activations are stored in `dt` (f32 or bf16); arithmetic is f32. Per-row statistics (mean,
+ *    rstd, logsumexp) and parameter gradients of norms and embeddings are always f32.
+ *  - every kernel is deterministic: the same inputs give the same bits on every run (no
+ *    floating-point atomics).
+ * Checklist: a new kernel needs its launcher here, its CPU reference in kernels/cpu, its
+ * `extern "C" __global__` entries (tests/cuda/test_nvrtc.c finds them), and a row in
+ * tests/gpu/test_kernels.c. */
+#ifndef CPLAN_KERNELS_CUDA_H
+#define CPLAN_KERNELS_CUDA_H
+
+#include <cuda_runtime_api.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum CplanDtype { CPLAN_F32 = 0, CPLAN_BF16 = 1 } CplanDtype;
+
+/* The message of this thread's last failed launcher ("" when none failed). */
+const char *cplan_cuda_error(void);
+const char *cplan_dtype_name(CplanDtype dt);
+
+/* ---- layernorm.cu: k_layer_norm_*, k_rms_norm_* -------------------------------------------- */
+/* x, out [rows, c]; w, b [c] (dt); mean, rstd [rows] f32 (either may be NULL) */
+int cplan_cuda_layernorm_forward(CplanDtype dt, void *out, float *mean, float *rstd, const void *x,
+                                 const void *w, const void *b, int rows, int c, float eps,
+                                 cudaStream_t stream);
+/* dx += (dt), dw += , db += (f32 [c]); any of the three may be NULL */
+int cplan_cuda_layernorm_backward(CplanDtype dt, void *dx, float *dw, float *db, const void *dout,
+                                  const void *x, const void *w, const float *mean, const float *rstd,
+                                  int rows, int c, cudaStream_t stream);
+int cplan_cuda_rmsnorm_forward(CplanDtype dt, void *out, float *rstd, const void *x, const void *w,
+                               int rows, int c, float eps, cudaStream_t stream);
+int cplan_cuda_rmsnorm_backward(CplanDtype dt, void *dx, float *dw, const void *dout, const void *x,
+                                const void *w, const float *rstd, int rows, int c, cudaStream_t stream);
+
+/* ---- softmax.cu: k_softmax_* over the last axis of [rows, n] --------------------------------- */
+int cplan_cuda_softmax_forward(CplanDtype dt, void *out, const void *x, int rows, int n,
+                               cudaStream_t stream);
+/* dx += out * (dout - sum(dout * out)) */
+int cplan_cuda_softmax_backward(CplanDtype dt, void *dx, const void *dout, const void *out, int rows,
+                                int n, cudaStream_t stream);
+
+/* ---- attention.cu: k_sdpa_* without the [t, t] matrix ----------------------------------------
+ * q, k, v, out [nb, t, d] (nb = batch * heads), d <= 128. The forward saves lse [nb, t] (f32,
+ * the logsumexp of each query's scaled scores); the backward recomputes the probabilities from
+ * it, tile by tile, and needs delta [nb, t] (f32 scratch, overwritten). */
+int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
+                                 const void *v, int nb, int t, int d, int causal, cudaStream_t stream);
+int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
+                                  const void *dout, const void *out, const float *lse, const void *q,
+                                  const void *k, const void *v, int nb, int t, int d, int causal,
+                                  cudaStream_t stream);
+
+/* ---- activations.cu: k_unary_* K_GELU (tanh form) and K_SILU over n elements ------------------ */
+int cplan_cuda_gelu_forward(CplanDtype dt, void *out, const void *x, int64_t n, cudaStream_t stream);
+int cplan_cuda_gelu_backward(CplanDtype dt, void *dx, const void *dout, const void *x, int64_t n,
+                             cudaStream_t stream);
+int cplan_cuda_silu_forward(CplanDtype dt, void *out, const void *x, int64_t n, cudaStream_t stream);
+int cplan_cuda_silu_backward(CplanDtype dt, void *dx, const void *dout, const void *x, int64_t n,
+                             cudaStream_t stream);
+
+/* ---- cross_entropy.cu: k_cross_entropy_* (softmax never stored) -------------------------------
+ * logits [rows, v] (dt), targets [rows] i32, -1 ignored. The forward writes per-row losses and
+ * lse [rows] (f32), then *loss = their mean over the counted rows (0 when none) and *count (all
+ * device pointers). A target outside [-1, v) gives a NaN loss for its row (so the run stops as
+ * diverged rather than reading out of bounds). The backward adds (*dloss / *count) (softmax -
+ * onehot) to dlogits, reading lse instead of recomputing the row reductions. */
+int cplan_cuda_cross_entropy_forward(CplanDtype dt, float *losses, float *lse, float *loss, int *count,
+                                     const void *logits, const int32_t *targets, int rows, int v,
+                                     cudaStream_t stream);
+int cplan_cuda_cross_entropy_backward(CplanDtype dt, void *dlogits, const float *dloss,
+                                      const int *count, const void *logits, const float *lse,
+                                      const int32_t *targets, int rows, int v, cudaStream_t stream);
+
+/* ---- embedding.cu: k_embedding_* ---------------------------------------------------------------
+ * out [n, c] = table [v, c] rows at idx [n] (an index outside [0, v) gives a NaN row). The
+ * backward adds to dtable (f32) in index order, as the reference: deterministic, and bit for
+ * bit the reference's f32 sums. */
+int cplan_cuda_embedding_forward(CplanDtype dt, void *out, const void *table, const int32_t *idx, int n,
+                                 int v, int c, cudaStream_t stream);
+int cplan_cuda_embedding_backward(CplanDtype dt, float *dtable, const void *dout, const int32_t *idx,
+                                  int n, int v, int c, cudaStream_t stream);
+
+/* ---- rope.cu: k_rope_* on [nb, t, d], d even ------------------------------------------------ */
+int cplan_cuda_rope_forward(CplanDtype dt, void *out, const void *x, int nb, int t, int d, float base,
+                            cudaStream_t stream);
+int cplan_cuda_rope_backward(CplanDtype dt, void *dx, const void *dout, int nb, int t, int d, float base,
+                             cudaStream_t stream);
+
+/* ---- adamw.cu: k_adamw_update (ref_extra.h), fused and multi-tensor ----------------------------
+ * The formula of compiler/optimizer.c (torch.optim.AdamW) on f32 master weights `param` and f32
+ * moments m, v; the gradient (f32 or bf16) is multiplied by *grad_scale first when grad_scale
+ * is not NULL (clipping, loss-scale unscaling: a device scalar, so no host sync). When
+ * param_lp is not NULL it receives the updated weights rounded to bf16 (what the bf16 forward
+ * reads). bc1 = 1 - beta1^t, bc2 = 1 - beta2^t. */
+typedef struct CplanAdamwTensor {
+  float *param;       /* [n] f32 master weights */
+  void *param_lp;     /* [n] bf16 copy, or NULL */
+  const void *grad;   /* [n] in grad_dt */
+  CplanDtype grad_dt;
+  float *m, *v;       /* [n] f32 moments */
+  int64_t n;
+  float weight_decay; /* 0 for vectors (optimizer.c: decay only for rank >= 2) */
+} CplanAdamwTensor;
+
+typedef struct CplanAdamwHyper {
+  float lr, beta1, beta2, eps, bc1, bc2;
+} CplanAdamwHyper;
+
+int cplan_cuda_adamw(const CplanAdamwTensor *t, const CplanAdamwHyper *h, const float *grad_scale,
+                     cudaStream_t stream);
+/* count tensors in ceil(count / 32) launches */
+int cplan_cuda_adamw_multi(const CplanAdamwTensor *ts, int count, const CplanAdamwHyper *h,
+                           const float *grad_scale, cudaStream_t stream);
+
+/* ---- global_norm.cu: k_global_norm (ref_extra.h) ------------------------------------------------
+ * *norm = sqrt(sum over the tensors of sum(x^2)), summed in f64 in a fixed order; when
+ * clip_scale is not NULL it gets min(1, clip / (norm + 1e-6)) (1 when clip <= 0), the factor
+ * optimizer.c applies, ready for cplan_cuda_adamw's grad_scale. work: device scratch of
+ * cplan_cuda_global_norm_work(...) doubles. */
+typedef struct CplanNormTensor {
+  const void *x;
+  CplanDtype dt;
+  int64_t n;
+} CplanNormTensor;
+
+size_t cplan_cuda_global_norm_work(const CplanNormTensor *ts, int count);
+int cplan_cuda_global_norm(float *norm, float *clip_scale, const CplanNormTensor *ts, int count,
+                           float clip, double *work, size_t work_len, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

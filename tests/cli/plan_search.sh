@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# plan_search.sh CPLANC: `cplanc plan` beyond the golden text: --json (cplan-plan/1 with best,
+# candidates, search_seconds and the fields every plan must have), --trace (a Chrome trace with a
+# forward and a backward per micro-batch and stage), --report (a page with three inline SVGs),
+# `build --plan` with the saved plan (it builds, and the built program's strategy is the plan's),
+# and the errors: a file that is not a plan, a missing file, a bad --top.  A few seconds.
+set -u
+cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/cplan_plan_search.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAILED: $*"; exit 1; }
+cp "$here/../golden/plan_auto.cplan" "$tmp/m.cplan"
+cd "$tmp" || exit 1
+
+# the pipelined plan of the 20B model: trace and report
+"$cplanc" plan "$here/../golden/plan_search_fit.cplan" --top 4 --json --trace t.json --report r.html >p.json ||
+  fail "plan --json --trace --report"
+python3 - <<'PY' || fail "the plan, trace or report is wrong"
+import json
+p = json.load(open("p.json"))
+assert p["format"] == "cplan-plan/1", p["format"]
+assert p["search_seconds"] > 0
+assert len(p["candidates"]) == 4 and p["candidates"][0] == p["best"]
+keys = "dp tp pp sp zero micro microbatches recompute step_time_s memory_per_device_bytes comm_bytes_per_device mfu".split()
+for c in p["candidates"]:
+    for k in keys:
+        assert k in c, k
+    assert c["dp"] * c["tp"] * c["pp"] == 16
+    assert c["memory_per_device_bytes"] <= p["memory_limit_bytes"]
+steps = [c["step_time_s"] for c in p["candidates"]]
+assert steps == sorted(steps) or max(steps) - min(steps) < 0.01 * min(steps), steps
+b = p["best"]
+t = json.load(open("t.json"))
+ev = [e for e in t["traceEvents"] if e.get("ph") == "X"]
+mb = b["microbatches"] * b.get("chunks", 1)
+assert sum(e["name"].startswith("forward") for e in ev) == mb * b["pp"], len(ev)
+assert sum(e["name"].startswith("backward") for e in ev) == mb * b["pp"]
+end = max(e["ts"] + e["dur"] for e in ev) / 1e6
+assert 0.8 * b["step_time_s"] < end < 1.2 * b["step_time_s"], (end, b["step_time_s"])
+r = open("r.html").read()
+assert r.count("<svg") == 3 and "</html>" in r and "<script" not in r and "http" not in r
+PY
+
+# build --plan: the saved plan's strategy is the one built
+"$cplanc" plan --json m.cplan >m.json || fail "plan --json m.cplan"
+"$cplanc" build m.cplan --plan m.json -o prog 2>build.err || { cat build.err; fail "build --plan"; }
+[ -x prog ] || fail "build --plan wrote no program"
+python3 - <<'PY' || fail "could not write the tp plan"
+import json
+p = json.load(open("m.json")); p["best"].update(dp=1, tp=2, zero=0, micro=8); json.dump(p, open("tp.json", "w"))
+PY
+"$cplanc" build m.cplan --plan tp.json -o prog_tp --keep-c c 2>build.err || { cat build.err; fail "build --plan tp.json"; }
+grep -q "\.tp = 2," c/plan.c || fail "the program built from tp.json is not tensor-parallel"
+
+# errors
+echo '{"format": "other"}' >bad.json
+"$cplanc" build m.cplan --plan bad.json -o x 2>err.txt && fail "a file that is not a plan was accepted"
+grep -q 'bad.json: not a plan' err.txt || { cat err.txt; fail "wrong message for a non-plan"; }
+"$cplanc" build m.cplan --plan missing.json -o x 2>err.txt && fail "a missing plan was accepted"
+grep -q 'missing.json: cannot open the plan' err.txt || { cat err.txt; fail "wrong message for a missing plan"; }
+"$cplanc" plan m.cplan --top 0 2>err.txt; [ $? = 2 ] || fail "--top 0 is not a usage error"
+grep -q -- '--top takes a number' err.txt || { cat err.txt; fail "wrong message for --top 0"; }
+echo "ok"

@@ -1,0 +1,422 @@
+/* test_kernels.c: every CUDA kernel of kernels/cuda against its CPU reference (kernels/cpu/ref.c,
+ * ref_extra.c), in f32 and bf16, on shapes that are not multiples of the block sizes. Needs a GPU
+ * (tests/gpu/run.sh); with none it says so and exits 1: it never skips.
+ *
+ * Inputs are random; a bf16 run rounds them to bf16 first and gives the reference exactly those
+ * values, so the difference measures the kernel, not the input rounding. Pass rule per element:
+ * |gpu - ref| <= atol + rtol |ref|, with (atol, rtol) stated per dtype in the table:
+ *   f32:  1e-4, 1e-4  (f32 arithmetic against references that sum in f64)
+ *   bf16: 2e-2, 2e-2  (outputs are stored in bf16: 8 bits of mantissa, 2^-8 relative rounding)
+ * The embedding backward must equal the reference bit for bit (it adds in the same order), and
+ * the deterministic kernels must give the same bits on a second run. */
+#include "kernels_cuda.h"
+#include "ref.h"
+#include "ref_extra.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures, checks;
+static cudaStream_t stream;
+
+#define CUDA_OK(call)                                                                              \
+  do {                                                                                             \
+    cudaError_t e_ = (call);                                                                       \
+    if (e_ != cudaSuccess) {                                                                       \
+      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+#define LAUNCH_OK(call)                                                                            \
+  do {                                                                                             \
+    if ((call) != 0) {                                                                             \
+      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cplan_cuda_error());                     \
+      exit(1);                                                                                     \
+    }                                                                                              \
+  } while (0)
+
+/* ---- data ------------------------------------------------------------------------------------ */
+
+static uint64_t rng = 0x9e3779b97f4a7c15ULL;
+static float frand(void) { /* uniform in [-1, 1) */
+  rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+  return (float)((rng >> 40) * (2.0 / 16777216.0) - 1.0);
+}
+
+static float *randv(long n, float scale, CplanDtype dt) {
+  float *x = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  for (long i = 0; i < n; i++) x[i] = frand() * scale;
+  if (dt == CPLAN_BF16) k_bf16_round(x, n);
+  return x;
+}
+
+static float *copyv(const float *x, long n) {
+  float *y = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  memcpy(y, x, sizeof(float) * (size_t)n);
+  return y;
+}
+
+static size_t esize(CplanDtype dt) { return dt == CPLAN_BF16 ? 2 : 4; }
+
+/* a device copy of x in dt */
+static void *up(const float *x, long n, CplanDtype dt) {
+  void *d;
+  CUDA_OK(cudaMalloc(&d, esize(dt) * (size_t)(n > 0 ? n : 1)));
+  if (dt == CPLAN_F32) {
+    CUDA_OK(cudaMemcpy(d, x, 4 * (size_t)n, cudaMemcpyHostToDevice));
+  } else {
+    uint16_t *h = malloc(2 * (size_t)(n > 0 ? n : 1));
+    for (long i = 0; i < n; i++) h[i] = k_bf16_from_f32(x[i]);
+    CUDA_OK(cudaMemcpy(d, h, 2 * (size_t)n, cudaMemcpyHostToDevice));
+    free(h);
+  }
+  return d;
+}
+
+static float *down(const void *d, long n, CplanDtype dt) {
+  CUDA_OK(cudaStreamSynchronize(stream));
+  float *x = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
+  if (dt == CPLAN_F32) {
+    CUDA_OK(cudaMemcpy(x, d, 4 * (size_t)n, cudaMemcpyDeviceToHost));
+  } else {
+    uint16_t *h = malloc(2 * (size_t)(n > 0 ? n : 1));
+    CUDA_OK(cudaMemcpy(h, d, 2 * (size_t)n, cudaMemcpyDeviceToHost));
+    for (long i = 0; i < n; i++) x[i] = k_bf16_to_f32(h[i]);
+    free(h);
+  }
+  return x;
+}
+
+static void *zeros(long n, size_t es) {
+  void *d;
+  CUDA_OK(cudaMalloc(&d, es * (size_t)(n > 0 ? n : 1)));
+  CUDA_OK(cudaMemset(d, 0, es * (size_t)(n > 0 ? n : 1)));
+  return d;
+}
+
+/* ---- comparison -------------------------------------------------------------------------------- */
+
+static double atol_of(CplanDtype dt) { return dt == CPLAN_BF16 ? 2e-2 : 1e-4; }
+
+/* one table row; frees got */
+static void compare(const char *kernel, const char *what, CplanDtype dt, float *got, const float *ref, long n,
+                    double atol, double rtol) {
+  double maxabs = 0, maxrel = 0;
+  long bad = 0, worst = -1;
+  for (long i = 0; i < n; i++) {
+    double d = fabs((double)got[i] - ref[i]), r = d / (fabs(ref[i]) > 1e-30 ? fabs(ref[i]) : 1e-30);
+    if (!(d <= atol + rtol * fabs(ref[i]))) {
+      bad++;
+      if (worst < 0) worst = i;
+    }
+    if (d > maxabs || isnan(d)) maxabs = d;
+    if (fabs(ref[i]) > 1e-3 && r > maxrel) maxrel = r;
+  }
+  checks++;
+  failures += bad > 0;
+  printf("%-22s %-10s %-5s %8ld  %10.3g %10.3g  %7.0e %7.0e  %s", kernel, what, cplan_dtype_name(dt), n, maxabs,
+         maxrel, atol, rtol, bad ? "FAIL" : "ok");
+  if (bad) printf("  (%ld bad; first [%ld]: %g vs %g)", bad, worst, (double)got[worst], (double)ref[worst]);
+  printf("\n");
+  free(got);
+}
+
+static void compare_dt(const char *kernel, const char *what, CplanDtype dt, float *got, const float *ref, long n) {
+  compare(kernel, what, dt, got, ref, n, atol_of(dt), atol_of(dt));
+}
+
+/* bitwise equality of two device buffers (determinism) */
+static void same_bits(const char *kernel, const char *what, CplanDtype dt, const void *a, const void *b, size_t bytes) {
+  CUDA_OK(cudaStreamSynchronize(stream));
+  unsigned char *ha = malloc(bytes), *hb = malloc(bytes);
+  CUDA_OK(cudaMemcpy(ha, a, bytes, cudaMemcpyDeviceToHost));
+  CUDA_OK(cudaMemcpy(hb, b, bytes, cudaMemcpyDeviceToHost));
+  int eq = memcmp(ha, hb, bytes) == 0;
+  checks++;
+  failures += !eq;
+  printf("%-22s %-10s %-5s %8zu  %-21s  %-15s  %s\n", kernel, what, cplan_dtype_name(dt), bytes, "bitwise, run twice",
+         "", eq ? "ok" : "FAIL");
+  free(ha);
+  free(hb);
+}
+
+/* ---- the kernels ---------------------------------------------------------------------------------- */
+
+static void test_norm(CplanDtype dt, int rms) {
+  const int rows = 37, c = 771;
+  const float eps = 1e-5f;
+  const char *k = rms ? "rmsnorm" : "layernorm";
+  long n = (long)rows * c;
+  float *x = randv(n, 2.0f, dt), *w = randv(c, 1.0f, dt), *b = randv(c, 0.5f, dt);
+  for (long i = 0; i < n; i++) x[i] += 0.3f; /* a nonzero mean */
+  if (dt == CPLAN_BF16) k_bf16_round(x, n);
+  float *out = malloc(4 * (size_t)n), *mean = malloc(4 * rows), *rstd = malloc(4 * rows);
+  void *dx_ = up(x, n, dt), *dw_ = up(w, c, dt), *db_ = up(b, c, dt), *dout_ = zeros(n, esize(dt));
+  float *dmean = zeros(rows, 4), *drstd = zeros(rows, 4);
+  if (rms) {
+    k_rms_norm_forward(out, rstd, x, w, rows, c, eps);
+    LAUNCH_OK(cplan_cuda_rmsnorm_forward(dt, dout_, drstd, dx_, dw_, rows, c, eps, stream));
+  } else {
+    k_layer_norm_forward(out, mean, rstd, x, w, b, rows, c, eps);
+    LAUNCH_OK(cplan_cuda_layernorm_forward(dt, dout_, dmean, drstd, dx_, dw_, db_, rows, c, eps, stream));
+    compare(k, "fwd mean", dt, down(dmean, rows, CPLAN_F32), mean, rows, 1e-5, 1e-5);
+  }
+  compare_dt(k, "fwd out", dt, down(dout_, n, dt), out, n);
+  compare(k, "fwd rstd", dt, down(drstd, rows, CPLAN_F32), rstd, rows, 1e-5, 1e-4);
+  /* backward from the reference's statistics, into nonzero gradients (they accumulate) */
+  float *dy = randv(n, 1.0f, dt), *gx = randv(n, 0.5f, dt), *gw = randv(c, 0.5f, CPLAN_F32), *gb = randv(c, 0.5f, CPLAN_F32);
+  void *ddy = up(dy, n, dt), *dgx = up(gx, n, dt), *dgw = up(gw, c, CPLAN_F32), *dgb = up(gb, c, CPLAN_F32);
+  CUDA_OK(cudaMemcpy(drstd, rstd, 4 * rows, cudaMemcpyHostToDevice));
+  if (!rms) CUDA_OK(cudaMemcpy(dmean, mean, 4 * rows, cudaMemcpyHostToDevice));
+  void *dgx2 = up(gx, n, dt), *dgw2 = up(gw, c, CPLAN_F32);
+  if (rms) {
+    k_rms_norm_backward(gx, gw, dy, x, w, rstd, rows, c);
+    LAUNCH_OK(cplan_cuda_rmsnorm_backward(dt, dgx, dgw, ddy, dx_, dw_, drstd, rows, c, stream));
+    LAUNCH_OK(cplan_cuda_rmsnorm_backward(dt, dgx2, dgw2, ddy, dx_, dw_, drstd, rows, c, stream));
+  } else {
+    k_layer_norm_backward(gx, gw, gb, dy, x, w, mean, rstd, rows, c);
+    LAUNCH_OK(cplan_cuda_layernorm_backward(dt, dgx, dgw, dgb, ddy, dx_, dw_, dmean, drstd, rows, c, stream));
+    LAUNCH_OK(cplan_cuda_layernorm_backward(dt, dgx2, dgw2, NULL, ddy, dx_, dw_, dmean, drstd, rows, c, stream));
+    compare(k, "bwd db", dt, down(dgb, c, CPLAN_F32), gb, c, 1e-3, 1e-4);
+  }
+  compare_dt(k, "bwd dx", dt, down(dgx, n, dt), gx, n);
+  compare(k, "bwd dw", dt, down(dgw, c, CPLAN_F32), gw, c, dt == CPLAN_BF16 ? 2e-2 : 1e-3, 1e-4);
+  same_bits(k, "bwd dx", dt, dgx, dgx2, esize(dt) * (size_t)n);
+  same_bits(k, "bwd dw", dt, dgw, dgw2, 4 * (size_t)c);
+  free(x), free(w), free(b), free(out), free(mean), free(rstd), free(dy), free(gx), free(gw), free(gb);
+  void *bufs[] = {dx_, dw_, db_, dout_, dmean, drstd, ddy, dgx, dgw, dgb, dgx2, dgw2};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+}
+
+static void test_softmax(CplanDtype dt) {
+  const int rows = 29, n = 1000;
+  long e = (long)rows * n;
+  float *x = randv(e, 4.0f, dt), *y = malloc(4 * (size_t)e), *dy = randv(e, 1.0f, dt), *gx = randv(e, 0.5f, dt);
+  void *dx = up(x, e, dt), *dyv = zeros(e, esize(dt));
+  k_softmax_forward(y, x, rows, n);
+  LAUNCH_OK(cplan_cuda_softmax_forward(dt, dyv, dx, rows, n, stream));
+  compare_dt("softmax", "fwd", dt, down(dyv, e, dt), y, e);
+  if (dt == CPLAN_BF16) k_bf16_round(y, e); /* the backward reads the stored (bf16) forward output */
+  void *dout = up(dy, e, dt), *g = up(gx, e, dt), *yy = up(y, e, dt);
+  k_softmax_backward(gx, dy, y, rows, n);
+  LAUNCH_OK(cplan_cuda_softmax_backward(dt, g, dout, yy, rows, n, stream));
+  compare_dt("softmax", "bwd dx", dt, down(g, e, dt), gx, e);
+  free(x), free(y), free(dy), free(gx);
+  cudaFree(dx), cudaFree(dyv), cudaFree(dout), cudaFree(g), cudaFree(yy);
+}
+
+static void test_attention(CplanDtype dt, int d, int causal) {
+  const int nb = 3, t = 200;
+  long e = (long)nb * t * d;
+  char name[40];
+  snprintf(name, sizeof name, "attention d%d%s", d, causal ? " causal" : "");
+  float *q = randv(e, 1.0f, dt), *k = randv(e, 1.0f, dt), *v = randv(e, 1.0f, dt);
+  float *out = malloc(4 * (size_t)e), *att = malloc(4 * (size_t)nb * t * t);
+  k_sdpa_forward(out, att, q, k, v, nb, t, d, causal);
+  void *dq_ = up(q, e, dt), *dk_ = up(k, e, dt), *dv_ = up(v, e, dt), *dout_ = zeros(e, esize(dt));
+  float *lse = zeros((long)nb * t, 4), *delta = zeros((long)nb * t, 4);
+  LAUNCH_OK(cplan_cuda_attention_forward(dt, dout_, lse, dq_, dk_, dv_, nb, t, d, causal, stream));
+  float *got = down(dout_, e, dt);
+  compare_dt(name, "fwd out", dt, got, out, e);
+  float *dy = randv(e, 1.0f, dt), *gq = randv(e, 0.1f, dt), *gk = randv(e, 0.1f, dt), *gv = randv(e, 0.1f, dt);
+  void *ddy = up(dy, e, dt), *dgq = up(gq, e, dt), *dgk = up(gk, e, dt), *dgv = up(gv, e, dt);
+  void *dgq2 = up(gq, e, dt), *dgk2 = up(gk, e, dt), *dgv2 = up(gv, e, dt);
+  k_sdpa_backward(gq, gk, gv, dy, att, q, k, v, nb, t, d);
+  LAUNCH_OK(cplan_cuda_attention_backward(dt, dgq, dgk, dgv, delta, ddy, dout_, lse, dq_, dk_, dv_, nb, t, d, causal, stream));
+  LAUNCH_OK(cplan_cuda_attention_backward(dt, dgq2, dgk2, dgv2, delta, ddy, dout_, lse, dq_, dk_, dv_, nb, t, d, causal, stream));
+  compare_dt(name, "bwd dq", dt, down(dgq, e, dt), gq, e);
+  compare_dt(name, "bwd dk", dt, down(dgk, e, dt), gk, e);
+  compare_dt(name, "bwd dv", dt, down(dgv, e, dt), gv, e);
+  same_bits(name, "bwd dq", dt, dgq, dgq2, esize(dt) * (size_t)e);
+  same_bits(name, "bwd dk", dt, dgk, dgk2, esize(dt) * (size_t)e);
+  free(q), free(k), free(v), free(out), free(att), free(dy), free(gq), free(gk), free(gv);
+  void *bufs[] = {dq_, dk_, dv_, dout_, lse, delta, ddy, dgq, dgk, dgv, dgq2, dgk2, dgv2};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+}
+
+static void test_activation(CplanDtype dt, KUnary op) {
+  const long n = 100003;
+  const char *name = op == K_GELU ? "gelu" : "silu";
+  float *x = randv(n, 5.0f, dt), *y = malloc(4 * (size_t)n), *dy = randv(n, 1.0f, dt), *gx = randv(n, 0.5f, dt);
+  void *dx = up(x, n, dt), *dyv = zeros(n, esize(dt)), *dout = up(dy, n, dt), *g = up(gx, n, dt);
+  k_unary_forward(op, y, x, n, 0);
+  if (op == K_GELU) LAUNCH_OK(cplan_cuda_gelu_forward(dt, dyv, dx, n, stream));
+  else LAUNCH_OK(cplan_cuda_silu_forward(dt, dyv, dx, n, stream));
+  compare_dt(name, "fwd", dt, down(dyv, n, dt), y, n);
+  k_unary_backward(op, gx, dy, x, y, n, 0);
+  if (op == K_GELU) LAUNCH_OK(cplan_cuda_gelu_backward(dt, g, dout, dx, n, stream));
+  else LAUNCH_OK(cplan_cuda_silu_backward(dt, g, dout, dx, n, stream));
+  compare_dt(name, "bwd dx", dt, down(g, n, dt), gx, n);
+  free(x), free(y), free(dy), free(gx);
+  cudaFree(dx), cudaFree(dyv), cudaFree(dout), cudaFree(g);
+}
+
+static void test_cross_entropy(CplanDtype dt) {
+  const int rows = 53, v = 5003;
+  long e = (long)rows * v;
+  float *x = randv(e, 6.0f, dt), *gx = randv(e, 0.01f, dt);
+  int32_t *tg = malloc(4 * rows);
+  for (int r = 0; r < rows; r++) tg[r] = r % 7 == 3 ? -1 : (int32_t)((r * 7919) % v);
+  int count = 0;
+  float loss = k_cross_entropy_forward(&count, x, tg, rows, v);
+  void *dx = up(x, e, dt), *g = up(gx, e, dt);
+  int32_t *dtg;
+  CUDA_OK(cudaMalloc((void **)&dtg, 4 * rows));
+  CUDA_OK(cudaMemcpy(dtg, tg, 4 * rows, cudaMemcpyHostToDevice));
+  float *losses = zeros(rows, 4), *lse = zeros(rows, 4), *dloss = zeros(2, 4);
+  int *dcount = zeros(1, 4);
+  LAUNCH_OK(cplan_cuda_cross_entropy_forward(dt, losses, lse, dloss, dcount, dx, dtg, rows, v, stream));
+  float *gl = down(dloss, 1, CPLAN_F32);
+  int gc = 0;
+  CUDA_OK(cudaMemcpy(&gc, dcount, 4, cudaMemcpyDeviceToHost));
+  float fc = (float)gc, rc = (float)count;
+  compare("cross_entropy", "fwd count", dt, copyv(&fc, 1), &rc, 1, 0, 0);
+  compare("cross_entropy", "fwd loss", dt, gl, &loss, 1, 1e-5, 1e-5);
+  float dl = 1.7f;
+  CUDA_OK(cudaMemcpy(dloss, &dl, 4, cudaMemcpyHostToDevice));
+  k_cross_entropy_backward(gx, dl, x, tg, rows, v);
+  LAUNCH_OK(cplan_cuda_cross_entropy_backward(dt, g, dloss, dcount, dx, lse, dtg, rows, v, stream));
+  compare("cross_entropy", "bwd dlogits", dt, down(g, e, dt), gx, e, dt == CPLAN_BF16 ? 1e-3 : 1e-6,
+          atol_of(dt));
+  free(x), free(gx), free(tg);
+  cudaFree(dx), cudaFree(g), cudaFree(dtg), cudaFree(losses), cudaFree(lse), cudaFree(dloss), cudaFree(dcount);
+}
+
+static void test_embedding(CplanDtype dt) {
+  const int n = 300, v = 97, c = 130;
+  float *table = randv((long)v * c, 1.0f, dt), *out = malloc(4 * (size_t)n * c);
+  float *dy = randv((long)n * c, 1.0f, dt), *gt = randv((long)v * c, 0.5f, CPLAN_F32);
+  int32_t *idx = malloc(4 * n);
+  for (int i = 0; i < n; i++) idx[i] = (int32_t)((i * i * 31 + 7) % v) / (i % 3 ? 1 : 4); /* many repeats */
+  k_embedding_forward(out, table, idx, n, v, c);
+  void *dt_ = up(table, (long)v * c, dt), *dout = zeros((long)n * c, esize(dt)), *ddy = up(dy, (long)n * c, dt);
+  float *dgt = up(gt, (long)v * c, CPLAN_F32);
+  int32_t *didx;
+  CUDA_OK(cudaMalloc((void **)&didx, 4 * n));
+  CUDA_OK(cudaMemcpy(didx, idx, 4 * n, cudaMemcpyHostToDevice));
+  LAUNCH_OK(cplan_cuda_embedding_forward(dt, dout, dt_, didx, n, v, c, stream));
+  compare("embedding", "fwd", dt, down(dout, (long)n * c, dt), out, (long)n * c, 0, 0);
+  k_embedding_backward(gt, dy, idx, n, v, c);
+  LAUNCH_OK(cplan_cuda_embedding_backward(dt, dgt, ddy, didx, n, v, c, stream));
+  compare("embedding", "bwd (exact)", dt, down(dgt, (long)v * c, CPLAN_F32), gt, (long)v * c, 0, 0);
+  free(table), free(out), free(dy), free(gt), free(idx);
+  cudaFree(dt_), cudaFree(dout), cudaFree(ddy), cudaFree(dgt), cudaFree(didx);
+}
+
+static void test_rope(CplanDtype dt) {
+  const int nb = 6, t = 300, d = 64;
+  const float base = 10000.0f;
+  long e = (long)nb * t * d;
+  float *x = randv(e, 1.0f, dt), *y = malloc(4 * (size_t)e), *dy = randv(e, 1.0f, dt), *gx = randv(e, 0.5f, dt);
+  void *dx = up(x, e, dt), *dyv = zeros(e, esize(dt)), *dout = up(dy, e, dt), *g = up(gx, e, dt);
+  k_rope_forward(y, x, nb, t, d, base);
+  LAUNCH_OK(cplan_cuda_rope_forward(dt, dyv, dx, nb, t, d, base, stream));
+  compare_dt("rope", "fwd", dt, down(dyv, e, dt), y, e);
+  k_rope_backward(gx, dy, nb, t, d, base);
+  LAUNCH_OK(cplan_cuda_rope_backward(dt, g, dout, nb, t, d, base, stream));
+  compare_dt("rope", "bwd dx", dt, down(g, e, dt), gx, e);
+  free(x), free(y), free(dy), free(gx);
+  cudaFree(dx), cudaFree(dyv), cudaFree(dout), cudaFree(g);
+}
+
+/* AdamW on three tensors (f32 master weights), two steps, the gradient in dt, scaled by 0.5 */
+static void test_adamw(CplanDtype dt) {
+  enum { NT = 3 };
+  const long ns[NT] = {5000, 1, 70001};
+  const float wds[NT] = {0.1f, 0.0f, 0.01f};
+  float *p[NT], *m[NT], *v[NT], *g[NT];
+  CplanAdamwTensor ts[NT];
+  for (int k = 0; k < NT; k++) {
+    p[k] = randv(ns[k], 1.0f, CPLAN_F32), m[k] = calloc((size_t)ns[k], 4), v[k] = calloc((size_t)ns[k], 4);
+    g[k] = randv(ns[k], 0.3f, dt);
+    ts[k] = (CplanAdamwTensor){.param = up(p[k], ns[k], CPLAN_F32), .param_lp = zeros(ns[k], 2),
+                               .grad = up(g[k], ns[k], dt), .grad_dt = dt, .m = zeros(ns[k], 4),
+                               .v = zeros(ns[k], 4), .n = ns[k], .weight_decay = wds[k]};
+  }
+  float half = 0.5f, *dscale = up(&half, 1, CPLAN_F32);
+  for (int step = 1; step <= 2; step++) {
+    CplanAdamwHyper h = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                         .bc1 = (float)(1 - pow(0.9, step)), .bc2 = (float)(1 - pow(0.95, step))};
+    for (int k = 0; k < NT; k++)
+      k_adamw_update(p[k], m[k], v[k], g[k], ns[k], half, h.lr, h.beta1, h.beta2, h.eps, wds[k], h.bc1, h.bc2);
+    LAUNCH_OK(cplan_cuda_adamw_multi(ts, NT, &h, dscale, stream));
+  }
+  for (int k = 0; k < NT; k++) {
+    char what[24];
+    snprintf(what, sizeof what, "p[%d]", k);
+    compare("adamw (f32 master)", what, dt, down(ts[k].param, ns[k], CPLAN_F32), p[k], ns[k], 1e-6, 1e-5);
+    snprintf(what, sizeof what, "m,v[%d]", k);
+    compare("adamw (f32 master)", what, dt, down(ts[k].m, ns[k], CPLAN_F32), m[k], ns[k], 1e-7, 1e-5);
+    compare("adamw (f32 master)", what, dt, down(ts[k].v, ns[k], CPLAN_F32), v[k], ns[k], 1e-9, 1e-5);
+    k_bf16_round(p[k], ns[k]);
+    snprintf(what, sizeof what, "bf16 p[%d]", k);
+    compare("adamw (f32 master)", what, CPLAN_BF16, down(ts[k].param_lp, ns[k], CPLAN_BF16), p[k], ns[k], 0, 8e-3);
+    free(p[k]), free(m[k]), free(v[k]), free(g[k]);
+    cudaFree(ts[k].param), cudaFree(ts[k].param_lp), cudaFree((void *)ts[k].grad), cudaFree(ts[k].m), cudaFree(ts[k].v);
+  }
+  cudaFree(dscale);
+}
+
+static void test_global_norm(CplanDtype dt) {
+  enum { NT = 40 }; /* more than one launch's list */
+  float *xs[NT];
+  long ns[NT];
+  CplanNormTensor ts[NT];
+  for (int k = 0; k < NT; k++) {
+    ns[k] = k == 7 ? 0 : 1000 + 977L * k * (k % 5);
+    xs[k] = randv(ns[k], 1.0f, dt);
+    ts[k] = (CplanNormTensor){.x = up(xs[k], ns[k], dt), .dt = dt, .n = ns[k]};
+  }
+  double norm = k_global_norm((const float *const *)xs, ns, NT);
+  size_t work = cplan_cuda_global_norm_work(ts, NT);
+  double *dwork = zeros((long)work, 8);
+  float *dn = zeros(2, 4);
+  const float clip = 1.0f;
+  LAUNCH_OK(cplan_cuda_global_norm(dn, dn + 1, ts, NT, clip, dwork, work, stream));
+  float *got = down(dn, 2, CPLAN_F32);
+  float ref[2] = {(float)norm, fminf(1.0f, clip / ((float)norm + 1e-6f))};
+  compare("global_norm", "norm,clip", dt, got, ref, 2, 0, 1e-6);
+  for (int k = 0; k < NT; k++) free(xs[k]), cudaFree((void *)ts[k].x);
+  cudaFree(dwork), cudaFree(dn);
+}
+
+int main(void) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    fprintf(stderr, "test_kernels: no CUDA device found (%s): the kernel checks did NOT run\n",
+            e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+    return 1;
+  }
+  struct cudaDeviceProp prop;
+  CUDA_OK(cudaGetDeviceProperties(&prop, 0));
+  CUDA_OK(cudaStreamCreate(&stream));
+  printf("CUDA kernels against the CPU references on %s (sm_%d%d)\n", prop.name, prop.major, prop.minor);
+  printf("pass: |gpu - ref| <= atol + rtol |ref| per element\n\n");
+  printf("%-22s %-10s %-5s %8s  %10s %10s  %7s %7s  %s\n", "kernel", "output", "dtype", "elements", "max abs", "max rel",
+         "atol", "rtol", "result");
+  CplanDtype dts[2] = {CPLAN_F32, CPLAN_BF16};
+  for (int i = 0; i < 2; i++) {
+    CplanDtype dt = dts[i];
+    test_norm(dt, 0);
+    test_norm(dt, 1);
+    test_softmax(dt);
+    test_attention(dt, 64, 1);
+    test_attention(dt, 40, 1);
+    test_attention(dt, 96, 1);
+    test_attention(dt, 64, 0);
+    test_activation(dt, K_GELU);
+    test_activation(dt, K_SILU);
+    test_cross_entropy(dt);
+    test_embedding(dt);
+    test_rope(dt);
+    test_adamw(dt);
+    test_global_norm(dt);
+  }
+  printf("\n%d checks, %d failed\n", checks, failures);
+  cudaStreamDestroy(stream);
+  return failures ? 1 : 0;
+}
