@@ -678,14 +678,16 @@ static void emit_collective(Cg *c, int i) {
   int64_t k = n->ia[3], outer, piece;
   const char *o = ptr(c, i), *src = ptr(c, n->in[0]), *grp = cp_fmt("run->axis_comm[%d]", a);
   const char *tmp = cp_fmt("F(%lld)", (long long)c->nc[i].soff[c->ph]);
+  /* f32 values, or i32 ones (under sp the targets are split along the sequence too): 4 bytes */
+  const char *ty = x->dtype == DT_I32 ? "RT_COMM_I32" : "RT_COMM_F32";
   switch (n->op) {
   case OP_ALL_REDUCE:
     if (strcmp(o, src) != 0) EMIT("  memcpy(%s, %s, %lld);\n", o, src, (long long)ir_node_bytes(c->g, i));
-    EMIT("  rt_comm_all_reduce(%s, %s, %lld, RT_COMM_F32);\n", grp, o, (long long)numel(n));
+    EMIT("  rt_comm_all_reduce(%s, %s, %lld, %s);\n", grp, o, (long long)numel(n), ty);
     break;
   case OP_ALL_GATHER: /* gathered [k, outer, piece] -> out [outer, k, piece] */
     split_view(&n->shape, d, k, &outer, &piece);
-    EMIT("  rt_comm_all_gather(%s, %s, %s, %lld, RT_COMM_F32);\n", grp, src, tmp, (long long)numel(x));
+    EMIT("  rt_comm_all_gather(%s, %s, %s, %lld, %s);\n", grp, src, tmp, (long long)numel(x), ty);
     EMIT("  for (long r = 0; r < %lld; r++)\n    for (long q = 0; q < %lld; q++)\n"
          "      memcpy(%s + (q * %lld + r) * %lld, %s + (r * %lld + q) * %lld, %lld);\n",
          (long long)k, (long long)outer, o, (long long)k, (long long)piece, tmp, (long long)outer, (long long)piece,
@@ -697,7 +699,7 @@ static void emit_collective(Cg *c, int i) {
          "      memcpy(%s + (r * %lld + q) * %lld, %s + (q * %lld + r) * %lld, %lld);\n",
          (long long)k, (long long)outer, tmp, (long long)outer, (long long)piece, src, (long long)k, (long long)piece,
          (long long)(piece * 4));
-    EMIT("  rt_comm_reduce_scatter(%s, %s, %s, %lld, RT_COMM_F32);\n", grp, tmp, o, (long long)numel(n));
+    EMIT("  rt_comm_reduce_scatter(%s, %s, %s, %lld, %s);\n", grp, tmp, o, (long long)numel(n), ty);
     break;
   case OP_SHARD_SLICE:
     split_view(&x->shape, d, k, &outer, &piece);
@@ -706,7 +708,7 @@ static void emit_collective(Cg *c, int i) {
     break;
   default: cp_unreachable();
   }
-  if (x->dtype != DT_F32) unsupported(c, i, "a collective of a non-f32 tensor");
+  if (x->dtype != DT_F32 && x->dtype != DT_I32) unsupported(c, i, "a collective of a tensor of this dtype");
 }
 
 /* A crossing between pipeline stages (pipeline.h) over the pp axis group, whose rank is the stage:

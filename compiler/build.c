@@ -5,6 +5,7 @@
 #include "build.h"
 
 #include "../codegen/codegen.h"
+#include "../codegen/emit_cu.h"
 #include "cplan_config.h"
 #include "lower.h"
 #include "pipeline.h"
@@ -343,6 +344,7 @@ bool build_emit_llvm(FILE *out, Graph *g, const TrainConf *t) {
 }
 
 bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o) {
+  if (t->mesh && t->mesh->device.kind == DEV_CUDA) return cg_build_cuda(g, t, o); /* codegen/emit_cu.c */
   const char *tmp = getenv("TMPDIR");
   char *dir = cp_fmt("%s/cplan-build-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir)) {

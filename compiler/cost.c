@@ -1,9 +1,11 @@
 /* cost.c: the cost model (cost.h). Figures per device, in seconds and bytes.
  *
- * What is approximate, on purpose: efficiency factors are per op class, not per shape (a
- * calibrated profile replaces the peak figures, not these factors); collectives follow the
- * alpha-beta model of one ring or tree over the slowest link the group spans (NCCL's hierarchical
- * algorithms are faster across nodes); nothing overlaps communication with compute. */
+ * What is approximate, on purpose: efficiency factors are per op class, not per shape (on a
+ * calibrated CPU profile, matmuls take the measured GEMM curve at their size and memory-bound ops
+ * their kernel's measured bandwidth, which was measured out of cache: small tensors run faster);
+ * collectives follow the alpha-beta model of one ring or tree over the slowest link the group
+ * spans (NCCL's hierarchical algorithms are faster across nodes); nothing overlaps communication
+ * with compute. */
 #include "cost.h"
 
 #include <math.h>
@@ -38,6 +40,11 @@ void cost_init(CostModel *cm, const TrainConf *t) {
   bool low = t && t->precision != PREC_F32;
   cm->peak = low ? cm->dev.flops_bf16 : cm->dev.flops_f32;
   for (int c = 0; c < CC__COUNT; c++) cm->eff[c] = class_eff[c];
+  if (cm->dev.kind == DEV_CPU && cm->dev.measured) {
+    cm->meas = cm->dev.measured;
+    /* elementwise kernels stand for the rest of the memory-bound ops and the optimizer update */
+    if (cm->meas->eff_gelu > 0) cm->eff[CC_MEMORY] = cm->meas->eff_gelu;
+  }
   bool gpu = cm->dev.kind == DEV_CUDA;
   cm->launch = gpu ? 4e-6 : 1e-6;
   cm->act_size = low ? 2 : 4;
@@ -53,6 +60,28 @@ double cost_act_bytes(const CostModel *cm, const Graph *g, int i) {
   return (double)shape_numel(&n->shape) * size;
 }
 
+double cost_gemm_eff(const DeviceMeasured *m, double n) {
+  const ProfilePoint *p = m->gemm;
+  int k = m->ngemm;
+  if (k == 0) return class_eff[CC_MATMUL];
+  if (n <= p[0].x) return p[0].y;
+  for (int j = 1; j < k; j++)
+    if (n <= p[j].x) {
+      double f = log(n / p[j - 1].x) / log(p[j].x / p[j - 1].x);
+      return p[j - 1].y + f * (p[j].y - p[j - 1].y);
+    }
+  return p[k - 1].y;
+}
+
+/* The measured bandwidth fraction of the kernel that stands for op (norms: layer_norm; softmax,
+ * log_softmax, cross_entropy: softmax; anything else: elementwise), or `dflt` when not measured. */
+static double kernel_eff(const DeviceMeasured *m, OpId op, double dflt) {
+  double e = m->eff_gelu;
+  if (op == OP_LAYER_NORM || op == OP_RMS_NORM) e = m->eff_layer_norm;
+  if (op == OP_SOFTMAX || op == OP_LOG_SOFTMAX || op == OP_CROSS_ENTROPY) e = m->eff_softmax;
+  return e > 0 ? e : dflt;
+}
+
 double cost_node(const CostModel *cm, const Graph *g, int i, double split) {
   const Node *n = &g->nodes[i];
   if (ir_ops[n->op].flags & OPF_LEAF) return 0;
@@ -60,8 +89,15 @@ double cost_node(const CostModel *cm, const Graph *g, int i, double split) {
   for (int k = 0; k < n->nin; k++) bytes += cost_act_bytes(cm, g, n->in[k]);
   bytes /= split;
   CostClass c = cost_class(g, i);
-  double t_flops = cm->peak > 0 ? flops / (cm->peak * cm->eff[c]) : 0;
-  double t_bytes = cm->dev.hbm > 0 ? bytes / (cm->dev.hbm * cm->eff[CC_MEMORY]) : 0;
+  double eff = cm->eff[c], mem_eff = cm->eff[CC_MEMORY];
+  if (cm->meas) {
+    OpId op = n->op == OP_GRAD ? g->nodes[n->fwd].op : n->op;
+    /* an m x k x n GEMM as the cube of the same work: its measured efficiency at that size */
+    if (c == CC_MATMUL && cm->meas->ngemm > 0 && flops > 0) eff = cost_gemm_eff(cm->meas, cbrt(flops / 2));
+    if (c == CC_MEMORY) mem_eff = kernel_eff(cm->meas, op, mem_eff);
+  }
+  double t_flops = cm->peak > 0 && eff > 0 ? flops / (cm->peak * eff) : 0;
+  double t_bytes = cm->dev.hbm > 0 ? bytes / (cm->dev.hbm * mem_eff) : 0;
   return cm->launch + (t_flops > t_bytes ? t_flops : t_bytes);
 }
 
@@ -101,6 +137,18 @@ double cost_coll(Collective c, double bytes, int64_t n, CostLink l) {
   case COLL_ALL_TO_ALL: return f * l.lat + per;
   default: return 0;
   }
+}
+
+double cost_collective(const CostModel *cm, Collective c, double bytes, int64_t n, CostLink l) {
+  const DeviceMeasured *m = cm->meas;
+  int pc = -1;
+  if (c == COLL_ALL_REDUCE) pc = PC_ALL_REDUCE;
+  if (c == COLL_ALL_GATHER) pc = PC_ALL_GATHER;
+  if (c == COLL_REDUCE_SCATTER) pc = PC_REDUCE_SCATTER;
+  if (m && pc >= 0 && n > 1 && n == m->coll_ranks && bytes > 0 && m->coll[pc].npoints > 0 &&
+      l.bw == cm->dev.intra_bw && l.lat == cm->dev.intra_latency)
+    return m->coll[pc].alpha + m->coll[pc].beta * bytes;
+  return cost_coll(c, bytes, n, l);
 }
 
 double cost_p2p(double bytes, CostLink l) { return bytes > 0 ? l.lat + bytes / l.bw : 0; }

@@ -30,6 +30,10 @@ typedef struct CostModel {
   double g_bytes;        /* bytes per param element of gradient accumulators */
   double o_bytes;        /* bytes per param element of optimizer state */
   double workspace;      /* fixed bytes per device (framework, allocator slack, kernel workspace) */
+  /* A calibrated CPU profile's measurements (`cplanc calibrate`), or NULL: matmuls then reach the
+   * GEMM curve's efficiency at their size, memory-bound ops their kernel's measured efficiency,
+   * collectives of the calibrated rank count the fitted alpha + beta * bytes (cost_collective). */
+  const DeviceMeasured *meas;
 } CostModel;
 
 /* Fills the model from the train block's mesh (or the local machine) and precision/optimizer. */
@@ -48,6 +52,13 @@ CostLink cost_group_link(const CostModel *cm, int64_t stride, int64_t n);
 /* Seconds of collective c on n devices over link l; `bytes` is the whole tensor on the group (as
  * pl_coll_bytes takes it). All-reduce takes the faster of ring and tree. */
 double cost_coll(Collective c, double bytes, int64_t n, CostLink l);
+/* cost_coll, or on a calibrated CPU profile (CostModel.meas) for a group of the calibrated rank count
+ * over the profile's own link (no `link` setting overrides it), the measured fit alpha + beta *
+ * bytes of all-reduce, all-gather or reduce-scatter. */
+double cost_collective(const CostModel *cm, Collective c, double bytes, int64_t n, CostLink l);
+/* The measured GEMM efficiency (fraction of flops_f32) of an n x n x n GEMM: the calibrated curve,
+ * linear in log n between its points, its end values outside them. */
+double cost_gemm_eff(const DeviceMeasured *m, double n);
 /* Seconds of a point-to-point send of `bytes` over link l. */
 double cost_p2p(double bytes, CostLink l);
 

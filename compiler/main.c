@@ -8,6 +8,7 @@
 #include "cplan.h"
 #include "ir.h"
 #include "plan_cmd.h"
+#include "search.h"
 #include "sema.h"
 #include "train.h"
 #include "../runtime/cplanrt.h"
@@ -279,6 +280,25 @@ static int cmd_check(Options *o) {
 
 /* The train block's model, elaborated; NULL after a diagnostic (also when there is no train
  * block: build, run and `emit --stage=c` need one). */
+/* `strategy = auto` on a mesh of several devices: the search's best plan, when the executor runs
+ * it (search_best_runnable), else pure data parallelism (train_dp). One line on stderr says which. */
+static void use_search(Sema *s, TrainConf *t) {
+  const StrategyConf *st = &t->strategy;
+  if (!st->is_auto || !t->mesh || t->mesh->ndevices <= 1) return;
+  StrategyConf best = *st;
+  if (!search_best_runnable(s, t, &best)) {
+    fprintf(stderr, "cplanc: strategy = auto: the search found no plan this version runs; pure data parallelism\n");
+    return;
+  }
+  static const char *const rc[] = {"none", "selective", "full"}, *const ps[] = {"1f1b", "gpipe", "interleaved"};
+  fprintf(stderr, "cplanc: strategy = auto: the search chose dp %lld, tp %lld, pp %lld, sp %lld, zero %lld, micro %lld, "
+          "recompute %s%s%s (`cplanc plan` ranks the alternatives)\n", (long long)best.dp, (long long)best.tp,
+          (long long)best.pp, (long long)(best.sp > 0 ? best.sp : 1), (long long)best.zero, (long long)best.micro,
+          best.recompute >= 0 ? rc[best.recompute] : "none", best.pp > 1 ? ", schedule " : "",
+          best.pp > 1 && best.pipeline >= 0 ? ps[best.pipeline] : "");
+  t->strategy = best;
+}
+
 static Graph *train_model(Options *o, Front *fe, const char *what) {
   if (!front_end(o, fe, true)) return NULL;
   if (!fe->train) {
@@ -286,6 +306,8 @@ static Graph *train_model(Options *o, Front *fe, const char *what) {
     return NULL;
   }
   if (o->plan && !plan_load(o->plan, &fe->train->strategy)) return NULL;
+  /* the kernels --stage=llvm and --stage=cuda print are those of the one-device program */
+  if (!o->plan && strcmp(what, "--stage=llvm") != 0 && strcmp(what, "--stage=cuda") != 0) use_search(fe->sema, fe->train);
   /* a plan lowered per rank is elaborated for the global micro-batch (train.h) */
   return sema_build_model(fe->sema, fe->train->model, fe->train->model_call, train_graph_batch(fe->train));
 }

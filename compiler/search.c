@@ -219,8 +219,8 @@ static void edge_cost(const Seg *s, int u, Pl from, Pl to, bool split, double *t
   else if (from.kind == PL_S && to.kind == PL_S) b = from.dim != to.dim ? COLL_ALL_TO_ALL : COLL_NONE;
   else if (from.kind == PL_R && to.kind == PL_S) b = COLL_ALL_GATHER;
   if (no_grad(s->g, u)) b = COLL_NONE;
-  *tf = cost_coll(f, whole, s->n, s->link);
-  *tb = cost_coll(b, whole, s->n, s->link);
+  *tf = cost_collective(s->cm, f, whole, s->n, s->link);
+  *tb = cost_collective(s->cm, b, whole, s->n, s->link);
   *bytes = pl_coll_bytes(f, whole, s->n) + pl_coll_bytes(b, whole, s->n);
 }
 
@@ -715,11 +715,13 @@ static double stage_time(const Search *S, const Solved *so, const Config *k, int
   if (k->pp > 1) { /* activations forward, their gradients back; interleaving sends v times as often */
     CostLink l = cost_group_link(&S->cm, k->dp * k->tp, 2);
     double p = cost_p2p(so->boundary, l) * (double)k->v;
-    f += p, t += 2 * p, by += 2 * so->boundary * (double)k->v;
+    /* bytes this device sends: forward unless it is the last stage, backward unless the first */
+    double dirs = k->v > 1 ? 2 : (double)(s < k->pp - 1) + (double)(s > 0);
+    f += p, t += 2 * p, by += dirs * so->boundary * (double)k->v;
   }
   if (k->zero >= 3 && k->dp > 1) { /* params gathered before the forward and again for the backward */
     CostLink l = cost_group_link(&S->cm, k->tp, k->dp);
-    double g = cost_coll(COLL_ALL_GATHER, par * S->cm.act_size, k->dp, l);
+    double g = cost_collective(&S->cm, COLL_ALL_GATHER, par * S->cm.act_size, k->dp, l);
     f += g, t += 2 * g, by += 2 * pl_coll_bytes(COLL_ALL_GATHER, par * S->cm.act_size, k->dp);
   }
   if (fwd) *fwd = f;
@@ -852,19 +854,27 @@ static void evaluate(Search *S, const Solved *so, const Config *k) {
       p.mem_workspace = m.work, p.mem_total = m.total;
     double par = m.grads * (k->zero >= 2 ? (double)k->dp : 1) / S->cm.g_bytes;
     if (par > max_par) max_par = par;
-    if (by * (double)k->m > comm) comm = by * (double)k->m;
+    /* a param both ends of the pipeline read (a tied embedding): the last stage sends its gradient
+     * to the first, which sends the updated value back, once per step, in f32 */
+    double tied = pp > 1 && (s == 0 || s == pp - 1) ? so->shared_par * S->cm.g_bytes : 0;
+    if (by * (double)k->m + tied > comm) comm = by * (double)k->m + tied;
   }
-  /* Gradient reduction over dp (ZeRO 1/2: reduce-scatter, then the updated params gathered). */
+  double tied_t = pp > 1 ? 2 * cost_p2p(so->shared_par * S->cm.g_bytes, cost_group_link(&S->cm, k->dp * k->tp, 2)) : 0;
+  /* Gradient reduction over dp: ZeRO 0 all-reduces the whole gradients once per step; 1 reduce-
+   * scatters them once per step (Megatron's distributed optimizer), except on CPU devices, whose
+   * runtime all-reduces them and updates each rank's part; 2 and 3 hold only their part, so they
+   * reduce-scatter after every micro-batch; 1 and 2 then gather the updated params (3 gathers them
+   * per use: stage_time). */
   double dpb = 0;
   if (k->dp > 1) {
     CostLink l = cost_group_link(&S->cm, k->tp, k->dp);
     double gb = max_par * S->cm.g_bytes, wb = max_par * S->cm.act_size;
-    if (k->zero == 0) p.dp_sync = cost_coll(COLL_ALL_REDUCE, gb, k->dp, l), dpb = pl_coll_bytes(COLL_ALL_REDUCE, gb, k->dp);
-    else {
-      p.dp_sync = cost_coll(COLL_REDUCE_SCATTER, gb, k->dp, l);
-      dpb = pl_coll_bytes(COLL_REDUCE_SCATTER, gb, k->dp);
-      if (k->zero < 3) p.dp_sync += cost_coll(COLL_ALL_GATHER, wb, k->dp, l), dpb += pl_coll_bytes(COLL_ALL_GATHER, wb, k->dp);
-    }
+    bool whole = k->zero == 0 || (k->zero == 1 && S->cm.dev.kind == DEV_CPU);
+    Collective red = whole ? COLL_ALL_REDUCE : COLL_REDUCE_SCATTER;
+    double times = k->zero >= 2 ? (double)k->m : 1;
+    p.dp_sync = times * cost_collective(&S->cm, red, gb, k->dp, l), dpb = times * pl_coll_bytes(red, gb, k->dp);
+    if (k->zero == 1 || k->zero == 2)
+      p.dp_sync += cost_collective(&S->cm, COLL_ALL_GATHER, wb, k->dp, l), dpb += pl_coll_bytes(COLL_ALL_GATHER, wb, k->dp);
   }
   const CostModel *cm = &S->cm;
   double upd_bytes = max_par * (cm->w_bytes + cm->g_bytes + 2 * cm->o_bytes) * 2 / (k->zero >= 1 ? (double)k->dp : 1);
@@ -875,7 +885,7 @@ static void evaluate(Search *S, const Solved *so, const Config *k) {
   double hidden = cm->dev.kind == DEV_CUDA ? p.stage_bwd[0] : 0;
   double exposed = p.dp_sync > hidden ? p.dp_sync - hidden : 0;
   p.dp_hidden = p.dp_sync - exposed;
-  p.step_time = ((double)k->m + (double)(pp - 1) / v) * tmax + exposed + p.update;
+  p.step_time = ((double)k->m + (double)(pp - 1) / v) * tmax + exposed + p.update + tied_t;
   p.bubble = cost_bubble(k->sched, k->pp, k->m, k->v);
   p.p2p = pp > 1 ? cost_p2p(so->boundary, cost_group_link(&S->cm, k->dp * k->tp, 2)) : 0;
   p.comm_bytes = comm + dpb;

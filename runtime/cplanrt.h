@@ -310,6 +310,14 @@ typedef struct RtPlan {
   /* What checkpoints record and --resume accepts (NULL: source_hash): the build's hash without
    * the strategy and mesh settings, so a checkpoint of one strategy resumes under another. */
   const char *resume_hash;
+  /* The CUDA backend (codegen/emit_cu.c; NULL in a CPU plan): params and optimizer state live on
+   * the device and RtRun.params / .state are host mirrors. to_device copies the mirrors to the
+   * device: the runtime calls it once the params are initialized or loaded (--init, --resume).
+   * to_host copies the device values back: the runtime calls it before it reads the mirrors
+   * (checkpoints, --save). Both return 0, or -1 with the error. A plan whose runtime never calls
+   * to_device uploads on its first step and refreshes the mirrors after every update instead. */
+  int (*to_device)(RtRun *run, RtError *err);
+  int (*to_host)(RtRun *run, RtError *err);
 } RtPlan;
 
 /* What the generated code reads and writes while it runs. */

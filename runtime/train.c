@@ -979,6 +979,7 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
 }
 
 static int write_checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
+  if (t->p->to_host && t->p->to_host(&t->run, err) != 0) return -1; /* a GPU plan's params and state */
   RtCkptInfo info = {.step = done, .seed = t->p->seed, .loss = t->loss, .data_offset = -1};
   const char *hash = t->p->resume_hash ? t->p->resume_hash : t->p->source_hash;
   snprintf(info.plan_hash, sizeof info.plan_hash, "%s", hash ? hash : "");
@@ -1047,7 +1048,9 @@ static int step_and_report(Trainer *t, int64_t s, RtError *err) {
   cJSON_AddNumberToObject(j, "tokens_per_s", tokens_per_step(p) / sec);
   add_metrics(j, p, "", t->msum);
   if (t->world) {
-    uint64_t b = rt_comm_bytes(t->world);
+    uint64_t b = rt_comm_bytes(t->world); /* and the axis groups' (tp, ZeRO, pp traffic) */
+    for (int a = 0; a < 4 && a < (int)(sizeof t->run.axis_comm / sizeof *t->run.axis_comm); a++)
+      if (t->run.axis_comm[a]) b += rt_comm_bytes(t->run.axis_comm[a]);
     cJSON_AddNumberToObject(j, "comm_bytes", (double)(b - t->comm_bytes));
     t->comm_bytes = b;
     rt_trace_comm_step(s + 1); /* later collectives count in the next step's line */
@@ -1098,6 +1101,8 @@ static int setup(Trainer *t, RtError *err) {
   if (resolve_run(t, err) != 0 || open_data(t, err) != 0 || alloc_all(t, err) != 0 ||
       load_or_init(t, err) != 0)
     return -1;
+  /* a GPU plan: the params and state (initialized or loaded here) go to the device once */
+  if (t->p->to_device && t->p->to_device(&t->run, err) != 0) return -1;
   if (t->o.save_init && save_params(t, t->o.save_init, err) != 0) return -1;
   if (open_metrics(t, err) != 0) return -1;
   if (t->o.trace && rt_trace_open(t->o.trace, t->rank, err) != 0) return -1;
@@ -1117,7 +1122,8 @@ static int run_all(Trainer *t) {
     return 0;
   }
   if (t->o.save) {
-    int bad = check_replicas(t, &err) != 0 || save_params(t, t->o.save, &err) != 0;
+    int bad = (t->p->to_host && t->p->to_host(&t->run, &err) != 0) || check_replicas(t, &err) != 0 ||
+              save_params(t, t->o.save, &err) != 0;
     if (agree(t, bad ? -1 : 0, &err) != 0) return fail(t, err.msg);
     say(t, "saved the params to %s", t->o.save);
   }

@@ -28,7 +28,7 @@ def within(key, lo, hi, v=None):
     assert isinstance(v, (int, float)) and lo <= v <= hi, f"{key} = {v!r} not in [{lo:g}, {hi:g}]"
 within("flops_f32", 1e9, 1e13)
 assert p["flops_bf16"] == p["flops_f32"], "bf16 runs at the f32 rate on CPU"
-within("hbm", 1e9, 1e12)
+within("hbm", 1e8, 1e12)  # 1e8: the triad of an ASan build under load still passes; nonsense does not
 within("memory", 1e8, 1e13)
 within("intra_bw", 1e7, 1e12)
 within("intra_latency", 1e-8, 1e-2)
@@ -102,7 +102,7 @@ grep -q "collectives: not measured" "$dir/np1.out" || bad "the 1-rank table does
 python3 - "$dir/p1.json" <<'PY' || fail=1
 import json, sys
 p = json.load(open(sys.argv[1]))
-assert 1e9 <= p["flops_f32"] <= 1e13 and 1e9 <= p["hbm"] <= 1e12, p
+assert 1e9 <= p["flops_f32"] <= 1e13 and 1e8 <= p["hbm"] <= 1e12, p
 assert "intra_bw" not in p and "intra_latency" not in p and "collectives" not in p, sorted(p)
 assert "intra_bw, intra_latency: not measured (one rank" in p["source"], p["source"]
 print("profile (1 rank) ok")

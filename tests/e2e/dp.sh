@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dp.sh CPLANC SRCDIR: data parallelism on CPU ranks under mpirun (loopback, --oversubscribe).
 # gpt_small and llama_small, built for meshes of 2 and 4 CPU devices (dp = the device count,
-# also with accumulation: micro = 1), must train like the single-device program: the 6 losses
+# also with accumulation: micro = 1; and `strategy = auto`, the search's plan), must train like the
+# single-device program: the 6 losses
 # and gradient norms within 2e-4 relative and the params after training (--save) within 1e-4.  Also: a dp run
 # resumed from a checkpoint matches the uninterrupted dp run exactly, a wrong -np is a clear
 # error on every rank, and `cplanc run` starts mpirun itself.
@@ -22,13 +23,21 @@ for m in gpt_small llama_small; do
     n=$1 name=$m-dp$1${2:+-$2}
     sets=(--set train.mesh=laptop --set "mesh.laptop.shape.cpu=$n")
     if [ "${2:-}" = micro ]; then sets+=(--set train.strategy.micro=1); fi  # accumulation 2
-    if [ "$n" = 4 ]; then sets+=(--set train.strategy.dp=4); fi             # pinned, not auto
+    sets+=(--set "train.strategy.dp=$n") # pinned: `auto` is the search's choice (below)
     e2e_build "$name" "$m.cplan" "${sets[@]}"
     e2e_prog 0 "$name" "$mpirun" --oversubscribe -np "$n" "./$name" --save "$name.st" --metrics "$name.jsonl"
     e2e_says "$name" "data parallel: $n ranks"
     [ "$(grep -c 'step 6/6' "$name.err")" = 1 ] || fail "$name: rank 0 alone should print progress"
     e2e_close "$name" "$m-1.jsonl" "$name.jsonl" "$m-1.st" "$name.st"
   done
+done
+
+# strategy = auto on 2 devices: the search's plan (the build says which), trained like one device
+for m in gpt_small llama_small; do
+  e2e_build "$m-auto" "$m.cplan" --set train.mesh=laptop --set mesh.laptop.shape.cpu=2
+  grep -q "strategy = auto: the search chose dp" "build_$m-auto.log" || { cat "build_$m-auto.log"; fail "$m-auto: no search"; }
+  e2e_prog 0 "$m-auto" "$mpirun" --oversubscribe -np 2 "./$m-auto" --save "$m-auto.st" --metrics "$m-auto.jsonl"
+  e2e_close "$m-auto" "$m-1.jsonl" "$m-auto.jsonl" "$m-1.st" "$m-auto.st"
 done
 
 # resume under dp: 3 steps, a checkpoint, then the rest; the same losses as without a stop
@@ -45,7 +54,8 @@ e2e_prog 2 wrong1 ./gpt_small-dp2
 e2e_says wrong1 "run it with mpirun -np 2, not 1"
 
 # cplanc run starts mpirun -np 2 itself
-e2e_prog 0 run "$cplanc" run gpt_small.cplan --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 -- --metrics run.jsonl
+e2e_prog 0 run "$cplanc" run gpt_small.cplan --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 \
+  --set train.strategy.dp=2 -- --metrics run.jsonl
 e2e_says run "data parallel: 2 ranks" "step 6/6"
 [ "$(e2e_det run.jsonl)" = "$(e2e_det gpt_small-dp2.jsonl)" ] || fail "cplanc run differs from mpirun ./prog"
 echo ok

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# tp.sh CPLANC SRCDIR: tensor parallelism (Megatron 1D, tp = 2) on CPU ranks under mpirun.
-# gpt_small and llama_small built with strategy tp = 2 on a mesh of 2 CPUs (and dp = 2 x tp = 2
-# on 4) must train like the single-device program: the 6 losses and gradient norms within 2e-4
+# tp.sh CPLANC SRCDIR: tensor parallelism (Megatron 1D) on CPU ranks under mpirun.
+# gpt_small and llama_small built with strategy tp = 2 on a mesh of 2 CPUs (tp = 4 and dp = 2 x
+# tp = 2 on 4) must train like the single-device program: the 6 losses and gradient norms within 2e-4
 # relative and the consolidated params (--save: rank 0 gathers the shards into whole tensors) within 1e-4
 # (also with sequence parallelism, sp = 2 on dp = 2 x tp = 2); a tp
 # checkpoint (whole tensors) resumes on 1 device with the same losses.
@@ -35,6 +35,10 @@ for m in gpt_small llama_small; do
   e2e_prog 0 "$m-tp2" "$mpirun" -np 2 --oversubscribe "./$m-tp2" --save "$m-tp2.st" --metrics "$m-tp2.jsonl" \
     --checkpoint-every 3 --checkpoint-dir "ck-$m"
   e2e_close "$m tp=2" "$m-1.jsonl" "$m-tp2.jsonl" "$m-1.st" "$m-tp2.st"
+  # tp = 4: one head per rank
+  e2e_build "$m-tp4" "$m.cplan" --set train.mesh=laptop --set mesh.laptop.shape.cpu=4 --set train.strategy.tp=4
+  e2e_prog 0 "$m-tp4" "$mpirun" -np 4 --oversubscribe "./$m-tp4" --save "$m-tp4.st" --metrics "$m-tp4.jsonl"
+  e2e_close "$m tp=4" "$m-1.jsonl" "$m-tp4.jsonl" "$m-1.st" "$m-tp4.st"
   # dp = 2 x tp = 2 on 4 ranks: the runtime averages the gradients over the dp group
   sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=4 --set train.strategy.dp=2 --set train.strategy.tp=2)
   e2e_build "$m-dp2tp2" "$m.cplan" "${sets[@]}"

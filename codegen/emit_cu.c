@@ -1,0 +1,1509 @@
+/* emit_cu.c: the CUDA emitter (emit_cu.h, issue 6). Turns a training Graph into plan.c, the host
+ * program of one GPU, and kernels.cu, the CUDA C it compiles at start with NVRTC.
+ *
+ * It reads the graph as codegen/emit_c.c does and keeps its conventions: the same fusion pass
+ * (compiler/fusion.h), the same views (reshape, ASSIGN/ACCUM results, gradients equal to dy,
+ * transposes only GEMMs read), the same per-phase memory plan (compiler/memplan.h), one launch
+ * per IR node or group, each preceded by the IR node and its .cplan line. What differs:
+ *   - every buffer is device memory: params G.params (P), state G.state (S), the work arena
+ *     G.work (F, I, B), inputs G.in[k], constants and the host's scalars (lr, bc1, bc2) in small
+ *     device arrays (KC, KI, SC);
+ *   - fused elementwise groups and the row kernels no launcher covers (log_softmax, last-axis
+ *     sum and mean) are emitted by codegen/emit_cuda.c into kernels.cu; the rest of kernels.cu
+ *     is the fixed support source of emit_cu_support.h;
+ *   - matmuls go through cuBLASLt (runtime/cuda_rt.c), layer/rms norm, softmax, sdpa,
+ *     cross_entropy, embedding and rope through the launchers of kernels/cuda (kernels_cuda.h);
+ *   - the side buffers are those of the CUDA kernels: sdpa keeps lse [nb, t] (never the [t, t]
+ *     matrix) and its backward a delta [nb, t]; cross_entropy keeps the per-row losses, lse and
+ *     the counted rows.
+ * The optimizer update is the graph's update nodes, run like the rest (fused kernels), so the
+ * numbers follow the CPU backend's formula; kernels/cuda's fused AdamW is not used yet.
+ * Supported: one CUDA device, f32. Anything else is a diagnostic at its .cplan line. */
+#include "emit_cu.h"
+
+#include "../compiler/fusion.h"
+#include "../compiler/memplan.h"
+#include "../compiler/train.h"
+#include "codegen.h"
+#include "cplan_config.h"
+#include "emit_cu_support.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+enum { PH_TRAIN, PH_EVAL, PH__COUNT };
+
+typedef enum LocKind { L_NONE, L_PARAM, L_STATE, L_INPUT, L_CONST, L_SCALAR, L_WORK, L_ALIAS, L_FUSED } LocKind;
+
+typedef struct NodeCu {
+  LocKind kind;
+  int64_t off;            /* PARAM/STATE: offset in floats; INPUT: which input; CONST/SCALAR: slot */
+  int alias;              /* L_ALIAS: the node whose buffer this one is */
+  bool trans;             /* a transpose left to the GEMM */
+  int leader;             /* the node whose launch computes it */
+  int64_t aux, scratch;   /* bytes: side outputs kept for the backward; a temporary */
+  int64_t woff[PH__COUNT], aoff[PH__COUNT], soff[PH__COUNT];
+} NodeCu;
+
+typedef struct Cu {
+  const Graph *g;
+  const TrainConf *t;
+  const Fusion *fu;
+  FILE *out;
+  NodeCu *nc;
+  char **irline;
+  int ph;
+  bool ok;
+  int64_t work[PH__COUNT];
+  int64_t param_floats, state_floats;
+  int nkonst, nscalar;
+  VEC(const char *) knames;  /* the kernels plan.c launches, by index */
+  VEC(CgKernel) rows;        /* the row kernels of kernels.cu (log_softmax, sums) */
+} Cu;
+
+#define EMIT(...) fprintf(c->out, __VA_ARGS__)
+
+/* ---- small helpers (as emit_c.c) ------------------------------------------------------------- */
+
+static const Node *nd(const Cu *c, int i) { return &c->g->nodes[i]; }
+static const Node *in(const Cu *c, int i, int k) { return &c->g->nodes[c->g->nodes[i].in[k]]; }
+static int64_t numel(const Node *n) { return shape_numel(&n->shape); }
+static int64_t align16(int64_t floats) { return (floats + 15) / 16 * 16; }
+
+static int64_t dims_prod(const Shape *s, int lo, int hi) {
+  int64_t p = 1;
+  for (int k = lo; k < hi; k++) p *= s->d[k];
+  return p;
+}
+
+static int64_t rows_of(const Node *n) { return dims_prod(&n->shape, 0, n->shape.rank - 1); }
+static int64_t last_dim(const Node *n) { return n->shape.rank ? n->shape.d[n->shape.rank - 1] : 1; }
+
+static bool unsupported(Cu *c, int i, const char *what) {
+  diag_error(nd(c, i)->span, "%s is not supported on the cuda backend yet", what);
+  c->ok = false;
+  return false;
+}
+
+static int root(const Cu *c, int i) {
+  while (c->nc[i].kind == L_ALIAS) i = c->nc[i].alias;
+  return i;
+}
+
+static bool is_executed(const Node *n) { return !(ir_ops[n->op].flags & OPF_LEAF); }
+
+static bool in_phase(const Node *n, int ph) { return is_executed(n) && (ph == PH_TRAIN || n->role == ROLE_FWD); }
+
+/* The index of kernel `name` in plan.c's table, added on first use. */
+static int kid(Cu *c, const char *name) {
+  for (int k = 0; k < c->knames.n; k++)
+    if (strcmp(c->knames.a[k], name) == 0) return k;
+  VEC_PUSH(c->knames, name);
+  return c->knames.n - 1;
+}
+
+/* The row kernel of kernels.cu for (op, rows, n), added on first use. */
+static const char *row_kernel(Cu *c, CgRowOp op, int64_t rows, int64_t n) {
+  for (int k = 0; k < c->rows.n; k++)
+    if (c->rows.a[k].row == op && c->rows.a[k].shape[0] == rows && c->rows.a[k].shape[1] == n) return c->rows.a[k].name;
+  static const char *const names[CG_ROW__COUNT] = {[CG_ROW_LOG_SOFTMAX_FWD] = "log_softmax",
+                                                   [CG_ROW_LOG_SOFTMAX_BWD] = "log_softmax_bwd",
+                                                   [CG_ROW_SUM_FWD] = "sum", [CG_ROW_MEAN_FWD] = "mean"};
+  CgKernel r = {.name = cp_fmt("k_row%d_%s", c->rows.n, names[op]), .rank = 2, .shape = {rows, n}, .row = op};
+  VEC_PUSH(c->rows, r);
+  return r.name;
+}
+
+/* A float literal for C: 1 -> "1.0f". */
+static const char *flt(double v) {
+  if (isnan(v)) return "NAN";
+  if (isinf(v)) return v > 0 ? "INFINITY" : "-INFINITY";
+  const char *s = cp_fmt("%.9g", v);
+  return cp_fmt("%s%sf", s, strpbrk(s, ".e") ? "" : ".0");
+}
+
+/* ---- where values live (emit_c.c's rules) --------------------------------------------------- */
+
+static bool transpose_virtual(const Cu *c, int t) {
+  const Graph *g = c->g;
+  for (int i = t + 1; i < g->n; i++) {
+    const Node *n = &g->nodes[i];
+    for (int k = 0; k < n->nin; k++) {
+      if (n->in[k] != t) continue;
+      if (n->op == OP_MATMUL) continue;
+      if (n->op == OP_GRAD && (g->nodes[n->fwd].op == OP_MATMUL || n->fwd == t)) continue;
+      return false;
+    }
+  }
+  if (g->loss == t) return false;
+  for (int k = 0; k < g->metrics.n; k++)
+    if (g->metrics.a[k].node == t) return false;
+  return true;
+}
+
+static bool grad_is_dy(const Cu *c, const Node *n) {
+  const Node *f = nd(c, n->fwd);
+  if (f->op == OP_RESHAPE) return true;
+  const Node *x = nd(c, f->in[n->ia[0]]);
+  if (!shape_eq(&x->shape, &f->shape) || x->dtype != f->dtype) return false;
+  return f->op == OP_ADD || (f->op == OP_SUB && n->ia[0] == 0);
+}
+
+static void set_alias(Cu *c, int i, int to) {
+  c->nc[i].kind = L_ALIAS;
+  c->nc[i].alias = to;
+}
+
+static bool multi_grad(OpId op) {
+  return (op >= OP_ADD && op <= OP_MINIMUM) || op == OP_LAYER_NORM || op == OP_RMS_NORM || op == OP_SDPA;
+}
+
+static void place(Cu *c) {
+  const Graph *g = c->g;
+  for (int k = 0; k < g->params.n; k++) {
+    NodeCu *p = &c->nc[g->params.a[k]];
+    p->kind = L_PARAM, p->off = c->param_floats;
+    c->param_floats += align16(numel(nd(c, g->params.a[k])));
+  }
+  for (int k = 0; k < g->states.n; k++) {
+    NodeCu *s = &c->nc[g->states.a[k]];
+    s->kind = L_STATE, s->off = c->state_floats;
+    c->state_floats += align16(numel(nd(c, g->states.a[k])));
+  }
+  for (int k = 0; k < g->inputs.n; k++) c->nc[g->inputs.a[k]].kind = L_INPUT, c->nc[g->inputs.a[k]].off = k;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    NodeCu *x = &c->nc[i];
+    x->leader = i;
+    if (c->fu->group[i] >= 0) {
+      x->leader = c->fu->groups[c->fu->group[i]].root;
+      x->kind = x->leader == i ? L_WORK : L_FUSED;
+      continue;
+    }
+    if (n->op == OP_CONST) x->kind = L_CONST, x->off = c->nkonst++;
+    else if (n->op == OP_SCALAR_IN) x->kind = L_SCALAR, x->off = c->nscalar++;
+    else if (n->op == OP_RESHAPE || n->op == OP_ASSIGN || n->op == OP_ACCUM) set_alias(c, i, n->in[0]);
+    else if (n->op == OP_TRANSPOSE && transpose_virtual(c, i)) set_alias(c, i, n->in[0]), x->trans = true;
+    else if (n->op == OP_GRAD && grad_is_dy(c, n)) set_alias(c, i, n->in[0]);
+    else if (x->kind == L_NONE) x->kind = L_WORK;
+    if (n->op == OP_LAYER_NORM) x->aux = 2 * rows_of(n) * 4;                      /* mean, rstd */
+    if (n->op == OP_RMS_NORM) x->aux = rows_of(n) * 4;                            /* rstd */
+    if (n->op == OP_SDPA) x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * 4; /* lse [nb, t] */
+    if (n->op == OP_CROSS_ENTROPY) x->aux = 2 * rows_of(in(c, i, 0)) * 4 + 64;  /* losses, lse, count */
+    if (n->op == OP_DROPOUT) x->scratch = numel(n);                               /* the mask */
+    if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
+    if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) /* delta [nb, t] */
+      x->scratch = nd(c, n->fwd)->shape.d[0] * nd(c, n->fwd)->shape.d[1] * nd(c, n->fwd)->shape.d[2] * 4;
+  }
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (n->op != OP_GRAD || c->nc[i].leader != i || c->nc[i].kind == L_ALIAS || c->fu->group[i] >= 0 ||
+        !multi_grad(nd(c, n->fwd)->op))
+      continue;
+    for (int j = i + 1; j < g->n; j++) {
+      const Node *m = nd(c, j);
+      if (m->op == OP_GRAD && m->fwd == n->fwd && m->in[0] == n->in[0] && m->role == n->role &&
+          c->nc[j].kind != L_ALIAS && c->fu->group[j] < 0)
+        c->nc[j].leader = i;
+    }
+  }
+}
+
+/* ---- memory planning: emit_c.c's plan_phase ------------------------------------------------- */
+
+static void plan_phase(Cu *c, int ph) {
+  const Graph *g = c->g;
+  int *pos = cp_alloc(sizeof(int) * (size_t)g->n), *last = cp_alloc(sizeof(int) * (size_t)g->n);
+  int *alast = cp_alloc(sizeof(int) * (size_t)g->n), np = 0;
+  for (int i = 0; i < g->n; i++) pos[i] = last[i] = alast[i] = -1;
+  for (int i = 0; i < g->n; i++)
+    if (in_phase(nd(c, i), ph)) pos[i] = np++;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (pos[i] < 0) continue;
+    int p = pos[c->nc[i].leader];
+    for (int k = 0; k < n->nin; k++) {
+      int r = root(c, n->in[k]);
+      if (last[r] < p) last[r] = p;
+    }
+    int r = root(c, i);
+    if (last[r] < p) last[r] = p;
+    if (n->op == OP_GRAD && alast[n->fwd] < p) alast[n->fwd] = p;
+  }
+  VEC(int) outs = {0};
+  VEC_PUSH(outs, g->loss);
+  if (ph == PH_TRAIN) VEC_PUSH(outs, g->grad_norm);
+  for (int k = 0; k < g->metrics.n; k++) VEC_PUSH(outs, g->metrics.a[k].node);
+  for (int k = 0; k < outs.n; k++)
+    if (outs.a[k] >= 0) last[root(c, outs.a[k])] = np;
+  VEC(MpBuf) bufs = {0};
+  VEC(int64_t *) dest = {0};
+  for (int i = 0; i < g->n; i++) {
+    if (pos[i] < 0) continue;
+    const Node *n = nd(c, i);
+    NodeCu *x = &c->nc[i];
+    int p = pos[x->leader];
+    if (x->kind == L_WORK) {
+      VEC_PUSH(bufs, ((MpBuf){(int64_t)ir_node_bytes(c->g, i), p, last[i] < p ? p : last[i], 0}));
+      VEC_PUSH(dest, &x->woff[ph]);
+    }
+    if (x->aux) {
+      int e = alast[i] > p ? alast[i] : p;
+      VEC_PUSH(bufs, ((MpBuf){x->aux, p, e, 0}));
+      VEC_PUSH(dest, &x->aoff[ph]);
+    }
+    if (x->scratch && !(ph == PH_EVAL && n->op == OP_DROPOUT)) {
+      VEC_PUSH(bufs, ((MpBuf){x->scratch, p, p, 0}));
+      VEC_PUSH(dest, &x->soff[ph]);
+    }
+  }
+  c->work[ph] = mp_plan(bufs.a, bufs.n);
+  cp_assert(mp_check(bufs.a, bufs.n, c->work[ph]) < 0);
+  for (int k = 0; k < bufs.n; k++) *dest.a[k] = bufs.a[k].offset;
+}
+
+/* ---- operands --------------------------------------------------------------------------------- */
+
+/* The C expression of node i's device pointer in the phase being emitted. */
+static const char *ptr(const Cu *c, int i) {
+  int r = root(c, i);
+  const NodeCu *x = &c->nc[r];
+  const Node *n = nd(c, r);
+  switch (x->kind) {
+  case L_PARAM: return cp_fmt("P(%lld)", (long long)x->off);
+  case L_STATE: return cp_fmt("S(%lld)", (long long)x->off);
+  case L_INPUT: return cp_fmt("IN(%lld)", (long long)x->off);
+  case L_CONST: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "KI" : "KC", (long long)x->off);
+  case L_SCALAR: return cp_fmt("SC(%lld)", (long long)x->off);
+  case L_WORK: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : "F", (long long)x->woff[c->ph]);
+  default: cp_unreachable();
+  }
+}
+
+static const char *aux_ptr(const Cu *c, int i, int64_t extra_floats) {
+  return cp_fmt("F(%lld)", (long long)(c->nc[i].aoff[c->ph] + extra_floats * 4));
+}
+
+static const char *scratch_ptr(const Cu *c, int i, const char *macro) {
+  return cp_fmt("%s(%lld)", macro, (long long)c->nc[i].soff[c->ph]);
+}
+
+/* Launch arguments: pointers, integers, floats, each as the address of a compound literal. */
+static const char *ap(const char *p) { return cp_fmt("&(void *){%s}", p); }
+static const char *al(int64_t v) { return cp_fmt("&(long long){%lldLL}", (long long)v); }
+static const char *ai(int v) { return cp_fmt("&(int){%d}", v); }
+static const char *af(double v) { return cp_fmt("&(float){%s}", flt(v)); }
+
+/* lk(kernel, threads, {args}, node): a grid-stride launch over `threads` elements. */
+static void emit_lk(Cu *c, const char *kernel, int64_t threads, int node, int nargs, const char *const *args) {
+  StrBuf b = {0};
+  for (int k = 0; k < nargs; k++) sb_printf(&b, "%s%s", k ? ", " : "", args[k]);
+  EMIT("  lk(%d, %lldLL, (void *[]){%s}, %d); /* %s */\n", kid(c, kernel), (long long)threads, sb_str(&b), node, kernel);
+}
+
+static void emit_lrow(Cu *c, const char *kernel, int64_t rows, int node, int nargs, const char *const *args) {
+  StrBuf b = {0};
+  for (int k = 0; k < nargs; k++) sb_printf(&b, "%s%s", k ? ", " : "", args[k]);
+  EMIT("  lrow(%d, %lldLL, (void *[]){%s}, %d); /* %s */\n", kid(c, kernel), (long long)rows, sb_str(&b), node, kernel);
+}
+
+static void emit_zero(Cu *c, const char *p, int64_t bytes) {
+  EMIT("  CU(cudaMemsetAsync(%s, 0, %lld, G.s));\n", p, (long long)bytes);
+}
+
+/* ---- comments ---------------------------------------------------------------------------------- */
+
+static void ir_lines(Cu *c) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&buf, &len);
+  cp_assert(m != NULL);
+  ir_print(m, c->g);
+  fclose(m);
+  c->irline = cp_alloc(sizeof(char *) * (size_t)(c->g->n + 1));
+  char *s = strchr(buf, '\n');
+  for (int i = 0; i < c->g->n; i++) {
+    c->irline[i] = "";
+    if (!s) continue;
+    char *e = strchr(s + 1, '\n');
+    size_t n = e ? (size_t)(e - s - 1) : strlen(s + 1);
+    char *line = cp_strndup(s + 1, n), *o = line;
+    for (char *p = line; *p; p++) {
+      if (p[0] == ' ' && p[1] == ' ' && p[2] == ' ') continue;
+      *o++ = (p[0] == '*' && p[1] == '/') ? '+' : *p;
+    }
+    *o = 0;
+    c->irline[i] = line;
+    s = e;
+  }
+  free(buf);
+}
+
+static const char *src_line_text(Span sp) {
+  if (sp.file < 0 || sp.file >= src_count()) return "";
+  const char *t = src_text(sp.file);
+  int lo = sp.lo, hi = sp.lo;
+  while (lo > 0 && t[lo - 1] != '\n') lo--;
+  while (t[hi] && t[hi] != '\n') hi++;
+  while (lo < hi && (t[lo] == ' ' || t[lo] == '\t')) lo++;
+  char *s = cp_strndup(t + lo, (size_t)(hi - lo));
+  for (char *p = s; *p; p++)
+    if ((p[0] == '*' && p[1] == '/') || (p[0] == '/' && p[1] == '*')) p[1] = ' ';
+  return s;
+}
+
+static void comment(Cu *c, int i) {
+  const char *text = src_line_text(nd(c, i)->span);
+  EMIT("  /* %s */\n", c->irline[i]);
+  if (*text) EMIT("  /*   | %s */\n", text);
+}
+
+/* ---- broadcasting descriptions (CpsIdx, CpsRed of emit_cu_support.h) ------------------------ */
+
+/* The stride in output space of each output dim for operand x (right-aligned; 0 where x has
+ * no such dim or it is 1). */
+static void out_strides(const Shape *x, const Shape *out, int64_t *st) {
+  int64_t s = 1;
+  for (int d = out->rank - 1; d >= 0; d--) {
+    int xd = d - (out->rank - x->rank);
+    if (xd < 0 || x->d[xd] == 1) st[d] = 0;
+    else st[d] = s, s *= x->d[xd];
+  }
+}
+
+static const char *ll_list(const int64_t *v, int n) {
+  StrBuf b = {0};
+  sb_puts(&b, "{");
+  for (int k = 0; k < n; k++) sb_printf(&b, "%s%lld", k ? ", " : "", (long long)v[k]);
+  if (!n) sb_puts(&b, "0");
+  sb_puts(&b, "}");
+  return sb_str(&b);
+}
+
+static const char *cps_idx(const Shape *a, const Shape *b, const Shape *out) {
+  int64_t sa[CP_MAX_RANK], sb[CP_MAX_RANK];
+  out_strides(a, out, sa);
+  out_strides(b, out, sb);
+  return cp_fmt("&(CpsIdx){%d, %s, %s, %s}", out->rank, ll_list(out->d, out->rank), ll_list(sa, out->rank),
+                ll_list(sb, out->rank));
+}
+
+/* The dims operand x owns and the dims it is broadcast along, with their output strides. */
+static const char *cps_red(const Shape *x, const Shape *out) {
+  int64_t st[CP_MAX_RANK], os[CP_MAX_RANK], kn[CP_MAX_RANK], ks[CP_MAX_RANK], rn[CP_MAX_RANK], rs[CP_MAX_RANK];
+  int nk = 0, nr = 0;
+  out_strides(x, out, st);
+  int64_t s = 1;
+  for (int d = out->rank - 1; d >= 0; d--) os[d] = s, s *= out->d[d];
+  for (int d = 0; d < out->rank; d++) {
+    if (out->d[d] == 1) continue;
+    if (st[d]) kn[nk] = out->d[d], ks[nk++] = os[d];
+    else rn[nr] = out->d[d], rs[nr++] = os[d];
+  }
+  return cp_fmt("&(CpsRed){%d, %d, %s, %s, %s, %s}", nk, nr, ll_list(kn, nk), ll_list(ks, nk), ll_list(rn, nr),
+                ll_list(rs, nr));
+}
+
+/* ---- forward nodes ------------------------------------------------------------------------------ */
+
+static void emit_binary(Cu *c, int i) {
+  const Node *n = nd(c, i), *a = in(c, i, 0), *b = in(c, i, 1);
+  int op = (int)(n->op - OP_ADD);
+  if (a->dtype != b->dtype) {
+    unsupported(c, i, "arithmetic mixing i32 and float tensors");
+    return;
+  }
+  const char *args[6] = {ai(op), ap(ptr(c, i)), ap(ptr(c, n->in[0])), ap(ptr(c, n->in[1])),
+                         cps_idx(&a->shape, &b->shape, &n->shape), al(numel(n))};
+  emit_lk(c, a->dtype == DT_I32 ? "cps_binary_i32" : "cps_binary", numel(n), i, 6, args);
+}
+
+static void emit_unary(Cu *c, int i) {
+  const Node *n = nd(c, i);
+  if (n->dtype != DT_F32 || in(c, i, 0)->dtype != DT_F32) {
+    unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
+    return;
+  }
+  const char *args[5] = {ai((int)(n->op - OP_NEG)), ap(ptr(c, i)), ap(ptr(c, n->in[0])), al(numel(n)),
+                         af(n->op == OP_POW ? n->fa[0] : 0)};
+  emit_lk(c, "cps_unary", numel(n), i, 5, args);
+}
+
+static bool reduce_dims(const Node *n, const Shape *x, int64_t *outer, int64_t *len, int64_t *inner) {
+  if (n->ndims <= 0) {
+    *outer = 1, *len = n->ndims < 0 ? shape_numel(x) : 1, *inner = n->ndims < 0 ? 1 : shape_numel(x);
+    return true;
+  }
+  int a0 = (int)n->dims[0], a1 = (int)n->dims[n->ndims - 1];
+  if (a1 - a0 + 1 != n->ndims) return false;
+  *outer = dims_prod(x, 0, a0), *len = dims_prod(x, a0, a1 + 1), *inner = dims_prod(x, a1 + 1, x->rank);
+  return true;
+}
+
+static void emit_reduce(Cu *c, int i) {
+  const Node *n = nd(c, i), *x = in(c, i, 0);
+  int64_t o, l, r;
+  if (x->dtype != DT_F32) {
+    unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
+    return;
+  }
+  if (!reduce_dims(n, &x->shape, &o, &l, &r)) {
+    unsupported(c, i, "a reduction over axes that are not adjacent");
+    return;
+  }
+  if (n->op != OP_MAX && r == 1 && l >= 1) { /* the row kernel: one block per row */
+    const char *k = row_kernel(c, n->op == OP_SUM ? CG_ROW_SUM_FWD : CG_ROW_MEAN_FWD, o, l);
+    const char *args[2] = {ap(ptr(c, i)), ap(ptr(c, n->in[0]))};
+    emit_lrow(c, k, o, i, 2, args);
+    return;
+  }
+  const char *args[6] = {ai(n->op == OP_SUM ? 0 : n->op == OP_MEAN ? 1 : 2), ap(ptr(c, i)), ap(ptr(c, n->in[0])),
+                         al(o), al(l), al(r)};
+  emit_lk(c, "cps_reduce", o * r, i, 6, args);
+}
+
+/* The GEMM view of matmul f (emit_c.c mm_setup). */
+typedef struct Mm {
+  int64_t nb, m, k, n, sa, sb, sc;
+  const char *a, *b;
+  bool ta, tb;
+} Mm;
+
+static bool mm_setup(Cu *c, const Node *f, int fi, Mm *mm) {
+  const Node *a = nd(c, f->in[0]), *b = nd(c, f->in[1]);
+  const Shape *sa = &a->shape, *sb = &b->shape;
+  mm->m = sa->rank >= 2 ? sa->d[sa->rank - 2] : 1;
+  mm->k = sa->d[sa->rank - 1];
+  mm->n = sb->rank >= 2 ? sb->d[sb->rank - 1] : 1;
+  int64_t ba = sa->rank > 2 ? dims_prod(sa, 0, sa->rank - 2) : 1;
+  int64_t bb = sb->rank > 2 ? dims_prod(sb, 0, sb->rank - 2) : 1;
+  mm->nb = shape_numel(&f->shape) / (mm->m * mm->n);
+  if ((ba != mm->nb && ba != 1) || (bb != mm->nb && bb != 1))
+    return unsupported(c, fi, "a matmul whose batch dims broadcast partially");
+  if (a->dtype != DT_F32 || b->dtype != DT_F32) return unsupported(c, fi, "a matmul of i32 tensors");
+  mm->a = ptr(c, f->in[0]), mm->ta = c->nc[f->in[0]].trans, mm->sa = ba == 1 ? 0 : mm->m * mm->k;
+  mm->b = ptr(c, f->in[1]), mm->tb = c->nc[f->in[1]].trans, mm->sb = bb == 1 ? 0 : mm->k * mm->n;
+  mm->sc = mm->m * mm->n;
+  return true;
+}
+
+static void emit_gemm(Cu *c, const char *out, const char *a, const char *b, int64_t nb, int64_t m, int64_t n,
+                      int64_t k, bool ta, bool tb, int64_t sa, int64_t sb, int64_t sc, int node) {
+  EMIT("  gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d);\n", out, a, b, (long long)nb,
+       (long long)m, (long long)n, (long long)k, ta, tb, (long long)sa, (long long)sb, (long long)sc, node);
+}
+
+static uint64_t node_key(int i) {
+  uint64_t z = (uint64_t)i + 0x9e3779b97f4a7c15ULL;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+static uint64_t dropout_key(const Cu *c, int i) {
+  int64_t k = nd(c, i)->ia[0];
+  return node_key(k > 0 ? (int)(k - 1) : i);
+}
+
+/* keep mask of dropout node f (the stream emit_c.c's dropout_mask draws) into mask */
+static void emit_mask(Cu *c, int f, const char *mask, int node) {
+  const Node *n = nd(c, f);
+  EMIT("  { uint64_t ctr = (uint64_t)((run->step * cplan_plan.dp + run->dp_rank) * cplan_plan.accum + run->micro_index);\n"
+       "    uint64_t s1 = rt_splitmix64(rt_splitmix64((uint64_t)cplan_plan.seed) ^ rt_splitmix64(0x%016llxULL ^ rt_splitmix64(ctr)));\n",
+       (unsigned long long)dropout_key(c, f));
+  EMIT("    lk(%d, %lldLL, (void *[]){%s, %s, &(double){%.17g}, &s1}, %d); } /* cps_dropout_mask */\n",
+       kid(c, "cps_dropout_mask"), (long long)numel(n), ap(mask), al(numel(n)), n->fa[0], node);
+}
+
+static void emit_dropout(Cu *c, int i) {
+  const Node *n = nd(c, i);
+  bool off = c->ph == PH_EVAL || n->fa[0] == 0;
+  const char *mask = off ? "NULL" : scratch_ptr(c, i, "B");
+  if (!off) emit_mask(c, i, mask, i);
+  const char *args[6] = {ai(0), ap(ptr(c, i)), ap(ptr(c, n->in[0])), ap(mask), al(numel(n)), af(n->fa[0])};
+  emit_lk(c, "cps_dropout", numel(n), i, 6, args);
+}
+
+static void emit_shape_op(Cu *c, int i) {
+  const Node *n = nd(c, i), *x = in(c, i, 0);
+  const int64_t *d = x->shape.d;
+  int r = x->shape.rank;
+  if (x->dtype != DT_F32) {
+    unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
+    return;
+  }
+  const char *o = ap(ptr(c, i)), *xp = ap(ptr(c, n->in[0]));
+  switch (n->op) {
+  case OP_TRANSPOSE: {
+    const char *args[5] = {o, xp, al(dims_prod(&x->shape, 0, r - 2)), al(d[r - 2]), al(d[r - 1])};
+    emit_lk(c, "cps_transpose", numel(n), i, 5, args);
+    break;
+  }
+  case OP_PERMUTE: {
+    int64_t xs[CP_MAX_RANK], on[CP_MAX_RANK], st[CP_MAX_RANK], s = 1;
+    for (int k = r - 1; k >= 0; k--) st[k] = s, s *= d[k];
+    for (int k = 0; k < n->ndims; k++) on[k] = d[n->dims[k]], xs[k] = st[n->dims[k]];
+    const char *p = cp_fmt("&(CpsPerm){%d, %s, %s}", n->ndims, ll_list(on, n->ndims), ll_list(xs, n->ndims));
+    const char *args[5] = {ai(0), o, xp, p, al(numel(n))};
+    emit_lk(c, "cps_permute", numel(n), i, 5, args);
+    break;
+  }
+  case OP_SLICE: {
+    int ax = (int)n->ia[0];
+    const char *args[8] = {ai(0), o, xp, al(dims_prod(&x->shape, 0, ax)), al(d[ax]),
+                           al(dims_prod(&x->shape, ax + 1, r)), al(n->ia[1]), al(n->ia[2])};
+    emit_lk(c, "cps_slice", numel(n), i, 8, args);
+    break;
+  }
+  case OP_SPLIT_HEADS: case OP_MERGE_HEADS: {
+    bool merge = n->op == OP_MERGE_HEADS; /* merge: x [b, h, t, dh] */
+    const char *args[7] = {ai(merge), o, xp, al(d[0]), al(merge ? d[2] : d[1]), al(merge ? d[1] * d[3] : d[2]),
+                           al(merge ? d[1] : n->ia[0])};
+    emit_lk(c, "cps_heads", numel(n), i, 7, args);
+    break;
+  }
+  default: cp_unreachable();
+  }
+}
+
+static void emit_concat(Cu *c, int i) {
+  const Node *n = nd(c, i);
+  int ax = (int)n->ia[0];
+  int64_t start = 0, outer = dims_prod(&n->shape, 0, ax), inner = dims_prod(&n->shape, ax + 1, n->shape.rank);
+  for (int k = 0; k < n->nin; k++) {
+    const Node *x = in(c, i, k);
+    if (x->dtype != DT_F32) {
+      unsupported(c, i, "concat of i32 tensors");
+      return;
+    }
+    int64_t len = x->shape.d[ax];
+    const char *args[7] = {ap(ptr(c, i)), ap(ptr(c, n->in[k])), al(outer), al(n->shape.d[ax]), al(inner), al(start), al(len)};
+    emit_lk(c, "cps_place", numel(x), i, 7, args);
+    start += len;
+  }
+}
+
+#define KL(...) EMIT("  kl_check(" __VA_ARGS__)
+
+static void emit_nn(Cu *c, int i) {
+  const Node *n = nd(c, i);
+  const char *o = ptr(c, i), *x = ptr(c, n->in[0]);
+  int64_t rows = rows_of(n), cc = last_dim(n);
+  bool ev = c->ph == PH_EVAL;
+  switch (n->op) {
+  case OP_SOFTMAX:
+  case OP_LOG_SOFTMAX:
+    if (n->ia[0] != n->shape.rank - 1) {
+      unsupported(c, i, "softmax over an axis other than the last");
+      return;
+    }
+    if (n->op == OP_SOFTMAX) {
+      KL("cplan_cuda_softmax_forward(CPLAN_F32, %s, %s, %lld, %lld, G.s), %d);\n", o, x, (long long)rows, (long long)cc, i);
+    } else {
+      const char *args[2] = {ap(o), ap(x)};
+      emit_lrow(c, row_kernel(c, CG_ROW_LOG_SOFTMAX_FWD, rows, cc), rows, i, 2, args);
+    }
+    break;
+  case OP_LAYER_NORM:
+    KL("cplan_cuda_layernorm_forward(CPLAN_F32, %s, %s, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", o,
+       ev ? "NULL" : aux_ptr(c, i, 0), ev ? "NULL" : aux_ptr(c, i, rows), x, ptr(c, n->in[1]), ptr(c, n->in[2]),
+       (long long)rows, (long long)cc, flt(n->fa[0]), i);
+    break;
+  case OP_RMS_NORM:
+    KL("cplan_cuda_rmsnorm_forward(CPLAN_F32, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", o,
+       ev ? "NULL" : aux_ptr(c, i, 0), x, ptr(c, n->in[1]), (long long)rows, (long long)cc, flt(n->fa[0]), i);
+    break;
+  case OP_ROPE:
+    KL("cplan_cuda_rope_forward(CPLAN_F32, %s, %s, %lld, %lld, %lld, %s, G.s), %d);\n", o, x,
+       (long long)dims_prod(&n->shape, 0, n->shape.rank - 2), (long long)n->shape.d[n->shape.rank - 2], (long long)cc,
+       flt(n->fa[0]), i);
+    break;
+  case OP_SDPA: {
+    const int64_t *q = in(c, i, 0)->shape.d, *k = in(c, i, 1)->shape.d, *v = in(c, i, 2)->shape.d;
+    if (q[2] != k[2] || v[3] != q[3]) {
+      unsupported(c, i, "sdpa with different query and key lengths or value width");
+      return;
+    }
+    if (q[3] > 128) {
+      unsupported(c, i, cp_fmt("sdpa with a head width of %lld (the CUDA attention kernel takes at most 128)", (long long)q[3]));
+      return;
+    }
+    KL("cplan_cuda_attention_forward(CPLAN_F32, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, G.s), %d);\n", o,
+       aux_ptr(c, i, 0), x, ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)(q[0] * q[1]), (long long)q[2],
+       (long long)q[3], (int)n->ia[0], i);
+    break;
+  }
+  default: cp_unreachable();
+  }
+}
+
+static void emit_forward(Cu *c, int i) {
+  const Node *n = nd(c, i);
+  switch (n->op) {
+  case OP_ARANGE: {
+    const char *args[2] = {ap(ptr(c, i)), al(n->ia[0])};
+    emit_lk(c, "cps_arange", n->ia[0], i, 2, args);
+    break;
+  }
+  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
+  case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: emit_binary(c, i); break;
+  case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
+  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: emit_unary(c, i); break;
+  case OP_SUM: case OP_MEAN: case OP_MAX: emit_reduce(c, i); break;
+  case OP_MATMUL: {
+    Mm mm;
+    if (mm_setup(c, n, i, &mm))
+      emit_gemm(c, ptr(c, i), mm.a, mm.b, mm.nb, mm.m, mm.n, mm.k, mm.ta, mm.tb, mm.sa, mm.sb, mm.sc, i);
+    break;
+  }
+  case OP_TRANSPOSE:
+    if (c->nc[i].trans) {
+      EMIT("  /* not materialized: the GEMMs reading it use the transpose flag */\n");
+      break;
+    }
+    emit_shape_op(c, i);
+    break;
+  case OP_PERMUTE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS: emit_shape_op(c, i); break;
+  case OP_RESHAPE: EMIT("  /* a view of %%%d: no copy */\n", n->in[0]); break;
+  case OP_CONCAT: emit_concat(c, i); break;
+  case OP_EMBEDDING: {
+    const Node *t = in(c, i, 0);
+    if (n->ia[0] > 0) {
+      unsupported(c, i, "a vocab-parallel embedding");
+      break;
+    }
+    KL("cplan_cuda_embedding_forward(CPLAN_F32, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", ptr(c, i),
+       ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(in(c, i, 1)), (long long)t->shape.d[0],
+       (long long)t->shape.d[1], i);
+    break;
+  }
+  case OP_SOFTMAX: case OP_LOG_SOFTMAX: case OP_LAYER_NORM: case OP_RMS_NORM: case OP_ROPE: case OP_SDPA:
+    emit_nn(c, i);
+    break;
+  case OP_DROPOUT: emit_dropout(c, i); break;
+  case OP_CROSS_ENTROPY: {
+    const Node *lg = in(c, i, 0);
+    int64_t rows = rows_of(lg);
+    if (n->ia[0] > 0) {
+      unsupported(c, i, "a vocab-parallel cross_entropy");
+      break;
+    }
+    KL("cplan_cuda_cross_entropy_forward(CPLAN_F32, %s, %s, %s, (int *)%s, %s, %s, %lld, %lld, G.s), %d);\n",
+       aux_ptr(c, i, 0), aux_ptr(c, i, rows), ptr(c, i), aux_ptr(c, i, 2 * rows), ptr(c, n->in[0]), ptr(c, n->in[1]),
+       (long long)rows, (long long)last_dim(lg), i);
+    break;
+  }
+  case OP_ARGMAX: {
+    const Node *x = in(c, i, 0);
+    int ax = (int)n->ia[0];
+    const char *args[5] = {ap(ptr(c, i)), ap(ptr(c, n->in[0])), al(dims_prod(&x->shape, 0, ax)), al(x->shape.d[ax]),
+                           al(dims_prod(&x->shape, ax + 1, x->shape.rank))};
+    emit_lk(c, "cps_argmax", numel(n), i, 5, args);
+    break;
+  }
+  case OP_ASSIGN:
+    if (root(c, n->in[1]) != root(c, n->in[0]))
+      EMIT("  CU(cudaMemcpyAsync(%s, %s, %lld, cudaMemcpyDeviceToDevice, G.s));\n", ptr(c, n->in[0]), ptr(c, n->in[1]),
+           (long long)ir_node_bytes(c->g, i));
+    break;
+  case OP_ACCUM: {
+    const char *args[3] = {ap(ptr(c, n->in[0])), ap(ptr(c, n->in[1])), al(numel(n))};
+    emit_lk(c, "cps_accum", numel(n), i, 3, args);
+    break;
+  }
+  default: unsupported(c, i, cp_fmt("the op '%s'", ir_ops[n->op].name));
+  }
+}
+
+/* ---- backward nodes ---------------------------------------------------------------------------- */
+
+/* The gradient buffers a group's launch writes, by forward input ("NULL" when not wanted or a
+ * view of dy); zeroed first, as the kernels accumulate. */
+static void group_outputs(Cu *c, int lead, const char **dst, int nmax) {
+  for (int k = 0; k < nmax; k++) dst[k] = "NULL";
+  for (int j = lead; j < c->g->n; j++) {
+    const Node *m = nd(c, j);
+    if (m->op != OP_GRAD || c->nc[j].leader != lead || c->nc[j].kind == L_ALIAS) continue;
+    cp_assert(m->ia[0] < nmax);
+    dst[m->ia[0]] = ptr(c, j);
+    emit_zero(c, dst[m->ia[0]], (int64_t)ir_node_bytes(c->g, j));
+  }
+}
+
+static void emit_grad_binary(Cu *c, int i, const Node *f) {
+  const Node *a = nd(c, f->in[0]), *b = nd(c, f->in[1]);
+  const char *d[2];
+  group_outputs(c, i, d, 2);
+  const char *dy = ptr(c, nd(c, i)->in[0]);
+  for (int w = 0; w < 2; w++) {
+    if (strcmp(d[w], "NULL") == 0) continue;
+    const Node *x = w ? b : a;
+    const char *args[9] = {ai((int)(f->op - OP_ADD)), ai(w), ap(d[w]), ap(dy), ap(ptr(c, f->in[0])), ap(ptr(c, f->in[1])),
+                           cps_idx(&a->shape, &b->shape, &f->shape), cps_red(&x->shape, &f->shape), al(numel(x))};
+    emit_lk(c, "cps_binary_bwd", numel(x), i, 9, args);
+  }
+}
+
+static void emit_grad_nn(Cu *c, int i, const Node *f) {
+  const Node *n = nd(c, i);
+  const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[0]);
+  int64_t rows = rows_of(f), cc = last_dim(f), bytes = (int64_t)ir_node_bytes(c->g, i);
+  const char *d[3];
+  switch (f->op) {
+  case OP_SOFTMAX:
+    emit_zero(c, dx, bytes);
+    KL("cplan_cuda_softmax_backward(CPLAN_F32, %s, %s, %s, %lld, %lld, G.s), %d);\n", dx, dy, ptr(c, n->fwd),
+       (long long)rows, (long long)cc, i);
+    break;
+  case OP_LOG_SOFTMAX: {
+    emit_zero(c, dx, bytes);
+    const char *args[3] = {ap(dx), ap(dy), ap(ptr(c, n->fwd))};
+    emit_lrow(c, row_kernel(c, CG_ROW_LOG_SOFTMAX_BWD, rows, cc), rows, i, 3, args);
+    break;
+  }
+  case OP_LAYER_NORM:
+    group_outputs(c, i, d, 3);
+    KL("cplan_cuda_layernorm_backward(CPLAN_F32, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, G.s), %d);\n", d[0], d[1],
+       d[2], dy, x, ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, rows), (long long)rows, (long long)cc, i);
+    break;
+  case OP_RMS_NORM:
+    group_outputs(c, i, d, 2);
+    KL("cplan_cuda_rmsnorm_backward(CPLAN_F32, %s, %s, %s, %s, %s, %s, %lld, %lld, G.s), %d);\n", d[0], d[1], dy, x,
+       ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), (long long)rows, (long long)cc, i);
+    break;
+  case OP_ROPE:
+    emit_zero(c, dx, bytes);
+    KL("cplan_cuda_rope_backward(CPLAN_F32, %s, %s, %lld, %lld, %lld, %s, G.s), %d);\n", dx, dy,
+       (long long)dims_prod(&f->shape, 0, f->shape.rank - 2), (long long)f->shape.d[f->shape.rank - 2], (long long)cc,
+       flt(f->fa[0]), i);
+    break;
+  case OP_SDPA: {
+    const int64_t *q = nd(c, f->in[0])->shape.d;
+    group_outputs(c, i, d, 3);
+    KL("cplan_cuda_attention_backward(CPLAN_F32, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, G.s), "
+       "%d);\n", d[0], d[1], d[2], scratch_ptr(c, i, "F"), dy, ptr(c, n->fwd), aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]),
+       ptr(c, f->in[2]), (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3], (int)f->ia[0], i);
+    break;
+  }
+  case OP_DROPOUT: {
+    bool on = f->fa[0] > 0;
+    const char *mask = on ? scratch_ptr(c, i, "B") : "NULL";
+    emit_zero(c, dx, bytes);
+    if (on) emit_mask(c, n->fwd, mask, i);
+    const char *args[6] = {ai(1), ap(dx), ap(dy), ap(mask), al(numel(f)), af(f->fa[0])};
+    emit_lk(c, "cps_dropout", numel(f), i, 6, args);
+    break;
+  }
+  case OP_CROSS_ENTROPY: {
+    const Node *lg = nd(c, f->in[0]);
+    int64_t r = rows_of(lg);
+    if (f->ia[0] > 0) {
+      unsupported(c, n->fwd, "a vocab-parallel cross_entropy");
+      break;
+    }
+    emit_zero(c, dx, bytes);
+    KL("cplan_cuda_cross_entropy_backward(CPLAN_F32, %s, %s, (const int *)%s, %s, %s, %s, %lld, %lld, G.s), %d);\n", dx,
+       dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)last_dim(lg), i);
+    break;
+  }
+  default: cp_unreachable();
+  }
+}
+
+static void emit_grad_shape(Cu *c, int i, const Node *f) {
+  const Node *n = nd(c, i), *x = nd(c, f->in[n->ia[0]]);
+  const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]);
+  const int64_t *d = x->shape.d;
+  int r = x->shape.rank;
+  int64_t bytes = (int64_t)ir_node_bytes(c->g, i);
+  switch (f->op) {
+  case OP_TRANSPOSE: { /* dx = dy transposed back */
+    const char *args[5] = {ap(dx), ap(dy), al(dims_prod(&x->shape, 0, r - 2)), al(d[r - 1]), al(d[r - 2])};
+    emit_lk(c, "cps_transpose", numel(x), i, 5, args);
+    break;
+  }
+  case OP_PERMUTE: {
+    int64_t xs[CP_MAX_RANK], on[CP_MAX_RANK], st[CP_MAX_RANK], s = 1;
+    for (int k = r - 1; k >= 0; k--) st[k] = s, s *= d[k];
+    for (int k = 0; k < f->ndims; k++) on[k] = d[f->dims[k]], xs[k] = st[f->dims[k]];
+    emit_zero(c, dx, bytes);
+    const char *p = cp_fmt("&(CpsPerm){%d, %s, %s}", f->ndims, ll_list(on, f->ndims), ll_list(xs, f->ndims));
+    const char *args[5] = {ai(1), ap(dx), ap(dy), p, al(numel(x))};
+    emit_lk(c, "cps_permute", numel(x), i, 5, args);
+    break;
+  }
+  case OP_SLICE: {
+    int ax = (int)f->ia[0];
+    emit_zero(c, dx, bytes);
+    const char *args[8] = {ai(1), ap(dx), ap(dy), al(dims_prod(&x->shape, 0, ax)), al(d[ax]),
+                           al(dims_prod(&x->shape, ax + 1, r)), al(f->ia[1]), al(f->ia[2])};
+    emit_lk(c, "cps_slice", numel(f), i, 8, args);
+    break;
+  }
+  case OP_CONCAT: {
+    int ax = (int)f->ia[0];
+    int64_t start = 0;
+    for (int k = 0; k < n->ia[0]; k++) start += nd(c, f->in[k])->shape.d[ax];
+    const char *args[8] = {ai(0), ap(dx), ap(dy), al(dims_prod(&f->shape, 0, ax)), al(f->shape.d[ax]),
+                           al(dims_prod(&f->shape, ax + 1, f->shape.rank)), al(start), al(start + d[ax])};
+    emit_lk(c, "cps_slice", numel(x), i, 8, args);
+    break;
+  }
+  case OP_SPLIT_HEADS: { /* dx = merge_heads(dy): dy [b, h, t, dh] */
+    const char *args[7] = {ai(1), ap(dx), ap(dy), al(d[0]), al(d[1]), al(d[2]), al(f->ia[0])};
+    emit_lk(c, "cps_heads", numel(x), i, 7, args);
+    break;
+  }
+  case OP_MERGE_HEADS: { /* dx = split_heads(dy): x [b, h, t, dh] */
+    const char *args[7] = {ai(0), ap(dx), ap(dy), al(d[0]), al(d[2]), al(d[1] * d[3]), al(d[1])};
+    emit_lk(c, "cps_heads", numel(x), i, 7, args);
+    break;
+  }
+  case OP_EMBEDDING:
+    if (f->ia[0] > 0) {
+      unsupported(c, n->fwd, "a vocab-parallel embedding");
+      break;
+    }
+    emit_zero(c, dx, bytes);
+    KL("cplan_cuda_embedding_backward(CPLAN_F32, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", dx, dy, ptr(c, f->in[1]),
+       (long long)numel(nd(c, f->in[1])), (long long)d[0], (long long)d[1], i);
+    break;
+  default: cp_unreachable();
+  }
+}
+
+static void emit_grad(Cu *c, int i) {
+  const Node *n = nd(c, i);
+  Node fv = *nd(c, n->fwd); /* the forward node with the inputs this GRAD reads (emit_c.c) */
+  fv.in = n->in + 1;
+  const Node *f = &fv;
+  if (c->nc[i].kind == L_ALIAS) {
+    EMIT("  /* the gradient is dy itself (%%%d): no kernel */\n", n->in[0]);
+    return;
+  }
+  if (c->nc[i].leader != i) {
+    EMIT("  /* computed together with %%%d */\n", c->nc[i].leader);
+    return;
+  }
+  int64_t bytes = (int64_t)ir_node_bytes(c->g, i);
+  const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[n->ia[0]]);
+  switch (f->op) {
+  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
+    emit_grad_binary(c, i, f);
+    break;
+  case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
+  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: {
+    emit_zero(c, dx, bytes);
+    const char *args[7] = {ai((int)(f->op - OP_NEG)), ap(dx), ap(dy), ap(x), ap(ptr(c, n->fwd)), al(numel(n)),
+                           af(f->op == OP_POW ? f->fa[0] : 0)};
+    emit_lk(c, "cps_unary_bwd", numel(n), i, 7, args);
+    break;
+  }
+  case OP_SUM: case OP_MEAN: case OP_MAX: {
+    int64_t o, l, r;
+    if (!reduce_dims(f, &nd(c, f->in[0])->shape, &o, &l, &r)) {
+      unsupported(c, n->fwd, "a reduction over axes that are not adjacent");
+      return;
+    }
+    emit_zero(c, dx, bytes);
+    if (f->op == OP_MAX) {
+      const char *args[6] = {ap(dx), ap(dy), ap(x), al(o), al(l), al(r)};
+      emit_lk(c, "cps_max_bwd", o * r, i, 6, args);
+    } else {
+      const char *args[6] = {ai(f->op == OP_MEAN), ap(dx), ap(dy), al(o), al(l), al(r)};
+      emit_lk(c, "cps_reduce_bwd", o * l * r, i, 6, args);
+    }
+    break;
+  }
+  case OP_MATMUL: {
+    Mm mm;
+    if (!mm_setup(c, f, n->fwd, &mm)) return;
+    if (n->ia[0] == 0) /* dA = dY @ B^T */
+      emit_gemm(c, dx, dy, mm.b, mm.nb, mm.m, mm.k, mm.n, false, !mm.tb, mm.sc, mm.sb, mm.sa, i);
+    else /* dB = A^T @ dY */
+      emit_gemm(c, dx, mm.a, dy, mm.nb, mm.k, mm.n, mm.m, !mm.ta, false, mm.sa, mm.sc, mm.sb, i);
+    break;
+  }
+  case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_CONCAT: case OP_SPLIT_HEADS: case OP_MERGE_HEADS:
+  case OP_EMBEDDING:
+    emit_grad_shape(c, i, f);
+    break;
+  case OP_SOFTMAX: case OP_LOG_SOFTMAX: case OP_LAYER_NORM: case OP_RMS_NORM: case OP_ROPE: case OP_SDPA:
+  case OP_DROPOUT: case OP_CROSS_ENTROPY:
+    emit_grad_nn(c, i, f);
+    break;
+  default: unsupported(c, n->fwd, cp_fmt("the gradient of '%s'", ir_ops[f->op].name));
+  }
+}
+
+/* ---- the phases ------------------------------------------------------------------------------------ */
+
+static void emit_fused(Cu *c, int i) {
+  const FusionGroup *gr = &c->fu->groups[c->fu->group[i]];
+  if (gr->nodes.n > 1) EMIT("  /* fused: %d nodes, one pass */\n", gr->nodes.n);
+  for (int k = 0; k < gr->nodes.n; k++) comment(c, gr->nodes.a[k]);
+  const char **args = cp_alloc(sizeof(char *) * (size_t)(gr->leaves.n + 1));
+  args[0] = ap(ptr(c, i));
+  for (int k = 0; k < gr->leaves.n; k++) args[k + 1] = ap(ptr(c, gr->leaves.a[k]));
+  emit_lk(c, gr->kernel.name, numel(nd(c, i)), i, gr->leaves.n + 1, args);
+}
+
+static void emit_node(Cu *c, int i) {
+  if (c->fu->group[i] >= 0) {
+    if (fusion_is_root(c->fu, i)) emit_fused(c, i);
+    return;
+  }
+  comment(c, i);
+  if (nd(c, i)->op == OP_GRAD) emit_grad(c, i);
+  else emit_forward(c, i);
+}
+
+static void emit_scalar_ins(Cu *c) {
+  const OptimizerConf *o = &c->t->optimizer;
+  for (int i = 0; i < c->g->n; i++) {
+    const Node *n = nd(c, i);
+    if (n->op != OP_SCALAR_IN) continue;
+    const char *v = NULL;
+    if (strcmp(n->name, "lr") == 0) v = "lr_at(run->step)";
+    else if (strcmp(n->name, "bc1") == 0) v = cp_fmt("1.0 - pow(%.17g, (double)(run->step + 1))", o->beta1);
+    else if (strcmp(n->name, "bc2") == 0) v = cp_fmt("1.0 - pow(%.17g, (double)(run->step + 1))", o->beta2);
+    else cp_panic(__FILE__, __LINE__, "unknown scalar input '%s'", n->name);
+    EMIT("  G.hsc[%lld] = (float)(%s); /* %s */\n", (long long)c->nc[i].off, v, n->name);
+  }
+  if (c->nscalar) EMIT("  CU(cudaMemcpyAsync(G.dsc, G.hsc, %d, cudaMemcpyHostToDevice, G.s));\n", c->nscalar * 4);
+}
+
+/* The device values a phase hands back (loss, metrics; the gradient norm), copied to G.hout. */
+static void emit_fetch(Cu *c, const int *nodes, int n) {
+  StrBuf b = {0};
+  for (int k = 0; k < n; k++) sb_printf(&b, "%s%s", k ? ", " : "", nodes[k] >= 0 ? ptr(c, nodes[k]) : "NULL");
+  EMIT("  fetch(%d, (float *const[]){%s});\n", n, sb_str(&b));
+}
+
+static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
+  const Graph *g = c->g;
+  c->ph = ph;
+  EMIT("\n/* %s */\n%s {\n  ensure_device(run);\n", why, sig);
+  if (ph == PH_TRAIN && strstr(sig, "update")) {
+    emit_scalar_ins(c);
+    for (int i = 0; i < g->n; i++)
+      if (nd(c, i)->role == ROLE_UPD && is_executed(nd(c, i))) emit_node(c, i);
+    EMIT("  /* the gradient accumulators start the next step at zero */\n");
+    for (int k = 0; k < g->states.n; k++) {
+      const Node *s = nd(c, g->states.a[k]);
+      if (!s->ia[1]) {
+        EMIT("  /* %s */\n", s->name);
+        emit_zero(c, ptr(c, g->states.a[k]), (int64_t)ir_node_bytes(g, g->states.a[k]));
+      }
+    }
+    if (g->grad_norm >= 0) emit_fetch(c, &g->grad_norm, 1);
+    else EMIT("  CU(cudaStreamSynchronize(G.s));\n");
+    EMIT("  /* without the runtime's to_host hook, the host mirrors follow every update */\n"
+         "  if (!G.hooked) download(run);\n");
+    EMIT("  return %s;\n}\n", g->grad_norm >= 0 ? "(double)G.hout[0]" : "0.0");
+    return;
+  }
+  EMIT("  put_inputs(inputs);\n");
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (!in_phase(n, ph) || n->role == ROLE_UPD) continue;
+    emit_node(c, i);
+  }
+  int *outs = cp_alloc(sizeof(int) * (size_t)(g->metrics.n + 1));
+  outs[0] = g->loss;
+  for (int k = 0; k < g->metrics.n; k++) outs[k + 1] = g->metrics.a[k].node;
+  if (g->loss < 0) { /* no loss: a zero in its place */
+    EMIT("  G.hout[0] = 0.0f;\n");
+  }
+  emit_fetch(c, outs, g->metrics.n + 1);
+  EMIT("  *loss = %s;\n", g->loss >= 0 ? "(double)G.hout[0]" : "0.0");
+  for (int k = 0; k < g->metrics.n; k++)
+    EMIT("  metrics[%d] = (double)G.hout[%d]; /* %s */\n", k, k + 1, g->metrics.a[k].name);
+  if (!g->metrics.n) EMIT("  (void)metrics;\n");
+  EMIT("}\n");
+}
+
+/* ---- the RtPlan tables (emit_c.c's) ------------------------------------------------------------------ */
+
+static const char *c_string(const char *s) {
+  if (!s) return "NULL";
+  StrBuf b = {0};
+  sb_puts(&b, "\"");
+  for (const char *p = s; *p; p++) {
+    if (*p == '"' || *p == '\\') sb_printf(&b, "\\%c", *p);
+    else if ((unsigned char)*p < 32) sb_printf(&b, "\\%03o", (unsigned char)*p);
+    else sb_printf(&b, "%c", *p);
+  }
+  sb_puts(&b, "\"");
+  return sb_str(&b);
+}
+
+static const char *shape_list(const Shape *s) {
+  StrBuf b = {0};
+  sb_puts(&b, "{");
+  for (int k = 0; k < s->rank; k++) sb_printf(&b, "%s%lld", k ? ", " : "", (long long)s->d[k]);
+  sb_puts(&b, "}");
+  return sb_str(&b);
+}
+
+static void emit_tables(Cu *c) {
+  const Graph *g = c->g;
+  static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
+  EMIT("\nstatic const RtPlanParam params[] = {\n");
+  for (int k = 0; k < g->params.n; k++) {
+    const Node *p = nd(c, g->params.a[k]);
+    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", c_string(p->name), p->shape.rank, shape_list(&p->shape),
+         (long long)numel(p), (long long)c->nc[g->params.a[k]].off, inits[p->ia[0]], p->fa[0], p->fa[1]);
+  }
+  if (!g->params.n) EMIT("    {0},\n");
+  EMIT("};\n\nstatic const RtPlanState states[] = {\n");
+  for (int k = 0; k < g->states.n; k++) {
+    const Node *s = nd(c, g->states.a[k]);
+    EMIT("    {%s, %lld, %lld, %d},\n", c_string(s->name), (long long)numel(s), (long long)c->nc[g->states.a[k]].off,
+         (int)s->ia[1]);
+  }
+  if (!g->states.n) EMIT("    {0},\n");
+  EMIT("};\n\nstatic const RtPlanInput inputs_[] = {\n");
+  for (int k = 0; k < g->inputs.n; k++) {
+    const Node *x = nd(c, g->inputs.a[k]);
+    EMIT("    {%s, %d, %s, %s},\n", c_string(x->name), x->shape.rank, shape_list(&x->shape),
+         x->dtype == DT_I32 ? "RT_I32" : "RT_F32");
+  }
+  if (!g->inputs.n) EMIT("    {0},\n");
+  EMIT("};\n\nstatic const char *const metric_names[] = {");
+  for (int k = 0; k < g->metrics.n; k++) EMIT("%s%s", k ? ", " : "", c_string(g->metrics.a[k].name));
+  if (!g->metrics.n) EMIT("NULL");
+  EMIT("};\n");
+}
+
+static void emit_lr(Cu *c) {
+  const TrainConf *t = c->t;
+  const ScheduleConf *s = &t->schedule;
+  EMIT("\n/* the learning rate schedule (%s) */\nstatic double lr_at(int64_t step) {\n",
+       s->kind == SCHED_CONSTANT ? "constant" : s->kind == SCHED_COSINE ? "cosine" : "linear");
+  EMIT("  const double lr = %.17g;\n", t->optimizer.lr);
+  if (s->kind == SCHED_CONSTANT) {
+    EMIT("  (void)step;\n  return lr;\n}\n");
+    return;
+  }
+  EMIT("  const int64_t warmup = %lld, steps = %lld;\n  const double end = %.17g;\n", (long long)s->warmup,
+       (long long)t->steps, s->end_lr);
+  EMIT("  if (step < warmup) return lr * (double)(step + 1) / (double)warmup;\n");
+  EMIT("  if (steps <= warmup) return end;\n");
+  EMIT("  double x = (double)(step - warmup) / (double)(steps - warmup);\n  if (x > 1) x = 1;\n");
+  if (s->kind == SCHED_COSINE) EMIT("  return end + 0.5 * (lr - end) * (1.0 + cos(3.14159265358979323846 * x));\n}\n");
+  else EMIT("  return lr + (end - lr) * x;\n}\n");
+}
+
+static const char *abs_path(const char *p) {
+  char cwd[4096];
+  if (!p || p[0] == '/' || !getcwd(cwd, sizeof cwd)) return p;
+  return cp_fmt("%s/%s", cwd, p[0] == '.' && p[1] == '/' ? p + 2 : p);
+}
+
+static int64_t vocab_of(const Cu *c) {
+  const Graph *g = c->g;
+  if (g->inputs.n == 0) return 0;
+  for (int i = 0; i < g->n; i++)
+    if (nd(c, i)->op == OP_EMBEDDING && nd(c, i)->in[1] == g->inputs.a[0]) return in(c, i, 0)->shape.d[0];
+  for (int i = 0; i < g->n; i++)
+    if (nd(c, i)->op == OP_CROSS_ENTROPY && nd(c, i)->role != ROLE_UPD) return last_dim(in(c, i, 0));
+  return 65536;
+}
+
+static double step_flops(const Cu *c) {
+  double f = 0;
+  for (int i = 0; i < c->g->n; i++)
+    if (nd(c, i)->role != ROLE_UPD) f += ir_node_flops(c->g, i);
+  return f * (double)(c->g->accum > 0 ? c->g->accum : 1);
+}
+
+/* The constants' bits (f32 or i32, one 4-byte slot each) for G.konst. */
+static void emit_konst(Cu *c) {
+  EMIT("\nstatic const uint32_t konst_bits[%d] = {", c->nkonst ? c->nkonst : 1);
+  int k = 0;
+  for (int i = 0; i < c->g->n; i++) {
+    const Node *n = nd(c, i);
+    if (c->nc[i].kind != L_CONST) continue;
+    uint32_t u;
+    if (n->dtype == DT_I32) {
+      int32_t v = (int32_t)n->fa[0];
+      memcpy(&u, &v, 4);
+    } else {
+      float v = (float)n->fa[0];
+      memcpy(&u, &v, 4);
+    }
+    EMIT("%s0x%08xu", k++ ? ", " : "", u);
+  }
+  if (!k) EMIT("0");
+  EMIT("};\n");
+}
+
+static void emit_plan(Cu *c, const char *hash) {
+  const Graph *g = c->g;
+  const TrainConf *t = c->t;
+  int64_t accum = g->accum > 0 ? g->accum : 1;
+  static const char *const kinds[] = {"RT_DATA_TOKENS", "RT_DATA_ADDER", "RT_DATA_TENSORS"};
+  int64_t seq = g->inputs.n && nd(c, g->inputs.a[0])->shape.rank > 1 ? nd(c, g->inputs.a[0])->shape.d[1] : 0;
+  const MeshConf *m = t->mesh;
+  if (m && m->naxes) {
+    EMIT("\n/* mesh %s: axis sizes, outermost first */\nstatic const int64_t mesh_axes[] = {", m->name ? m->name : "");
+    for (int k = 0; k < m->naxes; k++) EMIT("%s%lld", k ? ", " : "", (long long)m->axes[k].size);
+    EMIT("};\nstatic const char *const mesh_axis_names[] = {");
+    for (int k = 0; k < m->naxes; k++) EMIT("%s%s", k ? ", " : "", c_string(m->axes[k].name));
+    EMIT("};\n");
+  }
+  EMIT("\nconst RtPlan cplan_plan = {\n");
+  EMIT("    .model = %s,\n    .source = %s,\n    .source_hash = %s,\n", c_string(g->model_name),
+       c_string(t->span.file >= 0 ? src_path(t->span.file) : ""), c_string(hash));
+  EMIT("    .nparams = %d,\n    .params = params,\n    .param_floats = %lld,\n", g->params.n, (long long)c->param_floats);
+  EMIT("    .nstates = %d,\n    .states = states,\n    .state_floats = %lld,\n", g->states.n, (long long)c->state_floats);
+  EMIT("    .work_bytes = 0, /* the work arena is on the device: DEVICE_WORK_BYTES */\n");
+  EMIT("    .ninputs = %d,\n    .inputs = inputs_,\n    .nmetrics = %d,\n    .metric_names = metric_names,\n",
+       g->inputs.n, g->metrics.n);
+  EMIT("    .data_kind = %s,\n    .data_path = %s,\n    .val_path = %s,\n    .digits = %lld,\n", kinds[t->data.kind],
+       c_string(abs_path(t->data.path)), c_string(abs_path(t->data.val_path)), (long long)t->data.digits);
+  EMIT("    .vocab = %lld,\n    .seq_len = %lld,\n", (long long)vocab_of(c), (long long)seq);
+  EMIT("    .batch = %lld,\n    .micro = %lld,\n    .accum = %lld,\n    .steps = %lld,\n    .seed = %lld,\n",
+       (long long)t->batch, (long long)g->batch, (long long)accum, (long long)t->steps, (long long)t->seed);
+  EMIT("    .eval_every = %lld,\n    .eval_batches = %lld,\n", (long long)t->eval_every, (long long)t->eval_batches);
+  EMIT("    .ckpt_every = %lld,\n    .ckpt_keep = %lld,\n    .ckpt_dir = %s,\n", (long long)t->ckpt_every,
+       (long long)t->ckpt_keep, c_string(abs_path(t->ckpt_dir)));
+  EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, c_string(abs_path(t->log_file)));
+  EMIT("    .flops_per_step = %.17g,\n", step_flops(c));
+  EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
+  EMIT("    .dp = 1,\n    .devices = 1,\n    .mesh = %s,\n", c_string(m ? m->name : NULL));
+  if (m && m->naxes) EMIT("    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n", m->naxes);
+  EMIT("    .to_device = to_device,\n    .to_host = to_host,\n");
+  EMIT("};\n");
+  EMIT("\nint main(int argc, char **argv) {\n"
+       "  if (!has_flag(argc, argv, \"--help\")) gpu_init(argc, argv);\n"
+       "  return rt_main(argc, argv, &cplan_plan);\n}\n");
+}
+
+/* kernels.cu as a C string literal, one source line per line. */
+static void emit_source_string(Cu *c, const char *name, const char *src) {
+  EMIT("\n/* kernels.cu: compiled at start by NVRTC for the present GPU (cached on disk) */\nstatic const char %s[] =\n", name);
+  const char *p = src;
+  if (!*p) EMIT("    \"\"");
+  while (*p) {
+    const char *e = strchr(p, '\n');
+    size_t n = e ? (size_t)(e - p + 1) : strlen(p);
+    EMIT("    \"");
+    for (size_t k = 0; k < n; k++) {
+      unsigned char ch = (unsigned char)p[k];
+      if (ch == '\\' || ch == '"') EMIT("\\%c", ch);
+      else if (ch == '\n') EMIT("\\n");
+      else if (ch < 32) EMIT("\\%03o", ch);
+      else EMIT("%c", ch);
+    }
+    EMIT("\"\n");
+    p += n;
+  }
+  EMIT(";\n");
+}
+
+/* ---- entry ------------------------------------------------------------------------------------------ */
+
+static bool check_conf(Cu *c) {
+  const TrainConf *t = c->t;
+  const StrategyConf *st = &t->strategy;
+  if (t->precision != PREC_F32) {
+    diag_error(t->span, "precision %s is not supported on the cuda backend yet", precision_name(t->precision));
+    diag_hint("use `precision = f32` (or --set train.precision=f32)");
+    return false;
+  }
+  int64_t devices = t->mesh ? t->mesh->ndevices : 1;
+  if (devices != 1) {
+    diag_error(t->mesh->span, "mesh '%s' has %lld CUDA devices: the cuda backend builds for one device only yet",
+               t->mesh->name ? t->mesh->name : "?", (long long)devices);
+    diag_hint("use a mesh of one GPU, e.g. --set mesh.%s.shape.<axis>=1", t->mesh->name ? t->mesh->name : "NAME");
+    return false;
+  }
+  if (st->tp > 1 || st->pp > 1 || st->sp > 1 || st->zero > 0 || train_dp(t) != 1 || train_lowered(t)) {
+    diag_error(st->span, "the cuda backend runs one device without parallelism yet (no dp, tp, sp, pp or zero)");
+    return false;
+  }
+  return true;
+}
+
+/* tokens and adder feed two i32 [B, T] inputs (emit_c.c check_inputs). */
+static bool check_inputs(Cu *c) {
+  const Graph *g = c->g;
+  if (c->t->data.kind == DATA_TENSORS) return true;
+  bool ok = g->inputs.n == 2;
+  for (int k = 0; ok && k < 2; k++) {
+    const Node *x = nd(c, g->inputs.a[k]);
+    ok = x->dtype == DT_I32 && x->shape.rank == 2;
+  }
+  if (ok) ok = shape_eq(&nd(c, g->inputs.a[0])->shape, &nd(c, g->inputs.a[1])->shape);
+  if (ok) return true;
+  diag_error(c->t->data.span, "%s data feeds two i32 [B, T] inputs (inputs, targets), but model '%s' has %d input%s",
+             c->t->data.kind == DATA_TOKENS ? "tokens" : "adder", g->model_name, g->inputs.n, g->inputs.n == 1 ? "" : "s");
+  return false;
+}
+
+static bool fusion_enabled(void) {
+  const char *e = getenv("CPLAN_FUSION");
+  return !(e && strcmp(e, "0") == 0);
+}
+
+static Fusion *no_fusion(const Graph *g) {
+  Fusion *f = cp_alloc(sizeof *f);
+  f->group = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) f->group[i] = -1;
+  return f;
+}
+
+static int64_t last_device_work;
+
+bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, const char *source_hash) {
+  Cu cs = {.g = g, .t = t, .ok = true}, *c = &cs;
+  if (!check_conf(c) || !check_inputs(c)) return false;
+  c->nc = cp_alloc(sizeof(NodeCu) * (size_t)(g->n ? g->n : 1));
+  c->fu = fusion_enabled() ? fusion_run(g) : no_fusion(g);
+  place(c);
+  for (int i = 0; i < g->n; i++)
+    if (numel(nd(c, i)) > INT32_MAX) {
+      diag_error(nd(c, i)->span, "a tensor of %s elements is too large for the cuda kernels (at most 2^31 - 1)",
+                 cp_commas(numel(nd(c, i))));
+      return false;
+    }
+  if (g->metrics.n + 1 > 64) {
+    diag_error(t->span, "more than 63 metrics are not supported on the cuda backend yet");
+    return false;
+  }
+  plan_phase(c, PH_TRAIN);
+  plan_phase(c, PH_EVAL);
+  int64_t work = c->work[PH_TRAIN] > c->work[PH_EVAL] ? c->work[PH_TRAIN] : c->work[PH_EVAL];
+  last_device_work = work;
+  ir_lines(c);
+  /* the body first: the kernel table and kernels.cu are known once every launch is emitted */
+  FILE *body = tmpfile();
+  if (!body) {
+    diag_error(t->span, "cannot create a temporary file for plan.c");
+    return false;
+  }
+  c->out = body;
+  emit_tables(c);
+  emit_lr(c);
+  emit_phase_fn(c, PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                "one micro-batch: the inputs to the device, the forward pass, the backward pass, gradient accumulation");
+  emit_phase_fn(c, PH_TRAIN, "static double update(RtRun *run)",
+                "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
+  emit_phase_fn(c, PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                "evaluation: the forward pass only, dropout off");
+  emit_plan(c, source_hash);
+  if (!c->ok) {
+    fclose(body);
+    return false;
+  }
+  /* kernels.cu: the fused and row kernels (emit_cuda.c), then the support kernels */
+  int nk = c->fu->ngroups + c->rows.n;
+  CgKernel *ks = cp_alloc(sizeof(CgKernel) * (size_t)(nk + 1));
+  if (c->fu->ngroups) memcpy(ks, c->fu->kernels, sizeof(CgKernel) * (size_t)c->fu->ngroups);
+  if (c->rows.n) memcpy(ks + c->fu->ngroups, c->rows.a, sizeof(CgKernel) * (size_t)c->rows.n);
+  char *cu = NULL;
+  size_t culen = 0;
+  FILE *m = open_memstream(&cu, &culen);
+  char err[1024];
+  bool ok = m && cg_emit_cuda(m, ks, nk, g->model_name, err, sizeof err);
+  if (m) {
+    fputs(cu_support_src, m);
+    fclose(m);
+  }
+  if (!ok) {
+    diag_error(SPAN_NONE, "generating the CUDA kernels failed (internal error): %s", err);
+    free(cu);
+    fclose(body);
+    return false;
+  }
+  if (out_cu) fputs(cu, out_cu);
+  /* plan.c: the prelude, the kernel table, kernels.cu, the helpers, then the body */
+  c->out = out_c;
+  const char *src = t->span.file >= 0 ? src_path(t->span.file) : "?";
+  EMIT("/* plan.c: the CUDA training program of model '%s' from %s, generated by cplanc %s. Do not edit.\n"
+       " *\n"
+       " * One GPU. micro_step copies one micro-batch (%lld samples) to the device, runs the forward and\n"
+       " * backward pass there and adds the gradients into the accumulators; update clips and applies\n"
+       " * the %s update once per step; eval_step runs the forward pass only. Params live in G.params\n"
+       " * (P), optimizer state and gradient accumulators in G.state (S), everything else at planned\n"
+       " * offsets of the device arena G.work (F: f32, I: i32, B: bytes); run->params and run->state are\n"
+       " * the host mirrors the runtime initializes and checkpoints (to_device, to_host). Fused and\n"
+       " * support kernels come from kernels.cu below (NVRTC at start); matmuls run on cuBLASLt; norms,\n"
+       " * softmax, attention, cross_entropy, embedding and rope on kernels/cuda (kernels_cuda.h). */\n",
+       g->model_name, src, CPLAN_VERSION, (long long)g->batch, optimizer_name(t->optimizer.kind));
+  EMIT("#include \"cplanrt.h\"\n#include \"cplanrt_cuda.h\"\n#include \"kernels_cuda.h\"\n\n#include <math.h>\n"
+       "#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
+  EMIT("extern const RtPlan cplan_plan;\n\n");
+  EMIT("#define NKERNELS %d\n#define NINPUTS %d\n#define DEVICE_WORK_BYTES %lldLL /* training %s, evaluation %s */\n"
+       "#define GEMM_WORKSPACE ((size_t)32 << 20) /* cuBLASLt's workspace */\n",
+       c->knames.n, g->inputs.n, (long long)(work ? work : MP_ALIGN), cp_bytes_str((double)c->work[PH_TRAIN]),
+       cp_bytes_str((double)c->work[PH_EVAL]));
+  EMIT("\nstatic const char *const kernel_names[NKERNELS + 1] = {");
+  for (int k = 0; k < c->knames.n; k++) EMIT("%s\"%s\"", k ? ", " : "", c->knames.a[k]);
+  EMIT("%sNULL};\n", c->knames.n ? ", " : "");
+  emit_source_string(c, "kernels_cu", cu);
+  free(cu);
+  emit_konst(c);
+  fprintf(out_c, "\n%s", cu_host_src);
+  rewind(body);
+  char buf[8192];
+  for (size_t got; (got = fread(buf, 1, sizeof buf, body)) > 0;) fwrite(buf, 1, got, out_c);
+  fclose(body);
+  return c->ok;
+}
+
+/* ---- building: plan.c -> the program ------------------------------------------------------------------ */
+
+#if CPLAN_HAVE_CUDA
+typedef VEC(const char *) Argv;
+
+static void push_words(Argv *a, const char *s) {
+  while (*s) {
+    while (*s == ' ') s++;
+    const char *e = s;
+    while (*e && *e != ' ') e++;
+    if (e > s) VEC_PUSH(*a, cp_strndup(s, (size_t)(e - s)));
+    s = e;
+  }
+}
+
+static bool run_logged(Argv *a, const char *log) {
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+    execvp(a->a[0], (char *const *)a->a);
+    fprintf(stderr, "cannot run %s: %s\n", a->a[0], strerror(errno));
+    _exit(127);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return false;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+static char *read_all(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return cp_strdup("");
+  StrBuf b = {0};
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf - 1, f)) > 0) {
+    buf[n] = 0;
+    sb_puts(&b, buf);
+  }
+  fclose(f);
+  return (char *)sb_str(&b);
+}
+
+static bool copy_file(const char *from, const char *to) {
+  FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+  bool ok = in && out;
+  char buf[1 << 16];
+  size_t n;
+  while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+  if (in) fclose(in);
+  if (out && fclose(out) != 0) ok = false;
+  return ok;
+}
+
+/* cc plan.c with the runtime, the CUDA runtime part and kernels, and the CUDA libraries. */
+static bool compile_cu(const char *dir, const char *out) {
+  const char *home = getenv("CPLAN_HOME"), *cc = getenv("CPLAN_CC");
+  const char *lib_rt, *lib_rtcu, *lib_kcu;
+  Argv a = {0};
+  push_words(&a, cc && *cc ? cc : CPLAN_CC);
+  push_words(&a, "-std=gnu11 -O2 -w");
+  if (home && *home) {
+    VEC_PUSH(a, cp_fmt("-I%s/include", home));
+    lib_rt = cp_fmt("%s/lib/libcplanrt.a", home), lib_rtcu = cp_fmt("%s/lib/libcplanrt_cuda.a", home);
+    lib_kcu = cp_fmt("%s/lib/libcplankernels_cuda.a", home);
+  } else {
+    VEC_PUSH(a, "-I" CPLAN_SOURCE_DIR "/runtime");
+    VEC_PUSH(a, "-I" CPLAN_SOURCE_DIR "/kernels/cuda");
+    lib_rt = CPLAN_BINARY_DIR "/runtime/libcplanrt.a", lib_rtcu = CPLAN_BINARY_DIR "/runtime/libcplanrt_cuda.a";
+    lib_kcu = CPLAN_BINARY_DIR "/kernels/cuda/libcplankernels_cuda.a";
+  }
+  const char *libs[3] = {lib_rtcu, lib_kcu, lib_rt};
+  for (int k = 0; k < 3; k++)
+    if (access(libs[k], R_OK) != 0) {
+      diag_error(SPAN_NONE, "cannot find the library %s that CUDA training programs link with", libs[k]);
+      diag_hint("build cplan with the CUDA toolkit first (cmake -DCPLAN_CUDA=ON, cmake --build)");
+      return false;
+    }
+  push_words(&a, CPLAN_CUDA_CFLAGS);
+  push_words(&a, CPLAN_MPI_CFLAGS);
+  push_words(&a, CPLAN_SANITIZE_CFLAGS);
+  VEC_PUSH(a, cp_fmt("%s/plan.c", dir));
+  VEC_PUSH(a, "-o");
+  VEC_PUSH(a, out);
+  for (int k = 0; k < 3; k++) VEC_PUSH(a, libs[k]);
+  push_words(&a, CPLAN_CUDA_LIBS);
+  push_words(&a, CPLAN_EXTRA_LIBS);
+  push_words(&a, CPLAN_MPI_LIBS);
+  VEC_PUSH(a, (const char *)NULL);
+  const char *log = cp_fmt("%s/cc.log", dir);
+  if (run_logged(&a, log)) return true;
+  StrBuf cmd = {0};
+  for (int k = 0; a.a[k]; k++) sb_printf(&cmd, "%s%s", k ? " " : "", a.a[k]);
+  fprintf(stderr, "cplanc: internal error: the generated CUDA program does not compile. This is a bug in cplanc;\n"
+                  "please report it with the file. The command was:\n  %s\n%s",
+          sb_str(&cmd), read_all(log));
+  diag_error(SPAN_NONE, "compiling the generated plan.c failed (internal error, see above)");
+  return false;
+}
+
+static bool write_file(const char *path, FILE **f) {
+  if ((*f = fopen(path, "w"))) return true;
+  diag_error(SPAN_NONE, "cannot write %s: %s", path, strerror(errno));
+  return false;
+}
+
+bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o) {
+  Cu probe = {.t = t};
+  if (!check_conf(&probe) || !train_graph(g, t)) return false;
+  const char *tmp = getenv("TMPDIR");
+  char *dir = cp_fmt("%s/cplan-build-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir)) {
+    diag_error(SPAN_NONE, "cannot create a temporary directory %s: %s", dir, strerror(errno));
+    return false;
+  }
+  const char *pc = cp_fmt("%s/plan.c", dir), *pk = cp_fmt("%s/kernels.cu", dir);
+  FILE *fc = NULL, *fk = NULL;
+  bool ok = write_file(pc, &fc) && write_file(pk, &fk);
+  ok = ok && cg_emit_cu(fc, fk, g, t, o->hash ? o->hash : "");
+  if (fc && fclose(fc) != 0) ok = false;
+  if (fk && fclose(fk) != 0) ok = false;
+  for (int k = 0; ok && o->keep_c && k < 2; k++) {
+    const char *name = k ? "kernels.cu" : "plan.c", *to = cp_fmt("%s/%s", o->keep_c, name);
+    if ((mkdir(o->keep_c, 0755) != 0 && errno != EEXIST) || !copy_file(cp_fmt("%s/%s", dir, name), to)) {
+      diag_error(SPAN_NONE, "--keep-c: cannot write %s: %s", to, strerror(errno));
+      ok = false;
+    }
+  }
+  ok = ok && compile_cu(dir, o->out);
+  unlink(pc), unlink(pk), unlink(cp_fmt("%s/cc.log", dir));
+  rmdir(dir);
+  if (ok && !o->quiet)
+    fprintf(stderr, "cplanc: built %s (model %s, %d param tensors, CUDA, device work arena %s)\n", o->out, g->model_name,
+            g->params.n, cp_bytes_str((double)last_device_work));
+  return ok;
+}
+#else
+bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o) {
+  (void)g, (void)o;
+  diag_error(t->mesh ? t->mesh->span : t->span, "mesh '%s' has %s devices, but this cplanc was built without the CUDA toolkit",
+             t->mesh && t->mesh->name ? t->mesh->name : "?", t->mesh ? t->mesh->device.name : "?");
+  diag_hint("configure cplan with the CUDA toolkit and NCCL (cmake -DCPLAN_CUDA=ON) to build GPU programs");
+  return false;
+}
+#endif
