@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# gpu_gpt2.sh CPLANC [DIR]: issue 6's GPT-2 124M benchmark (bench/gpu_gpt2.cplan: T 1024, micro-batch
+# 16, AdamW, f32: the CUDA backend builds f32 programs only so far) for one H100-class GPU.
+# Builds the CUDA training program, random tokens and the shared libraries the program needs that a
+# bare GPU machine may lack (cJSON, Open MPI) into DIR (default build-gpurun), with DIR/run_gpu.sh,
+# which runs it on the GPU machine (plain f32, then CPLAN_TF32=1) and prints step ms, tokens/s and
+# MFU against 989 TFLOP/s (H100/H200 dense bf16, the issue's yardstick) from the metrics (the median
+# after the first 2 steps). A benchmark: it prints, never asserts.
+set -eu
+cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+here=$(cd "$(dirname "$0")" && pwd)
+dir=${2:-build-gpurun}
+mkdir -p "$dir/lib"
+cd "$dir"
+"$cplanc" build "$here/gpu_gpt2.cplan" -o gpt2gpu
+python3 - <<'PY'
+import random, struct
+count = 31 * 16 * 1024 + 1
+rng = random.Random(1)
+header = struct.pack("<256i", 20240520, 1, count, *([0] * 253))
+open("gpu_gpt2_tokens.bin", "wb").write(header + struct.pack("<%dH" % count, *(rng.randrange(50257) for _ in range(count))))
+PY
+for l in $(ldd gpt2gpu | awk '/=> \/lib/ {print $3}' | grep -E "cjson|mpi|open-rte|open-pal|hwloc|event|udev"); do cp -L "$l" lib/; done
+cat >run_gpu.sh <<'RUN'
+#!/usr/bin/env bash
+# on the GPU machine: ./run_gpu.sh [STEPS]
+cd "$(dirname "$0")"
+export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+out=${OUT:-.}
+nvidia-smi -L || { echo "no GPU"; exit 1; }
+for mode in f32 tf32; do
+  echo "==== $mode"
+  [ $mode = tf32 ] && export CPLAN_TF32=1
+  timeout 300 ./gpt2gpu --data gpu_gpt2_tokens.bin --steps "${1:-12}" --metrics "$out/m_$mode.jsonl" 2>&1 | tail -6
+  python3 - "$out/m_$mode.jsonl" "$mode" <<'PY'
+import json, statistics, sys
+m = [json.loads(l) for l in open(sys.argv[1])][2:]
+ms = statistics.median(x["ms"] for x in m); tps = statistics.median(x["tokens_per_s"] for x in m)
+flops = 6 * 124439808 * tps + 6 * 12 * 1024 * 768 * tps  # llm.c's count: 6N per token + attention
+print("%s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.2f%% of 989 TFLOP/s" % (sys.argv[2], ms, tps, flops / 1e12, 100 * flops / 989e12))
+PY
+done
+RUN
+chmod +x run_gpu.sh
+echo "gpu_gpt2.sh: built $dir (copy it to the GPU machine and run $dir/run_gpu.sh)"
