@@ -14,7 +14,7 @@ e2e_tokens tokens.bin
 for m in gpt_small llama_small; do
   { cat "$src/tests/e2e/$m.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >"$m.cplan"
   e2e_build "$m-1" "$m.cplan"
-  e2e_prog 0 "$m-1" "./$m-1" --save "$m-1.st" --metrics "$m-1.jsonl"
+  e2e_prog 0 "$m-1" "./$m-1" --save-init "$m-init.st" --save "$m-1.st" --metrics "$m-1.jsonl"
   # label, devices, then the strategy fields
   for cfg in "1f1b 2 pp=2 micro=1" "gpipe 2 pp=2 micro=1 pipeline=\"gpipe\"" "dp2 4 dp=2 pp=2 micro=1" \
              "tp2 4 tp=2 pp=2 micro=2" "zero1 4 dp=2 pp=2 zero=1 micro=1" \
@@ -39,6 +39,11 @@ for r, x, u in re.findall(r"rank (\d): peak RSS .*?\(params ([\d.]+)(kB|MB|B),",
     if kb(x, u) >= 0.9 * whole:
         sys.exit("FAILED: pp=2 stage of rank %s holds %s%s of params, the whole model %d B" % (r, x, u, whole))
 PY
+  # --init of whole tensors into the stages (and --save-init out of them) under pp
+  e2e_prog 0 "$m-init" "$mpirun" -np 2 --oversubscribe "./$m-1f1b" --init "$m-init.st" --save-init "$m-init2.st" \
+    --save "$m-init.st.out" --metrics "$m-init.jsonl"
+  cmp -s "$m-init.st" "$m-init2.st" || fail "$m: pp --save-init of the loaded params differs from the file loaded"
+  e2e_close "$m pp=2 --init" "$m-1.jsonl" "$m-init.jsonl" "$m-1.st" "$m-init.st.out"
   # the pp checkpoint after 3 steps holds whole tensors: one device resumes it
   e2e_prog 0 "$m-resume" "./$m-1" --resume "ck-$m-1f1b/step_000003" --metrics "$m-res.jsonl"
   python3 - "$m-1.jsonl" "$m-res.jsonl" <<'PY' || exit 1
