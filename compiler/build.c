@@ -145,17 +145,8 @@ static bool run_logged(Argv *a, const char *log) {
 }
 
 static char *read_all(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return cp_strdup("");
-  StrBuf b = {0};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf - 1, f)) > 0) {
-    buf[n] = 0;
-    sb_puts(&b, buf);
-  }
-  fclose(f);
-  return (char *)sb_str(&b);
+  char *s = cp_read_text(path);
+  return s ? s : cp_strdup("");
 }
 
 /* Compiles dir/plan.c, with dir/kernels.o when obj (the fused kernels), into out. */

@@ -105,17 +105,9 @@ static int run_tool(const char *const *argv) {
 /* The file cplan-calibrate wrote: a JSON object with positive flops_f32 and hbm (the loader,
  * settings.c profile_from_json, checks the rest when a mesh uses it). */
 static bool profile_ok(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return false;
-  StrBuf b = {0};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf - 1, f)) > 0) {
-    buf[n] = 0;
-    sb_puts(&b, buf);
-  }
-  fclose(f);
-  cJSON *j = cJSON_Parse(sb_str(&b));
+  const char *text = cp_read_text(path);
+  if (!text) return false;
+  cJSON *j = cJSON_Parse(text);
   const cJSON *fl = cJSON_GetObjectItemCaseSensitive(j, "flops_f32"), *hbm = cJSON_GetObjectItemCaseSensitive(j, "hbm");
   bool ok = cJSON_IsObject(j) && cJSON_IsNumber(fl) && fl->valuedouble > 0 && cJSON_IsNumber(hbm) &&
             hbm->valuedouble > 0;

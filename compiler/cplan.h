@@ -98,6 +98,9 @@ void sb_puts(StrBuf *b, const char *s);
 void sb_printf(StrBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const char *sb_str(StrBuf *b); /* never NULL */
 
+/* The whole text of a (small) file, in the arena; NULL when it cannot be opened (errno says why). */
+char *cp_read_text(const char *path);
+
 /* Thousands separators: 124439808 -> "124,439,808". Returns an arena string. */
 char *cp_commas(int64_t v);
 /* Human sizes: 1.5 KiB, 3.2 MiB ...; 1.2 GFLOP ...; arena strings. */

@@ -597,20 +597,12 @@ void plan_cmd_run(FILE *out, Sema *s, const TrainConf *t, const PlanOpts *o) {
 
 /* `build --plan FILE`: the best plan of a saved `cplanc plan --json`. */
 bool plan_load(const char *path, StrategyConf *out) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
+  const char *text = cp_read_text(path);
+  if (!text) {
     diag_error(SPAN_NONE, "%s: cannot open the plan: %s", path, strerror(errno));
     return false;
   }
-  StrBuf b = {0};
-  char buf[8192];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf - 1, f)) > 0) {
-    buf[n] = 0;
-    sb_puts(&b, buf);
-  }
-  fclose(f);
-  cJSON *root = cJSON_Parse(sb_str(&b));
+  cJSON *root = cJSON_Parse(text);
   const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
   const cJSON *best = cJSON_GetObjectItemCaseSensitive(root, "best");
   bool ok = false;

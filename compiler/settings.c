@@ -823,21 +823,13 @@ static bool device_profile_file(Sema *s, const Item *mesh, const Expr *e, Device
   Value v;
   if (!read_scalar(s, e->items[0], SK_PATH, RG_ANY, NULL, "profile", &v)) return false;
   const char *path = resolve_path(mesh, v.s);
-  FILE *f = fopen(path, "rb");
-  if (!f) {
+  const char *text = cp_read_text(path);
+  if (!text) {
     diag_error(e->items[0]->span, "cannot read the device profile '%s'", path);
     diag_hint("write one with `cplanc calibrate`, or use a built-in profile such as h100_sxm");
     return false;
   }
-  StrBuf b = {0};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf - 1, f)) > 0) {
-    buf[n] = 0;
-    sb_puts(&b, buf);
-  }
-  fclose(f);
-  cJSON *j = cJSON_Parse(sb_str(&b));
+  cJSON *j = cJSON_Parse(text);
   if (!cJSON_IsObject(j)) {
     diag_error(e->items[0]->span, "'%s' is not a JSON object (a device profile)", path);
     cJSON_Delete(j);

@@ -187,3 +187,17 @@ _Noreturn void cp_panic(const char *file, int line, const char *fmt, ...) {
   va_end(ap);
   abort();
 }
+
+char *cp_read_text(const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  StrBuf b = {0};
+  char buf[8192];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf - 1, f)) > 0) {
+    buf[n] = 0;
+    sb_puts(&b, buf);
+  }
+  fclose(f);
+  return (char *)sb_str(&b);
+}

@@ -111,3 +111,19 @@ if worst > 1e-4:
     sys.exit("FAILED: %s: params differ by %g after training" % (label, worst))
 PY
 }
+
+# e2e_tail_close LABEL M1.jsonl M2.jsonl N: the last N losses of two metrics files within 2e-4
+# relative (a checkpoint resumed under another strategy against the uninterrupted run).
+e2e_tail_close() {
+  python3 - "$@" <<'PY' || exit 1
+import json, sys
+label, m1, m2, n = sys.argv[1:]
+a = [json.loads(l)["loss"] for l in open(m1)][-int(n):]
+b = [json.loads(l)["loss"] for l in open(m2)][-int(n):]
+if len(a) != int(n) or len(b) != int(n):
+    sys.exit("FAILED: %s: %d and %d losses" % (label, len(a), len(b)))
+for s, (x, y) in enumerate(zip(a, b)):
+    if abs(x - y) > 2e-4 * abs(x):
+        sys.exit("FAILED: %s: loss %d %.8f vs %.8f" % (label, s, y, x))
+PY
+}

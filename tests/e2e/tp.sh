@@ -11,20 +11,6 @@ e2e_init "$1" "$2"
 e2e_mpi
 e2e_tokens tokens.bin
 
-# the last n losses of two metrics files within 2e-4 relative
-tail_close() {
-  python3 - "$@" <<'PY' || exit 1
-import json, sys
-label, m1, m2, n = sys.argv[1:]
-a = [json.loads(l)["loss"] for l in open(m1)][-int(n):]
-b = [json.loads(l)["loss"] for l in open(m2)][-int(n):]
-if len(a) != int(n) or len(b) != int(n):
-    sys.exit("FAILED: %s: %d and %d losses" % (label, len(a), len(b)))
-for s, (x, y) in enumerate(zip(a, b)):
-    if abs(x - y) > 2e-4 * abs(x):
-        sys.exit("FAILED: %s: loss %d %.8f vs %.8f" % (label, s, y, x))
-PY
-}
 
 for m in gpt_small llama_small; do
   { cat "$src/tests/e2e/$m.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >"$m.cplan"
@@ -50,6 +36,6 @@ for m in gpt_small llama_small; do
   e2e_close "$m dp=2 x tp=2 x sp=2" "$m-1.jsonl" "$m-sp.jsonl" "$m-1.st" "$m-sp.st"
   # the tp checkpoint after 3 steps holds whole tensors: one device resumes it
   e2e_prog 0 "$m-resume" "./$m-1" --resume "ck-$m/step_000003" --metrics "$m-res.jsonl"
-  tail_close "$m tp=2 -> 1 resume" "$m-1.jsonl" "$m-res.jsonl" 3
+  e2e_tail_close "$m tp=2 -> 1 resume" "$m-1.jsonl" "$m-res.jsonl" 3
 done
 echo "tp.sh: ok"

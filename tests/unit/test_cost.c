@@ -7,14 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(c)                                                          \
-  do {                                                                    \
-    if (!(c)) {                                                           \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-      failures++;                                                         \
-    }                                                                     \
-  } while (0)
+#include "check.h"
 #define NEAR(a, b) (fabs((a) - (b)) <= 1e-9 * fabs(b) + 1e-15)
 
 static void test_pipeline(void) {

@@ -8,14 +8,7 @@
 
 #include <string.h>
 
-static int failures;
-#define CHECK(c)                                                          \
-  do {                                                                    \
-    if (!(c)) {                                                           \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-      failures++;                                                         \
-    }                                                                     \
-  } while (0)
+#include "check.h"
 
 static const char *gpt_src =
     "fn layernorm(x: [*, C]) {\n param weight: [C] = ones\n param bias: [C] = zeros\n"

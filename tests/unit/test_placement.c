@@ -6,14 +6,7 @@
 #include <math.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(c)                                                          \
-  do {                                                                    \
-    if (!(c)) {                                                           \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-      failures++;                                                         \
-    }                                                                     \
-  } while (0)
+#include "check.h"
 
 static int leaf(Graph *g, OpId op, Shape s, DType t) {
   int i = ir_add(g, op, NULL, 0, SPAN_NONE);

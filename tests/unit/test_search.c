@@ -10,14 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-static int failures;
-#define CHECK(c)                                                          \
-  do {                                                                    \
-    if (!(c)) {                                                           \
-      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #c); \
-      failures++;                                                         \
-    }                                                                     \
-  } while (0)
+#include "check.h"
 
 static unsigned rng = 12345;
 static double urand(void) {
