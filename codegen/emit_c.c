@@ -718,12 +718,13 @@ static void emit_pp(Cg *c, int i) {
   const Node *x = n->op == OP_PP_SEND ? in(c, i, 0) : n;
   const char *ty = x->dtype == DT_I32 ? "RT_COMM_I32" : "RT_COMM_F32";
   if (x->dtype != DT_F32 && x->dtype != DT_I32) unsupported(c, i, "a pipeline crossing of this dtype");
+  int peer = (int)n->ia[0] % c->pipe->devices; /* the device of that stage */
   if (n->op == OP_PP_SEND)
     EMIT("  rt_comm_isend(run->axis_comm[%d], %s, %lld, %s, %d, %d); /* to stage %d */\n", c->ppa, ptr(c, n->in[0]),
-         (long long)numel(x), ty, (int)n->ia[0], (int)n->ia[1], (int)n->ia[0]);
+         (long long)numel(x), ty, peer, (int)n->ia[1], (int)n->ia[0]);
   else
     EMIT("  rt_comm_recv(run->axis_comm[%d], %s, %lld, %s, %d, %d); /* from stage %d */\n", c->ppa, ptr(c, i),
-         (long long)numel(x), ty, (int)n->ia[0], (int)n->ia[1], (int)n->ia[0]);
+         (long long)numel(x), ty, peer, (int)n->ia[1], (int)n->ia[0]);
 }
 
 /* The vocab-parallel cross entropy (kernels/cpu/vocab_parallel.h: the exchange sequence): m and
@@ -1440,7 +1441,8 @@ static void emit_plan(Cg *c, const char *hash) {
     EMIT("    .pp = %d,\n    .stage = %d,\n    .stage_plans = cplan_stages,\n    .pp_axis = %d,\n    .pp_schedule = %d,\n"
          "    .param_global = param_global,\n    .state_global = state_global,\n    .param_owned = param_owned,\n"
          "    .ngparams = %d,\n    .ngstates = %d,\n",
-         c->pipe->pp, c->stage, c->ppa, t->strategy.pipeline == PS_GPIPE ? 1 : 0, c->sp->g->params.n, c->sp->g->states.n);
+         c->pipe->devices, c->stage, c->ppa, t->strategy.pipeline == PS_GPIPE ? 1 : 0, c->sp->g->params.n,
+         c->sp->g->states.n);
   EMIT("};\n");
   if (!c->pipe) EMIT("\nint main(int argc, char **argv) { return rt_main(argc, argv, &cplan_plan); }\n");
 }

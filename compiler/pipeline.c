@@ -25,18 +25,46 @@ static int param_of(const Graph *g, int i) {
   return n->op == OP_PARAM ? (int)(n - g->nodes) : -1;
 }
 
-/* The stage of every node of the global graph (pipeline.h); -1 for replicated nodes. own[i] is
- * the owner stage of param i (and of states, through their param). */
-static int *global_stages(const StratPlan *sp, int *own) {
+/* The stage of each layer's nodes, with nv stages (strategy.c's rule: contiguous, the first
+ * L mod nv stages one layer more), and of the forward nodes outside layers: before the first
+ * layer on stage 0, after the last on the last stage. -1 for nodes it does not decide. */
+static int *layer_stages(const Graph *g, int nv) {
+  int L = g->layer_names.n, first = g->n, last = -1;
+  int *st = cp_alloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
+  for (int i = 0; i < g->n; i++)
+    if (g->nodes[i].layer >= 0 && g->nodes[i].role == ROLE_FWD) {
+      if (first == g->n) first = i;
+      last = i;
+    }
+  int64_t base = L / nv, extra = L % nv;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = &g->nodes[i];
+    int64_t l = n->layer;
+    st[i] = -1;
+    if (l >= 0 && L > 0)
+      st[i] = l < extra * (base + 1) ? (int)(l / (base + 1)) : (int)(extra + (l - extra * (base + 1)) / (base ? base : 1));
+    else if (n->role == ROLE_FWD && i > last)
+      st[i] = nv - 1;
+    else if (n->role == ROLE_FWD) /* before the first layer, or between layers: its inputs' stage */
+      for (int k = 0; k < n->nin; k++)
+        if (st[n->in[k]] > st[i]) st[i] = st[n->in[k]];
+    if (n->role == ROLE_FWD && st[i] < 0) st[i] = 0;
+  }
+  return st;
+}
+
+/* The stage of every node of the global graph (pipeline.h) among nv stages; -1 for replicated
+ * nodes. own[i] is the owner stage of param i (and of states, through their param). */
+static int *global_stages(const StratPlan *sp, int nv, int *own) {
   const Graph *g = sp->g;
   int n = g->n;
-  int *st = cp_alloc(sizeof(int) * (size_t)(n ? n : 1));
+  int *st = cp_alloc(sizeof(int) * (size_t)(n ? n : 1)), *lst = layer_stages(g, nv);
   IntVec *use = consumers(g);
   for (int i = 0; i < n; i++) {
     const Node *x = &g->nodes[i];
     st[i] = -1;
     own[i] = -1;
-    if (!replicated(x) && x->role == ROLE_FWD) st[i] = sp->stage[i];
+    if (!replicated(x) && x->role == ROLE_FWD) st[i] = lst[i];
   }
   for (int i = 0; i < n; i++) {
     if (g->nodes[i].op != OP_PARAM) continue;
@@ -54,8 +82,8 @@ static int *global_stages(const StratPlan *sp, int *own) {
     int p = param_of(g, i);
     if (x->op == OP_GRAD) st[i] = st[x->fwd];
     else if ((x->op == OP_ACCUM || x->op == OP_ASSIGN) && p >= 0) st[i] = own[p];
-    else if (x->role == ROLE_BWD && x->layer >= 0 && sp->stage[i] >= 0)
-      st[i] = sp->stage[i]; /* in a layer: its stage (gradient sums, recomputed forward nodes) */
+    else if (x->role == ROLE_BWD && x->layer >= 0 && lst[i] >= 0)
+      st[i] = lst[i]; /* in a layer: its stage (gradient sums, recomputed forward nodes) */
     else if (x->role == ROLE_BWD)
       for (int k = 0; k < x->nin; k++) {
         int s = st[x->in[k]];
@@ -95,6 +123,7 @@ static int *global_stages(const StratPlan *sp, int *own) {
 
 typedef struct Cut {
   const StratPlan *sp;
+  int pp;            /* the stages: pp x chunks (the interleaved schedule's virtual stages) */
   const Graph *lg;   /* the lowered graph */
   int *lst;          /* per lowered node: its stage (-1: replicated) */
   int *tag;          /* [j * pp + s]: the tag of value j's crossing to stage s, -1: none */
@@ -157,7 +186,7 @@ static int leaf_copy(Build *b, int v) {
 
 static void add_send(Build *b, int j, int to) {
   Cut *c = b->c;
-  int pp = (int)c->sp->pp, in = b->local[j];
+  int pp = c->pp, in = b->local[j];
   int k = ir_add(b->g, OP_PP_SEND, &in, 1, c->lg->nodes[j].span);
   Node *n = &b->g->nodes[k];
   n->ia[0] = to, n->ia[1] = c->tag[j * pp + to];
@@ -180,7 +209,7 @@ static int input_of(Build *b, int v) {
   if (c->lst[v] == b->s) return b->local[v];
   if (b->recv[v] >= 0) return b->recv[v];
   const Node *o = &c->lg->nodes[v];
-  int pp = (int)c->sp->pp, k = ir_add(b->g, OP_PP_RECV, NULL, 0, o->span);
+  int pp = c->pp, k = ir_add(b->g, OP_PP_RECV, NULL, 0, o->span);
   Node *n = &b->g->nodes[k];
   n->ia[0] = c->lst[v], n->ia[1] = c->tag[v * pp + b->s], n->ia[2] = o->dtype;
   n->ndims = o->shape.rank;
@@ -194,7 +223,7 @@ static int input_of(Build *b, int v) {
 
 static PipeStage build_stage(Cut *c, const Lowered *lw, int s) {
   const Graph *lg = c->lg;
-  int pp = (int)c->sp->pp;
+  int pp = c->pp;
   Build b = {.c = c, .s = s, .g = ir_new(lg->model_name)};
   b.local = cp_alloc(sizeof(int) * (size_t)lg->n);
   b.recv = cp_alloc(sizeof(int) * (size_t)lg->n);
@@ -258,12 +287,17 @@ static PipeStage build_stage(Cut *c, const Lowered *lw, int s) {
   return ps;
 }
 
-Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, char *err, size_t errlen) {
+Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, int chunks, char *err, size_t errlen) {
   const Graph *gg = sp->g, *lg = lw->g;
-  int pp = (int)sp->pp;
+  int pp = (int)sp->pp * chunks;
+  if (gg->layer_names.n < pp) {
+    snprintf(err, errlen, "%d stages of %d chunks need at least %d layers, the model has %d", (int)sp->pp, chunks, pp,
+             gg->layer_names.n);
+    return NULL;
+  }
   int *own = cp_alloc(sizeof(int) * (size_t)(gg->n ? gg->n : 1));
-  int *gst = global_stages(sp, own);
-  Cut c = {.sp = sp, .lg = lg, .err = err, .errlen = errlen};
+  int *gst = global_stages(sp, pp, own);
+  Cut c = {.sp = sp, .pp = pp, .lg = lg, .err = err, .errlen = errlen};
   c.lst = cp_alloc(sizeof(int) * (size_t)(lg->n ? lg->n : 1));
   for (int j = 0; j < lg->n; j++) c.lst[j] = replicated(&lg->nodes[j]) ? -1 : gst[lw->origin.a[j]];
   /* the crossings: value j read on another stage */
@@ -272,6 +306,8 @@ Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, char *err, size_t
   for (int q = 0; q < lg->n * pp; q++) c.tag[q] = -1, c.erole[q] = ROLE_UPD;
   Pipeline *p = cp_alloc(sizeof *p);
   p->pp = pp;
+  p->devices = (int)sp->pp;
+  p->chunks = chunks;
   for (int i = 0; i < lg->n; i++) {
     const Node *n = &lg->nodes[i];
     if (c.lst[i] < 0) continue;

@@ -34,14 +34,19 @@ typedef struct PipeStage {
 } PipeStage;
 
 typedef struct Pipeline {
-  int pp;
+  int pp;            /* stages: devices x chunks */
+  int devices;       /* the pp degree: stage s runs on the pp group's rank s mod devices */
+  int chunks;        /* stages per device: 1, or 2 under the interleaved schedule */
   PipeStage *stages;
   int ncross;        /* values crossing between stages (tags 0 .. ncross-1) */
   int *owner;        /* per global param (g->params order): its owner stage */
 } Pipeline;
 
-/* Cuts lw's graph into sp->pp stage graphs (each passes ir_verify). NULL with a message in err
- * when a stage would be empty or a graph fails to verify (internal limitations). */
-Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, char *err, size_t errlen);
+/* Cuts lw's graph into sp->pp x chunks stage graphs (each passes ir_verify). With chunks > 1 (the
+ * interleaved schedule, Megatron's virtual pipeline) the layers are cut into pp x chunks
+ * contiguous stages and stage s runs on device s mod pp: each device holds `chunks` stages that
+ * are not neighbours. NULL with a message in err when the layers are too few, a stage would be
+ * empty or a graph fails to verify. */
+Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, int chunks, char *err, size_t errlen);
 
 #endif
