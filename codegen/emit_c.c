@@ -1160,8 +1160,11 @@ static void emit_tables(Cg *c) {
   EMIT("};\n\nstatic const RtPlanState states[] = {\n");
   for (int k = 0; k < g->states.n; k++) {
     const Node *s = nd(c, g->states.a[k]);
-    EMIT("    {%s, %lld, %lld, %d},\n", c_string(s->name), (long long)numel(s), (long long)c->nc[g->states.a[k]].off,
-         (int)s->ia[1]);
+    /* a lowered plan's accumulators the runtime reduces over dp (lower.h) */
+    int gk = c->pipe ? c->pipe->stages[c->stage].gstate[k] : k;
+    int reduce = c->lw && c->lw->runtime_reduced[c->sp->g->states.a[gk]];
+    EMIT("    {%s, %lld, %lld, %d, %d},\n", c_string(s->name), (long long)numel(s), (long long)c->nc[g->states.a[k]].off,
+         (int)s->ia[1], reduce);
   }
   if (!g->states.n) EMIT("    {0},\n");
   EMIT("};\n\nstatic const RtPlanInput inputs_[] = {\n");

@@ -84,6 +84,7 @@ static int reshard(Ctx *c, int j, const Pl *want) {
     if (pl_eq(h, w)) continue;
     if (runtime_reduces(c, j, a, h, w)) {
       c->have[a * n + j] = w;
+      c->lw->runtime_reduced[c->g->nodes[j].op == OP_ACCUM ? c->g->nodes[j].in[0] : j] = true;
       c->lw->nruntime++;
       continue;
     }
@@ -319,6 +320,7 @@ Lowered *lower_spmd(const StratPlan *sp, char *err, size_t errlen) {
   lw->g = ir_new(g->model_name);
   lw->map = cp_alloc(sizeof(int) * (size_t)g->n);
   lw->blocks = cp_alloc(sizeof(int) * (size_t)g->n);
+  lw->runtime_reduced = cp_alloc(sizeof(bool) * (size_t)(g->n ? g->n : 1));
   Ctx c = {.sp = sp, .g = g, .lw = lw, .err = err, .errlen = errlen};
   c.cur = cp_alloc(sizeof(int) * (size_t)g->n);
   c.have = cp_alloc(sizeof(Pl) * (size_t)g->n * (size_t)(sp->naxes ? sp->naxes : 1));

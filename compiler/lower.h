@@ -51,6 +51,8 @@ typedef struct Lowered {
   int ncolls;        /* collective nodes inserted */
   VEC(int) origin;   /* per node of g: the global node whose lowering made it (a collective: the
                         node that needs it) */
+  bool *runtime_reduced; /* per node of the global graph: a gradient accumulator STATE the runtime
+                        all-reduces over dp (the others are reduced in the graph, or not at all) */
   int nruntime;      /* reshards left to the runtime instead: the dp all-reduces of gradient
                         accumulators (runtime/train.c sums them over the dp group once per step,
                         after all micro-batches) */

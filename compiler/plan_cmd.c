@@ -606,7 +606,7 @@ bool plan_load(const char *path, StrategyConf *out) {
   const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(root, "format");
   const cJSON *best = cJSON_GetObjectItemCaseSensitive(root, "best");
   bool ok = false;
-  if (!root) diag_error(SPAN_NONE, "%s: not JSON (near byte %ld)", path, (long)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - sb_str(&b) : 0));
+  if (!root) diag_error(SPAN_NONE, "%s: not JSON (near byte %ld)", path, (long)(cJSON_GetErrorPtr() ? cJSON_GetErrorPtr() - text : 0));
   else if (!cJSON_IsString(fmt) || strcmp(fmt->valuestring, "cplan-plan/1") != 0)
     diag_error(SPAN_NONE, "%s: not a plan: \"format\" should be \"cplan-plan/1\" (write it with `cplanc plan --json`)", path);
   else if (!cJSON_IsObject(best)) diag_error(SPAN_NONE, "%s: the plan has no \"best\" object", path);

@@ -861,15 +861,14 @@ static void evaluate(Search *S, const Solved *so, const Config *k) {
   }
   double tied_t = pp > 1 ? 2 * cost_p2p(so->shared_par * S->cm.g_bytes, cost_group_link(&S->cm, k->dp * k->tp, 2)) : 0;
   /* Gradient reduction over dp: ZeRO 0 all-reduces the whole gradients once per step; 1 reduce-
-   * scatters them once per step (Megatron's distributed optimizer), except on CPU devices, whose
-   * runtime all-reduces them and updates each rank's part; 2 and 3 hold only their part, so they
-   * reduce-scatter after every micro-batch; 1 and 2 then gather the updated params (3 gathers them
-   * per use: stage_time). */
+   * scatters them once per step (Megatron's distributed optimizer; the lowering does it where the
+   * update first reads them); 2 and 3 hold only their part, so they reduce-scatter after every
+   * micro-batch; 1 and 2 then gather the updated params (3 gathers them per use: stage_time). */
   double dpb = 0;
   if (k->dp > 1) {
     CostLink l = cost_group_link(&S->cm, k->tp, k->dp);
     double gb = max_par * S->cm.g_bytes, wb = max_par * S->cm.act_size;
-    bool whole = k->zero == 0 || (k->zero == 1 && S->cm.dev.kind == DEV_CPU);
+    bool whole = k->zero == 0;
     Collective red = whole ? COLL_ALL_REDUCE : COLL_REDUCE_SCATTER;
     double times = k->zero >= 2 ? (double)k->m : 1;
     p.dp_sync = times * cost_collective(&S->cm, red, gb, k->dp, l), dpb = times * pl_coll_bytes(red, gb, k->dp);

@@ -204,6 +204,13 @@ static void apply_node(Ctx *c, int i) {
   bool grad = n->op == OP_GRAD, params_first = c->role == AX_DP && c->sp->zero >= 3;
   const Node *f = grad ? &c->g->nodes[n->fwd] : NULL;
   for (int k = 0; k < n->nin; k++) in[k] = c->avail[n->in[k]];
+  /* ZeRO-1 reduce-scatters the accumulated gradients once per step, where the update first reads
+   * them (DeepSpeed's and Megatron's distributed optimizer): each rank updates its part only. */
+  for (int k = 0; k < n->nin && c->role == AX_DP && c->sp->zero == 1 && n->role == ROLE_UPD; k++) {
+    const Node *a = &c->g->nodes[n->in[k]];
+    bool acc = a->op == OP_ACCUM && c->g->nodes[a->in[0]].op == OP_STATE && c->g->nodes[a->in[0]].ia[1] == 0;
+    if (acc && in[k].kind == PL_P && a->shape.rank > 0 && a->shape.d[0] % c->n == 0) in[k] = pl_s(0);
+  }
   /* ZeRO-3 keeps params as S(0) shards only between uses: the forward gathers them first. */
   for (int k = 0; k < n->nin && params_first && n->role == ROLE_FWD; k++)
     if (c->g->nodes[n->in[k]].op == OP_PARAM && in[k].kind == PL_S) in[k] = pl_r();

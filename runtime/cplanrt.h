@@ -195,6 +195,8 @@ typedef struct RtPlanState {
   int64_t offset;               /* in floats, into RtRun.state */
   int saved;                    /* 1: optimizer state, saved in checkpoints; 0: gradient
                                    accumulators, zero at every step boundary */
+  int reduce;                   /* a lowered plan's (gparams != NULL): 1 when the runtime reduces
+                                   this gradient accumulator over dp (others: in the graph) */
 } RtPlanState;
 
 typedef struct RtPlanInput {

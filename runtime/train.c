@@ -416,7 +416,7 @@ static RtComm *dp_group(Trainer *t) { return t->p->dp_axis >= 0 && lowered(t->p)
  * the dp axis (ZeRO 2 and 3 reduce-scatter theirs in the graph) */
 static int runtime_reduced(const RtPlan *p, int i) {
   if (p->states[i].saved) return 0;
-  return !lowered(p) || p->dp_axis < 0 || !p->split_dim || p->split_dim(1, i, p->dp_axis) < 0;
+  return !lowered(p) || p->states[i].reduce;
 }
 static int64_t plan_devices(const RtPlan *p) { return p->devices > 0 ? p->devices : 1; }
 
