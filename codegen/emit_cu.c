@@ -18,7 +18,21 @@
  *     the counted rows.
  * The optimizer update is the graph's update nodes, run like the rest (fused kernels), so the
  * numbers follow the CPU backend's formula; kernels/cuda's fused AdamW is not used yet.
- * Supported: one CUDA device, f32. Anything else is a diagnostic at its .cplan line. */
+ *
+ * Precision (decide_storage). f32: every float buffer is f32. bf16 / f16: the params stay f32
+ * (master weights, updated in f32 with f32 optimizer state) and G.plp holds their bf16 / f16 copy
+ * (PL), refreshed after each update, which everything outside the update reads; activations and
+ * their gradients are stored in the low type (L), with f32 arithmetic in every kernel and f32
+ * accumulation in cuBLASLt; f32 stay the loss, metrics, reductions, norm statistics, and the
+ * param gradients (GEMMs write them in f32, kernels/cuda's norm and embedding gradients are f32).
+ * Generic kernels take each operand's storage code at launch; the fused kernels of emit_cuda.c
+ * get typed pointers (typed_kernels); kernels/cuda gets CPLAN_BF16 / CPLAN_F16 and needs all its
+ * tensors in that type (hw_typed). f16 adds dynamic loss scaling: the loss gradient's constant
+ * seed becomes a device scalar times the scale (2^16 at first); after the last micro-batch's
+ * backward, cps_unscale divides the f32 gradient accumulators by it and flags inf/NaN; update
+ * then skips the step (halving the scale) or applies it (doubling the scale after 1000 good
+ * steps); the metrics loss_scale and skipped_steps report it, so the runtime needs nothing new.
+ * Supported: one CUDA device. Anything else is a diagnostic at its .cplan line. */
 #include "emit_cu.h"
 
 #include "../compiler/fusion.h"
@@ -64,7 +78,13 @@ typedef struct Cu {
   int64_t param_floats, state_floats;
   int nkonst, nscalar;
   VEC(const char *) knames;  /* the kernels plan.c launches, by index */
-  VEC(CgKernel) rows;        /* the row kernels of kernels.cu (log_softmax, sums) */
+  int lpc;                   /* the low-precision storage code: 0 (f32 plan), 1 bf16, 2 f16 */
+  bool upd;                  /* emitting the update: params are the f32 master weights */
+  bool *wlp;                 /* per node: a work buffer stored in the low type */
+  bool *pg;                  /* per node: part of a param gradient (kept f32) */
+  int **ftypes;              /* per fusion group: the storage codes of its output and leaves */
+  int seed;                  /* f16: the constant seed of the loss gradient (times the scale), or -1 */
+  double seed_val;
 } Cu;
 
 #define EMIT(...) fprintf(c->out, __VA_ARGS__)
@@ -106,18 +126,6 @@ static int kid(Cu *c, const char *name) {
     if (strcmp(c->knames.a[k], name) == 0) return k;
   VEC_PUSH(c->knames, name);
   return c->knames.n - 1;
-}
-
-/* The row kernel of kernels.cu for (op, rows, n), added on first use. */
-static const char *row_kernel(Cu *c, CgRowOp op, int64_t rows, int64_t n) {
-  for (int k = 0; k < c->rows.n; k++)
-    if (c->rows.a[k].row == op && c->rows.a[k].shape[0] == rows && c->rows.a[k].shape[1] == n) return c->rows.a[k].name;
-  static const char *const names[CG_ROW__COUNT] = {[CG_ROW_LOG_SOFTMAX_FWD] = "log_softmax",
-                                                   [CG_ROW_LOG_SOFTMAX_BWD] = "log_softmax_bwd",
-                                                   [CG_ROW_SUM_FWD] = "sum", [CG_ROW_MEAN_FWD] = "mean"};
-  CgKernel r = {.name = cp_fmt("k_row%d_%s", c->rows.n, names[op]), .rank = 2, .shape = {rows, n}, .row = op};
-  VEC_PUSH(c->rows, r);
-  return r.name;
 }
 
 /* A float literal for C: 1 -> "1.0f". */
@@ -215,6 +223,84 @@ static void place(Cu *c) {
   }
 }
 
+/* ---- storage types under precision = bf16 / f16 ------------------------------------------------ */
+
+/* node j is part of a param's gradient (the value an ACCUM adds into its f32 accumulator, and
+ * the sums and transposes that feed it): it stays f32 when its producer can write f32 */
+static void mark_pg(Cu *c, int j) {
+  if (root(c, j) != j || c->pg[j] || c->nc[j].kind != L_WORK || nd(c, j)->dtype == DT_I32) return;
+  const Node *n = nd(c, j);
+  c->pg[j] = true;
+  if (n->op == OP_ADD && shape_eq(&in(c, j, 0)->shape, &n->shape) && shape_eq(&in(c, j, 1)->shape, &n->shape))
+    mark_pg(c, n->in[0]), mark_pg(c, n->in[1]);
+  if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_TRANSPOSE) mark_pg(c, n->in[0]);
+}
+
+/* Which work buffers hold the low type (c->wlp). f32 stay: the update; the loss, metrics and
+ * reductions (sum, mean, max); what kernels/cuda writes in f32 (norm weight and bias gradients,
+ * an embedding table's gradient); param gradients (mark_pg). The rest (activations and their
+ * gradients) are bf16 / f16. */
+static void decide_storage(Cu *c) {
+  const Graph *g = c->g;
+  c->wlp = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  c->pg = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  c->seed = -1;
+  if (!c->lpc) return;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (n->op == OP_ACCUM && n->role != ROLE_UPD && c->nc[root(c, n->in[0])].kind == L_STATE) mark_pg(c, n->in[1]);
+    if (c->lpc == 2 && n->op == OP_GRAD && n->fwd == g->loss && nd(c, n->in[0])->op == OP_CONST &&
+        c->nc[n->in[0]].kind == L_CONST)
+      c->seed = n->in[0], c->seed_val = nd(c, n->in[0])->fa[0];
+  }
+  if (c->seed >= 0) /* a fused kernel would read the seed as a constant, not the scaled one */
+    for (int gi = 0; gi < c->fu->ngroups; gi++)
+      for (int k = 0; k < c->fu->groups[gi].nodes.n; k++) {
+        const Node *m = nd(c, c->fu->groups[gi].nodes.a[k]);
+        for (int j = 0; j < m->nin; j++)
+          if (m->in[j] == c->seed) c->seed = -1;
+      }
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (c->nc[i].kind != L_WORK || n->dtype == DT_I32 || n->role == ROLE_UPD || c->pg[i]) continue;
+    if (n->op == OP_SUM || n->op == OP_MEAN || n->op == OP_MAX || n->op == OP_CROSS_ENTROPY || numel(n) == 1) continue;
+    if (i == g->loss || i == g->grad_norm) continue;
+    bool metric = false;
+    for (int k = 0; k < g->metrics.n; k++) metric |= g->metrics.a[k].node == i;
+    if (metric) continue;
+    if (n->op == OP_GRAD) {
+      OpId f = nd(c, n->fwd)->op;
+      if ((f == OP_LAYER_NORM || f == OP_RMS_NORM) && n->ia[0] >= 1) continue;
+      if (f == OP_EMBEDDING && n->ia[0] == 0) continue;
+    }
+    c->wlp[i] = true;
+  }
+}
+
+/* The storage code of node i's buffer: 0 f32 (and i32), 1 bf16, 2 f16. Under a low precision,
+ * params are read as their low copy outside the update; work buffers are low unless
+ * decide_storage kept them f32. */
+static int scode(const Cu *c, int i) {
+  int r = root(c, i);
+  const NodeCu *x = &c->nc[r];
+  if (!c->lpc || nd(c, r)->dtype == DT_I32) return 0;
+  if (x->kind == L_PARAM) return c->upd ? 0 : c->lpc;
+  if (x->kind == L_WORK) return c->wlp[r] ? c->lpc : 0;
+  return 0;
+}
+
+/* packs storage codes, operand k at bits 2k (CPS_T of emit_cu_support.h) */
+static int tcodes(const Cu *c, int n, const int *nodes) {
+  int tt = 0;
+  for (int k = 0; k < n; k++)
+    if (nodes[k] >= 0) tt |= scode(c, nodes[k]) << (2 * k);
+  return tt;
+}
+
+static int64_t sbytes(const Cu *c, int i) {
+  return scode(c, i) ? numel(nd(c, i)) * 2 : (int64_t)ir_node_bytes(c->g, i);
+}
+
 /* ---- memory planning: emit_c.c's plan_phase ------------------------------------------------- */
 
 static void plan_phase(Cu *c, int ph) {
@@ -250,7 +336,7 @@ static void plan_phase(Cu *c, int ph) {
     NodeCu *x = &c->nc[i];
     int p = pos[x->leader];
     if (x->kind == L_WORK) {
-      VEC_PUSH(bufs, ((MpBuf){(int64_t)ir_node_bytes(c->g, i), p, last[i] < p ? p : last[i], 0}));
+      VEC_PUSH(bufs, ((MpBuf){sbytes(c, i), p, last[i] < p ? p : last[i], 0}));
       VEC_PUSH(dest, &x->woff[ph]);
     }
     if (x->aux) {
@@ -275,13 +361,15 @@ static const char *ptr(const Cu *c, int i) {
   int r = root(c, i);
   const NodeCu *x = &c->nc[r];
   const Node *n = nd(c, r);
+  if (r == c->seed) return "G.dls";
   switch (x->kind) {
-  case L_PARAM: return cp_fmt("P(%lld)", (long long)x->off);
+  case L_PARAM: return cp_fmt("%s(%lld)", scode(c, r) ? "PL" : "P", (long long)x->off);
   case L_STATE: return cp_fmt("S(%lld)", (long long)x->off);
   case L_INPUT: return cp_fmt("IN(%lld)", (long long)x->off);
   case L_CONST: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "KI" : "KC", (long long)x->off);
   case L_SCALAR: return cp_fmt("SC(%lld)", (long long)x->off);
-  case L_WORK: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : "F", (long long)x->woff[c->ph]);
+  case L_WORK:
+    return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : scode(c, r) ? "L" : "F", (long long)x->woff[c->ph]);
   default: cp_unreachable();
   }
 }
@@ -419,9 +507,9 @@ static void emit_binary(Cu *c, int i) {
     unsupported(c, i, "arithmetic mixing i32 and float tensors");
     return;
   }
-  const char *args[6] = {ai(op), ap(ptr(c, i)), ap(ptr(c, n->in[0])), ap(ptr(c, n->in[1])),
-                         cps_idx(&a->shape, &b->shape, &n->shape), al(numel(n))};
-  emit_lk(c, a->dtype == DT_I32 ? "cps_binary_i32" : "cps_binary", numel(n), i, 6, args);
+  const char *args[7] = {ai(op), ai(tcodes(c, 3, (int[]){i, n->in[0], n->in[1]})), ap(ptr(c, i)), ap(ptr(c, n->in[0])),
+                         ap(ptr(c, n->in[1])), cps_idx(&a->shape, &b->shape, &n->shape), al(numel(n))};
+  emit_lk(c, a->dtype == DT_I32 ? "cps_binary_i32" : "cps_binary", numel(n), i, 7, args);
 }
 
 static void emit_unary(Cu *c, int i) {
@@ -430,9 +518,9 @@ static void emit_unary(Cu *c, int i) {
     unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
     return;
   }
-  const char *args[5] = {ai((int)(n->op - OP_NEG)), ap(ptr(c, i)), ap(ptr(c, n->in[0])), al(numel(n)),
-                         af(n->op == OP_POW ? n->fa[0] : 0)};
-  emit_lk(c, "cps_unary", numel(n), i, 5, args);
+  const char *args[6] = {ai((int)(n->op - OP_NEG)), ai(tcodes(c, 2, (int[]){i, n->in[0]})), ap(ptr(c, i)),
+                         ap(ptr(c, n->in[0])), al(numel(n)), af(n->op == OP_POW ? n->fa[0] : 0)};
+  emit_lk(c, "cps_unary", numel(n), i, 6, args);
 }
 
 static bool reduce_dims(const Node *n, const Shape *x, int64_t *outer, int64_t *len, int64_t *inner) {
@@ -457,15 +545,20 @@ static void emit_reduce(Cu *c, int i) {
     unsupported(c, i, "a reduction over axes that are not adjacent");
     return;
   }
-  if (n->op != OP_MAX && r == 1 && l >= 1) { /* the row kernel: one block per row */
-    const char *k = row_kernel(c, n->op == OP_SUM ? CG_ROW_SUM_FWD : CG_ROW_MEAN_FWD, o, l);
-    const char *args[2] = {ap(ptr(c, i)), ap(ptr(c, n->in[0]))};
-    emit_lrow(c, k, o, i, 2, args);
+  int tt = tcodes(c, 2, (int[]){i, n->in[0]});
+  if (n->op != OP_MAX && r == 1 && o == 1 && l >= 65536) { /* one long vector: two passes */
+    EMIT("  lsum(%d, %s, %d, %s, %d, %lldLL, %d);\n", n->op == OP_MEAN, ptr(c, i), scode(c, i), ptr(c, n->in[0]),
+         scode(c, n->in[0]), (long long)l, i);
     return;
   }
-  const char *args[6] = {ai(n->op == OP_SUM ? 0 : n->op == OP_MEAN ? 1 : 2), ap(ptr(c, i)), ap(ptr(c, n->in[0])),
+  if (n->op != OP_MAX && r == 1 && l >= 1) { /* the row kernel: one block per row */
+    const char *args[6] = {ai(n->op == OP_MEAN), ai(tt), ap(ptr(c, i)), ap(ptr(c, n->in[0])), al(o), al(l)};
+    emit_lrow(c, "cps_row_sum", o, i, 6, args);
+    return;
+  }
+  const char *args[7] = {ai(n->op == OP_SUM ? 0 : n->op == OP_MEAN ? 1 : 2), ai(tt), ap(ptr(c, i)), ap(ptr(c, n->in[0])),
                          al(o), al(l), al(r)};
-  emit_lk(c, "cps_reduce", o * r, i, 6, args);
+  emit_lk(c, "cps_reduce", o * r, i, 7, args);
 }
 
 /* The GEMM view of matmul f (emit_c.c mm_setup). */
@@ -473,6 +566,7 @@ typedef struct Mm {
   int64_t nb, m, k, n, sa, sb, sc;
   const char *a, *b;
   bool ta, tb;
+  int abt; /* the storage code of both operands */
 } Mm;
 
 static bool mm_setup(Cu *c, const Node *f, int fi, Mm *mm) {
@@ -487,6 +581,9 @@ static bool mm_setup(Cu *c, const Node *f, int fi, Mm *mm) {
   if ((ba != mm->nb && ba != 1) || (bb != mm->nb && bb != 1))
     return unsupported(c, fi, "a matmul whose batch dims broadcast partially");
   if (a->dtype != DT_F32 || b->dtype != DT_F32) return unsupported(c, fi, "a matmul of i32 tensors");
+  if (scode(c, f->in[0]) != scode(c, f->in[1]))
+    return unsupported(c, fi, "under a low precision, a matmul of an f32 tensor (an f32 input or a reduction)");
+  mm->abt = scode(c, f->in[0]);
   mm->a = ptr(c, f->in[0]), mm->ta = c->nc[f->in[0]].trans, mm->sa = ba == 1 ? 0 : mm->m * mm->k;
   mm->b = ptr(c, f->in[1]), mm->tb = c->nc[f->in[1]].trans, mm->sb = bb == 1 ? 0 : mm->k * mm->n;
   mm->sc = mm->m * mm->n;
@@ -494,9 +591,10 @@ static bool mm_setup(Cu *c, const Node *f, int fi, Mm *mm) {
 }
 
 static void emit_gemm(Cu *c, const char *out, const char *a, const char *b, int64_t nb, int64_t m, int64_t n,
-                      int64_t k, bool ta, bool tb, int64_t sa, int64_t sb, int64_t sc, int node) {
-  EMIT("  gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d);\n", out, a, b, (long long)nb,
-       (long long)m, (long long)n, (long long)k, ta, tb, (long long)sa, (long long)sb, (long long)sc, node);
+                      int64_t k, bool ta, bool tb, int64_t sa, int64_t sb, int64_t sc, int node, int abt, int ct) {
+  EMIT("  gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d);\n", out, a, b,
+       (long long)nb, (long long)m, (long long)n, (long long)k, ta, tb, (long long)sa, (long long)sb, (long long)sc,
+       node, abt, ct);
 }
 
 static uint64_t node_key(int i) {
@@ -526,8 +624,9 @@ static void emit_dropout(Cu *c, int i) {
   bool off = c->ph == PH_EVAL || n->fa[0] == 0;
   const char *mask = off ? "NULL" : scratch_ptr(c, i, "B");
   if (!off) emit_mask(c, i, mask, i);
-  const char *args[6] = {ai(0), ap(ptr(c, i)), ap(ptr(c, n->in[0])), ap(mask), al(numel(n)), af(n->fa[0])};
-  emit_lk(c, "cps_dropout", numel(n), i, 6, args);
+  const char *args[7] = {ai(0), ai(tcodes(c, 2, (int[]){i, n->in[0]})), ap(ptr(c, i)), ap(ptr(c, n->in[0])), ap(mask),
+                         al(numel(n)), af(n->fa[0])};
+  emit_lk(c, "cps_dropout", numel(n), i, 7, args);
 }
 
 static void emit_shape_op(Cu *c, int i) {
@@ -538,11 +637,11 @@ static void emit_shape_op(Cu *c, int i) {
     unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
     return;
   }
-  const char *o = ap(ptr(c, i)), *xp = ap(ptr(c, n->in[0]));
+  const char *o = ap(ptr(c, i)), *xp = ap(ptr(c, n->in[0])), *tt = ai(tcodes(c, 2, (int[]){i, n->in[0]}));
   switch (n->op) {
   case OP_TRANSPOSE: {
-    const char *args[5] = {o, xp, al(dims_prod(&x->shape, 0, r - 2)), al(d[r - 2]), al(d[r - 1])};
-    emit_lk(c, "cps_transpose", numel(n), i, 5, args);
+    const char *args[6] = {tt, o, xp, al(dims_prod(&x->shape, 0, r - 2)), al(d[r - 2]), al(d[r - 1])};
+    emit_lk(c, "cps_transpose", numel(n), i, 6, args);
     break;
   }
   case OP_PERMUTE: {
@@ -550,22 +649,22 @@ static void emit_shape_op(Cu *c, int i) {
     for (int k = r - 1; k >= 0; k--) st[k] = s, s *= d[k];
     for (int k = 0; k < n->ndims; k++) on[k] = d[n->dims[k]], xs[k] = st[n->dims[k]];
     const char *p = cp_fmt("&(CpsPerm){%d, %s, %s}", n->ndims, ll_list(on, n->ndims), ll_list(xs, n->ndims));
-    const char *args[5] = {ai(0), o, xp, p, al(numel(n))};
-    emit_lk(c, "cps_permute", numel(n), i, 5, args);
+    const char *args[6] = {ai(0), tt, o, xp, p, al(numel(n))};
+    emit_lk(c, "cps_permute", numel(n), i, 6, args);
     break;
   }
   case OP_SLICE: {
     int ax = (int)n->ia[0];
-    const char *args[8] = {ai(0), o, xp, al(dims_prod(&x->shape, 0, ax)), al(d[ax]),
+    const char *args[9] = {ai(0), tt, o, xp, al(dims_prod(&x->shape, 0, ax)), al(d[ax]),
                            al(dims_prod(&x->shape, ax + 1, r)), al(n->ia[1]), al(n->ia[2])};
-    emit_lk(c, "cps_slice", numel(n), i, 8, args);
+    emit_lk(c, "cps_slice", numel(n), i, 9, args);
     break;
   }
   case OP_SPLIT_HEADS: case OP_MERGE_HEADS: {
     bool merge = n->op == OP_MERGE_HEADS; /* merge: x [b, h, t, dh] */
-    const char *args[7] = {ai(merge), o, xp, al(d[0]), al(merge ? d[2] : d[1]), al(merge ? d[1] * d[3] : d[2]),
+    const char *args[8] = {ai(merge), tt, o, xp, al(d[0]), al(merge ? d[2] : d[1]), al(merge ? d[1] * d[3] : d[2]),
                            al(merge ? d[1] : n->ia[0])};
-    emit_lk(c, "cps_heads", numel(n), i, 7, args);
+    emit_lk(c, "cps_heads", numel(n), i, 8, args);
     break;
   }
   default: cp_unreachable();
@@ -583,13 +682,25 @@ static void emit_concat(Cu *c, int i) {
       return;
     }
     int64_t len = x->shape.d[ax];
-    const char *args[7] = {ap(ptr(c, i)), ap(ptr(c, n->in[k])), al(outer), al(n->shape.d[ax]), al(inner), al(start), al(len)};
-    emit_lk(c, "cps_place", numel(x), i, 7, args);
+    const char *args[8] = {ai(tcodes(c, 2, (int[]){i, n->in[k]})), ap(ptr(c, i)), ap(ptr(c, n->in[k])), al(outer),
+                           al(n->shape.d[ax]), al(inner), al(start), al(len)};
+    emit_lk(c, "cps_place", numel(x), i, 8, args);
     start += len;
   }
 }
 
 #define KL(...) EMIT("  kl_check(" __VA_ARGS__)
+
+static const char *kdt(const Cu *c) { return c->lpc == 1 ? "CPLAN_BF16" : c->lpc == 2 ? "CPLAN_F16" : "CPLAN_F32"; }
+
+/* kernels/cuda takes its tensors in one storage type: under bf16 / f16 the operands must be low */
+static bool hw_typed(Cu *c, int node, int n, const int *ops) {
+  for (int k = 0; k < n; k++)
+    if (ops[k] >= 0 && nd(c, ops[k])->dtype != DT_I32 && scode(c, ops[k]) != c->lpc)
+      return unsupported(c, node, cp_fmt("under precision %s, '%s' of an f32 tensor (an f32 input or a reduction)",
+                                         c->lpc == 1 ? "bf16" : "f16", ir_ops[nd(c, node)->op].name));
+  return true;
+}
 
 static void emit_nn(Cu *c, int i) {
   const Node *n = nd(c, i);
@@ -604,23 +715,27 @@ static void emit_nn(Cu *c, int i) {
       return;
     }
     if (n->op == OP_SOFTMAX) {
-      KL("cplan_cuda_softmax_forward(CPLAN_F32, %s, %s, %lld, %lld, G.s), %d);\n", o, x, (long long)rows, (long long)cc, i);
+      if (!hw_typed(c, i, 2, (int[]){i, n->in[0]})) return;
+      KL("cplan_cuda_softmax_forward(%s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), o, x, (long long)rows, (long long)cc, i);
     } else {
-      const char *args[2] = {ap(o), ap(x)};
-      emit_lrow(c, row_kernel(c, CG_ROW_LOG_SOFTMAX_FWD, rows, cc), rows, i, 2, args);
+      const char *args[5] = {ai(tcodes(c, 2, (int[]){i, n->in[0]})), ap(o), ap(x), al(rows), al(cc)};
+      emit_lrow(c, "cps_log_softmax", rows, i, 5, args);
     }
     break;
   case OP_LAYER_NORM:
-    KL("cplan_cuda_layernorm_forward(CPLAN_F32, %s, %s, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", o,
+    if (!hw_typed(c, i, 4, (int[]){i, n->in[0], n->in[1], n->in[2]})) return;
+    KL("cplan_cuda_layernorm_forward(%s, %s, %s, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", kdt(c), o,
        ev ? "NULL" : aux_ptr(c, i, 0), ev ? "NULL" : aux_ptr(c, i, rows), x, ptr(c, n->in[1]), ptr(c, n->in[2]),
        (long long)rows, (long long)cc, flt(n->fa[0]), i);
     break;
   case OP_RMS_NORM:
-    KL("cplan_cuda_rmsnorm_forward(CPLAN_F32, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", o,
+    if (!hw_typed(c, i, 3, (int[]){i, n->in[0], n->in[1]})) return;
+    KL("cplan_cuda_rmsnorm_forward(%s, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", kdt(c), o,
        ev ? "NULL" : aux_ptr(c, i, 0), x, ptr(c, n->in[1]), (long long)rows, (long long)cc, flt(n->fa[0]), i);
     break;
   case OP_ROPE:
-    KL("cplan_cuda_rope_forward(CPLAN_F32, %s, %s, %lld, %lld, %lld, %s, G.s), %d);\n", o, x,
+    if (!hw_typed(c, i, 2, (int[]){i, n->in[0]})) return;
+    KL("cplan_cuda_rope_forward(%s, %s, %s, %lld, %lld, %lld, %s, G.s), %d);\n", kdt(c), o, x,
        (long long)dims_prod(&n->shape, 0, n->shape.rank - 2), (long long)n->shape.d[n->shape.rank - 2], (long long)cc,
        flt(n->fa[0]), i);
     break;
@@ -634,7 +749,8 @@ static void emit_nn(Cu *c, int i) {
       unsupported(c, i, cp_fmt("sdpa with a head width of %lld (the CUDA attention kernel takes at most 128)", (long long)q[3]));
       return;
     }
-    KL("cplan_cuda_attention_forward(CPLAN_F32, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, G.s), %d);\n", o,
+    if (!hw_typed(c, i, 4, (int[]){i, n->in[0], n->in[1], n->in[2]})) return;
+    KL("cplan_cuda_attention_forward(%s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, G.s), %d);\n", kdt(c), o,
        aux_ptr(c, i, 0), x, ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)(q[0] * q[1]), (long long)q[2],
        (long long)q[3], (int)n->ia[0], i);
     break;
@@ -659,7 +775,8 @@ static void emit_forward(Cu *c, int i) {
   case OP_MATMUL: {
     Mm mm;
     if (mm_setup(c, n, i, &mm))
-      emit_gemm(c, ptr(c, i), mm.a, mm.b, mm.nb, mm.m, mm.n, mm.k, mm.ta, mm.tb, mm.sa, mm.sb, mm.sc, i);
+      emit_gemm(c, ptr(c, i), mm.a, mm.b, mm.nb, mm.m, mm.n, mm.k, mm.ta, mm.tb, mm.sa, mm.sb, mm.sc, i, mm.abt,
+                scode(c, i));
     break;
   }
   case OP_TRANSPOSE:
@@ -678,7 +795,8 @@ static void emit_forward(Cu *c, int i) {
       unsupported(c, i, "a vocab-parallel embedding");
       break;
     }
-    KL("cplan_cuda_embedding_forward(CPLAN_F32, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", ptr(c, i),
+    if (!hw_typed(c, i, 2, (int[]){i, n->in[0]})) break;
+    KL("cplan_cuda_embedding_forward(%s, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", kdt(c), ptr(c, i),
        ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(in(c, i, 1)), (long long)t->shape.d[0],
        (long long)t->shape.d[1], i);
     break;
@@ -694,7 +812,8 @@ static void emit_forward(Cu *c, int i) {
       unsupported(c, i, "a vocab-parallel cross_entropy");
       break;
     }
-    KL("cplan_cuda_cross_entropy_forward(CPLAN_F32, %s, %s, %s, (int *)%s, %s, %s, %lld, %lld, G.s), %d);\n",
+    if (!hw_typed(c, i, 1, (int[]){n->in[0]})) break;
+    KL("cplan_cuda_cross_entropy_forward(%s, %s, %s, %s, (int *)%s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c),
        aux_ptr(c, i, 0), aux_ptr(c, i, rows), ptr(c, i), aux_ptr(c, i, 2 * rows), ptr(c, n->in[0]), ptr(c, n->in[1]),
        (long long)rows, (long long)last_dim(lg), i);
     break;
@@ -702,19 +821,26 @@ static void emit_forward(Cu *c, int i) {
   case OP_ARGMAX: {
     const Node *x = in(c, i, 0);
     int ax = (int)n->ia[0];
-    const char *args[5] = {ap(ptr(c, i)), ap(ptr(c, n->in[0])), al(dims_prod(&x->shape, 0, ax)), al(x->shape.d[ax]),
-                           al(dims_prod(&x->shape, ax + 1, x->shape.rank))};
-    emit_lk(c, "cps_argmax", numel(n), i, 5, args);
+    const char *args[6] = {ai(tcodes(c, 2, (int[]){-1, n->in[0]})), ap(ptr(c, i)), ap(ptr(c, n->in[0])),
+                           al(dims_prod(&x->shape, 0, ax)), al(x->shape.d[ax]), al(dims_prod(&x->shape, ax + 1, x->shape.rank))};
+    emit_lk(c, "cps_argmax", numel(n), i, 6, args);
     break;
   }
   case OP_ASSIGN:
-    if (root(c, n->in[1]) != root(c, n->in[0]))
+    if (root(c, n->in[1]) == root(c, n->in[0])) break;
+    if (scode(c, n->in[0]) == scode(c, n->in[1])) {
       EMIT("  CU(cudaMemcpyAsync(%s, %s, %lld, cudaMemcpyDeviceToDevice, G.s));\n", ptr(c, n->in[0]), ptr(c, n->in[1]),
-           (long long)ir_node_bytes(c->g, i));
+           (long long)sbytes(c, n->in[0]));
+    } else {
+      const char *args[4] = {ai(tcodes(c, 2, (int[]){n->in[0], n->in[1]})), ap(ptr(c, n->in[0])), ap(ptr(c, n->in[1])),
+                             al(numel(n))};
+      emit_lk(c, "cps_cast", numel(n), i, 4, args);
+    }
     break;
   case OP_ACCUM: {
-    const char *args[3] = {ap(ptr(c, n->in[0])), ap(ptr(c, n->in[1])), al(numel(n))};
-    emit_lk(c, "cps_accum", numel(n), i, 3, args);
+    const char *args[4] = {ai(tcodes(c, 2, (int[]){n->in[0], n->in[1]})), ap(ptr(c, n->in[0])), ap(ptr(c, n->in[1])),
+                           al(numel(n))};
+    emit_lk(c, "cps_accum", numel(n), i, 4, args);
     break;
   }
   default: unsupported(c, i, cp_fmt("the op '%s'", ir_ops[n->op].name));
@@ -725,69 +851,98 @@ static void emit_forward(Cu *c, int i) {
 
 /* The gradient buffers a group's launch writes, by forward input ("NULL" when not wanted or a
  * view of dy); zeroed first, as the kernels accumulate. */
-static void group_outputs(Cu *c, int lead, const char **dst, int nmax) {
+static void group_outputs(Cu *c, int lead, const char **dst, int nmax, int *ids) {
   for (int k = 0; k < nmax; k++) dst[k] = "NULL";
+  if (ids)
+    for (int k = 0; k < nmax; k++) ids[k] = -1;
   for (int j = lead; j < c->g->n; j++) {
     const Node *m = nd(c, j);
     if (m->op != OP_GRAD || c->nc[j].leader != lead || c->nc[j].kind == L_ALIAS) continue;
     cp_assert(m->ia[0] < nmax);
     dst[m->ia[0]] = ptr(c, j);
-    emit_zero(c, dst[m->ia[0]], (int64_t)ir_node_bytes(c->g, j));
+    if (ids) ids[m->ia[0]] = j;
+    emit_zero(c, dst[m->ia[0]], sbytes(c, j));
   }
+}
+
+/* x is out's trailing dims (no 1s among them) and smaller: broadcast along the leading dims only */
+static bool trailing_of(const Shape *x, const Shape *out) {
+  if (x->rank < 1 || x->rank > out->rank || shape_numel(x) >= shape_numel(out)) return false;
+  for (int k = 0; k < x->rank; k++)
+    if (x->d[k] != out->d[out->rank - x->rank + k] || x->d[k] == 1) return false;
+  return true;
 }
 
 static void emit_grad_binary(Cu *c, int i, const Node *f) {
   const Node *a = nd(c, f->in[0]), *b = nd(c, f->in[1]);
   const char *d[2];
-  group_outputs(c, i, d, 2);
-  const char *dy = ptr(c, nd(c, i)->in[0]);
+  int ids[2], dyn = nd(c, i)->in[0];
+  group_outputs(c, i, d, 2, ids);
+  const char *dy = ptr(c, dyn);
   for (int w = 0; w < 2; w++) {
     if (strcmp(d[w], "NULL") == 0) continue;
     const Node *x = w ? b : a;
-    const char *args[9] = {ai((int)(f->op - OP_ADD)), ai(w), ap(d[w]), ap(dy), ap(ptr(c, f->in[0])), ap(ptr(c, f->in[1])),
-                           cps_idx(&a->shape, &b->shape, &f->shape), cps_red(&x->shape, &f->shape), al(numel(x))};
-    emit_lk(c, "cps_binary_bwd", numel(x), i, 9, args);
+    if ((f->op == OP_ADD || f->op == OP_SUB) && trailing_of(&x->shape, &f->shape)) { /* a bias: column sums */
+      const char *args[6] = {ai(tcodes(c, 2, (int[]){ids[w], dyn})), ap(d[w]), ap(dy), al(numel(f) / numel(x)),
+                             al(numel(x)), af(f->op == OP_SUB && w ? -1.0 : 1.0)};
+      EMIT("  lcol(%d, %lldLL, (void *[]){%s, %s, %s, %s, %s, %s}, %d); /* cps_colsum */\n", kid(c, "cps_colsum"),
+           (long long)numel(x), args[0], args[1], args[2], args[3], args[4], args[5], i);
+      continue;
+    }
+    const char *args[10] = {ai((int)(f->op - OP_ADD)), ai(w), ai(tcodes(c, 4, (int[]){ids[w], dyn, f->in[0], f->in[1]})),
+                            ap(d[w]), ap(dy), ap(ptr(c, f->in[0])), ap(ptr(c, f->in[1])),
+                            cps_idx(&a->shape, &b->shape, &f->shape), cps_red(&x->shape, &f->shape), al(numel(x))};
+    emit_lk(c, "cps_binary_bwd", numel(x), i, 10, args);
   }
 }
 
 static void emit_grad_nn(Cu *c, int i, const Node *f) {
   const Node *n = nd(c, i);
   const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[0]);
-  int64_t rows = rows_of(f), cc = last_dim(f), bytes = (int64_t)ir_node_bytes(c->g, i);
+  int64_t rows = rows_of(f), cc = last_dim(f), bytes = sbytes(c, i);
   const char *d[3];
   switch (f->op) {
   case OP_SOFTMAX:
+    if (!hw_typed(c, i, 3, (int[]){i, n->in[0], n->fwd})) return;
     emit_zero(c, dx, bytes);
-    KL("cplan_cuda_softmax_backward(CPLAN_F32, %s, %s, %s, %lld, %lld, G.s), %d);\n", dx, dy, ptr(c, n->fwd),
+    KL("cplan_cuda_softmax_backward(%s, %s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), dx, dy, ptr(c, n->fwd),
        (long long)rows, (long long)cc, i);
     break;
   case OP_LOG_SOFTMAX: {
     emit_zero(c, dx, bytes);
-    const char *args[3] = {ap(dx), ap(dy), ap(ptr(c, n->fwd))};
-    emit_lrow(c, row_kernel(c, CG_ROW_LOG_SOFTMAX_BWD, rows, cc), rows, i, 3, args);
+    const char *args[6] = {ai(tcodes(c, 3, (int[]){i, n->in[0], n->fwd})), ap(dx), ap(dy), ap(ptr(c, n->fwd)), al(rows),
+                           al(cc)};
+    emit_lrow(c, "cps_log_softmax_bwd", rows, i, 6, args);
     break;
   }
   case OP_LAYER_NORM:
-    group_outputs(c, i, d, 3);
-    KL("cplan_cuda_layernorm_backward(CPLAN_F32, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, G.s), %d);\n", d[0], d[1],
+    group_outputs(c, i, d, 3, NULL);
+    if (!hw_typed(c, i, 3, (int[]){n->in[0], f->in[0], f->in[1]})) return;
+    KL("cplan_cuda_layernorm_backward(%s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), d[0], d[1],
        d[2], dy, x, ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, rows), (long long)rows, (long long)cc, i);
     break;
   case OP_RMS_NORM:
-    group_outputs(c, i, d, 2);
-    KL("cplan_cuda_rmsnorm_backward(CPLAN_F32, %s, %s, %s, %s, %s, %s, %lld, %lld, G.s), %d);\n", d[0], d[1], dy, x,
+    group_outputs(c, i, d, 2, NULL);
+    if (!hw_typed(c, i, 3, (int[]){n->in[0], f->in[0], f->in[1]})) return;
+    KL("cplan_cuda_rmsnorm_backward(%s, %s, %s, %s, %s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), d[0], d[1], dy, x,
        ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), (long long)rows, (long long)cc, i);
     break;
   case OP_ROPE:
+    if (!hw_typed(c, i, 2, (int[]){i, n->in[0]})) return;
     emit_zero(c, dx, bytes);
-    KL("cplan_cuda_rope_backward(CPLAN_F32, %s, %s, %lld, %lld, %lld, %s, G.s), %d);\n", dx, dy,
+    KL("cplan_cuda_rope_backward(%s, %s, %s, %lld, %lld, %lld, %s, G.s), %d);\n", kdt(c), dx, dy,
        (long long)dims_prod(&f->shape, 0, f->shape.rank - 2), (long long)f->shape.d[f->shape.rank - 2], (long long)cc,
        flt(f->fa[0]), i);
     break;
   case OP_SDPA: {
     const int64_t *q = nd(c, f->in[0])->shape.d;
-    group_outputs(c, i, d, 3);
-    KL("cplan_cuda_attention_backward(CPLAN_F32, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, G.s), "
-       "%d);\n", d[0], d[1], d[2], scratch_ptr(c, i, "F"), dy, ptr(c, n->fwd), aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]),
+    {
+      int ids[3];
+      group_outputs(c, i, d, 3, ids);
+      if (!hw_typed(c, i, 8, (int[]){ids[0], ids[1], ids[2], n->in[0], n->fwd, f->in[0], f->in[1], f->in[2]})) return;
+    }
+    KL("cplan_cuda_attention_backward(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, G.s), "
+       "%d);\n", kdt(c), d[0], d[1], d[2], scratch_ptr(c, i, "F"), dy, ptr(c, n->fwd), aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]),
        ptr(c, f->in[2]), (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3], (int)f->ia[0], i);
     break;
   }
@@ -796,8 +951,9 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
     const char *mask = on ? scratch_ptr(c, i, "B") : "NULL";
     emit_zero(c, dx, bytes);
     if (on) emit_mask(c, n->fwd, mask, i);
-    const char *args[6] = {ai(1), ap(dx), ap(dy), ap(mask), al(numel(f)), af(f->fa[0])};
-    emit_lk(c, "cps_dropout", numel(f), i, 6, args);
+    const char *args[7] = {ai(1), ai(tcodes(c, 2, (int[]){i, n->in[0]})), ap(dx), ap(dy), ap(mask), al(numel(f)),
+                           af(f->fa[0])};
+    emit_lk(c, "cps_dropout", numel(f), i, 7, args);
     break;
   }
   case OP_CROSS_ENTROPY: {
@@ -807,8 +963,9 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
       unsupported(c, n->fwd, "a vocab-parallel cross_entropy");
       break;
     }
+    if (!hw_typed(c, i, 2, (int[]){i, f->in[0]})) break;
     emit_zero(c, dx, bytes);
-    KL("cplan_cuda_cross_entropy_backward(CPLAN_F32, %s, %s, (const int *)%s, %s, %s, %s, %lld, %lld, G.s), %d);\n", dx,
+    KL("cplan_cuda_cross_entropy_backward(%s, %s, %s, (const int *)%s, %s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), dx,
        dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)last_dim(lg), i);
     break;
   }
@@ -818,14 +975,14 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
 
 static void emit_grad_shape(Cu *c, int i, const Node *f) {
   const Node *n = nd(c, i), *x = nd(c, f->in[n->ia[0]]);
-  const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]);
+  const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *tt = ai(tcodes(c, 2, (int[]){i, n->in[0]}));
   const int64_t *d = x->shape.d;
   int r = x->shape.rank;
-  int64_t bytes = (int64_t)ir_node_bytes(c->g, i);
+  int64_t bytes = sbytes(c, i);
   switch (f->op) {
   case OP_TRANSPOSE: { /* dx = dy transposed back */
-    const char *args[5] = {ap(dx), ap(dy), al(dims_prod(&x->shape, 0, r - 2)), al(d[r - 1]), al(d[r - 2])};
-    emit_lk(c, "cps_transpose", numel(x), i, 5, args);
+    const char *args[6] = {tt, ap(dx), ap(dy), al(dims_prod(&x->shape, 0, r - 2)), al(d[r - 1]), al(d[r - 2])};
+    emit_lk(c, "cps_transpose", numel(x), i, 6, args);
     break;
   }
   case OP_PERMUTE: {
@@ -834,35 +991,35 @@ static void emit_grad_shape(Cu *c, int i, const Node *f) {
     for (int k = 0; k < f->ndims; k++) on[k] = d[f->dims[k]], xs[k] = st[f->dims[k]];
     emit_zero(c, dx, bytes);
     const char *p = cp_fmt("&(CpsPerm){%d, %s, %s}", f->ndims, ll_list(on, f->ndims), ll_list(xs, f->ndims));
-    const char *args[5] = {ai(1), ap(dx), ap(dy), p, al(numel(x))};
-    emit_lk(c, "cps_permute", numel(x), i, 5, args);
+    const char *args[6] = {ai(1), tt, ap(dx), ap(dy), p, al(numel(x))};
+    emit_lk(c, "cps_permute", numel(x), i, 6, args);
     break;
   }
   case OP_SLICE: {
     int ax = (int)f->ia[0];
     emit_zero(c, dx, bytes);
-    const char *args[8] = {ai(1), ap(dx), ap(dy), al(dims_prod(&x->shape, 0, ax)), al(d[ax]),
+    const char *args[9] = {ai(1), tt, ap(dx), ap(dy), al(dims_prod(&x->shape, 0, ax)), al(d[ax]),
                            al(dims_prod(&x->shape, ax + 1, r)), al(f->ia[1]), al(f->ia[2])};
-    emit_lk(c, "cps_slice", numel(f), i, 8, args);
+    emit_lk(c, "cps_slice", numel(f), i, 9, args);
     break;
   }
   case OP_CONCAT: {
     int ax = (int)f->ia[0];
     int64_t start = 0;
     for (int k = 0; k < n->ia[0]; k++) start += nd(c, f->in[k])->shape.d[ax];
-    const char *args[8] = {ai(0), ap(dx), ap(dy), al(dims_prod(&f->shape, 0, ax)), al(f->shape.d[ax]),
+    const char *args[9] = {ai(0), tt, ap(dx), ap(dy), al(dims_prod(&f->shape, 0, ax)), al(f->shape.d[ax]),
                            al(dims_prod(&f->shape, ax + 1, f->shape.rank)), al(start), al(start + d[ax])};
-    emit_lk(c, "cps_slice", numel(x), i, 8, args);
+    emit_lk(c, "cps_slice", numel(x), i, 9, args);
     break;
   }
   case OP_SPLIT_HEADS: { /* dx = merge_heads(dy): dy [b, h, t, dh] */
-    const char *args[7] = {ai(1), ap(dx), ap(dy), al(d[0]), al(d[1]), al(d[2]), al(f->ia[0])};
-    emit_lk(c, "cps_heads", numel(x), i, 7, args);
+    const char *args[8] = {ai(1), tt, ap(dx), ap(dy), al(d[0]), al(d[1]), al(d[2]), al(f->ia[0])};
+    emit_lk(c, "cps_heads", numel(x), i, 8, args);
     break;
   }
   case OP_MERGE_HEADS: { /* dx = split_heads(dy): x [b, h, t, dh] */
-    const char *args[7] = {ai(0), ap(dx), ap(dy), al(d[0]), al(d[2]), al(d[1] * d[3]), al(d[1])};
-    emit_lk(c, "cps_heads", numel(x), i, 7, args);
+    const char *args[8] = {ai(0), tt, ap(dx), ap(dy), al(d[0]), al(d[2]), al(d[1] * d[3]), al(d[1])};
+    emit_lk(c, "cps_heads", numel(x), i, 8, args);
     break;
   }
   case OP_EMBEDDING:
@@ -870,8 +1027,9 @@ static void emit_grad_shape(Cu *c, int i, const Node *f) {
       unsupported(c, n->fwd, "a vocab-parallel embedding");
       break;
     }
+    if (!hw_typed(c, i, 1, (int[]){n->in[0]})) break;
     emit_zero(c, dx, bytes);
-    KL("cplan_cuda_embedding_backward(CPLAN_F32, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", dx, dy, ptr(c, f->in[1]),
+    KL("cplan_cuda_embedding_backward(%s, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", kdt(c), dx, dy, ptr(c, f->in[1]),
        (long long)numel(nd(c, f->in[1])), (long long)d[0], (long long)d[1], i);
     break;
   default: cp_unreachable();
@@ -891,7 +1049,7 @@ static void emit_grad(Cu *c, int i) {
     EMIT("  /* computed together with %%%d */\n", c->nc[i].leader);
     return;
   }
-  int64_t bytes = (int64_t)ir_node_bytes(c->g, i);
+  int64_t bytes = sbytes(c, i);
   const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[n->ia[0]]);
   switch (f->op) {
   case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
@@ -900,9 +1058,9 @@ static void emit_grad(Cu *c, int i) {
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: {
     emit_zero(c, dx, bytes);
-    const char *args[7] = {ai((int)(f->op - OP_NEG)), ap(dx), ap(dy), ap(x), ap(ptr(c, n->fwd)), al(numel(n)),
-                           af(f->op == OP_POW ? f->fa[0] : 0)};
-    emit_lk(c, "cps_unary_bwd", numel(n), i, 7, args);
+    const char *args[8] = {ai((int)(f->op - OP_NEG)), ai(tcodes(c, 4, (int[]){i, n->in[0], f->in[n->ia[0]], n->fwd})),
+                           ap(dx), ap(dy), ap(x), ap(ptr(c, n->fwd)), al(numel(n)), af(f->op == OP_POW ? f->fa[0] : 0)};
+    emit_lk(c, "cps_unary_bwd", numel(n), i, 8, args);
     break;
   }
   case OP_SUM: case OP_MEAN: case OP_MAX: {
@@ -913,21 +1071,26 @@ static void emit_grad(Cu *c, int i) {
     }
     emit_zero(c, dx, bytes);
     if (f->op == OP_MAX) {
-      const char *args[6] = {ap(dx), ap(dy), ap(x), al(o), al(l), al(r)};
-      emit_lk(c, "cps_max_bwd", o * r, i, 6, args);
+      const char *args[7] = {ai(tcodes(c, 3, (int[]){i, n->in[0], f->in[0]})), ap(dx), ap(dy), ap(x), al(o), al(l), al(r)};
+      emit_lk(c, "cps_max_bwd", o * r, i, 7, args);
     } else {
-      const char *args[6] = {ai(f->op == OP_MEAN), ap(dx), ap(dy), al(o), al(l), al(r)};
-      emit_lk(c, "cps_reduce_bwd", o * l * r, i, 6, args);
+      const char *args[7] = {ai(f->op == OP_MEAN), ai(tcodes(c, 2, (int[]){i, n->in[0]})), ap(dx), ap(dy), al(o), al(l),
+                             al(r)};
+      emit_lk(c, "cps_reduce_bwd", o * l * r, i, 7, args);
     }
     break;
   }
   case OP_MATMUL: {
     Mm mm;
     if (!mm_setup(c, f, n->fwd, &mm)) return;
+    if (scode(c, n->in[0]) != mm.abt) {
+      unsupported(c, n->fwd, "under a low precision, the gradient of a matmul whose output gradient is f32");
+      return;
+    }
     if (n->ia[0] == 0) /* dA = dY @ B^T */
-      emit_gemm(c, dx, dy, mm.b, mm.nb, mm.m, mm.k, mm.n, false, !mm.tb, mm.sc, mm.sb, mm.sa, i);
+      emit_gemm(c, dx, dy, mm.b, mm.nb, mm.m, mm.k, mm.n, false, !mm.tb, mm.sc, mm.sb, mm.sa, i, mm.abt, scode(c, i));
     else /* dB = A^T @ dY */
-      emit_gemm(c, dx, mm.a, dy, mm.nb, mm.k, mm.n, mm.m, !mm.ta, false, mm.sa, mm.sc, mm.sb, i);
+      emit_gemm(c, dx, mm.a, dy, mm.nb, mm.k, mm.n, mm.m, !mm.ta, false, mm.sa, mm.sc, mm.sb, i, mm.abt, scode(c, i));
     break;
   }
   case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_CONCAT: case OP_SPLIT_HEADS: case OP_MERGE_HEADS:
@@ -951,15 +1114,35 @@ static void emit_fused(Cu *c, int i) {
   const char **args = cp_alloc(sizeof(char *) * (size_t)(gr->leaves.n + 1));
   args[0] = ap(ptr(c, i));
   for (int k = 0; k < gr->leaves.n; k++) args[k + 1] = ap(ptr(c, gr->leaves.a[k]));
+  /* the storage types the kernel's pointers take (typed_kernels), the same in every phase */
+  int gi = c->fu->group[i];
+  int *ty = c->ftypes[gi];
+  if (!ty) {
+    ty = c->ftypes[gi] = cp_alloc(sizeof(int) * (size_t)(gr->leaves.n + 1));
+    ty[0] = scode(c, i);
+    for (int k = 0; k < gr->leaves.n; k++) ty[k + 1] = scode(c, gr->leaves.a[k]);
+  }
+  bool same = ty[0] == scode(c, i);
+  for (int k = 0; k < gr->leaves.n; k++) same &= ty[k + 1] == scode(c, gr->leaves.a[k]);
+  if (!same) unsupported(c, i, "a fused kernel whose operands change storage type between phases");
   emit_lk(c, gr->kernel.name, numel(nd(c, i)), i, gr->leaves.n + 1, args);
+}
+
+/* The class of a node in the CPLAN_PROFILE=1 report: its op, a gradient's forward op, fused. */
+static const char *prof_class(const Cu *c, int i) {
+  const Node *n = nd(c, i);
+  const char *op = n->op == OP_GRAD ? cp_fmt("grad(%s)", ir_ops[nd(c, n->fwd)->op].name) : ir_ops[n->op].name;
+  if (c->fu->group[i] >= 0) return cp_fmt("fused %s%s", op, n->role == ROLE_UPD ? " (update)" : "");
+  return cp_fmt("%s%s", op, n->role == ROLE_UPD ? " (update)" : "");
 }
 
 static void emit_node(Cu *c, int i) {
   if (c->fu->group[i] >= 0) {
-    if (fusion_is_root(c->fu, i)) emit_fused(c, i);
+    if (fusion_is_root(c->fu, i)) EMIT("  PROF(%d);\n", i), emit_fused(c, i);
     return;
   }
   comment(c, i);
+  EMIT("  PROF(%d);\n", i);
   if (nd(c, i)->op == OP_GRAD) emit_grad(c, i);
   else emit_forward(c, i);
 }
@@ -991,25 +1174,35 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   c->ph = ph;
   EMIT("\n/* %s */\n%s {\n  ensure_device(run);\n", why, sig);
   if (ph == PH_TRAIN && strstr(sig, "update")) {
+    c->upd = true;
+    if (c->seed >= 0)
+      EMIT("  /* f16: an overflow in this step's gradients skips it (ls_check found it) */\n"
+           "  int skip = ls_step();\n  if (!skip) {\n");
     emit_scalar_ins(c);
     for (int i = 0; i < g->n; i++)
       if (nd(c, i)->role == ROLE_UPD && is_executed(nd(c, i))) emit_node(c, i);
+    if (c->lpc) EMIT("  /* the forward reads the params in %s */\n  lp_refresh();\n", c->lpc == 1 ? "bf16" : "f16");
+    if (c->seed >= 0) EMIT("  }\n");
+    c->upd = false;
     EMIT("  /* the gradient accumulators start the next step at zero */\n");
     for (int k = 0; k < g->states.n; k++) {
       const Node *s = nd(c, g->states.a[k]);
       if (!s->ia[1]) {
         EMIT("  /* %s */\n", s->name);
-        emit_zero(c, ptr(c, g->states.a[k]), (int64_t)ir_node_bytes(g, g->states.a[k]));
+        emit_zero(c, ptr(c, g->states.a[k]), sbytes(c, g->states.a[k]));
       }
     }
     if (g->grad_norm >= 0) emit_fetch(c, &g->grad_norm, 1);
     else EMIT("  CU(cudaStreamSynchronize(G.s));\n");
+    EMIT("  prof_flush(run);\n");
     EMIT("  /* without the runtime's to_host hook, the host mirrors follow every update */\n"
          "  if (!G.hooked) download(run);\n");
+    if (c->seed >= 0) EMIT("  if (skip) return NAN; /* a skipped step has no gradient norm */\n");
     EMIT("  return %s;\n}\n", g->grad_norm >= 0 ? "(double)G.hout[0]" : "0.0");
     return;
   }
   EMIT("  put_inputs(inputs);\n");
+  if (c->seed >= 0 && ph == PH_TRAIN) EMIT("  ls_seed(); /* the loss gradient's seed times the loss scale */\n");
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
     if (!in_phase(n, ph) || n->role == ROLE_UPD) continue;
@@ -1021,11 +1214,17 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   if (g->loss < 0) { /* no loss: a zero in its place */
     EMIT("  G.hout[0] = 0.0f;\n");
   }
+  if (c->seed >= 0 && ph == PH_TRAIN) EMIT("  ls_check(run);\n");
   emit_fetch(c, outs, g->metrics.n + 1);
+  EMIT("  prof_flush(run);\n");
   EMIT("  *loss = %s;\n", g->loss >= 0 ? "(double)G.hout[0]" : "0.0");
   for (int k = 0; k < g->metrics.n; k++)
     EMIT("  metrics[%d] = (double)G.hout[%d]; /* %s */\n", k, k + 1, g->metrics.a[k].name);
-  if (!g->metrics.n) EMIT("  (void)metrics;\n");
+  if (c->seed >= 0) {
+    if (ph == PH_TRAIN) EMIT("  ls_metrics(run, metrics, %d); /* loss_scale, skipped_steps */\n", g->metrics.n);
+    else EMIT("  metrics[%d] = G.scale;\n  metrics[%d] = (double)G.skipped;\n", g->metrics.n, g->metrics.n + 1);
+  }
+  if (!g->metrics.n && c->seed < 0) EMIT("  (void)metrics;\n");
   EMIT("}\n");
 }
 
@@ -1078,7 +1277,8 @@ static void emit_tables(Cu *c) {
   if (!g->inputs.n) EMIT("    {0},\n");
   EMIT("};\n\nstatic const char *const metric_names[] = {");
   for (int k = 0; k < g->metrics.n; k++) EMIT("%s%s", k ? ", " : "", c_string(g->metrics.a[k].name));
-  if (!g->metrics.n) EMIT("NULL");
+  if (c->seed >= 0) EMIT("%s\"loss_scale\", \"skipped_steps\"", g->metrics.n ? ", " : "");
+  else if (!g->metrics.n) EMIT("NULL");
   EMIT("};\n");
 }
 
@@ -1166,7 +1366,7 @@ static void emit_plan(Cu *c, const char *hash) {
   EMIT("    .nstates = %d,\n    .states = states,\n    .state_floats = %lld,\n", g->states.n, (long long)c->state_floats);
   EMIT("    .work_bytes = 0, /* the work arena is on the device: DEVICE_WORK_BYTES */\n");
   EMIT("    .ninputs = %d,\n    .inputs = inputs_,\n    .nmetrics = %d,\n    .metric_names = metric_names,\n",
-       g->inputs.n, g->metrics.n);
+       g->inputs.n, g->metrics.n + (c->seed >= 0 ? 2 : 0));
   EMIT("    .data_kind = %s,\n    .data_path = %s,\n    .val_path = %s,\n    .digits = %lld,\n", kinds[t->data.kind],
        c_string(abs_path(t->data.path)), c_string(abs_path(t->data.val_path)), (long long)t->data.digits);
   EMIT("    .vocab = %lld,\n    .seq_len = %lld,\n", (long long)vocab_of(c), (long long)seq);
@@ -1214,11 +1414,6 @@ static void emit_source_string(Cu *c, const char *name, const char *src) {
 static bool check_conf(Cu *c) {
   const TrainConf *t = c->t;
   const StrategyConf *st = &t->strategy;
-  if (t->precision != PREC_F32) {
-    diag_error(t->span, "precision %s is not supported on the cuda backend yet", precision_name(t->precision));
-    diag_hint("use `precision = f32` (or --set train.precision=f32)");
-    return false;
-  }
   int64_t devices = t->mesh ? t->mesh->ndevices : 1;
   if (devices != 1) {
     diag_error(t->mesh->span, "mesh '%s' has %lld CUDA devices: the cuda backend builds for one device only yet",
@@ -1263,19 +1458,84 @@ static Fusion *no_fusion(const Graph *g) {
 
 static int64_t last_device_work;
 
+static const char *type_name(int code) { return code == 1 ? "cps_bf16" : code == 2 ? "cps_f16" : "float"; }
+
+/* Replaces the first `from` in s[lo, hi) by `to`; false when there is none. */
+static bool replace_in(StrBuf *b, const char *s, size_t lo, size_t hi, const char *from, const char *to, size_t *at) {
+  size_t n = strlen(from);
+  for (size_t p = lo; p + n <= hi; p++)
+    if (memcmp(s + p, from, n) == 0) {
+      sb_printf(b, "%.*s%s", (int)(p - *at), s + *at, to);
+      *at = p + n;
+      return true;
+    }
+  return false;
+}
+
+/* The fused kernels of emit_cuda.c take float pointers (NAME(float *__restrict__ out, const
+ * float *__restrict__ in0 ...)); each launched kernel gets its operands' storage types there
+ * instead (cps_bf16, cps_f16 convert on load and store), so the body is unchanged. */
+static char *typed_kernels(const Cu *c, char *src, char *err, size_t errlen, bool *ok) {
+  StrBuf b = {0};
+  size_t at = 0;
+  for (int gi = 0; gi < c->fu->ngroups; gi++) {
+    const int *ty = c->ftypes[gi];
+    const FusionGroup *gr = &c->fu->groups[gi];
+    if (!ty) continue;
+    const char *sig = strstr(src, cp_fmt("void %s(", gr->kernel.name)), *end = sig ? strstr(sig, ") {") : NULL;
+    size_t lo = sig ? (size_t)(sig - src) : 0, hi = end ? (size_t)(end - src) : 0;
+    bool found = sig && end && lo >= at &&
+                 replace_in(&b, src, lo, hi, "float *__restrict__ out", cp_fmt("%s *__restrict__ out", type_name(ty[0])), &at);
+    for (int k = 0; found && k < gr->leaves.n; k++)
+      found = replace_in(&b, src, at, hi, cp_fmt("const float *__restrict__ in%d ", k),
+                         cp_fmt("const %s *__restrict__ in%d ", type_name(ty[k + 1]), k), &at);
+    if (!found) {
+      snprintf(err, errlen, "the signature of the fused kernel %s is not the expected one", gr->kernel.name);
+      *ok = false;
+      return src;
+    }
+  }
+  sb_puts(&b, src + at);
+  free(src);
+  return (char *)sb_str(&b);
+}
+
+/* f16: the loss gradient's seed (times the scale at run time) and the gradient accumulators
+ * ls_check unscales (offset, length pairs into G.state) */
+static void emit_loss_scaling(Cu *c) {
+  const Graph *g = c->g;
+  int n = 0;
+  EMIT("#define LOSS_SCALING %d\n#define SEED_VALUE %.17g\nstatic const long long grad_tab[] = {", c->seed >= 0,
+       c->seed >= 0 ? c->seed_val : 1.0);
+  for (int k = 0; k < g->states.n; k++) {
+    const Node *s = nd(c, g->states.a[k]);
+    if (s->ia[1] || c->seed < 0) continue;
+    EMIT("%s%lldLL, %lldLL", n++ ? ", " : "", (long long)c->nc[g->states.a[k]].off, (long long)numel(s));
+  }
+  EMIT("%s};\n#define NGRADS %d\n", n ? "" : "0, 0", n);
+}
+
 bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, const char *source_hash) {
   Cu cs = {.g = g, .t = t, .ok = true}, *c = &cs;
   if (!check_conf(c) || !check_inputs(c)) return false;
   c->nc = cp_alloc(sizeof(NodeCu) * (size_t)(g->n ? g->n : 1));
   c->fu = fusion_enabled() ? fusion_run(g) : no_fusion(g);
+  c->lpc = t->precision == PREC_BF16 ? 1 : t->precision == PREC_F16 ? 2 : 0;
+  c->ftypes = cp_alloc(sizeof(int *) * (size_t)(c->fu->ngroups + 1));
   place(c);
+  decide_storage(c);
   for (int i = 0; i < g->n; i++)
     if (numel(nd(c, i)) > INT32_MAX) {
       diag_error(nd(c, i)->span, "a tensor of %s elements is too large for the cuda kernels (at most 2^31 - 1)",
                  cp_commas(numel(nd(c, i))));
       return false;
     }
-  if (g->metrics.n + 1 > 64) {
+  if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {
+    diag_error(t->span, "precision f16 needs loss scaling, but the loss gradient of model '%s' has no constant seed outside fused kernels",
+               g->model_name);
+    return false;
+  }
+  if (g->metrics.n + 3 > 63) {
     diag_error(t->span, "more than 63 metrics are not supported on the cuda backend yet");
     return false;
   }
@@ -1304,23 +1564,28 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
     fclose(body);
     return false;
   }
-  /* kernels.cu: the fused and row kernels (emit_cuda.c), then the support kernels */
-  int nk = c->fu->ngroups + c->rows.n;
-  CgKernel *ks = cp_alloc(sizeof(CgKernel) * (size_t)(nk + 1));
-  if (c->fu->ngroups) memcpy(ks, c->fu->kernels, sizeof(CgKernel) * (size_t)c->fu->ngroups);
-  if (c->rows.n) memcpy(ks + c->fu->ngroups, c->rows.a, sizeof(CgKernel) * (size_t)c->rows.n);
-  char *cu = NULL;
-  size_t culen = 0;
-  FILE *m = open_memstream(&cu, &culen);
+  /* kernels.cu: the storage types, the fused kernels (emit_cuda.c, typed), the support kernels */
+  char *fused = NULL, *cu = NULL;
+  size_t flen = 0, culen = 0;
+  FILE *m = open_memstream(&fused, &flen);
   char err[1024];
-  bool ok = m && cg_emit_cuda(m, ks, nk, g->model_name, err, sizeof err);
+  bool ok = m && cg_emit_cuda(m, c->fu->kernels, c->fu->ngroups, g->model_name, err, sizeof err);
+  if (m) fclose(m);
+  if (ok) fused = typed_kernels(c, fused, err, sizeof err, &ok);
+  if (!ok) {
+    diag_error(SPAN_NONE, "generating the CUDA kernels failed (internal error): %s", err);
+    fclose(body);
+    return false;
+  }
+  m = open_memstream(&cu, &culen);
   if (m) {
+    fputs(cu_types_src, m);
+    fputs(fused, m);
     fputs(cu_support_src, m);
     fclose(m);
   }
-  if (!ok) {
-    diag_error(SPAN_NONE, "generating the CUDA kernels failed (internal error): %s", err);
-    free(cu);
+  if (!cu) {
+    diag_error(SPAN_NONE, "cannot build kernels.cu in memory");
     fclose(body);
     return false;
   }
@@ -1346,6 +1611,16 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
        "#define GEMM_WORKSPACE ((size_t)32 << 20) /* cuBLASLt's workspace */\n",
        c->knames.n, g->inputs.n, (long long)(work ? work : MP_ALIGN), cp_bytes_str((double)c->work[PH_TRAIN]),
        cp_bytes_str((double)c->work[PH_EVAL]));
+  static const char *const ptext[] = {"f32", "bf16 activations, f32 master weights",
+                                      "f16 activations, f32 master weights, dynamic loss scaling"};
+  EMIT("#define LP_CODE %d /* precision %s: the storage code of activations and of the params' copy */\n"
+       "#define PRECISION_TEXT \"%s\"\n",
+       c->lpc, precision_name(t->precision), ptext[c->lpc]);
+  emit_loss_scaling(c);
+  EMIT("#define PROF_MAX 16384 /* events per phase (CPLAN_PROFILE=1) */\n#define PROF_NODES %d\n"
+       "static const char *const prof_class[PROF_NODES + 1] = {\n", g->n);
+  for (int i = 0; i < g->n; i++) EMIT("    %s,\n", is_executed(nd(c, i)) ? c_string(prof_class(c, i)) : "NULL");
+  EMIT("    NULL};\n");
   EMIT("\nstatic const char *const kernel_names[NKERNELS + 1] = {");
   for (int k = 0; k < c->knames.n; k++) EMIT("%s\"%s\"", k ? ", " : "", c->knames.a[k]);
   EMIT("%sNULL};\n", c->knames.n ? ", " : "");

@@ -67,8 +67,8 @@ int rt_cuda_library_kernel(cudaLibrary_t lib, const char *name, cudaKernel_t *k,
 /* ---- cuda_rt.c: GEMM through cuBLASLt ------------------------------------------------------------
  * Row-major: d [m, n] = alpha op(a) [m, k] op(b) [k, n] (+ beta d), batched with strides (0 for
  * a shared operand), then the epilogue. a stored [m, k] ([k, m] when trans_a), b stored [k, n]
- * ([n, k] when trans_b), d [m, n]; all contiguous. Types: f32 (optionally TF32 tensor cores) or
- * bf16 operands with f32 accumulation and bf16 or f32 output. Epilogues (bias: [n], in d's type):
+ * ([n, k] when trans_b), d [m, n]; all contiguous. Types: f32 (optionally TF32 tensor cores), bf16
+ * or f16 operands with f32 accumulation, and f32 output or the operands' type. Epilogues (bias: [n], in d's type):
  *   BIAS       d = ab + bias                      GELU, GELU_BIAS  gelu(ab (+ bias))
  *   GELU_AUX_BIAS  as GELU_BIAS, and aux [m, n] = ab + bias (the pre-activation, for DGELU)
  *   DGELU      d = ab * gelu'(aux)                 DGELU_BGRAD  as DGELU, and bias_grad [n] =
@@ -86,8 +86,8 @@ typedef struct RtGemm {
   int trans_a, trans_b;
   int batch;                    /* >= 1 */
   int64_t stride_a, stride_b, stride_d; /* elements between batches */
-  cudaDataType_t ab_type;       /* CUDA_R_32F or CUDA_R_16BF */
-  cudaDataType_t d_type;        /* CUDA_R_32F or CUDA_R_16BF */
+  cudaDataType_t ab_type;       /* CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F */
+  cudaDataType_t d_type;        /* CUDA_R_32F or ab_type */
   int tf32;                     /* f32 operands on TF32 tensor cores */
   const void *a, *b;
   void *d;

@@ -279,8 +279,10 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
   if (!lt || !g || g->m <= 0 || g->n <= 0 || g->k <= 0 || g->batch < 1 || !g->a || !g->b || !g->d)
     return rt_errf(err, "rt_cublaslt_matmul: bad shape or operands (m %d, n %d, k %d, batch %d)", g ? g->m : 0,
                    g ? g->n : 0, g ? g->k : 0, g ? g->batch : 0);
-  if ((g->ab_type != CUDA_R_32F && g->ab_type != CUDA_R_16BF) || (g->d_type != CUDA_R_32F && g->d_type != CUDA_R_16BF))
-    return rt_errf(err, "rt_cublaslt_matmul: operands must be f32 or bf16");
+  int ab_ok = g->ab_type == CUDA_R_32F || g->ab_type == CUDA_R_16BF || g->ab_type == CUDA_R_16F;
+  int d_ok = g->d_type == CUDA_R_32F || g->d_type == g->ab_type;
+  if (!ab_ok || !d_ok)
+    return rt_errf(err, "rt_cublaslt_matmul: operands must be f32, bf16 or f16, and d f32 or the operands' type");
   int needs_bias = g->epilogue == RT_GEMM_BIAS || g->epilogue == RT_GEMM_GELU_BIAS || g->epilogue == RT_GEMM_GELU_AUX_BIAS;
   int needs_aux = g->epilogue == RT_GEMM_GELU_AUX_BIAS || g->epilogue == RT_GEMM_DGELU || g->epilogue == RT_GEMM_DGELU_BGRAD;
   int needs_bgrad = g->epilogue == RT_GEMM_DGELU_BGRAD || g->epilogue == RT_GEMM_BGRAD_A;

@@ -33,8 +33,10 @@ __device__ __forceinline__ float silu_df(float x) {
 
 ACT_ENTRIES(float, f32, gelu)
 ACT_ENTRIES(bf16, bf16, gelu)
+ACT_ENTRIES(fp16, f16, gelu)
 ACT_ENTRIES(float, f32, silu)
 ACT_ENTRIES(bf16, bf16, silu)
+ACT_ENTRIES(fp16, f16, silu)
 
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
@@ -49,6 +51,7 @@ ACT_ENTRIES(bf16, bf16, silu)
     unsigned g = cplan_blocks(n, 256, 65535u * 4);                                                    \
     if (dt == CPLAN_F32) NAME##_forward_f32<<<g, 256, 0, stream>>>((float *)out, (const float *)x, n); \
     else if (dt == CPLAN_BF16) NAME##_forward_bf16<<<g, 256, 0, stream>>>((bf16 *)out, (const bf16 *)x, n); \
+    else if (dt == CPLAN_F16) NAME##_forward_f16<<<g, 256, 0, stream>>>((fp16 *)out, (const fp16 *)x, n); \
     else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);                                     \
     return cplan_cuda_launched(me);                                                                   \
   }                                                                                                   \
@@ -63,6 +66,8 @@ ACT_ENTRIES(bf16, bf16, silu)
       NAME##_backward_f32<<<g, 256, 0, stream>>>((float *)dx, (const float *)dout, (const float *)x, n); \
     else if (dt == CPLAN_BF16)                                                                        \
       NAME##_backward_bf16<<<g, 256, 0, stream>>>((bf16 *)dx, (const bf16 *)dout, (const bf16 *)x, n); \
+    else if (dt == CPLAN_F16)                                                                         \
+      NAME##_backward_f16<<<g, 256, 0, stream>>>((fp16 *)dx, (const fp16 *)dout, (const fp16 *)x, n); \
     else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);                                     \
     return cplan_cuda_launched(me);                                                                   \
   }

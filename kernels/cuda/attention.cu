@@ -219,7 +219,9 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
 ATT_ENTRIES(float, f32, 64)
 ATT_ENTRIES(float, f32, 128)
 ATT_ENTRIES(bf16, bf16, 64)
+ATT_ENTRIES(fp16, f16, 64)
 ATT_ENTRIES(bf16, bf16, 128)
+ATT_ENTRIES(fp16, f16, 128)
 
 extern "C" __global__ void attention_backward_delta_f32(float *delta, const float *dout, const float *out,
                                                         long long rows, int d) {
@@ -228,6 +230,10 @@ extern "C" __global__ void attention_backward_delta_f32(float *delta, const floa
 extern "C" __global__ void attention_backward_delta_bf16(float *delta, const bf16 *dout, const bf16 *out,
                                                          long long rows, int d) {
   att_delta<bf16>(delta, dout, out, rows, d);
+}
+extern "C" __global__ void attention_backward_delta_f16(float *delta, const fp16 *dout, const fp16 *out,
+                                                        long long rows, int d) {
+  att_delta<fp16>(delta, dout, out, rows, d);
 }
 
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
@@ -258,9 +264,15 @@ extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse
   else if (dt == CPLAN_BF16 && d <= 64)
     attention_forward_bf16_d64<<<grid, ATT_BR, 0, stream>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
                                                            (const bf16 *)v, t, d, causal);
+  else if (dt == CPLAN_F16 && d <= 64)
+    attention_forward_f16_d64<<<grid, ATT_BR, 0, stream>>>((fp16 *)out, lse, (const fp16 *)q, (const fp16 *)k,
+                                                           (const fp16 *)v, t, d, causal);
   else if (dt == CPLAN_BF16)
     attention_forward_bf16_d128<<<grid, ATT_BR, 0, stream>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
                                                             (const bf16 *)v, t, d, causal);
+  else if (dt == CPLAN_F16)
+    attention_forward_f16_d128<<<grid, ATT_BR, 0, stream>>>((fp16 *)out, lse, (const fp16 *)q, (const fp16 *)k,
+                                                            (const fp16 *)v, t, d, causal);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }
@@ -297,6 +309,7 @@ static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const voi
   }
 ATT_BWD(float, f32)
 ATT_BWD(bf16, bf16)
+ATT_BWD(fp16, f16)
 
 extern "C" int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
                                              const void *dout, const void *out, const float *lse, const void *q,
@@ -309,6 +322,7 @@ extern "C" int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, 
   if (nb == 0 || (!dq && !dk && !dv)) return 0;
   if (dt == CPLAN_F32) att_bwd_launch<float>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, stream, d <= 64);
   else if (dt == CPLAN_BF16) att_bwd_launch<bf16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, stream, d <= 64);
+  else if (dt == CPLAN_F16) att_bwd_launch<fp16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, stream, d <= 64);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }

@@ -75,6 +75,7 @@ __device__ __forceinline__ void ce_bwd(T *dlogits, const float *dloss, const int
 
 CE_ENTRIES(float, f32)
 CE_ENTRIES(bf16, bf16)
+CE_ENTRIES(fp16, f16)
 
 extern "C" __global__ void cross_entropy_mean(float *loss, int *count, const float *losses, const int *targets,
                                               int rows) {
@@ -98,6 +99,8 @@ extern "C" int cplan_cuda_cross_entropy_forward(CplanDtype dt, float *losses, fl
       cross_entropy_forward_f32<<<grid, th, 0, stream>>>(losses, lse, (const float *)logits, targets, rows, v);
     else if (dt == CPLAN_BF16)
       cross_entropy_forward_bf16<<<grid, th, 0, stream>>>(losses, lse, (const bf16 *)logits, targets, rows, v);
+    else if (dt == CPLAN_F16)
+      cross_entropy_forward_f16<<<grid, th, 0, stream>>>(losses, lse, (const fp16 *)logits, targets, rows, v);
     else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
     if (cplan_cuda_launched(me)) return -1;
   }
@@ -120,6 +123,9 @@ extern "C" int cplan_cuda_cross_entropy_backward(CplanDtype dt, void *dlogits, c
                                                         targets, rows, v);
   else if (dt == CPLAN_BF16)
     cross_entropy_backward_bf16<<<grid, th, 0, stream>>>((bf16 *)dlogits, dloss, count, (const bf16 *)logits, lse,
+                                                         targets, rows, v);
+  else if (dt == CPLAN_F16)
+    cross_entropy_backward_f16<<<grid, th, 0, stream>>>((fp16 *)dlogits, dloss, count, (const fp16 *)logits, lse,
                                                          targets, rows, v);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);

@@ -5,24 +5,28 @@
  * (CI has no GPU, NVRTC needs none). So nothing here may include a host header: only
  * <cuda_bf16.h>, which NVRTC ships.
  *
- * Storage types: float, or __nv_bfloat16 (bf16). Arithmetic is always in float (sums, norms,
+ * Storage types: float, __nv_bfloat16 (bf16) or __half (fp16, for `precision = f16`). Arithmetic is always in float (sums, norms,
  * softmax statistics), and results are rounded to the storage type once, at the store. */
 #ifndef CPLAN_CUDA_COMMON_H
 #define CPLAN_CUDA_COMMON_H
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 
 typedef __nv_bfloat16 bf16;
+typedef __half fp16;
 
 #define CPLAN_INF __int_as_float(0x7f800000)
 #define CPLAN_NAN __int_as_float(0x7fc00000)
 
 __device__ __forceinline__ float ld(float x) { return x; }
 __device__ __forceinline__ float ld(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ld(fp16 x) { return __half2float(x); }
 
 template <typename T> __device__ __forceinline__ T st(float x);
 template <> __device__ __forceinline__ float st<float>(float x) { return x; }
 template <> __device__ __forceinline__ bf16 st<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ fp16 st<fp16>(float x) { return __float2half_rn(x); }
 
 /* Warp-wide sum or max; every lane gets the result. The butterfly order is fixed, so the result
  * is the same on every run (the kernels are deterministic). */

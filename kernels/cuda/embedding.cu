@@ -53,6 +53,7 @@ __device__ __forceinline__ void emb_bwd(float *dtable, const T *dout, const int 
 
 EMB_ENTRIES(float, f32)
 EMB_ENTRIES(bf16, bf16)
+EMB_ENTRIES(fp16, f16)
 
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
@@ -68,6 +69,8 @@ extern "C" int cplan_cuda_embedding_forward(CplanDtype dt, void *out, const void
     embedding_forward_f32<<<g, 256, 0, stream>>>((float *)out, (const float *)table, idx, n, v, c);
   else if (dt == CPLAN_BF16)
     embedding_forward_bf16<<<g, 256, 0, stream>>>((bf16 *)out, (const bf16 *)table, idx, n, v, c);
+  else if (dt == CPLAN_F16)
+    embedding_forward_f16<<<g, 256, 0, stream>>>((fp16 *)out, (const fp16 *)table, idx, n, v, c);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }
@@ -81,6 +84,7 @@ extern "C" int cplan_cuda_embedding_backward(CplanDtype dt, float *dtable, const
   dim3 grid((unsigned)((c + EMB_COLS - 1) / EMB_COLS), (unsigned)(v < EMB_P ? v : EMB_P));
   if (dt == CPLAN_F32) embedding_backward_f32<<<grid, EMB_COLS, 0, stream>>>(dtable, (const float *)dout, idx, n, v, c);
   else if (dt == CPLAN_BF16) embedding_backward_bf16<<<grid, EMB_COLS, 0, stream>>>(dtable, (const bf16 *)dout, idx, n, v, c);
+  else if (dt == CPLAN_F16) embedding_backward_f16<<<grid, EMB_COLS, 0, stream>>>(dtable, (const fp16 *)dout, idx, n, v, c);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }

@@ -10,7 +10,7 @@ static thread_local char last_error[512];
 extern "C" const char *cplan_cuda_error(void) { return last_error; }
 
 extern "C" const char *cplan_dtype_name(CplanDtype dt) {
-  return dt == CPLAN_F32 ? "f32" : dt == CPLAN_BF16 ? "bf16" : "?";
+  return dt == CPLAN_F32 ? "f32" : dt == CPLAN_BF16 ? "bf16" : dt == CPLAN_F16 ? "f16" : "?";
 }
 
 int cplan_cuda_fail(const char *launcher, const char *fmt, ...) {

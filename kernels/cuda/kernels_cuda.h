@@ -9,7 +9,8 @@
  *  - data is contiguous, row-major, in device memory, with the semantics of the CPU reference
  *    of kernels/cpu/ref.h (or ref_extra.h) named next to each launcher; a backward kernel
  *    ACCUMULATES (+=) into its gradients, as there.
- *  - activations are stored in `dt` (f32 or bf16); arithmetic is f32. Per-row statistics (mean,
+ *  - activations are stored in `dt` (f32, bf16 or f16; the fused AdamW and global norm take f32
+ *    or bf16); arithmetic is f32. Per-row statistics (mean,
  *    rstd, logsumexp) and parameter gradients of norms and embeddings are always f32.
  *  - every kernel is deterministic: the same inputs give the same bits on every run (no
  *    floating-point atomics).
@@ -27,7 +28,7 @@
 extern "C" {
 #endif
 
-typedef enum CplanDtype { CPLAN_F32 = 0, CPLAN_BF16 = 1 } CplanDtype;
+typedef enum CplanDtype { CPLAN_F32 = 0, CPLAN_BF16 = 1, CPLAN_F16 = 2 } CplanDtype;
 
 /* The message of this thread's last failed launcher ("" when none failed). */
 const char *cplan_cuda_error(void);

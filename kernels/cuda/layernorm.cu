@@ -117,6 +117,7 @@ __device__ __forceinline__ void norm_backward_dw(float *dw, float *db, const T *
 
 NORM_ENTRIES(float, f32)
 NORM_ENTRIES(bf16, bf16)
+NORM_ENTRIES(fp16, f16)
 
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
@@ -138,6 +139,9 @@ extern "C" int cplan_cuda_layernorm_forward(CplanDtype dt, void *out, float *mea
   else if (dt == CPLAN_BF16)
     layernorm_forward_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)out, mean, rstd, (const bf16 *)x,
                                                                (const bf16 *)w, (const bf16 *)b, rows, c, eps);
+  else if (dt == CPLAN_F16)
+    layernorm_forward_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)out, mean, rstd, (const fp16 *)x,
+                                                               (const fp16 *)w, (const fp16 *)b, rows, c, eps);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }
@@ -156,6 +160,9 @@ extern "C" int cplan_cuda_rmsnorm_forward(CplanDtype dt, void *out, float *rstd,
   else if (dt == CPLAN_BF16)
     rmsnorm_forward_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)out, rstd, (const bf16 *)x,
                                                              (const bf16 *)w, rows, c, eps);
+  else if (dt == CPLAN_F16)
+    rmsnorm_forward_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)out, rstd, (const fp16 *)x,
+                                                             (const fp16 *)w, rows, c, eps);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }
@@ -167,16 +174,19 @@ extern "C" int cplan_cuda_layernorm_backward(CplanDtype dt, void *dx, float *dw,
   CPLAN_REQUIRE(me, rows >= 0 && c > 0, "bad shape [%d, %d]", rows, c);
   CPLAN_REQUIRE(me, dout && x && mean && rstd, "dout, x, mean and rstd must not be NULL");
   CPLAN_REQUIRE(me, !dx || w, "dx needs w");
-  CPLAN_REQUIRE(me, dt == CPLAN_F32 || dt == CPLAN_BF16, "unknown dtype %d", (int)dt);
+  CPLAN_REQUIRE(me, dt == CPLAN_F32 || dt == CPLAN_BF16 || dt == CPLAN_F16, "unknown dtype %d", (int)dt);
   if (rows == 0) return 0;
   if (dx) {
     int th = cplan_row_threads(c);
     if (dt == CPLAN_F32)
       layernorm_backward_dx_f32<<<row_blocks(rows), th, 0, stream>>>((float *)dx, (const float *)dout,
                                                                     (const float *)x, (const float *)w, mean, rstd, rows, c);
-    else
+    else if (dt == CPLAN_BF16)
       layernorm_backward_dx_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
                                                                      (const bf16 *)x, (const bf16 *)w, mean, rstd, rows, c);
+    else if (dt == CPLAN_F16)
+      layernorm_backward_dx_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
+                                                                     (const fp16 *)x, (const fp16 *)w, mean, rstd, rows, c);
     if (cplan_cuda_launched(me)) return -1;
   }
   if (dw || db) {
@@ -184,8 +194,10 @@ extern "C" int cplan_cuda_layernorm_backward(CplanDtype dt, void *dx, float *dw,
     unsigned grid = (unsigned)((c + 31) / 32);
     if (dt == CPLAN_F32)
       layernorm_backward_dw_f32<<<grid, blk, 0, stream>>>(dw, db, (const float *)dout, (const float *)x, mean, rstd, rows, c);
-    else
+    else if (dt == CPLAN_BF16)
       layernorm_backward_dw_bf16<<<grid, blk, 0, stream>>>(dw, db, (const bf16 *)dout, (const bf16 *)x, mean, rstd, rows, c);
+    else if (dt == CPLAN_F16)
+      layernorm_backward_dw_f16<<<grid, blk, 0, stream>>>(dw, db, (const fp16 *)dout, (const fp16 *)x, mean, rstd, rows, c);
     if (cplan_cuda_launched(me)) return -1;
   }
   return 0;
@@ -197,16 +209,19 @@ extern "C" int cplan_cuda_rmsnorm_backward(CplanDtype dt, void *dx, float *dw, c
   CPLAN_REQUIRE(me, rows >= 0 && c > 0, "bad shape [%d, %d]", rows, c);
   CPLAN_REQUIRE(me, dout && x && rstd, "dout, x and rstd must not be NULL");
   CPLAN_REQUIRE(me, !dx || w, "dx needs w");
-  CPLAN_REQUIRE(me, dt == CPLAN_F32 || dt == CPLAN_BF16, "unknown dtype %d", (int)dt);
+  CPLAN_REQUIRE(me, dt == CPLAN_F32 || dt == CPLAN_BF16 || dt == CPLAN_F16, "unknown dtype %d", (int)dt);
   if (rows == 0) return 0;
   if (dx) {
     int th = cplan_row_threads(c);
     if (dt == CPLAN_F32)
       rmsnorm_backward_dx_f32<<<row_blocks(rows), th, 0, stream>>>((float *)dx, (const float *)dout,
                                                                   (const float *)x, (const float *)w, rstd, rows, c);
-    else
+    else if (dt == CPLAN_BF16)
       rmsnorm_backward_dx_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
                                                                    (const bf16 *)x, (const bf16 *)w, rstd, rows, c);
+    else if (dt == CPLAN_F16)
+      rmsnorm_backward_dx_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
+                                                                   (const fp16 *)x, (const fp16 *)w, rstd, rows, c);
     if (cplan_cuda_launched(me)) return -1;
   }
   if (dw) {
@@ -214,8 +229,10 @@ extern "C" int cplan_cuda_rmsnorm_backward(CplanDtype dt, void *dx, float *dw, c
     unsigned grid = (unsigned)((c + 31) / 32);
     if (dt == CPLAN_F32)
       rmsnorm_backward_dw_f32<<<grid, blk, 0, stream>>>(dw, (const float *)dout, (const float *)x, rstd, rows, c);
-    else
+    else if (dt == CPLAN_BF16)
       rmsnorm_backward_dw_bf16<<<grid, blk, 0, stream>>>(dw, (const bf16 *)dout, (const bf16 *)x, rstd, rows, c);
+    else if (dt == CPLAN_F16)
+      rmsnorm_backward_dw_f16<<<grid, blk, 0, stream>>>(dw, (const fp16 *)dout, (const fp16 *)x, rstd, rows, c);
     if (cplan_cuda_launched(me)) return -1;
   }
   return 0;

@@ -34,6 +34,7 @@ __device__ __forceinline__ void rope_rotate(T *dst, const T *src, long long rows
 
 ROPE_ENTRIES(float, f32)
 ROPE_ENTRIES(bf16, bf16)
+ROPE_ENTRIES(fp16, f16)
 
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
@@ -50,7 +51,9 @@ static int rope_launch(const char *me, bool fwd, CplanDtype dt, void *dst, const
   if (dt == CPLAN_F32 && fwd) rope_forward_f32<<<g, 256, 0, stream>>>((float *)dst, (const float *)src, rows, t, d, base);
   else if (dt == CPLAN_F32) rope_backward_f32<<<g, 256, 0, stream>>>((float *)dst, (const float *)src, rows, t, d, base);
   else if (dt == CPLAN_BF16 && fwd) rope_forward_bf16<<<g, 256, 0, stream>>>((bf16 *)dst, (const bf16 *)src, rows, t, d, base);
+  else if (dt == CPLAN_F16 && fwd) rope_forward_f16<<<g, 256, 0, stream>>>((fp16 *)dst, (const fp16 *)src, rows, t, d, base);
   else if (dt == CPLAN_BF16) rope_backward_bf16<<<g, 256, 0, stream>>>((bf16 *)dst, (const bf16 *)src, rows, t, d, base);
+  else if (dt == CPLAN_F16) rope_backward_f16<<<g, 256, 0, stream>>>((fp16 *)dst, (const fp16 *)src, rows, t, d, base);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }

@@ -44,6 +44,7 @@ __device__ __forceinline__ void softmax_bwd(T *dx, const T *dout, const T *out, 
 
 SOFTMAX_ENTRIES(float, f32)
 SOFTMAX_ENTRIES(bf16, bf16)
+SOFTMAX_ENTRIES(fp16, f16)
 
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
@@ -58,6 +59,7 @@ extern "C" int cplan_cuda_softmax_forward(CplanDtype dt, void *out, const void *
   int th = cplan_row_threads(n);
   if (dt == CPLAN_F32) softmax_forward_f32<<<grid, th, 0, stream>>>((float *)out, (const float *)x, rows, n);
   else if (dt == CPLAN_BF16) softmax_forward_bf16<<<grid, th, 0, stream>>>((bf16 *)out, (const bf16 *)x, rows, n);
+  else if (dt == CPLAN_F16) softmax_forward_f16<<<grid, th, 0, stream>>>((fp16 *)out, (const fp16 *)x, rows, n);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }
@@ -74,6 +76,8 @@ extern "C" int cplan_cuda_softmax_backward(CplanDtype dt, void *dx, const void *
     softmax_backward_f32<<<grid, th, 0, stream>>>((float *)dx, (const float *)dout, (const float *)out, rows, n);
   else if (dt == CPLAN_BF16)
     softmax_backward_bf16<<<grid, th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout, (const bf16 *)out, rows, n);
+  else if (dt == CPLAN_F16)
+    softmax_backward_f16<<<grid, th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout, (const fp16 *)out, rows, n);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # build.sh CPLANC SRCDIR NVCC: `cplanc build` for a mesh of one CUDA device (codegen/emit_cu.c).
-# gpt_small and llama_small (tests/e2e) with a one-GPU mesh added: each program links against
-# cudart, cuBLASLt and NVRTC; its kernels.cu (--keep-c) compiles with nvcc --ptx for sm_90 (and
-# gpt_small's for sm_80) and defines every kernel plan.c launches; --help runs without a GPU; and
+# gpt_small and llama_small (tests/e2e) with a one-GPU mesh added, in f32, and in bf16 and f16
+# (precision = bf16 / f16: low-precision activations, f32 master weights; f16 with loss scaling):
+# each program links against cudart, cuBLASLt and NVRTC; its kernels.cu (--keep-c) compiles with
+# nvcc --ptx for sm_90 (and gpt_small's for sm_80) and defines every kernel plan.c launches; the
+# low-precision plans really store activations in the low type (kernels/cuda launched with
+# CPLAN_BF16 / CPLAN_F16, cuBLASLt GEMMs on bf16 / f16 operands); --help runs without a GPU; and
 # run here it exits 1 saying "no CUDA device was found" (with a GPU: it trains 2 steps, exit 0).
-# Settings the backend does not take yet (bf16, two GPUs) are diagnostics at the .cplan file.
+# Settings the backend does not take yet (two GPUs) are diagnostics at the .cplan file.
 set -u
 cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 src=$(cd "$2" && pwd)
@@ -19,9 +22,12 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then gpu=1
 for i in $(seq 300); do printf '%d+%d=%d; ' "$i" $((i * 7 % 13)) $((i + i * 7 % 13)); done >tokens.txt
 "$cplanc" data text tokens.txt -o tokens.bin >/dev/null 2>&1 || fail "cplanc data text"
 
-for m in gpt_small llama_small; do
-  { cat "$src/tests/e2e/$m.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$m.cplan"
-  "$cplanc" build "$m.cplan" -o "$m" --set train.mesh=gpu1 --keep-c "keep-$m" 2>"$m.log" ||
+for mp in gpt_small:f32 llama_small:f32 gpt_small:bf16 gpt_small:f16 llama_small:bf16; do
+  m=${mp%:*} p=${mp#*:}
+  { cat "$src/tests/e2e/${m%-*}.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$m.cplan"
+  [ $p = f32 ] || m=$m-$p
+  [ -e "$m.cplan" ] || cp "${m%-*}.cplan" "$m.cplan"
+  "$cplanc" build "$m.cplan" -o "$m" --set train.mesh=gpu1 --set train.precision=$p --keep-c "keep-$m" 2>"$m.log" ||
     { cat "$m.log"; fail "cplanc build $m for a CUDA mesh"; }
   grep -q "CUDA, device work arena" "$m.log" || { cat "$m.log"; fail "$m: no 'built ... CUDA' line"; }
   libs=$(ldd "./$m")
@@ -29,7 +35,7 @@ for m in gpt_small llama_small; do
     grep -q "$lib" <<<"$libs" || fail "$m does not link $lib"
   done
   archs="sm_90"
-  [ "$m" = gpt_small ] && archs="sm_80 sm_90"
+  [ "${m%-*}" = gpt_small ] && archs="sm_80 sm_90"
   for a in $archs; do
     "$nvcc" --ptx -arch="$a" -std=c++17 "keep-$m/kernels.cu" -o "$m-$a.ptx" 2>"$m-$a.log" ||
       { head -20 "$m-$a.log"; fail "$m: kernels.cu does not compile for $a"; }
@@ -41,6 +47,20 @@ for m in gpt_small llama_small; do
   [ -s names.txt ] || fail "$m: plan.c has no kernel table"
   missing=$(comm -23 names.txt entries.txt)
   [ -z "$missing" ] || fail "$m: kernels plan.c launches but kernels.cu lacks: $missing"
+  if [ $p != f32 ]; then
+    lp=$(tr a-z A-Z <<<"$p")
+    n=$(grep -c "kl_check(cplan_cuda_[a-z_]*(CPLAN_$lp," "keep-$m/plan.c")
+    [ "$n" -gt 0 ] && ! grep -q "kl_check(cplan_cuda_[a-z_]*(CPLAN_F32," "keep-$m/plan.c" ||
+      fail "$m: the kernels/cuda launches are not all CPLAN_$lp"
+    code=$([ $p = bf16 ] && echo 1 || echo 2)
+    grep -q "^  gemm(.*, $code, [01]);" "keep-$m/plan.c" && ! grep -q "^  gemm(.*, 0, [012]);" "keep-$m/plan.c" ||
+      fail "$m: the GEMMs do not all take $p operands"
+    grep -q "^#define LP_CODE $code " "keep-$m/plan.c" || fail "$m: no LP_CODE $code"
+    if [ $p = f16 ]; then
+      grep -q '^#define LOSS_SCALING 1' "keep-$m/plan.c" && grep -q '"loss_scale", "skipped_steps"' "keep-$m/plan.c" ||
+        fail "$m: f16 without loss scaling or its metrics"
+    fi
+  fi
   "./$m" --help >/dev/null 2>&1 || fail "$m --help"
   out=$(timeout 120 "./$m" --steps 2 --data tokens.bin 2>&1); rc=$?
   if [ $gpu -eq 0 ]; then
@@ -49,15 +69,12 @@ for m in gpt_small llama_small; do
   else
     [ $rc -eq 0 ] || { echo "$out"; fail "$m: exit status $rc on a GPU"; }
   fi
-  echo "ok: $m: links cudart, cuBLASLt, NVRTC; $(wc -l <names.txt) kernels compile ($archs); run: exit $rc"
+  echo "ok: $m ($p): links cudart, cuBLASLt, NVRTC; $(wc -l <names.txt) kernels compile ($archs); run: exit $rc"
 done
 
 # not supported yet: diagnostics at the file, exit 1, no program
-out=$("$cplanc" build gpt_small.cplan -o bf16 --set train.mesh=gpu1 --set train.precision=bf16 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "gpt_small.cplan:[0-9]*:[0-9]*: error: precision bf16 is not supported on the cuda backend yet" <<<"$out" ||
-  { echo "$out"; fail "bf16 on the cuda backend: exit $rc"; }
 out=$("$cplanc" build gpt_small.cplan -o two --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "gpt_small.cplan:[0-9]*:[0-9]*: error: .*one device only" <<<"$out" ||
   { echo "$out"; fail "two GPUs on the cuda backend: exit $rc"; }
-[ ! -e bf16 ] && [ ! -e two ] || fail "a refused build left a program"
+[ ! -e two ] || fail "a refused build left a program"
 echo "build.sh: ok"

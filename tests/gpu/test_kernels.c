@@ -1,5 +1,5 @@
 /* test_kernels.c: every CUDA kernel of kernels/cuda against its CPU reference (kernels/cpu/ref.c,
- * ref_extra.c), in f32 and bf16, on shapes that are not multiples of the block sizes. Needs a GPU
+ * ref_extra.c), in f32, bf16 and f16 (the fused AdamW and global norm: f32 and bf16), on shapes that are not multiples of the block sizes. Needs a GPU
  * (tests/gpu/run.sh); with none it says so and exits 1: it never skips.
  *
  * Inputs are random; a bf16 run rounds them to bf16 first and gives the reference exactly those
@@ -7,6 +7,7 @@
  * |gpu - ref| <= atol + rtol |ref|, with (atol, rtol) stated per dtype in the table:
  *   f32:  1e-4, 1e-4  (f32 arithmetic against references that sum in f64)
  *   bf16: 2e-2, 2e-2  (outputs are stored in bf16: 8 bits of mantissa, 2^-8 relative rounding)
+ *   f16:  3e-3, 3e-3  (outputs are stored in f16: 11 bits of mantissa, 2^-11 relative rounding)
  * The embedding backward must equal the reference bit for bit (it adds in the same order), and
  * the deterministic kernels must give the same bits on a second run. */
 #include "kernels_cuda.h"
@@ -46,10 +47,46 @@ static float frand(void) { /* uniform in [-1, 1) */
   return (float)((rng >> 40) * (2.0 / 16777216.0) - 1.0);
 }
 
+/* f16 on the host: round to nearest even, as the kernels' stores (__float2half_rn) */
+static uint16_t f16_from_f32(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* 65520 and up: inf */
+  if (ax < 0x38800000u) {                                   /* below 2^-14: a subnormal */
+    float v;
+    memcpy(&v, &ax, 4);
+    return (uint16_t)(sign | (uint32_t)nearbyintf(v * 16777216.0f));
+  }
+  uint32_t h = ((((ax >> 23) - 127 + 15) << 10) | ((ax & 0x7fffffu) >> 13)), rest = ax & 0x1fffu;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
+  return (uint16_t)(sign | h);
+}
+
+static float f16_to_f32(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu, bits;
+  if (e == 0) {
+    float v = ldexpf((float)m, -24);
+    return sign ? -v : v;
+  }
+  bits = sign | (e == 31 ? 0x7f800000u | (m << 13) : ((e - 15 + 127) << 23) | (m << 13));
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+/* x rounded to the storage type dt (what the kernels read) */
+static void lp_round(float *x, long n, CplanDtype dt) {
+  if (dt == CPLAN_BF16) k_bf16_round(x, n);
+  if (dt == CPLAN_F16)
+    for (long i = 0; i < n; i++) x[i] = f16_to_f32(f16_from_f32(x[i]));
+}
+
 static float *randv(long n, float scale, CplanDtype dt) {
   float *x = malloc(sizeof(float) * (size_t)(n > 0 ? n : 1));
   for (long i = 0; i < n; i++) x[i] = frand() * scale;
-  if (dt == CPLAN_BF16) k_bf16_round(x, n);
+  lp_round(x, n, dt);
   return x;
 }
 
@@ -59,7 +96,7 @@ static float *copyv(const float *x, long n) {
   return y;
 }
 
-static size_t esize(CplanDtype dt) { return dt == CPLAN_BF16 ? 2 : 4; }
+static size_t esize(CplanDtype dt) { return dt == CPLAN_F32 ? 4 : 2; }
 
 /* a device copy of x in dt */
 static void *up(const float *x, long n, CplanDtype dt) {
@@ -69,7 +106,7 @@ static void *up(const float *x, long n, CplanDtype dt) {
     CUDA_OK(cudaMemcpy(d, x, 4 * (size_t)n, cudaMemcpyHostToDevice));
   } else {
     uint16_t *h = malloc(2 * (size_t)(n > 0 ? n : 1));
-    for (long i = 0; i < n; i++) h[i] = k_bf16_from_f32(x[i]);
+    for (long i = 0; i < n; i++) h[i] = dt == CPLAN_F16 ? f16_from_f32(x[i]) : k_bf16_from_f32(x[i]);
     CUDA_OK(cudaMemcpy(d, h, 2 * (size_t)n, cudaMemcpyHostToDevice));
     free(h);
   }
@@ -84,7 +121,7 @@ static float *down(const void *d, long n, CplanDtype dt) {
   } else {
     uint16_t *h = malloc(2 * (size_t)(n > 0 ? n : 1));
     CUDA_OK(cudaMemcpy(h, d, 2 * (size_t)n, cudaMemcpyDeviceToHost));
-    for (long i = 0; i < n; i++) x[i] = k_bf16_to_f32(h[i]);
+    for (long i = 0; i < n; i++) x[i] = dt == CPLAN_F16 ? f16_to_f32(h[i]) : k_bf16_to_f32(h[i]);
     free(h);
   }
   return x;
@@ -99,7 +136,7 @@ static void *zeros(long n, size_t es) {
 
 /* ---- comparison -------------------------------------------------------------------------------- */
 
-static double atol_of(CplanDtype dt) { return dt == CPLAN_BF16 ? 2e-2 : 1e-4; }
+static double atol_of(CplanDtype dt) { return dt == CPLAN_BF16 ? 2e-2 : dt == CPLAN_F16 ? 3e-3 : 1e-4; }
 
 /* one table row; frees got */
 static void compare(const char *kernel, const char *what, CplanDtype dt, float *got, const float *ref, long n,
@@ -152,7 +189,7 @@ static void test_norm(CplanDtype dt, int rms) {
   long n = (long)rows * c;
   float *x = randv(n, 2.0f, dt), *w = randv(c, 1.0f, dt), *b = randv(c, 0.5f, dt);
   for (long i = 0; i < n; i++) x[i] += 0.3f; /* a nonzero mean */
-  if (dt == CPLAN_BF16) k_bf16_round(x, n);
+  lp_round(x, n, dt);
   float *out = malloc(4 * (size_t)n), *mean = malloc(4 * rows), *rstd = malloc(4 * rows);
   void *dx_ = up(x, n, dt), *dw_ = up(w, c, dt), *db_ = up(b, c, dt), *dout_ = zeros(n, esize(dt));
   float *dmean = zeros(rows, 4), *drstd = zeros(rows, 4);
@@ -183,7 +220,7 @@ static void test_norm(CplanDtype dt, int rms) {
     compare(k, "bwd db", dt, down(dgb, c, CPLAN_F32), gb, c, 1e-3, 1e-4);
   }
   compare_dt(k, "bwd dx", dt, down(dgx, n, dt), gx, n);
-  compare(k, "bwd dw", dt, down(dgw, c, CPLAN_F32), gw, c, dt == CPLAN_BF16 ? 2e-2 : 1e-3, 1e-4);
+  compare(k, "bwd dw", dt, down(dgw, c, CPLAN_F32), gw, c, dt != CPLAN_F32 ? 2e-2 : 1e-3, 1e-4);
   same_bits(k, "bwd dx", dt, dgx, dgx2, esize(dt) * (size_t)n);
   same_bits(k, "bwd dw", dt, dgw, dgw2, 4 * (size_t)c);
   free(x), free(w), free(b), free(out), free(mean), free(rstd), free(dy), free(gx), free(gw), free(gb);
@@ -199,7 +236,7 @@ static void test_softmax(CplanDtype dt) {
   k_softmax_forward(y, x, rows, n);
   LAUNCH_OK(cplan_cuda_softmax_forward(dt, dyv, dx, rows, n, stream));
   compare_dt("softmax", "fwd", dt, down(dyv, e, dt), y, e);
-  if (dt == CPLAN_BF16) k_bf16_round(y, e); /* the backward reads the stored (bf16) forward output */
+  lp_round(y, e, dt); /* the backward reads the stored (bf16) forward output */
   void *dout = up(dy, e, dt), *g = up(gx, e, dt), *yy = up(y, e, dt);
   k_softmax_backward(gx, dy, y, rows, n);
   LAUNCH_OK(cplan_cuda_softmax_backward(dt, g, dout, yy, rows, n, stream));
@@ -279,7 +316,7 @@ static void test_cross_entropy(CplanDtype dt) {
   CUDA_OK(cudaMemcpy(dloss, &dl, 4, cudaMemcpyHostToDevice));
   k_cross_entropy_backward(gx, dl, x, tg, rows, v);
   LAUNCH_OK(cplan_cuda_cross_entropy_backward(dt, g, dloss, dcount, dx, lse, dtg, rows, v, stream));
-  compare("cross_entropy", "bwd dlogits", dt, down(g, e, dt), gx, e, dt == CPLAN_BF16 ? 1e-3 : 1e-6,
+  compare("cross_entropy", "bwd dlogits", dt, down(g, e, dt), gx, e, dt != CPLAN_F32 ? 1e-3 : 1e-6,
           atol_of(dt));
   free(x), free(gx), free(tg);
   cudaFree(dx), cudaFree(g), cudaFree(dtg), cudaFree(losses), cudaFree(lse), cudaFree(dloss), cudaFree(dcount);
@@ -398,8 +435,8 @@ int main(void) {
   printf("pass: |gpu - ref| <= atol + rtol |ref| per element\n\n");
   printf("%-22s %-10s %-5s %8s  %10s %10s  %7s %7s  %s\n", "kernel", "output", "dtype", "elements", "max abs", "max rel",
          "atol", "rtol", "result");
-  CplanDtype dts[2] = {CPLAN_F32, CPLAN_BF16};
-  for (int i = 0; i < 2; i++) {
+  CplanDtype dts[3] = {CPLAN_F32, CPLAN_BF16, CPLAN_F16};
+  for (int i = 0; i < 3; i++) {
     CplanDtype dt = dts[i];
     test_norm(dt, 0);
     test_norm(dt, 1);
@@ -413,6 +450,7 @@ int main(void) {
     test_cross_entropy(dt);
     test_embedding(dt);
     test_rope(dt);
+    if (dt == CPLAN_F16) continue; /* the fused AdamW and global norm take f32 or bf16 gradients */
     test_adamw(dt);
     test_global_norm(dt);
   }
