@@ -1638,66 +1638,15 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
 /* ---- building: plan.c -> the program ------------------------------------------------------------------ */
 
 #if CPLAN_HAVE_CUDA
-typedef VEC(const char *) Argv;
-
-static void push_words(Argv *a, const char *s) {
-  while (*s) {
-    while (*s == ' ') s++;
-    const char *e = s;
-    while (*e && *e != ' ') e++;
-    if (e > s) VEC_PUSH(*a, cp_strndup(s, (size_t)(e - s)));
-    s = e;
-  }
-}
-
-static bool run_logged(Argv *a, const char *log) {
-  pid_t pid = fork();
-  if (pid < 0) return false;
-  if (pid == 0) {
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
-    execvp(a->a[0], (char *const *)a->a);
-    fprintf(stderr, "cannot run %s: %s\n", a->a[0], strerror(errno));
-    _exit(127);
-  }
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR) return false;
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
-static char *read_all(const char *path) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return cp_strdup("");
-  StrBuf b = {0};
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf - 1, f)) > 0) {
-    buf[n] = 0;
-    sb_puts(&b, buf);
-  }
-  fclose(f);
-  return (char *)sb_str(&b);
-}
-
-static bool copy_file(const char *from, const char *to) {
-  FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
-  bool ok = in && out;
-  char buf[1 << 16];
-  size_t n;
-  while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
-  if (in) fclose(in);
-  if (out && fclose(out) != 0) ok = false;
-  return ok;
-}
+typedef CpArgv Argv;
 
 /* cc plan.c with the runtime, the CUDA runtime part and kernels, and the CUDA libraries. */
 static bool compile_cu(const char *dir, const char *out) {
   const char *home = getenv("CPLAN_HOME"), *cc = getenv("CPLAN_CC");
   const char *lib_rt, *lib_rtcu, *lib_kcu;
   Argv a = {0};
-  push_words(&a, cc && *cc ? cc : CPLAN_CC);
-  push_words(&a, "-std=gnu11 -O2 -w");
+  cp_argv_words(&a, cc && *cc ? cc : CPLAN_CC);
+  cp_argv_words(&a, "-std=gnu11 -O2 -w");
   if (home && *home) {
     VEC_PUSH(a, cp_fmt("-I%s/include", home));
     lib_rt = cp_fmt("%s/lib/libcplanrt.a", home), lib_rtcu = cp_fmt("%s/lib/libcplanrt_cuda.a", home);
@@ -1715,24 +1664,24 @@ static bool compile_cu(const char *dir, const char *out) {
       diag_hint("build cplan with the CUDA toolkit first (cmake -DCPLAN_CUDA=ON, cmake --build)");
       return false;
     }
-  push_words(&a, CPLAN_CUDA_CFLAGS);
-  push_words(&a, CPLAN_MPI_CFLAGS);
-  push_words(&a, CPLAN_SANITIZE_CFLAGS);
+  cp_argv_words(&a, CPLAN_CUDA_CFLAGS);
+  cp_argv_words(&a, CPLAN_MPI_CFLAGS);
+  cp_argv_words(&a, CPLAN_SANITIZE_CFLAGS);
   VEC_PUSH(a, cp_fmt("%s/plan.c", dir));
   VEC_PUSH(a, "-o");
   VEC_PUSH(a, out);
   for (int k = 0; k < 3; k++) VEC_PUSH(a, libs[k]);
-  push_words(&a, CPLAN_CUDA_LIBS);
-  push_words(&a, CPLAN_EXTRA_LIBS);
-  push_words(&a, CPLAN_MPI_LIBS);
+  cp_argv_words(&a, CPLAN_CUDA_LIBS);
+  cp_argv_words(&a, CPLAN_EXTRA_LIBS);
+  cp_argv_words(&a, CPLAN_MPI_LIBS);
   VEC_PUSH(a, (const char *)NULL);
   const char *log = cp_fmt("%s/cc.log", dir);
-  if (run_logged(&a, log)) return true;
+  if (cp_run_logged(&a, log)) return true;
   StrBuf cmd = {0};
   for (int k = 0; a.a[k]; k++) sb_printf(&cmd, "%s%s", k ? " " : "", a.a[k]);
   fprintf(stderr, "cplanc: internal error: the generated CUDA program does not compile. This is a bug in cplanc;\n"
                   "please report it with the file. The command was:\n  %s\n%s",
-          sb_str(&cmd), read_all(log));
+          sb_str(&cmd), (cp_read_text(log) ? cp_read_text(log) : ""));
   diag_error(SPAN_NONE, "compiling the generated plan.c failed (internal error, see above)");
   return false;
 }
@@ -1760,7 +1709,7 @@ bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o) {
   if (fk && fclose(fk) != 0) ok = false;
   for (int k = 0; ok && o->keep_c && k < 2; k++) {
     const char *name = k ? "kernels.cu" : "plan.c", *to = cp_fmt("%s/%s", o->keep_c, name);
-    if ((mkdir(o->keep_c, 0755) != 0 && errno != EEXIST) || !copy_file(cp_fmt("%s/%s", dir, name), to)) {
+    if ((mkdir(o->keep_c, 0755) != 0 && errno != EEXIST) || !cp_copy_file(cp_fmt("%s/%s", dir, name), to)) {
       diag_error(SPAN_NONE, "--keep-c: cannot write %s: %s", to, strerror(errno));
       ok = false;
     }

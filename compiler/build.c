@@ -72,18 +72,7 @@ const char *build_hash(const char *const *sets, int nsets, const char *train) {
 /* The stage files the last emit_any wrote (0: plan.c only). */
 static int last_stages;
 
-typedef VEC(const char *) Argv;
-
-/* Appends each space-separated word of s. */
-static void push_words(Argv *a, const char *s) {
-  while (*s) {
-    while (*s == ' ') s++;
-    const char *e = s;
-    while (*e && *e != ' ') e++;
-    if (e > s) VEC_PUSH(*a, cp_strndup(s, (size_t)(e - s)));
-    s = e;
-  }
-}
+typedef CpArgv Argv;
 
 static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
@@ -106,13 +95,13 @@ static Argv *cc_command(const char *plan_c, const char *obj, const char *out, in
       return NULL;
     }
   Argv *a = cp_alloc(sizeof *a);
-  push_words(a, cc && *cc ? cc : CPLAN_CC);
-  push_words(a, "-std=gnu11 -O2 -march=native -w");
+  cp_argv_words(a, cc && *cc ? cc : CPLAN_CC);
+  cp_argv_words(a, "-std=gnu11 -O2 -march=native -w");
   VEC_PUSH(*a, cp_fmt("-I%s", inc[0]));
   VEC_PUSH(*a, cp_fmt("-I%s", inc[1]));
-  push_words(a, CPLAN_EXTRA_CFLAGS);
-  push_words(a, CPLAN_MPI_CFLAGS);
-  push_words(a, CPLAN_SANITIZE_CFLAGS); /* empty unless cplan's own libraries are instrumented */
+  cp_argv_words(a, CPLAN_EXTRA_CFLAGS);
+  cp_argv_words(a, CPLAN_MPI_CFLAGS);
+  cp_argv_words(a, CPLAN_SANITIZE_CFLAGS); /* empty unless cplan's own libraries are instrumented */
   VEC_PUSH(*a, plan_c);
   const char *slash = strrchr(plan_c, '/');
   for (int k = 0; k < stages; k++) VEC_PUSH(*a, cp_fmt("%.*splan_s%d.c", slash ? (int)(slash - plan_c + 1) : 0, plan_c, k));
@@ -121,28 +110,12 @@ static Argv *cc_command(const char *plan_c, const char *obj, const char *out, in
   VEC_PUSH(*a, out);
   VEC_PUSH(*a, lib[0]);
   VEC_PUSH(*a, lib[1]);
-  push_words(a, CPLAN_EXTRA_LIBS);
-  push_words(a, CPLAN_MPI_LIBS);
+  cp_argv_words(a, CPLAN_EXTRA_LIBS);
+  cp_argv_words(a, CPLAN_MPI_LIBS);
   VEC_PUSH(*a, (const char *)NULL);
   return a;
 }
 
-/* Runs argv with stdout and stderr into log; true when it exits with status 0. */
-static bool run_logged(Argv *a, const char *log) {
-  pid_t pid = fork();
-  if (pid < 0) return false;
-  if (pid == 0) {
-    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
-    execvp(a->a[0], (char *const *)a->a);
-    fprintf(stderr, "cannot run %s: %s\n", a->a[0], strerror(errno));
-    _exit(127);
-  }
-  int st;
-  while (waitpid(pid, &st, 0) < 0)
-    if (errno != EINTR) return false;
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
 
 static char *read_all(const char *path) {
   char *s = cp_read_text(path);
@@ -154,7 +127,7 @@ static bool compile(const char *dir, bool obj, const char *out) {
   const char *plan_c = cp_fmt("%s/plan.c", dir), *log = cp_fmt("%s/cc.log", dir);
   Argv *a = cc_command(plan_c, obj ? cp_fmt("%s/kernels.o", dir) : NULL, out, last_stages);
   if (!a) return false;
-  if (run_logged(a, log)) return true;
+  if (cp_run_logged(a, log)) return true;
   StrBuf cmd = {0};
   for (int k = 0; a->a[k]; k++) sb_printf(&cmd, "%s%s", k ? " " : "", a->a[k]);
   fprintf(stderr, "cplanc: internal error: the generated program does not compile. This is a bug in cplanc;\n"
@@ -166,27 +139,7 @@ static bool compile(const char *dir, bool obj, const char *out) {
 
 /* ---- plan.c --------------------------------------------------------------------------------------- */
 
-static bool mkdir_p(const char *path) {
-  char *p = cp_strdup(path);
-  for (char *s = p + 1; *s; s++) {
-    if (*s != '/') continue;
-    *s = 0;
-    if (mkdir(p, 0755) < 0 && errno != EEXIST) return false;
-    *s = '/';
-  }
-  return mkdir(p, 0755) == 0 || errno == EEXIST;
-}
 
-static bool copy_file(const char *from, const char *to) {
-  FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
-  bool ok = in && out;
-  char buf[1 << 16];
-  size_t n;
-  while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
-  if (in) fclose(in);
-  if (out && fclose(out) != 0) ok = false;
-  return ok;
-}
 
 /* Tensor parallelism and ZeRO: the training graph is placed (strat_pin) and lowered to the graph
  * one rank runs (lower_spmd), which the emitter turns into plan.c with its collectives. The
@@ -348,7 +301,7 @@ bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o) {
   bool ok = write_plan_c(g, t, dir, plan_c, o->hash ? o->hash : "");
   for (int k = -1; ok && o->keep_c && k < last_stages; k++) {
     const char *name = k < 0 ? "plan.c" : cp_fmt("plan_s%d.c", k), *to = cp_fmt("%s/%s", o->keep_c, name);
-    if (!mkdir_p(o->keep_c) || !copy_file(cp_fmt("%s/%s", dir, name), to)) {
+    if (!cp_mkdir_p(o->keep_c) || !cp_copy_file(cp_fmt("%s/%s", dir, name), to)) {
       diag_error(SPAN_NONE, "--keep-c: cannot write %s: %s", to, strerror(errno));
       ok = false;
     }
@@ -404,7 +357,7 @@ static Argv *launch_argv(const char *prog, int64_t devices, char **args, int nar
 
 bool build_run(Graph *g, const TrainConf *t, const char *file, const char *hash, char **args, int nargs) {
   const char *dir = cache_dir(file);
-  if (!mkdir_p(dir)) {
+  if (!cp_mkdir_p(dir)) {
     diag_error(SPAN_NONE, "cannot create the build cache %s: %s", dir, strerror(errno));
     diag_hint("set CPLAN_CACHE to a writable directory");
     return false;

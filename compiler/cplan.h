@@ -100,6 +100,14 @@ const char *sb_str(StrBuf *b); /* never NULL */
 
 /* The whole text of a (small) file, in the arena; NULL when it cannot be opened (errno says why). */
 char *cp_read_text(const char *path);
+bool cp_copy_file(const char *from, const char *to);
+bool cp_mkdir_p(const char *path); /* mkdir -p */
+
+/* A command line being built for cp_run_logged (NULL-terminated before it runs). */
+typedef VEC(const char *) CpArgv;
+void cp_argv_words(CpArgv *a, const char *s); /* appends each space-separated word of s */
+/* Runs the NULL-terminated argv with stdout and stderr into the file log; true on exit status 0. */
+bool cp_run_logged(const CpArgv *a, const char *log);
 
 /* Thousands separators: 124439808 -> "124,439,808". Returns an arena string. */
 char *cp_commas(int64_t v);

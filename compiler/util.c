@@ -5,6 +5,12 @@
  * all at once (the fuzzer does this between inputs). */
 #include "cplan.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,4 +206,52 @@ char *cp_read_text(const char *path) {
   }
   fclose(f);
   return (char *)sb_str(&b);
+}
+
+bool cp_copy_file(const char *from, const char *to) {
+  FILE *in = fopen(from, "rb"), *out = in ? fopen(to, "wb") : NULL;
+  bool ok = in && out;
+  char buf[1 << 16];
+  size_t n;
+  while (ok && (n = fread(buf, 1, sizeof buf, in)) > 0) ok = fwrite(buf, 1, n, out) == n;
+  if (in) fclose(in);
+  if (out && fclose(out) != 0) ok = false;
+  return ok;
+}
+
+bool cp_mkdir_p(const char *path) {
+  char *p = cp_strdup(path);
+  for (char *s = p + 1; *s; s++) {
+    if (*s != '/') continue;
+    *s = 0;
+    if (mkdir(p, 0755) < 0 && errno != EEXIST) return false;
+    *s = '/';
+  }
+  return mkdir(p, 0755) == 0 || errno == EEXIST;
+}
+
+void cp_argv_words(CpArgv *a, const char *s) {
+  while (*s) {
+    while (*s == ' ') s++;
+    const char *e = s;
+    while (*e && *e != ' ') e++;
+    if (e > s) VEC_PUSH(*a, cp_strndup(s, (size_t)(e - s)));
+    s = e;
+  }
+}
+
+bool cp_run_logged(const CpArgv *a, const char *log) {
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) dup2(fd, 1), dup2(fd, 2);
+    execvp(a->a[0], (char *const *)a->a);
+    fprintf(stderr, "cannot run %s: %s\n", a->a[0], strerror(errno));
+    _exit(127);
+  }
+  int st;
+  while (waitpid(pid, &st, 0) < 0)
+    if (errno != EINTR) return false;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
