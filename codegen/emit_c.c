@@ -10,6 +10,7 @@
  * A transpose whose every reader is a matmul (or its gradient) is not materialized: the GEMM
  * reads its input with the transpose flag. */
 #include "codegen.h"
+#include "cg_common.h"
 
 #include "../compiler/fusion.h"
 #include "../compiler/lower.h"
@@ -119,12 +120,6 @@ static bool unsupported(Cg *c, int i, const char *what) {
   return false;
 }
 
-/* Product of dims [lo, hi) of a shape. */
-static int64_t dims_prod(const Shape *s, int lo, int hi) {
-  int64_t p = 1;
-  for (int k = lo; k < hi; k++) p *= s->d[k];
-  return p;
-}
 
 /* Follows views to the node that owns the memory. */
 static int root(const Cg *c, int i) {
@@ -211,14 +206,14 @@ static void place_nodes(Cg *c) {
     else if (n->op == OP_TRANSPOSE && transpose_virtual(c, i)) set_alias(c, i, n->in[0]), x->trans = true;
     else if (n->op == OP_GRAD && grad_is_dy(c, n)) set_alias(c, i, n->in[0]);
     else if (x->kind == L_NONE) x->kind = L_WORK;
-    if (n->op == OP_LAYER_NORM) x->aux = 2 * dims_prod(&n->shape, 0, n->shape.rank - 1) * 4;
-    if (n->op == OP_RMS_NORM) x->aux = dims_prod(&n->shape, 0, n->shape.rank - 1) * 4;
+    if (n->op == OP_LAYER_NORM) x->aux = 2 * cg_dims_prod(&n->shape, 0, n->shape.rank - 1) * 4;
+    if (n->op == OP_RMS_NORM) x->aux = cg_dims_prod(&n->shape, 0, n->shape.rank - 1) * 4;
     if (n->op == OP_SDPA) x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * n->shape.d[2] * 4;
     if (n->op == OP_DROPOUT) x->scratch = numel(n);
     if (n->op == OP_ALL_GATHER) x->scratch = (int64_t)ir_node_bytes(g, i);
     if (n->op == OP_REDUCE_SCATTER) x->scratch = (int64_t)ir_node_bytes(g, n->in[0]);
     if (n->op == OP_CROSS_ENTROPY && n->ia[0] > 0) { /* m and s for the backward, the gathered maxima */
-      int64_t rows = dims_prod(&in(c, i, 0)->shape, 0, in(c, i, 0)->shape.rank - 1);
+      int64_t rows = cg_dims_prod(&in(c, i, 0)->shape, 0, in(c, i, 0)->shape.rank - 1);
       x->aux = 2 * rows * 4;
       x->scratch = rows * 4 * axis_n(c, (int)n->ia[0] - 1);
     }
@@ -345,13 +340,6 @@ static const char *shape_ints(const Shape *s) {
   return sb_str(&b);
 }
 
-/* A float literal: 1 -> "1.0f", 1e-06 -> "1e-06f". */
-static const char *flt(double v) {
-  if (isnan(v)) return "NAN";
-  if (isinf(v)) return v > 0 ? "INFINITY" : "-INFINITY";
-  const char *s = cp_fmt("%.9g", v);
-  return cp_fmt("%s%sf", s, strpbrk(s, ".e") ? "" : ".0");
-}
 
 /* ---- comments -------------------------------------------------------------------------------- */
 
@@ -380,22 +368,9 @@ static void ir_lines(Cg *c) {
   free(buf);
 }
 
-/* The source line a node came from, trimmed, or "" . */
-static const char *src_line_text(Span sp) {
-  if (sp.file < 0 || sp.file >= src_count()) return "";
-  const char *t = src_text(sp.file);
-  int lo = sp.lo, hi = sp.lo;
-  while (lo > 0 && t[lo - 1] != '\n') lo--;
-  while (t[hi] && t[hi] != '\n') hi++;
-  while (lo < hi && (t[lo] == ' ' || t[lo] == '\t')) lo++;
-  char *s = cp_strndup(t + lo, (size_t)(hi - lo));
-  for (char *p = s; *p; p++)
-    if ((p[0] == '*' && p[1] == '/') || (p[0] == '/' && p[1] == '*')) p[1] = ' ';
-  return s;
-}
 
 static void comment(Cg *c, int i) {
-  const char *text = src_line_text(nd(c, i)->span);
+  const char *text = cg_src_line_text(nd(c, i)->span);
   fprintf(c->out, "  /* %s */\n", c->irline[i]);
   if (*text) fprintf(c->out, "  /*   | %s */\n", text);
 }
@@ -445,7 +420,7 @@ static void emit_unary(Cg *c, int i) {
     return;
   }
   EMIT("  kf_unary_forward(%s, %s, %s, %lld, %s);\n", unary_k[n->op - OP_NEG], ptr(c, i), ptr(c, n->in[0]),
-       (long long)numel(n), flt(n->op == OP_POW ? n->fa[0] : 0));
+       (long long)numel(n), cg_flt(n->op == OP_POW ? n->fa[0] : 0));
 }
 
 /* A reduction over contiguous axes as [outer, n, inner]; false for other axis sets. */
@@ -456,7 +431,7 @@ static bool reduce_dims(const Node *n, const Shape *x, int64_t *outer, int64_t *
   }
   int a0 = (int)n->dims[0], a1 = (int)n->dims[n->ndims - 1];
   if (a1 - a0 + 1 != n->ndims) return false;
-  *outer = dims_prod(x, 0, a0), *len = dims_prod(x, a0, a1 + 1), *inner = dims_prod(x, a1 + 1, x->rank);
+  *outer = cg_dims_prod(x, 0, a0), *len = cg_dims_prod(x, a0, a1 + 1), *inner = cg_dims_prod(x, a1 + 1, x->rank);
   return true;
 }
 
@@ -501,8 +476,8 @@ static bool mm_setup(Cg *c, const Node *f, int fi, Mm *mm) {
   mm->m = sa->rank >= 2 ? sa->d[sa->rank - 2] : 1;
   mm->k = sa->d[sa->rank - 1];
   mm->n = sb->rank >= 2 ? sb->d[sb->rank - 1] : 1;
-  int64_t ba = sa->rank > 2 ? dims_prod(sa, 0, sa->rank - 2) : 1;
-  int64_t bb = sb->rank > 2 ? dims_prod(sb, 0, sb->rank - 2) : 1;
+  int64_t ba = sa->rank > 2 ? cg_dims_prod(sa, 0, sa->rank - 2) : 1;
+  int64_t bb = sb->rank > 2 ? cg_dims_prod(sb, 0, sb->rank - 2) : 1;
   /* Each operand is either shared or has every batch of the output, in the output's order. */
   mm->nb = shape_numel(&f->shape) / (mm->m * mm->n);
   if ((ba != mm->nb && ba != 1) || (bb != mm->nb && bb != 1))
@@ -521,36 +496,30 @@ static void emit_matmul(Cg *c, int i) {
        (long long)mm.b.stride, (long long)mm.sc);
 }
 
-static uint64_t node_key(int i) { /* splitmix64 of the node index: the dropout stream of node i */
-  uint64_t z = (uint64_t)i + 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 /* The dropout stream of dropout node i: a clone made by recompute.c (and its original) names the
  * original in ia[0] as index + 1, so both draw one mask; 0 is the node itself. */
 static uint64_t dropout_key(const Cg *c, int i) {
   int64_t k = nd(c, i)->ia[0];
-  return node_key(k > 0 ? (int)(k - 1) : i);
+  return cg_node_key(k > 0 ? (int)(k - 1) : i);
 }
 
 static void emit_dropout(Cg *c, int i) {
   const Node *n = nd(c, i);
   if (c->ph == PH_EVAL || n->fa[0] == 0) {
     EMIT("  k_dropout_forward(%s, %s, NULL, %lld, %s); /* evaluation: the identity */\n", ptr(c, i),
-         ptr(c, n->in[0]), (long long)numel(n), flt(n->fa[0]));
+         ptr(c, n->in[0]), (long long)numel(n), cg_flt(n->fa[0]));
     return;
   }
   const char *mask = cp_fmt("B(%lld)", (long long)c->nc[i].soff[c->ph]);
   EMIT("  dropout_mask(run, %s, %lld, %.17g, 0x%016llxULL);\n", mask, (long long)numel(n), n->fa[0],
        (unsigned long long)dropout_key(c, i));
   EMIT("  k_dropout_forward(%s, %s, %s, %lld, %s);\n", ptr(c, i), ptr(c, n->in[0]), mask, (long long)numel(n),
-       flt(n->fa[0]));
+       cg_flt(n->fa[0]));
 }
 
 /* rows and the last dim of a tensor (the [rows, n] view of softmax, norms, cross_entropy) */
-static int64_t rows_of(const Node *n) { return dims_prod(&n->shape, 0, n->shape.rank - 1); }
+static int64_t rows_of(const Node *n) { return cg_dims_prod(&n->shape, 0, n->shape.rank - 1); }
 static int64_t last_dim(const Node *n) { return n->shape.rank ? n->shape.d[n->shape.rank - 1] : 1; }
 
 static void emit_shape_op(Cg *c, int i) {
@@ -563,7 +532,7 @@ static void emit_shape_op(Cg *c, int i) {
   }
   switch (n->op) {
   case OP_TRANSPOSE:
-    EMIT("  kf_transpose_forward(%s, %s, %lld, %lld, %lld);\n", o, xp, (long long)dims_prod(&x->shape, 0, x->shape.rank - 2),
+    EMIT("  kf_transpose_forward(%s, %s, %lld, %lld, %lld);\n", o, xp, (long long)cg_dims_prod(&x->shape, 0, x->shape.rank - 2),
          (long long)d[x->shape.rank - 2], (long long)d[x->shape.rank - 1]);
     break;
   case OP_PERMUTE: {
@@ -574,8 +543,8 @@ static void emit_shape_op(Cg *c, int i) {
   }
   case OP_SLICE: {
     int ax = (int)n->ia[0];
-    EMIT("  kf_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", o, xp, (long long)dims_prod(&x->shape, 0, ax),
-         (long long)d[ax], (long long)dims_prod(&x->shape, ax + 1, x->shape.rank), (long long)n->ia[1],
+    EMIT("  kf_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", o, xp, (long long)cg_dims_prod(&x->shape, 0, ax),
+         (long long)d[ax], (long long)cg_dims_prod(&x->shape, ax + 1, x->shape.rank), (long long)n->ia[1],
          (long long)n->ia[2]);
     break;
   }
@@ -604,8 +573,8 @@ static void emit_concat(Cg *c, int i) {
     sb_printf(&ns, "%s%lld", k ? ", " : "", (long long)in(c, i, k)->shape.d[ax]);
   }
   EMIT("  kf_concat_forward(%s, (const float *const[]){%s}, (const int[]){%s}, %d, %lld, %lld);\n", ptr(c, i),
-       sb_str(&xs), sb_str(&ns), n->nin, (long long)dims_prod(&n->shape, 0, ax),
-       (long long)dims_prod(&n->shape, ax + 1, n->shape.rank));
+       sb_str(&xs), sb_str(&ns), n->nin, (long long)cg_dims_prod(&n->shape, 0, ax),
+       (long long)cg_dims_prod(&n->shape, ax + 1, n->shape.rank));
 }
 
 static void emit_nn(Cg *c, int i) {
@@ -629,22 +598,22 @@ static void emit_nn(Cg *c, int i) {
     const char *ins[3] = {x, ptr(c, n->in[1]), ptr(c, n->in[2])};
     if (emit_row_call(c, CG_ROW_LAYER_NORM_FWD, rows, cc, n->fa[0], outs, ins)) break;
     if (c->ph == PH_EVAL) EMIT("  kf_layer_norm_forward(%s, NULL, NULL, %s, %s, %s, %lld, %lld, %s);\n", o, x,
-                               ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc, flt(n->fa[0]));
+                               ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc, cg_flt(n->fa[0]));
     else EMIT("  kf_layer_norm_forward(%s, %s, %s, %s, %s, %s, %lld, %lld, %s);\n", o, aux_ptr(c, i, 0),
               aux_ptr(c, i, rows), x, ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc,
-              flt(n->fa[0]));
+              cg_flt(n->fa[0]));
     break;
   }
   case OP_RMS_NORM: {
     const char *outs[2] = {o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0)}, *ins[2] = {x, ptr(c, n->in[1])};
     if (emit_row_call(c, CG_ROW_RMS_NORM_FWD, rows, cc, n->fa[0], outs, ins)) break;
     EMIT("  kf_rms_norm_forward(%s, %s, %s, %s, %lld, %lld, %s);\n", o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0), x,
-         ptr(c, n->in[1]), (long long)rows, (long long)cc, flt(n->fa[0]));
+         ptr(c, n->in[1]), (long long)rows, (long long)cc, cg_flt(n->fa[0]));
     break;
   }
   case OP_ROPE:
-    EMIT("  k_rope_forward(%s, %s, %lld, %lld, %lld, %s);\n", o, x, (long long)dims_prod(&n->shape, 0, n->shape.rank - 2),
-         (long long)n->shape.d[n->shape.rank - 2], (long long)cc, flt(n->fa[0]));
+    EMIT("  k_rope_forward(%s, %s, %lld, %lld, %lld, %s);\n", o, x, (long long)cg_dims_prod(&n->shape, 0, n->shape.rank - 2),
+         (long long)n->shape.d[n->shape.rank - 2], (long long)cc, cg_flt(n->fa[0]));
     break;
   case OP_SDPA: {
     const int64_t *q = in(c, i, 0)->shape.d, *k = in(c, i, 1)->shape.d, *v = in(c, i, 2)->shape.d;
@@ -666,8 +635,8 @@ static void emit_nn(Cg *c, int i) {
 /* The [outer, n * part, inner] view of a value split along dim d in n parts: outer and the
  * floats of one rank's part (part * inner) per outer index. */
 static void split_view(const Shape *whole, int d, int64_t n, int64_t *outer, int64_t *piece) {
-  *outer = dims_prod(whole, 0, d);
-  *piece = whole->d[d] / n * dims_prod(whole, d + 1, whole->rank);
+  *outer = cg_dims_prod(whole, 0, d);
+  *piece = whole->d[d] / n * cg_dims_prod(whole, d + 1, whole->rank);
 }
 
 /* One collective node (ops.def) as rt_comm calls on its axis group. The result has its own
@@ -796,8 +765,8 @@ static void emit_forward(Cg *c, int i) {
     const Node *x = in(c, i, 0);
     int ax = (int)n->ia[0];
     EMIT("  k_argmax_forward(%s, %s, %lld, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]),
-         (long long)dims_prod(&x->shape, 0, ax), (long long)x->shape.d[ax],
-         (long long)dims_prod(&x->shape, ax + 1, x->shape.rank));
+         (long long)cg_dims_prod(&x->shape, 0, ax), (long long)x->shape.d[ax],
+         (long long)cg_dims_prod(&x->shape, ax + 1, x->shape.rank));
     break;
   }
   case OP_ASSIGN:
@@ -892,8 +861,8 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
   }
   case OP_ROPE:
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
-    EMIT("  k_rope_backward(%s, %s, %lld, %lld, %lld, %s);\n", dx, dy, (long long)dims_prod(&f->shape, 0, f->shape.rank - 2),
-         (long long)f->shape.d[f->shape.rank - 2], (long long)cc, flt(f->fa[0]));
+    EMIT("  k_rope_backward(%s, %s, %lld, %lld, %lld, %s);\n", dx, dy, (long long)cg_dims_prod(&f->shape, 0, f->shape.rank - 2),
+         (long long)f->shape.d[f->shape.rank - 2], (long long)cc, cg_flt(f->fa[0]));
     break;
   case OP_SDPA: {
     const int64_t *q = nd(c, f->in[0])->shape.d;
@@ -910,7 +879,7 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
       EMIT("  dropout_mask(run, %s, %lld, %.17g, 0x%016llxULL); /* the forward's mask again */\n", mask,
            (long long)numel(f), f->fa[0], (unsigned long long)dropout_key(c, n->fwd));
     EMIT("  k_dropout_backward(%s, %s, %s, %lld, %s);\n", dx, dy, f->fa[0] > 0 ? mask : "NULL", (long long)numel(f),
-         flt(f->fa[0]));
+         cg_flt(f->fa[0]));
     break;
   }
   case OP_CROSS_ENTROPY: {
@@ -939,7 +908,7 @@ static void emit_grad_shape(Cg *c, int i, const Node *f) {
   int64_t bytes = (int64_t)ir_node_bytes(c->g, i);
   switch (f->op) {
   case OP_TRANSPOSE:
-    EMIT("  kf_transpose_forward(%s, %s, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&x->shape, 0, x->shape.rank - 2),
+    EMIT("  kf_transpose_forward(%s, %s, %lld, %lld, %lld);\n", dx, dy, (long long)cg_dims_prod(&x->shape, 0, x->shape.rank - 2),
          (long long)d[x->shape.rank - 1], (long long)d[x->shape.rank - 2]);
     break;
   case OP_PERMUTE: {
@@ -952,16 +921,16 @@ static void emit_grad_shape(Cg *c, int i, const Node *f) {
   case OP_SLICE: {
     int ax = (int)f->ia[0];
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
-    EMIT("  kf_slice_backward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&x->shape, 0, ax),
-         (long long)d[ax], (long long)dims_prod(&x->shape, ax + 1, x->shape.rank), (long long)f->ia[1], (long long)f->ia[2]);
+    EMIT("  kf_slice_backward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)cg_dims_prod(&x->shape, 0, ax),
+         (long long)d[ax], (long long)cg_dims_prod(&x->shape, ax + 1, x->shape.rank), (long long)f->ia[1], (long long)f->ia[2]);
     break;
   }
   case OP_CONCAT: {
     int ax = (int)f->ia[0];
     int64_t start = 0;
     for (int k = 0; k < n->ia[0]; k++) start += nd(c, f->in[k])->shape.d[ax];
-    EMIT("  kf_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)dims_prod(&f->shape, 0, ax),
-         (long long)f->shape.d[ax], (long long)dims_prod(&f->shape, ax + 1, f->shape.rank), (long long)start,
+    EMIT("  kf_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", dx, dy, (long long)cg_dims_prod(&f->shape, 0, ax),
+         (long long)f->shape.d[ax], (long long)cg_dims_prod(&f->shape, ax + 1, f->shape.rank), (long long)start,
          (long long)(start + d[ax]));
     break;
   }
@@ -1014,7 +983,7 @@ static void emit_grad(Cg *c, int i) {
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW:
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
     EMIT("  kf_unary_backward(%s, %s, %s, %s, %s, %lld, %s);\n", unary_k[f->op - OP_NEG], dx, dy, x, ptr(c, n->fwd),
-         (long long)numel(n), flt(f->op == OP_POW ? f->fa[0] : 0));
+         (long long)numel(n), cg_flt(f->op == OP_POW ? f->fa[0] : 0));
     break;
   case OP_SUM: case OP_MEAN: case OP_MAX: {
     int64_t o, l, r;
@@ -1124,28 +1093,9 @@ static void emit_phase_fn(Cg *c, int ph, const char *sig, const char *why) {
   EMIT("}\n");
 }
 
+
+
 /* ---- the tables of the RtPlan ----------------------------------------------------------------- */
-
-static const char *c_string(const char *s) {
-  if (!s) return "NULL";
-  StrBuf b = {0};
-  sb_puts(&b, "\"");
-  for (const char *p = s; *p; p++) {
-    if (*p == '"' || *p == '\\') sb_printf(&b, "\\%c", *p);
-    else if ((unsigned char)*p < 32) sb_printf(&b, "\\%03o", (unsigned char)*p);
-    else sb_printf(&b, "%c", *p);
-  }
-  sb_puts(&b, "\"");
-  return sb_str(&b);
-}
-
-static const char *shape_list(const Shape *s) {
-  StrBuf b = {0};
-  sb_puts(&b, "{");
-  for (int k = 0; k < s->rank; k++) sb_printf(&b, "%s%lld", k ? ", " : "", (long long)s->d[k]);
-  sb_puts(&b, "}");
-  return sb_str(&b);
-}
 
 static void emit_tables(Cg *c) {
   const Graph *g = c->g;
@@ -1153,7 +1103,7 @@ static void emit_tables(Cg *c) {
   EMIT("\nstatic const RtPlanParam params[] = {\n");
   for (int k = 0; k < g->params.n; k++) {
     const Node *p = nd(c, g->params.a[k]);
-    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", c_string(p->name), p->shape.rank, shape_list(&p->shape),
+    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", cg_c_string(p->name), p->shape.rank, cg_shape_list(&p->shape),
          (long long)numel(p), (long long)c->nc[g->params.a[k]].off, inits[p->ia[0]], p->fa[0], p->fa[1]);
   }
   if (!g->params.n) EMIT("    {0},\n");
@@ -1163,25 +1113,25 @@ static void emit_tables(Cg *c) {
     /* a lowered plan's accumulators the runtime reduces over dp (lower.h) */
     int gk = c->pipe ? c->pipe->stages[c->stage].gstate[k] : k;
     int reduce = c->lw && c->lw->runtime_reduced[c->sp->g->states.a[gk]];
-    EMIT("    {%s, %lld, %lld, %d, %d},\n", c_string(s->name), (long long)numel(s), (long long)c->nc[g->states.a[k]].off,
+    EMIT("    {%s, %lld, %lld, %d, %d},\n", cg_c_string(s->name), (long long)numel(s), (long long)c->nc[g->states.a[k]].off,
          (int)s->ia[1], reduce);
   }
   if (!g->states.n) EMIT("    {0},\n");
   EMIT("};\n\nstatic const RtPlanInput inputs_[] = {\n");
   for (int k = 0; k < g->inputs.n; k++) {
     const Node *x = nd(c, g->inputs.a[k]);
-    EMIT("    {%s, %d, %s, %s},\n", c_string(x->name), x->shape.rank, shape_list(&x->shape),
+    EMIT("    {%s, %d, %s, %s},\n", cg_c_string(x->name), x->shape.rank, cg_shape_list(&x->shape),
          x->dtype == DT_I32 ? "RT_I32" : "RT_F32");
   }
   EMIT("};\n\nstatic const char *const metric_names[] = {");
-  for (int k = 0; k < g->metrics.n; k++) EMIT("%s%s", k ? ", " : "", c_string(g->metrics.a[k].name));
+  for (int k = 0; k < g->metrics.n; k++) EMIT("%s%s", k ? ", " : "", cg_c_string(g->metrics.a[k].name));
   if (!g->metrics.n) EMIT("NULL");
   EMIT("};\n");
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
     if (n->op != OP_CONST) continue;
     if (n->dtype == DT_I32) EMIT("static int32_t K%d[1] = {%lld};\n", i, (long long)n->fa[0]);
-    else EMIT("static float K%d[1] = {%s};\n", i, flt(n->fa[0]));
+    else EMIT("static float K%d[1] = {%s};\n", i, cg_flt(n->fa[0]));
   }
 }
 
@@ -1292,7 +1242,7 @@ static void emit_global_tables(Cg *c) {
        "static const RtPlanParam gparams[] = {\n");
   for (int k = 0; k < gg->params.n; k++) {
     const Node *p = &gg->nodes[gg->params.a[k]];
-    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", c_string(p->name), p->shape.rank, shape_list(&p->shape),
+    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", cg_c_string(p->name), p->shape.rank, cg_shape_list(&p->shape),
          (long long)numel(p), (long long)off, inits[p->ia[0]], p->fa[0], p->fa[1]);
     off += align16(numel(p));
   }
@@ -1301,7 +1251,7 @@ static void emit_global_tables(Cg *c) {
   EMIT("};\nstatic const RtPlanState gstates[] = {\n");
   for (int k = 0; k < gg->states.n; k++) {
     const Node *st = &gg->nodes[gg->states.a[k]];
-    EMIT("    {%s, %lld, %lld, %d},\n", c_string(st->name), (long long)numel(st), (long long)off, (int)st->ia[1]);
+    EMIT("    {%s, %lld, %lld, %d},\n", cg_c_string(st->name), (long long)numel(st), (long long)off, (int)st->ia[1]);
     off += align16(numel(st));
   }
   if (!gg->states.n) EMIT("    {0},\n");
@@ -1330,13 +1280,6 @@ static void emit_lr(Cg *c) {
   else EMIT("  return lr + (end - lr) * x;\n}\n");
 }
 
-/* Settings paths are relative to the working directory of the compile (the front end resolved
- * them against the .cplan file); the program gets them absolute so it runs from anywhere. */
-static const char *abs_path(const char *p) {
-  char cwd[4096];
-  if (!p || p[0] == '/' || !getcwd(cwd, sizeof cwd)) return p;
-  return cp_fmt("%s/%s", cwd, p[0] == '.' && p[1] == '/' ? p + 2 : p);
-}
 
 /* ---- data and plan figures ------------------------------------------------------------------ */
 
@@ -1396,12 +1339,12 @@ static void emit_plan(Cg *c, const char *hash) {
     EMIT("\n/* mesh %s: axis sizes, outermost first */\nstatic const int64_t mesh_axes[] = {", t->mesh->name ? t->mesh->name : "");
     for (int k = 0; k < t->mesh->naxes; k++) EMIT("%s%lld", k ? ", " : "", (long long)t->mesh->axes[k].size);
     EMIT("};\nstatic const char *const mesh_axis_names[] = {");
-    for (int k = 0; k < t->mesh->naxes; k++) EMIT("%s%s", k ? ", " : "", c_string(t->mesh->axes[k].name));
+    for (int k = 0; k < t->mesh->naxes; k++) EMIT("%s%s", k ? ", " : "", cg_c_string(t->mesh->axes[k].name));
     EMIT("};\n");
   }
   EMIT("\nconst RtPlan cplan_plan = {\n");
-  EMIT("    .model = %s,\n    .source = %s,\n    .source_hash = %s,\n", c_string(g->model_name),
-       c_string(t->span.file >= 0 ? src_path(t->span.file) : ""), c_string(hash));
+  EMIT("    .model = %s,\n    .source = %s,\n    .source_hash = %s,\n", cg_c_string(g->model_name),
+       cg_c_string(t->span.file >= 0 ? src_path(t->span.file) : ""), cg_c_string(hash));
   EMIT("    .nparams = %d,\n    .params = params,\n    .param_floats = %lld,\n", g->params.n, (long long)c->param_floats);
   EMIT("    .nstates = %d,\n    .states = states,\n    .state_floats = %lld,\n", g->states.n, (long long)c->state_floats);
   EMIT("    .work_bytes = %lld, /* training %s, evaluation %s */\n", (long long)last_work_bytes,
@@ -1409,14 +1352,14 @@ static void emit_plan(Cg *c, const char *hash) {
   EMIT("    .ninputs = %d,\n    .inputs = inputs_,\n    .nmetrics = %d,\n    .metric_names = metric_names,\n",
        g->inputs.n, g->metrics.n);
   EMIT("    .data_kind = %s,\n    .data_path = %s,\n    .val_path = %s,\n    .digits = %lld,\n", kinds[t->data.kind],
-       c_string(abs_path(t->data.path)), c_string(abs_path(t->data.val_path)), (long long)t->data.digits);
+       cg_c_string(cg_abs_path(t->data.path)), cg_c_string(cg_abs_path(t->data.val_path)), (long long)t->data.digits);
   EMIT("    .vocab = %lld,\n    .seq_len = %lld,\n", (long long)vocab_of(c), (long long)seq);
   EMIT("    .batch = %lld,\n    .micro = %lld,\n    .accum = %lld,\n    .steps = %lld,\n    .seed = %lld,\n",
        (long long)t->batch, (long long)micro, (long long)accum, (long long)t->steps, (long long)t->seed);
   EMIT("    .eval_every = %lld,\n    .eval_batches = %lld,\n", (long long)t->eval_every, (long long)t->eval_batches);
   EMIT("    .ckpt_every = %lld,\n    .ckpt_keep = %lld,\n    .ckpt_dir = %s,\n", (long long)t->ckpt_every,
-       (long long)t->ckpt_keep, c_string(abs_path(t->ckpt_dir)));
-  EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, c_string(abs_path(t->log_file)));
+       (long long)t->ckpt_keep, cg_c_string(cg_abs_path(t->ckpt_dir)));
+  EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, cg_c_string(cg_abs_path(t->log_file)));
   EMIT("    .flops_per_step = %.17g,\n", step_flops(c));
   if (c->pipe)
     EMIT("    .lr_at = lr_at,\n    .forward = pp_forward,\n    .backward = pp_backward,\n    .update = update,\n"
@@ -1424,9 +1367,9 @@ static void emit_plan(Cg *c, const char *hash) {
   else EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
   const MeshConf *m = t->mesh;
   EMIT("    .dp = %lld,\n    .devices = %lld,\n    .mesh = %s,\n", (long long)(c->sp ? c->sp->dp : train_dp(t)),
-       (long long)(m ? m->ndevices : 1), c_string(m ? m->name : NULL));
+       (long long)(m ? m->ndevices : 1), cg_c_string(m ? m->name : NULL));
   if (m && m->naxes) EMIT("    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n", m->naxes);
-  if (resume_hash_) EMIT("    .resume_hash = %s,\n", c_string(resume_hash_));
+  if (resume_hash_) EMIT("    .resume_hash = %s,\n", cg_c_string(resume_hash_));
   if (c->sp) {
     int dpa = -1, tpa = -1;
     for (int a = 0; a < c->sp->naxes; a++) {
@@ -1535,20 +1478,7 @@ static bool check_conf(Cg *c) {
   return check_strategy(c) && check_inputs(c);
 }
 
-/* CPLAN_FUSION=0 in the environment turns the fusion pass off: every node gets its own
- * reference or fast kernel call, as before fusion existed. A debugging and A/B switch (the
- * `cplanc run` cache does not key on it). */
-static bool fusion_enabled(void) {
-  const char *e = getenv("CPLAN_FUSION");
-  return !(e && strcmp(e, "0") == 0);
-}
 
-static Fusion *no_fusion(const Graph *g) {
-  Fusion *f = cp_alloc(sizeof *f);
-  f->group = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
-  for (int i = 0; i < g->n; i++) f->group[i] = -1;
-  return f;
-}
 
 static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash, const StratPlan *sp,
                         const Lowered *lw, const Pipeline *pipe, int stage) {
@@ -1557,7 +1487,7 @@ static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const cha
   sym_prefix = pipe ? cp_fmt("s%d_", stage) : "";
   if (!check_conf(&c)) return false;
   c.nc = cp_alloc(sizeof(NodeCg) * (size_t)(g->n ? g->n : 1));
-  Fusion *fu = fusion_enabled() ? fusion_run(g) : no_fusion(g);
+  Fusion *fu = cg_fusion_enabled() ? fusion_run(g) : cg_no_fusion(g);
   for (int k = 0; k < fu->ngroups && pipe; k++)
     fu->kernels[k].name = fu->groups[k].kernel.name = cp_fmt("%s%s", sym_prefix, fu->kernels[k].name);
   c.fu = last_fusion = fu;

@@ -39,6 +39,7 @@
 #include "../compiler/memplan.h"
 #include "../compiler/train.h"
 #include "codegen.h"
+#include "cg_common.h"
 #include "cplan_config.h"
 #include "emit_cu_support.h"
 
@@ -96,13 +97,8 @@ static const Node *in(const Cu *c, int i, int k) { return &c->g->nodes[c->g->nod
 static int64_t numel(const Node *n) { return shape_numel(&n->shape); }
 static int64_t align16(int64_t floats) { return (floats + 15) / 16 * 16; }
 
-static int64_t dims_prod(const Shape *s, int lo, int hi) {
-  int64_t p = 1;
-  for (int k = lo; k < hi; k++) p *= s->d[k];
-  return p;
-}
 
-static int64_t rows_of(const Node *n) { return dims_prod(&n->shape, 0, n->shape.rank - 1); }
+static int64_t rows_of(const Node *n) { return cg_dims_prod(&n->shape, 0, n->shape.rank - 1); }
 static int64_t last_dim(const Node *n) { return n->shape.rank ? n->shape.d[n->shape.rank - 1] : 1; }
 
 static bool unsupported(Cu *c, int i, const char *what) {
@@ -128,13 +124,6 @@ static int kid(Cu *c, const char *name) {
   return c->knames.n - 1;
 }
 
-/* A float literal for C: 1 -> "1.0f". */
-static const char *flt(double v) {
-  if (isnan(v)) return "NAN";
-  if (isinf(v)) return v > 0 ? "INFINITY" : "-INFINITY";
-  const char *s = cp_fmt("%.9g", v);
-  return cp_fmt("%s%sf", s, strpbrk(s, ".e") ? "" : ".0");
-}
 
 /* ---- where values live (emit_c.c's rules) --------------------------------------------------- */
 
@@ -386,7 +375,7 @@ static const char *scratch_ptr(const Cu *c, int i, const char *macro) {
 static const char *ap(const char *p) { return cp_fmt("&(void *){%s}", p); }
 static const char *al(int64_t v) { return cp_fmt("&(long long){%lldLL}", (long long)v); }
 static const char *ai(int v) { return cp_fmt("&(int){%d}", v); }
-static const char *af(double v) { return cp_fmt("&(float){%s}", flt(v)); }
+static const char *af(double v) { return cp_fmt("&(float){%s}", cg_flt(v)); }
 
 /* lk(kernel, threads, {args}, node): a grid-stride launch over `threads` elements. */
 static void emit_lk(Cu *c, const char *kernel, int64_t threads, int node, int nargs, const char *const *args) {
@@ -433,21 +422,9 @@ static void ir_lines(Cu *c) {
   free(buf);
 }
 
-static const char *src_line_text(Span sp) {
-  if (sp.file < 0 || sp.file >= src_count()) return "";
-  const char *t = src_text(sp.file);
-  int lo = sp.lo, hi = sp.lo;
-  while (lo > 0 && t[lo - 1] != '\n') lo--;
-  while (t[hi] && t[hi] != '\n') hi++;
-  while (lo < hi && (t[lo] == ' ' || t[lo] == '\t')) lo++;
-  char *s = cp_strndup(t + lo, (size_t)(hi - lo));
-  for (char *p = s; *p; p++)
-    if ((p[0] == '*' && p[1] == '/') || (p[0] == '/' && p[1] == '*')) p[1] = ' ';
-  return s;
-}
 
 static void comment(Cu *c, int i) {
-  const char *text = src_line_text(nd(c, i)->span);
+  const char *text = cg_src_line_text(nd(c, i)->span);
   EMIT("  /* %s */\n", c->irline[i]);
   if (*text) EMIT("  /*   | %s */\n", text);
 }
@@ -530,7 +507,7 @@ static bool reduce_dims(const Node *n, const Shape *x, int64_t *outer, int64_t *
   }
   int a0 = (int)n->dims[0], a1 = (int)n->dims[n->ndims - 1];
   if (a1 - a0 + 1 != n->ndims) return false;
-  *outer = dims_prod(x, 0, a0), *len = dims_prod(x, a0, a1 + 1), *inner = dims_prod(x, a1 + 1, x->rank);
+  *outer = cg_dims_prod(x, 0, a0), *len = cg_dims_prod(x, a0, a1 + 1), *inner = cg_dims_prod(x, a1 + 1, x->rank);
   return true;
 }
 
@@ -575,8 +552,8 @@ static bool mm_setup(Cu *c, const Node *f, int fi, Mm *mm) {
   mm->m = sa->rank >= 2 ? sa->d[sa->rank - 2] : 1;
   mm->k = sa->d[sa->rank - 1];
   mm->n = sb->rank >= 2 ? sb->d[sb->rank - 1] : 1;
-  int64_t ba = sa->rank > 2 ? dims_prod(sa, 0, sa->rank - 2) : 1;
-  int64_t bb = sb->rank > 2 ? dims_prod(sb, 0, sb->rank - 2) : 1;
+  int64_t ba = sa->rank > 2 ? cg_dims_prod(sa, 0, sa->rank - 2) : 1;
+  int64_t bb = sb->rank > 2 ? cg_dims_prod(sb, 0, sb->rank - 2) : 1;
   mm->nb = shape_numel(&f->shape) / (mm->m * mm->n);
   if ((ba != mm->nb && ba != 1) || (bb != mm->nb && bb != 1))
     return unsupported(c, fi, "a matmul whose batch dims broadcast partially");
@@ -597,16 +574,10 @@ static void emit_gemm(Cu *c, const char *out, const char *a, const char *b, int6
        node, abt, ct);
 }
 
-static uint64_t node_key(int i) {
-  uint64_t z = (uint64_t)i + 0x9e3779b97f4a7c15ULL;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
 static uint64_t dropout_key(const Cu *c, int i) {
   int64_t k = nd(c, i)->ia[0];
-  return node_key(k > 0 ? (int)(k - 1) : i);
+  return cg_node_key(k > 0 ? (int)(k - 1) : i);
 }
 
 /* keep mask of dropout node f (the stream emit_c.c's dropout_mask draws) into mask */
@@ -640,7 +611,7 @@ static void emit_shape_op(Cu *c, int i) {
   const char *o = ap(ptr(c, i)), *xp = ap(ptr(c, n->in[0])), *tt = ai(tcodes(c, 2, (int[]){i, n->in[0]}));
   switch (n->op) {
   case OP_TRANSPOSE: {
-    const char *args[6] = {tt, o, xp, al(dims_prod(&x->shape, 0, r - 2)), al(d[r - 2]), al(d[r - 1])};
+    const char *args[6] = {tt, o, xp, al(cg_dims_prod(&x->shape, 0, r - 2)), al(d[r - 2]), al(d[r - 1])};
     emit_lk(c, "cps_transpose", numel(n), i, 6, args);
     break;
   }
@@ -655,8 +626,8 @@ static void emit_shape_op(Cu *c, int i) {
   }
   case OP_SLICE: {
     int ax = (int)n->ia[0];
-    const char *args[9] = {ai(0), tt, o, xp, al(dims_prod(&x->shape, 0, ax)), al(d[ax]),
-                           al(dims_prod(&x->shape, ax + 1, r)), al(n->ia[1]), al(n->ia[2])};
+    const char *args[9] = {ai(0), tt, o, xp, al(cg_dims_prod(&x->shape, 0, ax)), al(d[ax]),
+                           al(cg_dims_prod(&x->shape, ax + 1, r)), al(n->ia[1]), al(n->ia[2])};
     emit_lk(c, "cps_slice", numel(n), i, 9, args);
     break;
   }
@@ -674,7 +645,7 @@ static void emit_shape_op(Cu *c, int i) {
 static void emit_concat(Cu *c, int i) {
   const Node *n = nd(c, i);
   int ax = (int)n->ia[0];
-  int64_t start = 0, outer = dims_prod(&n->shape, 0, ax), inner = dims_prod(&n->shape, ax + 1, n->shape.rank);
+  int64_t start = 0, outer = cg_dims_prod(&n->shape, 0, ax), inner = cg_dims_prod(&n->shape, ax + 1, n->shape.rank);
   for (int k = 0; k < n->nin; k++) {
     const Node *x = in(c, i, k);
     if (x->dtype != DT_F32) {
@@ -726,18 +697,18 @@ static void emit_nn(Cu *c, int i) {
     if (!hw_typed(c, i, 4, (int[]){i, n->in[0], n->in[1], n->in[2]})) return;
     KL("cplan_cuda_layernorm_forward(%s, %s, %s, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", kdt(c), o,
        ev ? "NULL" : aux_ptr(c, i, 0), ev ? "NULL" : aux_ptr(c, i, rows), x, ptr(c, n->in[1]), ptr(c, n->in[2]),
-       (long long)rows, (long long)cc, flt(n->fa[0]), i);
+       (long long)rows, (long long)cc, cg_flt(n->fa[0]), i);
     break;
   case OP_RMS_NORM:
     if (!hw_typed(c, i, 3, (int[]){i, n->in[0], n->in[1]})) return;
     KL("cplan_cuda_rmsnorm_forward(%s, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", kdt(c), o,
-       ev ? "NULL" : aux_ptr(c, i, 0), x, ptr(c, n->in[1]), (long long)rows, (long long)cc, flt(n->fa[0]), i);
+       ev ? "NULL" : aux_ptr(c, i, 0), x, ptr(c, n->in[1]), (long long)rows, (long long)cc, cg_flt(n->fa[0]), i);
     break;
   case OP_ROPE:
     if (!hw_typed(c, i, 2, (int[]){i, n->in[0]})) return;
     KL("cplan_cuda_rope_forward(%s, %s, %s, %lld, %lld, %lld, %s, G.s), %d);\n", kdt(c), o, x,
-       (long long)dims_prod(&n->shape, 0, n->shape.rank - 2), (long long)n->shape.d[n->shape.rank - 2], (long long)cc,
-       flt(n->fa[0]), i);
+       (long long)cg_dims_prod(&n->shape, 0, n->shape.rank - 2), (long long)n->shape.d[n->shape.rank - 2], (long long)cc,
+       cg_flt(n->fa[0]), i);
     break;
   case OP_SDPA: {
     const int64_t *q = in(c, i, 0)->shape.d, *k = in(c, i, 1)->shape.d, *v = in(c, i, 2)->shape.d;
@@ -822,7 +793,7 @@ static void emit_forward(Cu *c, int i) {
     const Node *x = in(c, i, 0);
     int ax = (int)n->ia[0];
     const char *args[6] = {ai(tcodes(c, 2, (int[]){-1, n->in[0]})), ap(ptr(c, i)), ap(ptr(c, n->in[0])),
-                           al(dims_prod(&x->shape, 0, ax)), al(x->shape.d[ax]), al(dims_prod(&x->shape, ax + 1, x->shape.rank))};
+                           al(cg_dims_prod(&x->shape, 0, ax)), al(x->shape.d[ax]), al(cg_dims_prod(&x->shape, ax + 1, x->shape.rank))};
     emit_lk(c, "cps_argmax", numel(n), i, 6, args);
     break;
   }
@@ -931,8 +902,8 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
     if (!hw_typed(c, i, 2, (int[]){i, n->in[0]})) return;
     emit_zero(c, dx, bytes);
     KL("cplan_cuda_rope_backward(%s, %s, %s, %lld, %lld, %lld, %s, G.s), %d);\n", kdt(c), dx, dy,
-       (long long)dims_prod(&f->shape, 0, f->shape.rank - 2), (long long)f->shape.d[f->shape.rank - 2], (long long)cc,
-       flt(f->fa[0]), i);
+       (long long)cg_dims_prod(&f->shape, 0, f->shape.rank - 2), (long long)f->shape.d[f->shape.rank - 2], (long long)cc,
+       cg_flt(f->fa[0]), i);
     break;
   case OP_SDPA: {
     const int64_t *q = nd(c, f->in[0])->shape.d;
@@ -981,7 +952,7 @@ static void emit_grad_shape(Cu *c, int i, const Node *f) {
   int64_t bytes = sbytes(c, i);
   switch (f->op) {
   case OP_TRANSPOSE: { /* dx = dy transposed back */
-    const char *args[6] = {tt, ap(dx), ap(dy), al(dims_prod(&x->shape, 0, r - 2)), al(d[r - 1]), al(d[r - 2])};
+    const char *args[6] = {tt, ap(dx), ap(dy), al(cg_dims_prod(&x->shape, 0, r - 2)), al(d[r - 1]), al(d[r - 2])};
     emit_lk(c, "cps_transpose", numel(x), i, 6, args);
     break;
   }
@@ -998,8 +969,8 @@ static void emit_grad_shape(Cu *c, int i, const Node *f) {
   case OP_SLICE: {
     int ax = (int)f->ia[0];
     emit_zero(c, dx, bytes);
-    const char *args[9] = {ai(1), tt, ap(dx), ap(dy), al(dims_prod(&x->shape, 0, ax)), al(d[ax]),
-                           al(dims_prod(&x->shape, ax + 1, r)), al(f->ia[1]), al(f->ia[2])};
+    const char *args[9] = {ai(1), tt, ap(dx), ap(dy), al(cg_dims_prod(&x->shape, 0, ax)), al(d[ax]),
+                           al(cg_dims_prod(&x->shape, ax + 1, r)), al(f->ia[1]), al(f->ia[2])};
     emit_lk(c, "cps_slice", numel(f), i, 9, args);
     break;
   }
@@ -1007,8 +978,8 @@ static void emit_grad_shape(Cu *c, int i, const Node *f) {
     int ax = (int)f->ia[0];
     int64_t start = 0;
     for (int k = 0; k < n->ia[0]; k++) start += nd(c, f->in[k])->shape.d[ax];
-    const char *args[9] = {ai(0), tt, ap(dx), ap(dy), al(dims_prod(&f->shape, 0, ax)), al(f->shape.d[ax]),
-                           al(dims_prod(&f->shape, ax + 1, f->shape.rank)), al(start), al(start + d[ax])};
+    const char *args[9] = {ai(0), tt, ap(dx), ap(dy), al(cg_dims_prod(&f->shape, 0, ax)), al(f->shape.d[ax]),
+                           al(cg_dims_prod(&f->shape, ax + 1, f->shape.rank)), al(start), al(start + d[ax])};
     emit_lk(c, "cps_slice", numel(x), i, 9, args);
     break;
   }
@@ -1228,28 +1199,7 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   EMIT("}\n");
 }
 
-/* ---- the RtPlan tables (emit_c.c's) ------------------------------------------------------------------ */
 
-static const char *c_string(const char *s) {
-  if (!s) return "NULL";
-  StrBuf b = {0};
-  sb_puts(&b, "\"");
-  for (const char *p = s; *p; p++) {
-    if (*p == '"' || *p == '\\') sb_printf(&b, "\\%c", *p);
-    else if ((unsigned char)*p < 32) sb_printf(&b, "\\%03o", (unsigned char)*p);
-    else sb_printf(&b, "%c", *p);
-  }
-  sb_puts(&b, "\"");
-  return sb_str(&b);
-}
-
-static const char *shape_list(const Shape *s) {
-  StrBuf b = {0};
-  sb_puts(&b, "{");
-  for (int k = 0; k < s->rank; k++) sb_printf(&b, "%s%lld", k ? ", " : "", (long long)s->d[k]);
-  sb_puts(&b, "}");
-  return sb_str(&b);
-}
 
 static void emit_tables(Cu *c) {
   const Graph *g = c->g;
@@ -1257,26 +1207,26 @@ static void emit_tables(Cu *c) {
   EMIT("\nstatic const RtPlanParam params[] = {\n");
   for (int k = 0; k < g->params.n; k++) {
     const Node *p = nd(c, g->params.a[k]);
-    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", c_string(p->name), p->shape.rank, shape_list(&p->shape),
+    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", cg_c_string(p->name), p->shape.rank, cg_shape_list(&p->shape),
          (long long)numel(p), (long long)c->nc[g->params.a[k]].off, inits[p->ia[0]], p->fa[0], p->fa[1]);
   }
   if (!g->params.n) EMIT("    {0},\n");
   EMIT("};\n\nstatic const RtPlanState states[] = {\n");
   for (int k = 0; k < g->states.n; k++) {
     const Node *s = nd(c, g->states.a[k]);
-    EMIT("    {%s, %lld, %lld, %d},\n", c_string(s->name), (long long)numel(s), (long long)c->nc[g->states.a[k]].off,
+    EMIT("    {%s, %lld, %lld, %d},\n", cg_c_string(s->name), (long long)numel(s), (long long)c->nc[g->states.a[k]].off,
          (int)s->ia[1]);
   }
   if (!g->states.n) EMIT("    {0},\n");
   EMIT("};\n\nstatic const RtPlanInput inputs_[] = {\n");
   for (int k = 0; k < g->inputs.n; k++) {
     const Node *x = nd(c, g->inputs.a[k]);
-    EMIT("    {%s, %d, %s, %s},\n", c_string(x->name), x->shape.rank, shape_list(&x->shape),
+    EMIT("    {%s, %d, %s, %s},\n", cg_c_string(x->name), x->shape.rank, cg_shape_list(&x->shape),
          x->dtype == DT_I32 ? "RT_I32" : "RT_F32");
   }
   if (!g->inputs.n) EMIT("    {0},\n");
   EMIT("};\n\nstatic const char *const metric_names[] = {");
-  for (int k = 0; k < g->metrics.n; k++) EMIT("%s%s", k ? ", " : "", c_string(g->metrics.a[k].name));
+  for (int k = 0; k < g->metrics.n; k++) EMIT("%s%s", k ? ", " : "", cg_c_string(g->metrics.a[k].name));
   if (c->seed >= 0) EMIT("%s\"loss_scale\", \"skipped_steps\"", g->metrics.n ? ", " : "");
   else if (!g->metrics.n) EMIT("NULL");
   EMIT("};\n");
@@ -1301,11 +1251,6 @@ static void emit_lr(Cu *c) {
   else EMIT("  return lr + (end - lr) * x;\n}\n");
 }
 
-static const char *abs_path(const char *p) {
-  char cwd[4096];
-  if (!p || p[0] == '/' || !getcwd(cwd, sizeof cwd)) return p;
-  return cp_fmt("%s/%s", cwd, p[0] == '.' && p[1] == '/' ? p + 2 : p);
-}
 
 static int64_t vocab_of(const Cu *c) {
   const Graph *g = c->g;
@@ -1356,29 +1301,29 @@ static void emit_plan(Cu *c, const char *hash) {
     EMIT("\n/* mesh %s: axis sizes, outermost first */\nstatic const int64_t mesh_axes[] = {", m->name ? m->name : "");
     for (int k = 0; k < m->naxes; k++) EMIT("%s%lld", k ? ", " : "", (long long)m->axes[k].size);
     EMIT("};\nstatic const char *const mesh_axis_names[] = {");
-    for (int k = 0; k < m->naxes; k++) EMIT("%s%s", k ? ", " : "", c_string(m->axes[k].name));
+    for (int k = 0; k < m->naxes; k++) EMIT("%s%s", k ? ", " : "", cg_c_string(m->axes[k].name));
     EMIT("};\n");
   }
   EMIT("\nconst RtPlan cplan_plan = {\n");
-  EMIT("    .model = %s,\n    .source = %s,\n    .source_hash = %s,\n", c_string(g->model_name),
-       c_string(t->span.file >= 0 ? src_path(t->span.file) : ""), c_string(hash));
+  EMIT("    .model = %s,\n    .source = %s,\n    .source_hash = %s,\n", cg_c_string(g->model_name),
+       cg_c_string(t->span.file >= 0 ? src_path(t->span.file) : ""), cg_c_string(hash));
   EMIT("    .nparams = %d,\n    .params = params,\n    .param_floats = %lld,\n", g->params.n, (long long)c->param_floats);
   EMIT("    .nstates = %d,\n    .states = states,\n    .state_floats = %lld,\n", g->states.n, (long long)c->state_floats);
   EMIT("    .work_bytes = 0, /* the work arena is on the device: DEVICE_WORK_BYTES */\n");
   EMIT("    .ninputs = %d,\n    .inputs = inputs_,\n    .nmetrics = %d,\n    .metric_names = metric_names,\n",
        g->inputs.n, g->metrics.n + (c->seed >= 0 ? 2 : 0));
   EMIT("    .data_kind = %s,\n    .data_path = %s,\n    .val_path = %s,\n    .digits = %lld,\n", kinds[t->data.kind],
-       c_string(abs_path(t->data.path)), c_string(abs_path(t->data.val_path)), (long long)t->data.digits);
+       cg_c_string(cg_abs_path(t->data.path)), cg_c_string(cg_abs_path(t->data.val_path)), (long long)t->data.digits);
   EMIT("    .vocab = %lld,\n    .seq_len = %lld,\n", (long long)vocab_of(c), (long long)seq);
   EMIT("    .batch = %lld,\n    .micro = %lld,\n    .accum = %lld,\n    .steps = %lld,\n    .seed = %lld,\n",
        (long long)t->batch, (long long)g->batch, (long long)accum, (long long)t->steps, (long long)t->seed);
   EMIT("    .eval_every = %lld,\n    .eval_batches = %lld,\n", (long long)t->eval_every, (long long)t->eval_batches);
   EMIT("    .ckpt_every = %lld,\n    .ckpt_keep = %lld,\n    .ckpt_dir = %s,\n", (long long)t->ckpt_every,
-       (long long)t->ckpt_keep, c_string(abs_path(t->ckpt_dir)));
-  EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, c_string(abs_path(t->log_file)));
+       (long long)t->ckpt_keep, cg_c_string(cg_abs_path(t->ckpt_dir)));
+  EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, cg_c_string(cg_abs_path(t->log_file)));
   EMIT("    .flops_per_step = %.17g,\n", step_flops(c));
   EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
-  EMIT("    .dp = 1,\n    .devices = 1,\n    .mesh = %s,\n", c_string(m ? m->name : NULL));
+  EMIT("    .dp = 1,\n    .devices = 1,\n    .mesh = %s,\n", cg_c_string(m ? m->name : NULL));
   if (m && m->naxes) EMIT("    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n", m->naxes);
   EMIT("    .to_device = to_device,\n    .to_host = to_host,\n");
   EMIT("};\n");
@@ -1444,17 +1389,7 @@ static bool check_inputs(Cu *c) {
   return false;
 }
 
-static bool fusion_enabled(void) {
-  const char *e = getenv("CPLAN_FUSION");
-  return !(e && strcmp(e, "0") == 0);
-}
 
-static Fusion *no_fusion(const Graph *g) {
-  Fusion *f = cp_alloc(sizeof *f);
-  f->group = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
-  for (int i = 0; i < g->n; i++) f->group[i] = -1;
-  return f;
-}
 
 static int64_t last_device_work;
 
@@ -1519,7 +1454,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   Cu cs = {.g = g, .t = t, .ok = true}, *c = &cs;
   if (!check_conf(c) || !check_inputs(c)) return false;
   c->nc = cp_alloc(sizeof(NodeCu) * (size_t)(g->n ? g->n : 1));
-  c->fu = fusion_enabled() ? fusion_run(g) : no_fusion(g);
+  c->fu = cg_fusion_enabled() ? fusion_run(g) : cg_no_fusion(g);
   c->lpc = t->precision == PREC_BF16 ? 1 : t->precision == PREC_F16 ? 2 : 0;
   c->ftypes = cp_alloc(sizeof(int *) * (size_t)(c->fu->ngroups + 1));
   place(c);
@@ -1619,7 +1554,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   emit_loss_scaling(c);
   EMIT("#define PROF_MAX 16384 /* events per phase (CPLAN_PROFILE=1) */\n#define PROF_NODES %d\n"
        "static const char *const prof_class[PROF_NODES + 1] = {\n", g->n);
-  for (int i = 0; i < g->n; i++) EMIT("    %s,\n", is_executed(nd(c, i)) ? c_string(prof_class(c, i)) : "NULL");
+  for (int i = 0; i < g->n; i++) EMIT("    %s,\n", is_executed(nd(c, i)) ? cg_c_string(prof_class(c, i)) : "NULL");
   EMIT("    NULL};\n");
   EMIT("\nstatic const char *const kernel_names[NKERNELS + 1] = {");
   for (int k = 0; k < c->knames.n; k++) EMIT("%s\"%s\"", k ? ", " : "", c->knames.a[k]);
