@@ -1323,9 +1323,11 @@ static void emit_plan(Cu *c, const char *hash) {
   EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, cg_c_string(cg_abs_path(t->log_file)));
   EMIT("    .flops_per_step = %.17g,\n", step_flops(c));
   EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
-  EMIT("    .dp = 1,\n    .devices = 1,\n    .mesh = %s,\n", cg_c_string(m ? m->name : NULL));
+  EMIT("    .dp = %lld,\n    .devices = %lld,\n    .mesh = %s,\n", (long long)train_dp(t),
+       (long long)(m ? m->ndevices : 1), cg_c_string(m ? m->name : NULL));
   if (m && m->naxes) EMIT("    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n", m->naxes);
-  EMIT("    .to_device = to_device,\n    .to_host = to_host,\n");
+  EMIT("    .to_device = to_device,\n    .to_host = to_host,\n    .reduce_grads = %s,\n",
+       train_dp(t) > 1 ? "reduce_grads" : "NULL");
   EMIT("};\n");
   EMIT("\nint main(int argc, char **argv) {\n"
        "  if (!has_flag(argc, argv, \"--help\")) gpu_init(argc, argv);\n"
@@ -1359,15 +1361,19 @@ static void emit_source_string(Cu *c, const char *name, const char *src) {
 static bool check_conf(Cu *c) {
   const TrainConf *t = c->t;
   const StrategyConf *st = &t->strategy;
-  int64_t devices = t->mesh ? t->mesh->ndevices : 1;
-  if (devices != 1) {
-    diag_error(t->mesh->span, "mesh '%s' has %lld CUDA devices: the cuda backend builds for one device only yet",
-               t->mesh->name ? t->mesh->name : "?", (long long)devices);
-    diag_hint("use a mesh of one GPU, e.g. --set mesh.%s.shape.<axis>=1", t->mesh->name ? t->mesh->name : "NAME");
+  int64_t devices = t->mesh ? t->mesh->ndevices : 1, dp = train_dp(t);
+  if (st->tp > 1 || st->pp > 1 || st->sp > 1 || st->zero > 0 || train_lowered(t)) {
+    diag_error(st->span, "the cuda backend runs data parallelism only yet (no tp, sp, pp or zero)");
+    diag_hint("use `strategy = { dp = %lld }`: one process per GPU", (long long)devices);
     return false;
   }
-  if (st->tp > 1 || st->pp > 1 || st->sp > 1 || st->zero > 0 || train_dp(t) != 1 || train_lowered(t)) {
-    diag_error(st->span, "the cuda backend runs one device without parallelism yet (no dp, tp, sp, pp or zero)");
+  if (dp != devices) {
+    diag_error(st->span.file >= 0 ? st->span : t->mesh->span,
+               "mesh '%s' has %lld CUDA devices, but the strategy runs dp = %lld: the cuda backend runs one process "
+               "per GPU with data parallelism over all of them", t->mesh && t->mesh->name ? t->mesh->name : "?",
+               (long long)devices, (long long)dp);
+    diag_hint("use `strategy = { dp = %lld }`, or a mesh of %lld GPU%s", (long long)devices, (long long)dp,
+              dp == 1 ? "" : "s");
     return false;
   }
   return true;

@@ -128,9 +128,8 @@ bool ad_backward(Graph *g, int64_t accum) {
 int64_t train_dp(const TrainConf *t) {
   const StrategyConf *st = &t->strategy;
   if (st->dp > 0) return st->dp;
-  bool cpu_mesh = t->mesh && t->mesh->device.kind == DEV_CPU;
   int64_t rest = (st->tp > 1 ? st->tp : 1) * (st->pp > 1 ? st->pp : 1);
-  if (t->mesh && (cpu_mesh || rest > 1) && t->mesh->ndevices % rest == 0) return t->mesh->ndevices / rest;
+  if (t->mesh && t->mesh->ndevices % rest == 0) return t->mesh->ndevices / rest;
   return 1;
 }
 

@@ -209,6 +209,7 @@ typedef struct RtPlanInput {
 typedef enum RtDataKind { RT_DATA_TOKENS, RT_DATA_ADDER, RT_DATA_TENSORS } RtDataKind;
 
 typedef struct RtRun RtRun;
+typedef struct RtComm RtComm;
 
 typedef struct RtPlan {
   const char *model;            /* the model's name */
@@ -320,10 +321,14 @@ typedef struct RtPlan {
    * to_device uploads on its first step and refreshes the mirrors after every update instead. */
   int (*to_device)(RtRun *run, RtError *err);
   int (*to_host)(RtRun *run, RtError *err);
+  /* Data parallelism on the device (NULL: the runtime sums the host mirrors): sums the gradient
+   * accumulators (the states with saved = 0) over `group`, the dp group, then multiplies them by
+   * `scale`, on the device. Called once per step, after the micro-batches and before update, on
+   * every rank of the group; 0, or -1 with the error. */
+  int (*reduce_grads)(RtRun *run, RtComm *group, double scale, RtError *err);
 } RtPlan;
 
 /* What the generated code reads and writes while it runs. */
-typedef struct RtComm RtComm;
 struct RtRun {
   const RtPlan *plan;
   float *params;                /* plan->param_floats */

@@ -460,16 +460,17 @@ static int plan_grads(Trainer *t, RtError *err) {
 /* Sums the gradient accumulators over the ranks and scales them by 1/dp: each rank seeded its
  * micro-batches with 1/accum, so the result is the mean over the global batch, as on one device.
  * A lowered plan's seed carries the 1/dp already: there they are only summed (cplanrt.h). */
-static void all_reduce_grads(Trainer *t) {
+static int all_reduce_grads(Trainer *t, RtError *err) {
   const RtPlan *p = t->p;
   float scale = lowered(p) ? 1.0f : (float)(1.0 / (double)plan_dp(p)), *g = t->gradbuf;
-  if (!t->grad_n) return;
+  if (p->reduce_grads) return p->reduce_grads(&t->run, dp_group(t), scale, err); /* on the device */
+  if (!t->grad_n) return 0;
   if (!g) {
     g = t->run.state + t->grad_lo;
     rt_comm_all_reduce(dp_group(t), g, t->grad_n, RT_COMM_F32);
     if (scale != 1.0f)
       for (int64_t i = 0; i < t->grad_n; i++) g[i] *= scale;
-    return;
+    return 0;
   }
   int64_t k = 0;
   for (int i = 0; i < p->nstates; i++)
@@ -485,6 +486,7 @@ static void all_reduce_grads(Trainer *t) {
     for (int64_t e = 0; e < p->states[i].numel; e++) dst[e] = g[k + e] * scale;
     k += p->states[i].numel;
   }
+  return 0;
 }
 
 /* Means over the ranks of sums[0..n) (each rank's sums over `per_rank` micro-batches), and
@@ -955,7 +957,10 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
     for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
   }
   double t0 = rt_trace_now();
-  if (plan_dp(p) > 1) all_reduce_grads(t);
+  if (plan_dp(p) > 1 && all_reduce_grads(t, err) != 0) {
+    if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg); /* the others are in a collective */
+    return -1;
+  }
   if (t->nranks > 1) rt_trace_span("grad_sync", t0, s, -1);
   t0 = rt_trace_now();
   *gn = p->update(&t->run);

@@ -7,7 +7,8 @@
 # low-precision plans really store activations in the low type (kernels/cuda launched with
 # CPLAN_BF16 / CPLAN_F16, cuBLASLt GEMMs on bf16 / f16 operands); --help runs without a GPU; and
 # run here it exits 1 saying "no CUDA device was found" (with a GPU: it trains 2 steps, exit 0).
-# Settings the backend does not take yet (two GPUs) are diagnostics at the .cplan file.
+# Two GPUs build a data-parallel program (NCCL); settings the backend does not take yet (tp, pp,
+# zero, sp) are diagnostics at the .cplan file.
 set -u
 cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 src=$(cd "$2" && pwd)
@@ -72,9 +73,29 @@ for mp in gpt_small:f32 llama_small:f32 gpt_small:bf16 gpt_small:f16 llama_small
   echo "ok: $m ($p): links cudart, cuBLASLt, NVRTC; $(wc -l <names.txt) kernels compile ($archs); run: exit $rc"
 done
 
+# two GPUs: one process per GPU, data parallelism (dp defaults to the device count): the program
+# links NCCL, its plan sums the gradients on the device (reduce_grads) and says dp 2; run here it
+# exits 1 saying no CUDA device was found
+"$cplanc" build gpt_small.cplan -o two --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 --keep-c keep-two \
+  2>two.log || { cat two.log; fail "cplanc build for two GPUs (dp 2)"; }
+grep -q '^    .dp = 2,' keep-two/plan.c && grep -q '^    .devices = 2,' keep-two/plan.c &&
+  grep -q '^    .reduce_grads = reduce_grads,' keep-two/plan.c || fail "two GPUs: plan.c is not a dp 2 plan"
+ldd ./two | grep -q libnccl || fail "two GPUs: the program does not link NCCL"
+if [ $gpu -eq 0 ]; then
+  out=$(timeout 60 ./two --steps 2 --data tokens.bin 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -q "no CUDA device was found" <<<"$out" || { echo "$out"; fail "two GPUs: exit $rc without a GPU"; }
+fi
+echo "ok: two GPUs (dp 2): links NCCL, reduce_grads"
+
 # not supported yet: diagnostics at the file, exit 1, no program
-out=$("$cplanc" build gpt_small.cplan -o two --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "gpt_small.cplan:[0-9]*:[0-9]*: error: .*one device only" <<<"$out" ||
-  { echo "$out"; fail "two GPUs on the cuda backend: exit $rc"; }
-[ ! -e two ] || fail "a refused build left a program"
+out=$("$cplanc" build gpt_small.cplan -o tp2 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 \
+  --set train.strategy.tp=2 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "<--set>:1:7: error: the cuda backend runs data parallelism only" <<<"$out" ||
+  { echo "$out"; fail "tp 2 on the cuda backend: exit $rc"; }
+[ ! -e tp2 ] || fail "a refused build left a program"
+out=$("$cplanc" build gpt_small.cplan -o dp1 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 \
+  --set train.strategy.dp=1 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "error: mesh 'gpu1' has 2 CUDA devices, but the strategy runs dp = 1" <<<"$out" ||
+  { echo "$out"; fail "dp 1 on two GPUs: exit $rc"; }
+[ ! -e dp1 ] || fail "a refused build left a program"
 echo "build.sh: ok"

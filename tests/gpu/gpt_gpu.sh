@@ -12,7 +12,11 @@
 # f32 1e-3, bf16 and f16 2e-2 (the issue's); final params: f32 within 1e-3 absolute (the low
 # precisions' are printed, not checked: Adam turns bf16 rounding of tiny gradients into +-lr
 # steps). f16 must skip no step (its loss_scale and skipped_steps metrics are read). Prints the worst
-# differences; exit 0 when within, 1 not. CPLAN_GPU_KEEP=DIR copies metrics, logs and generated
+# differences; exit 0 when within, 1 not. Data parallelism: each model is also built for a mesh of
+# two GPUs (dp 2, in the precisions of CPLAN_GPU_DP_PRECISIONS, default "f32 f16") and run by
+# `mpirun -np 2` against the same one-device CPU run and tolerances: with one GPU per rank the
+# gradients are summed by NCCL, two ranks on one GPU sum them through MPI (CPLAN_COMM=mpi).
+# --prepare bundles a relocatable Open MPI (tests/gpu/ompi_bundle.sh) for a GPU machine without MPI. CPLAN_GPU_KEEP=DIR copies metrics, logs and generated
 # sources there.
 set -u
 self=$(cd "$(dirname "$0")" && pwd)/$(basename "$0")
@@ -21,6 +25,7 @@ mode=all
 if [ "${1:-}" = --prepare ]; then mode=prepare; dir=$2; shift 2; fi
 if [ "${1:-}" = --check ]; then mode=check; dir=$(cd "$2" && pwd); shift 2; fi
 precs=${CPLAN_GPU_PRECISIONS:-f32 bf16 f16}
+dp_precs=${CPLAN_GPU_DP_PRECISIONS:-f32 f16}
 
 if [ $mode != check ]; then
   cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
@@ -49,14 +54,25 @@ if [ $mode != check ]; then
       [ $mode = prepare ] && keepc=
       "$cplanc" build "$m.cplan" -o "$m-gpu-$p" --set train.steps=20 --set train.mesh=gpu1 --set train.precision=$p \
         $keepc 2>"$m-gpu-$p.log" || { cat "$m-gpu-$p.log"; fail "build $m (cuda, $p)"; }
-      echo "$m $p" >>runs.txt
+      echo "$m $p 1" >>runs.txt
+    done
+    # data parallelism over two ranks (one process per GPU; two on one GPU share it through MPI)
+    for p in $dp_precs; do
+      "$cplanc" build "$m.cplan" -o "$m-gpu-$p-dp2" --set train.steps=20 --set train.mesh=gpu1 \
+        --set mesh.gpu1.shape.gpu=2 --set train.precision=$p 2>"$m-gpu-$p-dp2.log" ||
+        { cat "$m-gpu-$p-dp2.log"; fail "build $m (cuda, $p, dp 2)"; }
+      echo "$m $p 2" >>runs.txt
     done
   done
   if [ $mode = prepare ]; then
-    for l in $(while read -r m p; do ldd "./$m-gpu-$p"; done <runs.txt | awk '/=> \/lib/ {print $3}' | sort -u | grep -E "cjson|mpi|open-rte|open-pal|hwloc|event|udev"); do
+    for l in $(while read -r m p np; do ldd "./$m-gpu-$p$([ "$np" = 1 ] || echo "-dp$np")"; done <runs.txt | awk '/=> \/lib/ {print $3}' | sort -u | grep -E "cjson|mpi|open-rte|open-pal|hwloc|event|udev"); do
       cp -L "$l" lib/
     done
     cp "$self" gpt_gpu.sh
+    # the GPU machine has no MPI: a relocatable Open MPI for the dp runs
+    if [ -x "$src/tests/gpu/ompi_bundle.sh" ]; then
+      "$src/tests/gpu/ompi_bundle.sh" "$dir" >ompi_bundle.log 2>&1 || { cat ompi_bundle.log; fail "ompi_bundle.sh"; }
+    fi
     echo "gpt_gpu.sh: prepared $dir (on the GPU machine: $dir/gpt_gpu.sh --check $dir)"
     exit 0
   fi
@@ -64,17 +80,37 @@ else
   work=$dir
   cd "$work" || exit 1
   export LD_LIBRARY_PATH=$work/lib:${LD_LIBRARY_PATH:-}
+  if ! command -v mpirun >/dev/null && [ -f "$work/ompi/env.sh" ]; then . "$work/ompi/env.sh"; fi
+  # NCCL (the dp programs link it): the toolkit's, else the one of the PyTorch wheels (nvidia-nccl)
+  if ldd "$work"/*-dp2 2>/dev/null | grep -q 'libnccl.so.2 => not found'; then
+    nl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+    [ -n "$nl" ] && export LD_LIBRARY_PATH=$nl:$LD_LIBRARY_PATH
+  fi
 fi
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 # the GPU runs and the comparison
 bad=0
-while read -r m p; do
-  timeout 300 "./$m-gpu-$p" --init "$m-init.st" --save "$m-gpu-$p.st" --metrics "$m-gpu-$p.jsonl" 2>"$m-gpu-$p.run.log" ||
-    { tail -5 "$m-gpu-$p.run.log"; echo "FAILED: $m $p: the CUDA program exited with status $?"; bad=1; continue; }
-  python3 - "$m" "$p" "$m-cpu.jsonl" "$m-gpu-$p.jsonl" "$m-cpu.st" "$m-gpu-$p.st" <<'PY' || bad=1
+while read -r m p np; do
+  run=$m-gpu-$p
+  if [ "$np" = 1 ]; then
+    timeout 300 "./$run" --init "$m-init.st" --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
+      { tail -5 "$run.run.log"; echo "FAILED: $m $p: the CUDA program exited with status $?"; bad=1; continue; }
+  else
+    # NCCL needs a GPU per rank; ranks sharing one GPU sum the gradients through MPI
+    run=$m-gpu-$p-dp$np comm=nccl
+    [ "$ngpu" -ge "$np" ] || comm=mpi
+    command -v mpirun >/dev/null || { echo "FAILED: $m $p dp $np: no mpirun (and no bundled Open MPI)"; bad=1; continue; }
+    timeout 300 mpirun -np "$np" --oversubscribe -x CPLAN_COMM=$comm -x LD_LIBRARY_PATH "./$run" --init "$m-init.st" \
+      --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
+      { tail -8 "$run.run.log"; echo "FAILED: $m $p dp $np: the CUDA program exited with status $?"; bad=1; continue; }
+    p="$p-dp$np-$comm"
+  fi
+  python3 - "$m" "$p" "$m-cpu.jsonl" "$run.jsonl" "$m-cpu.st" "$run.st" <<'PY' || bad=1
 import json, struct, sys
 label, prec, m1, m2, p1, p2 = sys.argv[1:]
-tol = 1e-3 if prec == "f32" else 2e-2
+tol = 1e-3 if prec.startswith("f32") else 2e-2
 def lines(path):
     return [json.loads(l) for l in open(path)]
 def tensors(path):
@@ -89,7 +125,7 @@ A, B = lines(m1), lines(m2)
 if len(A) != 20 or len(B) != 20:
     sys.exit("FAILED: %s %s: %d CPU and %d GPU steps, expected 20" % (label, prec, len(A), len(B)))
 extra = ""
-if prec == "f16":
+if prec.startswith("f16"):
     skipped = B[-1].get("skipped_steps")
     if skipped is None:
         sys.exit("FAILED: %s f16: no skipped_steps metric" % label)
@@ -113,7 +149,7 @@ def skip(k, i, n):
 pw = max(abs(x - y) for k in ta for i, (x, y) in enumerate(zip(ta[k], tb[k])) if not skip(k, i, len(ta[k])))
 print("%s %s: 20 steps, GPU vs CPU: worst relative loss/grad_norm difference %.2e (tolerance %g), worst param "
       "difference %.2e; final loss GPU %.6f CPU %.6f%s" % (label, prec, worst, tol, pw, B[-1]["loss"], A[-1]["loss"], extra))
-if prec == "f32" and pw > 1e-3:
+if prec.startswith("f32") and pw > 1e-3:
     sys.exit("FAILED: %s: params differ by %.2e > 1e-3" % (label, pw))
 PY
 done <runs.txt
