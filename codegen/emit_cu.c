@@ -1326,8 +1326,8 @@ static void emit_plan(Cu *c, const char *hash) {
   EMIT("    .dp = %lld,\n    .devices = %lld,\n    .mesh = %s,\n", (long long)train_dp(t),
        (long long)(m ? m->ndevices : 1), cg_c_string(m ? m->name : NULL));
   if (m && m->naxes) EMIT("    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n", m->naxes);
-  EMIT("    .to_device = to_device,\n    .to_host = to_host,\n    .reduce_grads = %s,\n",
-       train_dp(t) > 1 ? "reduce_grads" : "NULL");
+  EMIT("    .to_device = to_device,\n    .to_host = to_host,\n    .reduce_grads = %s,\n    .loss_scaler = %s,\n",
+       train_dp(t) > 1 ? "reduce_grads" : "NULL", c->seed >= 0 ? "loss_scaler" : "NULL");
   EMIT("};\n");
   EMIT("\nint main(int argc, char **argv) {\n"
        "  if (!has_flag(argc, argv, \"--help\")) gpu_init(argc, argv);\n"

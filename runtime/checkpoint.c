@@ -170,6 +170,11 @@ static int write_state(const char *path, const RtPlan *p, const RtCkptInfo *info
   if (isfinite(info->loss)) cJSON_AddNumberToObject(j, "loss", info->loss);
   else cJSON_AddNullToObject(j, "loss");
   cJSON_AddNumberToObject(j, "data_offset", (double)info->data_offset);
+  if (info->scaler[0] > 0) {
+    cJSON_AddNumberToObject(j, "loss_scale", info->scaler[0]);
+    cJSON_AddNumberToObject(j, "loss_scale_good_steps", info->scaler[1]);
+    cJSON_AddNumberToObject(j, "skipped_steps", info->scaler[2]);
+  }
   char *text = cJSON_Print(j);
   cJSON_Delete(j);
   if (!text) return rt_errf(err, "%s: out of memory", path);
@@ -210,6 +215,9 @@ static int read_state(const char *path, RtCkptInfo *info, RtError *err) {
   const cJSON *hash = cJSON_GetObjectItemCaseSensitive(j, "plan_hash");
   const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
   const cJSON *off = cJSON_GetObjectItemCaseSensitive(j, "data_offset");
+  const cJSON *ls[3] = {cJSON_GetObjectItemCaseSensitive(j, "loss_scale"),
+                        cJSON_GetObjectItemCaseSensitive(j, "loss_scale_good_steps"),
+                        cJSON_GetObjectItemCaseSensitive(j, "skipped_steps")};
   int rc = 0;
   if (!j || !cJSON_IsString(fmt) || strcmp(fmt->valuestring, CKPT_FORMAT) != 0 ||
       !cJSON_IsNumber(step) || step->valuedouble < 0 || !cJSON_IsNumber(seed) ||
@@ -222,6 +230,9 @@ static int read_state(const char *path, RtCkptInfo *info, RtError *err) {
     info->loss = cJSON_IsNumber(loss) ? loss->valuedouble : NAN;
     info->data_offset = cJSON_IsNumber(off) ? (int64_t)off->valuedouble : -1;
     snprintf(info->plan_hash, sizeof info->plan_hash, "%s", hash->valuestring);
+    for (int k = 0; k < 3; k++) info->scaler[k] = cJSON_IsNumber(ls[k]) ? ls[k]->valuedouble : 0;
+    if (info->scaler[0] < 0 || !isfinite(info->scaler[0]))
+      rc = rt_errf(err, "%s: loss_scale must be a positive number", path);
   }
   cJSON_Delete(j);
   return rc;

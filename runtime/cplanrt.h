@@ -326,6 +326,10 @@ typedef struct RtPlan {
    * `scale`, on the device. Called once per step, after the micro-batches and before update, on
    * every rank of the group; 0, or -1 with the error. */
   int (*reduce_grads)(RtRun *run, RtComm *group, double scale, RtError *err);
+  /* f16 dynamic loss scaling (NULL: none): the scaler's state st = {scale, steps since its last
+   * change, steps skipped} is read (set = 0) into each checkpoint's state.json and restored
+   * (set = 1) by --resume, as PyTorch's GradScaler.state_dict(). */
+  void (*loss_scaler)(double st[3], int set);
 } RtPlan;
 
 /* What the generated code reads and writes while it runs. */
@@ -367,6 +371,8 @@ typedef struct RtCkptInfo {
   double loss;                  /* the loss of the last step done (NaN when none) */
   int64_t data_offset;          /* tokens: the first token step `step` reads; -1 otherwise */
   char plan_hash[128];          /* plan->source_hash ("" when the plan has none) */
+  double scaler[3];             /* f16 loss scaling (RtPlan.loss_scaler): the scale, the steps since
+                                   its last change, the steps skipped; scaler[0] = 0: none */
 } RtCkptInfo;
 
 /* Writes the params as a safetensors file (through PATH.tmp and rename). */

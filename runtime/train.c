@@ -698,6 +698,7 @@ static int load_or_init(Trainer *t, RtError *err) {
                      (long long)info.seed, (long long)p->seed);
     t->start = info.step;
     t->last_ckpt = info.step;
+    if (p->loss_scaler && info.scaler[0] > 0) p->loss_scaler(info.scaler, 1);
     say(t, "resumed from %s at step %lld", dir, (long long)info.step);
     return 0;
   }
@@ -988,6 +989,7 @@ static int write_checkpoint(Trainer *t, const char *dir, int64_t done, RtError *
   RtCkptInfo info = {.step = done, .seed = t->p->seed, .loss = t->loss, .data_offset = -1};
   const char *hash = t->p->resume_hash ? t->p->resume_hash : t->p->source_hash;
   snprintf(info.plan_hash, sizeof info.plan_hash, "%s", hash ? hash : "");
+  if (t->p->loss_scaler) t->p->loss_scaler(info.scaler, 0);
   if (t->p->data_kind == RT_DATA_TOKENS) {
     int64_t S = rt_tokens_steps(t->tok, t->p->batch, t->p->seq_len, NULL);
     info.data_offset = S > 0 ? done % S * t->p->batch * t->p->seq_len : -1;

@@ -331,6 +331,50 @@ static void test_resume(void) {
   CHECK(rc == 1 && strstr(errtext, "hand-1"), "another build refuses the checkpoint: %s", errtext);
 }
 
+/* A plan with f16 loss scaling's hook (RtPlan.loss_scaler): the scaler's state goes into each
+ * checkpoint's state.json and --resume restores it, so a resumed run continues with the scale
+ * the straight run has (here a stand-in scaler that doubles every second step). */
+static double scaler_st[3];
+static void fake_scaler(double st[3], int set) {
+  for (int k = 0; k < 3; k++) {
+    if (set) scaler_st[k] = st[k];
+    else st[k] = scaler_st[k];
+  }
+}
+static double update_scaled(RtRun *run) {
+  if (++scaler_st[1] >= 2) scaler_st[0] *= 2, scaler_st[1] = 0;
+  scaler_st[2] += run->step == 1; /* one skipped step */
+  return update(run);
+}
+static void test_resume_scaler(void) {
+  RtPlan p = make_plan();
+  p.loss_scaler = fake_scaler, p.update = update_scaled;
+  const char *ck = tmp_path("ck_scaler");
+  scaler_st[0] = 65536, scaler_st[1] = scaler_st[2] = 0;
+  int rc = run_main(&p, "--steps", "5", NULL);
+  double straight[3] = {scaler_st[0], scaler_st[1], scaler_st[2]};
+  CHECK(rc == 0 && straight[0] == 65536.0 * 4 && straight[1] == 1 && straight[2] == 1, "5 straight steps: %s", errtext);
+  scaler_st[0] = 65536, scaler_st[1] = scaler_st[2] = 0;
+  rc = run_main(&p, "--steps", "3", "--checkpoint-dir", ck, "--checkpoint-every", "3", NULL);
+  CHECK(rc == 0, "3 steps with a checkpoint: %s", errtext);
+  char text[4096] = "";
+  FILE *fp = fopen(tmp_path("ck_scaler/step_000003/state.json"), "r");
+  size_t len = fp ? fread(text, 1, sizeof text - 1, fp) : 0;
+  if (fp) fclose(fp);
+  text[len] = 0;
+  cJSON *st[1] = {cJSON_Parse(text)};
+  int n = st[0] != NULL;
+  CHECK(n == 1 && num(st[0], "loss_scale") == 65536.0 * 2 && num(st[0], "loss_scale_good_steps") == 1 &&
+            num(st[0], "skipped_steps") == 1,
+        "state.json holds the scaler after 3 steps (scale 131072, 1 good step, 1 skipped)");
+  free_jsonl(st, n);
+  scaler_st[0] = 65536, scaler_st[1] = scaler_st[2] = 0; /* a new process starts at the initial scale */
+  rc = run_main(&p, "--steps", "5", "--resume", ck, NULL);
+  CHECK(rc == 0 && scaler_st[0] == straight[0] && scaler_st[1] == straight[1] && scaler_st[2] == straight[2],
+        "the resumed run ends with the straight run's scaler (%g %g %g vs %g %g %g): %s", scaler_st[0],
+        scaler_st[1], scaler_st[2], straight[0], straight[1], straight[2], errtext);
+}
+
 /* Checkpoints every step with keep = 2 leave the newest 2. */
 static void test_keep(void) {
   RtPlan p = make_plan();
@@ -431,6 +475,7 @@ int main(void) {
   test_train_metrics();
   test_init_roundtrip();
   test_resume();
+  test_resume_scaler();
   test_keep();
   test_sigint();
   test_errors();
