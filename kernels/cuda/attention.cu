@@ -15,6 +15,8 @@
  *    gradients are deterministic. Causal blocks skip the tiles the mask removes entirely. */
 #include "cuda_common.h"
 
+#include <mma.h>
+
 #define ATT_BR 64 /* rows per block: threads */
 
 template <int DMAX> struct AttTile { enum { BC = DMAX > 64 ? 16 : 32 }; };
@@ -236,8 +238,315 @@ extern "C" __global__ void attention_backward_delta_f16(float *delta, const fp16
   att_delta<fp16>(delta, dout, out, rows, d);
 }
 
+/* ---- tensor cores: bf16 / f16 attention on WMMA ---------------------------------------------
+ * The same algorithm (FlashAttention-2: online softmax forward, lse saved; a dk/dv kernel per key
+ * tile and a dq kernel per query tile, so no atomics and the gradients are deterministic), with
+ * the products on tensor cores: nvcuda::wmma 16x16x16 tiles of bf16 / f16 operands accumulating
+ * in f32. Blocks of 4 warps; each warp owns 16 rows (queries, or keys in dk/dv) and the block
+ * walks tiles of 64 rows of the other side, staged in shared memory (dynamic, zero-padded past t
+ * and d; head dims up to TD = 64 or 128). The element layout of a WMMA accumulator is opaque, so
+ * scores go through shared memory: the warp stores S (and dP), its lanes (two per row) apply the
+ * scale, mask and softmax, and write P (dS) back in the operand type for the next product. The
+ * forward's running output lives in shared memory too, where the lanes rescale its rows when the
+ * running max changes; the backward's dk, dv and dq stay in accumulator fragments. P and dS are
+ * rounded to the operand type before their products (as FlashAttention does); the statistics m,
+ * l, lse and delta are f32. The f32 kernels above stay on the CUDA cores. */
+#define TC_W 4         /* warps per block */
+#define TC_R 64        /* rows per tile: 16 per warp */
+
+/* rows [r0, r0 + n) of a [t, d] matrix into s[n][ld] (ld >= TD), zeros past t and d */
+template <typename T, int TD>
+__device__ __forceinline__ void tc_stage(T *s, int ld, const T *m, int r0, int n, int t, int d) {
+  for (int e = threadIdx.x; e < n * TD; e += blockDim.x) {
+    int rr = e / TD, c = e % TD, row = r0 + rr;
+    s[rr * ld + c] = row < t && c < d ? m[(long long)row * d + c] : st<T>(0.0f);
+  }
+}
+
+template <typename T, int TD> struct TcDims {
+  enum {
+    LQ = TD + 8,                       /* operand rows (T): a multiple of 8, 32-byte aligned tiles */
+    LS = TC_R + 4,                     /* f32 score rows */
+    LP = TC_R + 8,                     /* operand-type score rows */
+    LO = TD + 4,                       /* f32 output rows */
+    TILE = TC_R * LQ * (int)sizeof(T), /* one staged [64, TD] tile */
+    FWD = 3 * TILE + TC_W * 16 * (LS * 4 + LP * (int)sizeof(T) + LO * 4),
+    BWD = 4 * TILE + 2 * TC_R * 4 + TC_W * 16 * (2 * LS * 4 + 2 * LP * (int)sizeof(T))
+  };
+};
+
+/* dst (16 x TC_R, f32, ld LS) = scale-free product of the warp's 16 rows of a ([.., LQ]) and the
+ * TC_R rows of b ([TC_R, LQ]) transposed: a_w b^T over TD */
+template <typename T, int TD>
+__device__ __forceinline__ void tc_abt(float *dst, const T *aw, const T *b) {
+  using namespace nvcuda;
+  const int LQ = TcDims<T, TD>::LQ, LS = TcDims<T, TD>::LS;
+#pragma unroll
+  for (int nb = 0; nb < TC_R / 16; nb++) {
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> c;
+    wmma::fill_fragment(c, 0.0f);
+#pragma unroll
+    for (int kb = 0; kb < TD / 16; kb++) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+      wmma::load_matrix_sync(fa, aw + kb * 16, LQ);
+      wmma::load_matrix_sync(fb, b + nb * 16 * LQ + kb * 16, LQ);
+      wmma::mma_sync(c, fa, fb, c);
+    }
+    wmma::store_matrix_sync(dst + nb * 16, c, LS, wmma::mem_row_major);
+  }
+}
+
+/* acc[nb] (16 x TD in 16-column fragments) += p (16 x TC_R, ld LP) times b ([TC_R, LQ]) */
+template <typename T, int TD>
+__device__ __forceinline__ void tc_pb(nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> *acc,
+                                      const T *p, const T *b) {
+  using namespace nvcuda;
+  const int LQ = TcDims<T, TD>::LQ, LP = TcDims<T, TD>::LP;
+#pragma unroll
+  for (int kb = 0; kb < TC_R / 16; kb++) {
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+    wmma::load_matrix_sync(fa, p + kb * 16, LP);
+#pragma unroll
+    for (int nb = 0; nb < TD / 16; nb++) {
+      wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+      wmma::load_matrix_sync(fb, b + kb * 16 * LQ + nb * 16, LQ);
+      wmma::mma_sync(acc[nb], fa, fb, acc[nb]);
+    }
+  }
+}
+
+template <typename T, int TD>
+__device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
+                                       int causal) {
+  using namespace nvcuda;
+  typedef TcDims<T, TD> Dm;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  T *qs = (T *)tc_smem, *ks = (T *)(tc_smem + Dm::TILE), *vs = (T *)(tc_smem + 2 * Dm::TILE);
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
+  float *sw = (float *)(tc_smem + 3 * Dm::TILE) + w * 16 * Dm::LS;
+  T *pw = (T *)(tc_smem + 3 * Dm::TILE + TC_W * 16 * Dm::LS * 4) + w * 16 * Dm::LP;
+  float *ow = (float *)(tc_smem + 3 * Dm::TILE + TC_W * 16 * (Dm::LS * 4 + Dm::LP * (int)sizeof(T))) + w * 16 * Dm::LO;
+  long long z = blockIdx.y;
+  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d;
+  int i0 = blockIdx.x * TC_R, i = i0 + w * 16 + r;
+  float scale = 1.0f / sqrtf((float)d);
+  tc_stage<T, TD>(qs, Dm::LQ, qz, i0, TC_R, t, d);
+  for (int e = lane; e < 16 * Dm::LO; e += 32) ow[e] = 0.0f;
+  float m = -CPLAN_INF, l = 0.0f;
+  int kend = causal ? min(t, i0 + TC_R) : t;
+  for (int k0 = 0; k0 < kend; k0 += TC_R) {
+    __syncthreads();
+    tc_stage<T, TD>(ks, Dm::LQ, kz, k0, TC_R, t, d);
+    tc_stage<T, TD>(vs, Dm::LQ, vz, k0, TC_R, t, d);
+    __syncthreads();
+    tc_abt<T, TD>(sw, qs + w * 16 * Dm::LQ, ks);
+    __syncwarp();
+    float *srow = sw + r * Dm::LS, mt = m;
+    for (int jj = h * (TC_R / 2); jj < (h + 1) * (TC_R / 2); jj++) {
+      int j = k0 + jj;
+      float s = i < t && j < t && (!causal || j <= i) ? srow[jj] * scale : -CPLAN_INF;
+      srow[jj] = s;
+      mt = fmaxf(mt, s);
+    }
+    mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 1));
+    float corr = mt == -CPLAN_INF ? 1.0f : expf(m - mt), ls = 0.0f;
+    T *prow = pw + r * Dm::LP;
+    for (int jj = h * (TC_R / 2); jj < (h + 1) * (TC_R / 2); jj++) {
+      T p = st<T>(mt == -CPLAN_INF ? 0.0f : expf(srow[jj] - mt));
+      prow[jj] = p;
+      ls += ld(p); /* the sum of what the product uses */
+    }
+    ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+    l = l * corr + ls;
+    m = mt;
+    if (corr != 1.0f)
+      for (int c = h * (TD / 2); c < (h + 1) * (TD / 2); c++) ow[r * Dm::LO + c] *= corr;
+    __syncwarp();
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[TD / 16];
+#pragma unroll
+    for (int nb = 0; nb < TD / 16; nb++) wmma::load_matrix_sync(acc[nb], ow + nb * 16, Dm::LO, wmma::mem_row_major);
+    tc_pb<T, TD>(acc, pw, vs);
+#pragma unroll
+    for (int nb = 0; nb < TD / 16; nb++) wmma::store_matrix_sync(ow + nb * 16, acc[nb], Dm::LO, wmma::mem_row_major);
+    __syncwarp();
+  }
+  if (i >= t) return;
+  float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  T *orow = out + (z * t + i) * d;
+  for (int c = h; c < d; c += 2) orow[c] = st<T>(ow[r * Dm::LO + c] * inv);
+  if (h == 0) lse[z * t + i] = m + logf(l);
+}
+
+/* the warp's 16 accumulated rows (rows row0.. of g, this batch-head's [t, d] gradient; NULL: not
+ * wanted): g += mul * acc, through buf (16 x LO f32) */
+template <typename T, int TD>
+__device__ __forceinline__ void tc_add_rows(T *g, const nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> *acc,
+                                            float *buf, int row0, int t, int d, float mul) {
+  using namespace nvcuda;
+  const int LO = TcDims<T, TD>::LO;
+  int lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
+  __syncwarp();
+#pragma unroll
+  for (int nb = 0; nb < TD / 16; nb++) wmma::store_matrix_sync(buf + nb * 16, acc[nb], LO, wmma::mem_row_major);
+  __syncwarp();
+  if (g && row0 + r < t)
+    for (int c = h; c < d; c += 2) {
+      T *x = g + (long long)(row0 + r) * d + c;
+      *x = st<T>(ld(*x) + mul * buf[r * LO + c]);
+    }
+  __syncwarp();
+}
+
+/* dk/dv: the block owns 64 keys (16 per warp) and walks the query tiles */
+template <typename T, int TD>
+__device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
+                                            const T *q, const T *k, const T *v, int t, int d, int causal) {
+  using namespace nvcuda;
+  typedef TcDims<T, TD> Dm;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  T *ks = (T *)tc_smem, *vs = (T *)(tc_smem + Dm::TILE), *qs = (T *)(tc_smem + 2 * Dm::TILE),
+    *dos = (T *)(tc_smem + 3 * Dm::TILE);
+  float *lss = (float *)(tc_smem + 4 * Dm::TILE), *dls = lss + TC_R;
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
+  unsigned char *wb = tc_smem + 4 * Dm::TILE + 2 * TC_R * 4;
+  float *sw = (float *)wb + w * 32 * Dm::LS, *dpw = sw + 16 * Dm::LS; /* also the output buffer */
+  T *pw = (T *)(wb + TC_W * 32 * Dm::LS * 4) + w * 32 * Dm::LP, *dsw = pw + 16 * Dm::LP;
+  long long z = blockIdx.y;
+  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d, *doz = dout + z * t * d;
+  int j0 = blockIdx.x * TC_R, j = j0 + w * 16 + r;
+  float scale = 1.0f / sqrtf((float)d);
+  tc_stage<T, TD>(ks, Dm::LQ, kz, j0, TC_R, t, d);
+  tc_stage<T, TD>(vs, Dm::LQ, vz, j0, TC_R, t, d);
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> gk[TD / 16], gv[TD / 16];
+#pragma unroll
+  for (int nb = 0; nb < TD / 16; nb++) wmma::fill_fragment(gk[nb], 0.0f), wmma::fill_fragment(gv[nb], 0.0f);
+  for (int i0 = causal ? j0 : 0; i0 < t; i0 += TC_R) { /* earlier queries see none of these keys */
+    __syncthreads();
+    tc_stage<T, TD>(qs, Dm::LQ, qz, i0, TC_R, t, d);
+    tc_stage<T, TD>(dos, Dm::LQ, doz, i0, TC_R, t, d);
+    for (int e = threadIdx.x; e < TC_R; e += blockDim.x) {
+      lss[e] = i0 + e < t ? lse[z * t + i0 + e] : 0.0f;
+      dls[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
+    }
+    __syncthreads();
+    tc_abt<T, TD>(sw, ks + w * 16 * Dm::LQ, qs);   /* S^T: [16 keys, 64 queries] */
+    tc_abt<T, TD>(dpw, vs + w * 16 * Dm::LQ, dos); /* dP^T */
+    __syncwarp();
+    for (int ii = h * (TC_R / 2); ii < (h + 1) * (TC_R / 2); ii++) {
+      int i = i0 + ii;
+      bool ok = j < t && i < t && (!causal || i >= j);
+      float p = ok ? expf(sw[r * Dm::LS + ii] * scale - lss[ii]) : 0.0f;
+      pw[r * Dm::LP + ii] = st<T>(p);
+      dsw[r * Dm::LP + ii] = st<T>(p * (dpw[r * Dm::LS + ii] - dls[ii]));
+    }
+    __syncwarp();
+    tc_pb<T, TD>(gv, pw, dos); /* dv += P^T dO */
+    tc_pb<T, TD>(gk, dsw, qs); /* dk += dS^T Q (times scale at the end) */
+  }
+  tc_add_rows<T, TD>(dv ? dv + z * t * d : dv, gv, sw, j0 + w * 16, t, d, 1.0f);
+  tc_add_rows<T, TD>(dk ? dk + z * t * d : dk, gk, sw, j0 + w * 16, t, d, scale);
+}
+
+/* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
+template <typename T, int TD>
+__device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
+                                          const T *k, const T *v, int t, int d, int causal) {
+  using namespace nvcuda;
+  typedef TcDims<T, TD> Dm;
+  extern __shared__ __align__(128) unsigned char tc_smem[];
+  T *qs = (T *)tc_smem, *dos = (T *)(tc_smem + Dm::TILE), *ks = (T *)(tc_smem + 2 * Dm::TILE),
+    *vs = (T *)(tc_smem + 3 * Dm::TILE);
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
+  unsigned char *wb = tc_smem + 4 * Dm::TILE + 2 * TC_R * 4;
+  float *sw = (float *)wb + w * 32 * Dm::LS, *dpw = sw + 16 * Dm::LS;
+  T *dsw = (T *)(wb + TC_W * 32 * Dm::LS * 4) + w * 32 * Dm::LP;
+  long long z = blockIdx.y;
+  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d, *doz = dout + z * t * d;
+  int i0 = blockIdx.x * TC_R, i = i0 + w * 16 + r;
+  float scale = 1.0f / sqrtf((float)d);
+  float li = i < t ? lse[z * t + i] : 0.0f, di = i < t ? delta[z * t + i] : 0.0f;
+  tc_stage<T, TD>(qs, Dm::LQ, qz, i0, TC_R, t, d);
+  tc_stage<T, TD>(dos, Dm::LQ, doz, i0, TC_R, t, d);
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> g[TD / 16];
+#pragma unroll
+  for (int nb = 0; nb < TD / 16; nb++) wmma::fill_fragment(g[nb], 0.0f);
+  int kend = causal ? min(t, i0 + TC_R) : t;
+  for (int k0 = 0; k0 < kend; k0 += TC_R) {
+    __syncthreads();
+    tc_stage<T, TD>(ks, Dm::LQ, kz, k0, TC_R, t, d);
+    tc_stage<T, TD>(vs, Dm::LQ, vz, k0, TC_R, t, d);
+    __syncthreads();
+    tc_abt<T, TD>(sw, qs + w * 16 * Dm::LQ, ks);   /* S: [16 queries, 64 keys] */
+    tc_abt<T, TD>(dpw, dos + w * 16 * Dm::LQ, vs); /* dP */
+    __syncwarp();
+    for (int jj = h * (TC_R / 2); jj < (h + 1) * (TC_R / 2); jj++) {
+      int j = k0 + jj;
+      bool ok = i < t && j < t && (!causal || j <= i);
+      float p = ok ? expf(sw[r * Dm::LS + jj] * scale - li) : 0.0f;
+      dsw[r * Dm::LP + jj] = st<T>(p * (dpw[r * Dm::LS + jj] - di));
+    }
+    __syncwarp();
+    tc_pb<T, TD>(g, dsw, ks); /* dq += dS K (times scale at the end) */
+  }
+  tc_add_rows<T, TD>(dq + z * t * d, g, sw, i0 + w * 16, t, d, scale);
+}
+
+#define ATT_TC_ENTRIES(T, S, TD)                                                                          \
+  extern "C" __global__ void __launch_bounds__(TC_W * 32) attention_tc_forward_##S##_d##TD(               \
+      T *out, float *lse, const T *q, const T *k, const T *v, int t, int d, int causal) {                 \
+    tc_fwd<T, TD>(out, lse, q, k, v, t, d, causal);                                                       \
+  }                                                                                                       \
+  extern "C" __global__ void __launch_bounds__(TC_W * 32) attention_tc_backward_dkdv_##S##_d##TD(         \
+      T *dk, T *dv, const T *dout, const float *lse, const float *delta, const T *q, const T *k,          \
+      const T *v, int t, int d, int causal) {                                                             \
+    tc_bwd_dkdv<T, TD>(dk, dv, dout, lse, delta, q, k, v, t, d, causal);                                  \
+  }                                                                                                       \
+  extern "C" __global__ void __launch_bounds__(TC_W * 32) attention_tc_backward_dq_##S##_d##TD(           \
+      T *dq, const T *dout, const float *lse, const float *delta, const T *q, const T *k, const T *v,     \
+      int t, int d, int causal) {                                                                         \
+    tc_bwd_dq<T, TD>(dq, dout, lse, delta, q, k, v, t, d, causal);                                        \
+  }
+
+ATT_TC_ENTRIES(bf16, bf16, 64)
+ATT_TC_ENTRIES(bf16, bf16, 128)
+ATT_TC_ENTRIES(fp16, f16, 64)
+ATT_TC_ENTRIES(fp16, f16, 128)
+
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
+
+#include <stdlib.h>
+
+/* bf16 and f16 run on the tensor-core kernels unless CPLAN_ATTENTION=simt (the CUDA-core ones) */
+static bool att_tc(CplanDtype dt) {
+  static int mode = -1;
+  if (mode < 0) {
+    const char *e = getenv("CPLAN_ATTENTION");
+    mode = e && strcmp(e, "simt") == 0 ? 0 : 1;
+  }
+  return mode == 1 && (dt == CPLAN_BF16 || dt == CPLAN_F16);
+}
+
+/* a tensor-core kernel with `bytes` of dynamic shared memory (above 48 KiB: opted in) */
+#define ATT_TC_GO(me, kern, grid, bytes, ...)                                                             \
+  do {                                                                                                    \
+    cudaError_t e_ = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes));  \
+    if (e_ != cudaSuccess)                                                                                \
+      return cplan_cuda_fail(me, "%s: %d bytes of shared memory: %s", #kern, (int)(bytes),               \
+                             cudaGetErrorString(e_));                                                     \
+    kern<<<grid, TC_W * 32, (bytes), stream>>>(__VA_ARGS__);                                              \
+  } while (0)
+
+template <typename T, int TD>
+static int att_tc_forward(const char *me, void (*kern)(T *, float *, const T *, const T *, const T *, int, int, int),
+                          void *out, float *lse, const void *q, const void *k, const void *v, int nb, int t, int d,
+                          int causal, cudaStream_t stream) {
+  dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
+  const int bytes = TcDims<T, TD>::FWD;
+  ATT_TC_GO(me, kern, grid, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, t, d, causal);
+  return cplan_cuda_launched(me);
+}
 
 static const char *att_shape(const char *me, int nb, int t, int d) {
   (void)me;
@@ -254,6 +563,15 @@ extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse
   CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
   CPLAN_REQUIRE(me, out && lse && q && k && v, "out, lse, q, k and v must not be NULL");
   if (nb == 0) return 0;
+  if (att_tc(dt)) {
+    if (dt == CPLAN_BF16 && d <= 64)
+      return att_tc_forward<bf16, 64>(me, attention_tc_forward_bf16_d64, out, lse, q, k, v, nb, t, d, causal, stream);
+    if (dt == CPLAN_BF16)
+      return att_tc_forward<bf16, 128>(me, attention_tc_forward_bf16_d128, out, lse, q, k, v, nb, t, d, causal, stream);
+    if (d <= 64)
+      return att_tc_forward<fp16, 64>(me, attention_tc_forward_f16_d64, out, lse, q, k, v, nb, t, d, causal, stream);
+    return att_tc_forward<fp16, 128>(me, attention_tc_forward_f16_d128, out, lse, q, k, v, nb, t, d, causal, stream);
+  }
   dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);
   if (dt == CPLAN_F32 && d <= 64)
     attention_forward_f32_d64<<<grid, ATT_BR, 0, stream>>>((float *)out, lse, (const float *)q, (const float *)k,
@@ -311,6 +629,29 @@ ATT_BWD(float, f32)
 ATT_BWD(bf16, bf16)
 ATT_BWD(fp16, f16)
 
+/* delta on the CUDA cores (a row dot product), then the tensor-core dk/dv and dq kernels */
+template <typename T, int TD>
+static int att_tc_backward(const char *me,
+                           void (*dkdv)(T *, T *, const T *, const float *, const float *, const T *, const T *,
+                                        const T *, int, int, int),
+                           void (*dqk)(T *, const T *, const float *, const float *, const T *, const T *, const T *,
+                                       int, int, int),
+                           void (*dlt)(float *, const T *, const T *, long long, int), void *dq, void *dk, void *dv,
+                           float *delta, const void *dout, const void *out, const float *lse, const void *q,
+                           const void *k, const void *v, int nb, int t, int d, int causal, cudaStream_t stream) {
+  long long rows = (long long)nb * t;
+  dlt<<<cplan_blocks(rows, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, d);
+  dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
+  const int bytes = TcDims<T, TD>::BWD;
+  if (dk || dv)
+    ATT_TC_GO(me, dkdv, grid, bytes, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
+              (const T *)k, (const T *)v, t, d, causal);
+  if (dq)
+    ATT_TC_GO(me, dqk, grid, bytes, (T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,
+              (const T *)v, t, d, causal);
+  return cplan_cuda_launched(me);
+}
+
 extern "C" int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
                                              const void *dout, const void *out, const float *lse, const void *q,
                                              const void *k, const void *v, int nb, int t, int d, int causal,
@@ -320,6 +661,15 @@ extern "C" int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, 
   CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
   CPLAN_REQUIRE(me, delta && dout && out && lse && q && k && v, "delta, dout, out, lse, q, k and v must not be NULL");
   if (nb == 0 || (!dq && !dk && !dv)) return 0;
+  if (att_tc(dt)) {
+#define ATT_TC_BWD(T, S, TD)                                                                                  \
+  att_tc_backward<T, TD>(me, attention_tc_backward_dkdv_##S##_d##TD, attention_tc_backward_dq_##S##_d##TD,    \
+                         attention_backward_delta_##S, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, \
+                         stream)
+    if (dt == CPLAN_BF16) return d <= 64 ? ATT_TC_BWD(bf16, bf16, 64) : ATT_TC_BWD(bf16, bf16, 128);
+    return d <= 64 ? ATT_TC_BWD(fp16, f16, 64) : ATT_TC_BWD(fp16, f16, 128);
+#undef ATT_TC_BWD
+  }
   if (dt == CPLAN_F32) att_bwd_launch<float>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, stream, d <= 64);
   else if (dt == CPLAN_BF16) att_bwd_launch<bf16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, stream, d <= 64);
   else if (dt == CPLAN_F16) att_bwd_launch<fp16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, stream, d <= 64);
