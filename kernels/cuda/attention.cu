@@ -254,9 +254,19 @@ extern "C" __global__ void attention_backward_delta_f16(float *delta, const fp16
 #define TC_W 4         /* warps per block */
 #define TC_R 64        /* rows per tile: 16 per warp */
 
-/* rows [r0, r0 + n) of a [t, d] matrix into s[n][ld] (ld >= TD), zeros past t and d */
+/* rows [r0, r0 + n) of a [t, d] matrix into s[n][ld] (ld >= TD, a multiple of 8), zeros past t
+ * and d: 16 bytes (8 elements) a load where d is a multiple of 8 and m 16-byte aligned */
 template <typename T, int TD>
 __device__ __forceinline__ void tc_stage(T *s, int ld, const T *m, int r0, int n, int t, int d) {
+  if (d % 8 == 0 && ((unsigned long long)m & 15) == 0) {
+    for (int e = threadIdx.x; e < n * (TD / 8); e += blockDim.x) {
+      int rr = e / (TD / 8), c = e % (TD / 8) * 8, row = r0 + rr;
+      uint4 x = make_uint4(0u, 0u, 0u, 0u); /* 8 zeros of a 16-bit type */
+      if (row < t && c < d) x = *(const uint4 *)(m + (long long)row * d + c);
+      *(uint4 *)(s + rr * ld + c) = x;
+    }
+    return;
+  }
   for (int e = threadIdx.x; e < n * TD; e += blockDim.x) {
     int rr = e / TD, c = e % TD, row = r0 + rr;
     s[rr * ld + c] = row < t && c < d ? m[(long long)row * d + c] : st<T>(0.0f);

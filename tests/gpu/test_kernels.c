@@ -444,6 +444,7 @@ int main(void) {
     test_attention(dt, 64, 1);
     test_attention(dt, 40, 1);
     test_attention(dt, 96, 1);
+    test_attention(dt, 36, 1); /* not a multiple of 8: the element-wise staging */
     test_attention(dt, 64, 0);
     test_activation(dt, K_GELU);
     test_activation(dt, K_SILU);
