@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scaling.sh [CPLANC] [STEPS]: bench/gpt_bench.cplan (GPT, C 256, 4 layers, T 128, batch 8:
 # 3.3M params) on 1, 2 and 4 CPU ranks under mpirun (loopback, --oversubscribe), with dp = 2 and
-# 4, tp = 2 and 4, dp = 2 x tp = 2 and pp = 2 (1F1B, 4 micro-batches) pinned (`--set`), each run
+# 4, tp = 2 and 4, dp = 2 x tp = 2 and pp = 2 (1F1B and interleaved, 4 micro-batches) pinned (`--set`), each run
 # for STEPS steps (default 8) with --metrics and --trace.
 # It prints per strategy: the median step time (the first 2 steps are warm-up), tokens/s, the
 # time rank 0 spent in collectives per step (from the trace), and the bytes rank 0 sent per step:
@@ -40,7 +40,8 @@ echo "scaling: gpt_bench.cplan on 1, 2 and 4 CPU ranks (dp, tp, dp x tp, pp), $s
 echo "machine: $cpus CPUs online; each rank gets $cpus/N compute threads (at least 1)"
 [ "$cpus" -lt 4 ] && echo "note: 4 ranks oversubscribe the $cpus cores (mpirun --oversubscribe): that row measures contention, not scaling"
 rows=()
-for cfg in "1 1" "dp2 2 dp=2" "dp4 4 dp=4" "tp2 2 tp=2" "tp4 4 tp=4" "dp2tp2 4 dp=2 tp=2" "pp2 2 pp=2 micro=2"; do
+for cfg in "1 1" "dp2 2 dp=2" "dp4 4 dp=4" "tp2 2 tp=2" "tp4 4 tp=4" "dp2tp2 4 dp=2 tp=2" "pp2 2 pp=2 micro=2" \
+           "pp2ilv 2 pp=2 micro=2 pipeline=\"interleaved\""; do
   read -r name n fields <<<"$cfg"
   sets=(--set train.mesh=laptop --set "mesh.laptop.shape.cpu=$n")
   for f in $fields; do sets+=(--set "train.strategy.$f"); done

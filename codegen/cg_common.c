@@ -1,6 +1,8 @@
 /* cg_common.c: the helpers both emitters (emit_c.c: CPU programs, emit_cu.c: CUDA programs) use. */
 #include "cg_common.h"
 
+#include "../compiler/placement.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,4 +87,161 @@ uint64_t cg_node_key(int i) { /* splitmix64 of the node index: the dropout strea
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
+}
+
+/* ---- reading the graph ---------------------------------------------------------------------- */
+
+int64_t cg_rows(const Node *n) { return cg_dims_prod(&n->shape, 0, n->shape.rank - 1); }
+int64_t cg_last_dim(const Node *n) { return n->shape.rank ? n->shape.d[n->shape.rank - 1] : 1; }
+
+bool cg_reduce_dims(const Node *n, const Shape *x, int64_t *outer, int64_t *len, int64_t *inner) {
+  if (n->ndims <= 0) { /* all axes, or none (a copy) */
+    *outer = 1, *len = n->ndims < 0 ? shape_numel(x) : 1, *inner = n->ndims < 0 ? 1 : shape_numel(x);
+    return true;
+  }
+  int a0 = (int)n->dims[0], a1 = (int)n->dims[n->ndims - 1];
+  if (a1 - a0 + 1 != n->ndims) return false;
+  *outer = cg_dims_prod(x, 0, a0), *len = cg_dims_prod(x, a0, a1 + 1), *inner = cg_dims_prod(x, a1 + 1, x->rank);
+  return true;
+}
+
+uint64_t cg_dropout_key(const Graph *g, int i) {
+  int64_t k = g->nodes[i].ia[0];
+  return cg_node_key(k > 0 ? (int)(k - 1) : i);
+}
+
+bool cg_mm_dims(const Graph *g, const Node *f, CgMm *mm) {
+  const Shape *sa = &g->nodes[f->in[0]].shape, *sb = &g->nodes[f->in[1]].shape;
+  mm->m = sa->rank >= 2 ? sa->d[sa->rank - 2] : 1;
+  mm->k = sa->d[sa->rank - 1];
+  mm->n = sb->rank >= 2 ? sb->d[sb->rank - 1] : 1;
+  int64_t ba = sa->rank > 2 ? cg_dims_prod(sa, 0, sa->rank - 2) : 1;
+  int64_t bb = sb->rank > 2 ? cg_dims_prod(sb, 0, sb->rank - 2) : 1;
+  /* Each operand is either shared or has every batch of the output, in the output's order. */
+  mm->nb = shape_numel(&f->shape) / (mm->m * mm->n);
+  mm->sa = ba == 1 ? 0 : mm->m * mm->k;
+  mm->sb = bb == 1 ? 0 : mm->k * mm->n;
+  mm->sc = mm->m * mm->n;
+  return (ba == mm->nb || ba == 1) && (bb == mm->nb || bb == 1);
+}
+
+const char *cg_scalar_in(const OptimizerConf *o, const Node *n) {
+  if (strcmp(n->name, "lr") == 0) return "lr_at(run->step)";
+  if (strcmp(n->name, "bc1") == 0) return cp_fmt("1.0 - pow(%.17g, (double)(run->step + 1))", o->beta1);
+  if (strcmp(n->name, "bc2") == 0) return cp_fmt("1.0 - pow(%.17g, (double)(run->step + 1))", o->beta2);
+  return NULL;
+}
+
+int64_t cg_vocab(const Graph *g, const StratPlan *sp) {
+  if (g->inputs.n == 0) return 0;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = &g->nodes[i];
+    if (n->op == OP_EMBEDDING && n->in[1] == g->inputs.a[0]) /* vocab-parallel: this rank's rows */
+      return g->nodes[n->in[0]].shape.d[0] * (sp && n->ia[0] > 0 ? sp->axes[n->ia[0] - 1].n : 1);
+  }
+  for (int i = 0; i < g->n; i++) { /* the loss may be all-reduced after a vocab-parallel cross_entropy */
+    const Node *n = &g->nodes[i];
+    if (n->op == OP_CROSS_ENTROPY && n->role != ROLE_UPD)
+      return cg_last_dim(&g->nodes[n->in[0]]) * (sp && n->ia[0] > 0 ? sp->axes[n->ia[0] - 1].n : 1);
+  }
+  return 65536;
+}
+
+double cg_step_flops(const Graph *g) {
+  double f = 0;
+  for (int i = 0; i < g->n; i++)
+    if (g->nodes[i].role != ROLE_UPD) f += ir_node_flops(g, i);
+  return f * (double)(g->accum > 0 ? g->accum : 1);
+}
+
+/* ---- checks --------------------------------------------------------------------------------- */
+
+bool cg_check_inputs(const Graph *g, const TrainConf *t, bool notes) {
+  if (t->data.kind == DATA_TENSORS) return true;
+  bool ok = g->inputs.n == 2;
+  for (int k = 0; ok && k < 2; k++) {
+    const Node *x = &g->nodes[g->inputs.a[k]];
+    ok = x->dtype == DT_I32 && x->shape.rank == 2;
+  }
+  if (ok) ok = shape_eq(&g->nodes[g->inputs.a[0]].shape, &g->nodes[g->inputs.a[1]].shape);
+  if (ok) return true;
+  diag_error(t->data.span, "%s data feeds two i32 [B, T] inputs (inputs, targets), but model '%s' has %d input%s",
+             t->data.kind == DATA_TOKENS ? "tokens" : "adder", g->model_name, g->inputs.n, g->inputs.n == 1 ? "" : "s");
+  for (int k = 0; notes && k < g->inputs.n; k++) {
+    const Node *x = &g->nodes[g->inputs.a[k]];
+    diag_note(x->span, "input '%s' is %s%s", x->name, dtype_name(x->dtype), shape_str(&x->shape));
+  }
+  return false;
+}
+
+bool cg_check_sizes(const Graph *g, const char *backend) {
+  for (int i = 0; i < g->n; i++)
+    if (shape_numel(&g->nodes[i].shape) > INT32_MAX) {
+      diag_error(g->nodes[i].span, "a tensor of %s elements is too large for the %s kernels (at most 2^31 - 1)",
+                 cp_commas(shape_numel(&g->nodes[i].shape)), backend);
+      return false;
+    }
+  return true;
+}
+
+/* ---- text ----------------------------------------------------------------------------------- */
+
+/* The IR printer's lines, one per node (its header line dropped). */
+char **cg_ir_lines(const Graph *g) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *m = open_memstream(&buf, &len);
+  cp_assert(m != NULL);
+  ir_print(m, g);
+  fclose(m);
+  char **lines = cp_alloc(sizeof(char *) * (size_t)(g->n + 1));
+  char *s = strchr(buf, '\n');
+  for (int i = 0; i < g->n; i++) {
+    lines[i] = "";
+    if (!s) continue;
+    char *e = strchr(s + 1, '\n');
+    size_t n = e ? (size_t)(e - s - 1) : strlen(s + 1);
+    char *line = cp_strndup(s + 1, n), *o = line;
+    for (char *p = line; *p; p++) { /* squeeze the printer's column padding; no comment ends early */
+      if (p[0] == ' ' && p[1] == ' ' && p[2] == ' ') continue;
+      *o++ = (p[0] == '*' && p[1] == '/') ? '+' : *p;
+    }
+    *o = 0;
+    lines[i] = line;
+    s = e;
+  }
+  free(buf);
+  return lines;
+}
+
+void cg_comment(FILE *out, const Graph *g, char *const *irline, int i) {
+  const char *text = cg_src_line_text(g->nodes[i].span);
+  fprintf(out, "  /* %s */\n", irline[i]);
+  if (*text) fprintf(out, "  /*   | %s */\n", text);
+}
+
+void cg_emit_lr(FILE *out, const TrainConf *t) {
+  const ScheduleConf *s = &t->schedule;
+  fprintf(out, "\n/* the learning rate schedule (%s) */\nstatic double lr_at(int64_t step) {\n",
+          s->kind == SCHED_CONSTANT ? "constant" : s->kind == SCHED_COSINE ? "cosine" : "linear");
+  fprintf(out, "  const double lr = %.17g;\n", t->optimizer.lr);
+  if (s->kind == SCHED_CONSTANT) {
+    fprintf(out, "  (void)step;\n  return lr;\n}\n");
+    return;
+  }
+  fprintf(out, "  const int64_t warmup = %lld, steps = %lld;\n  const double end = %.17g;\n", (long long)s->warmup,
+          (long long)t->steps, s->end_lr);
+  fprintf(out, "  if (step < warmup) return lr * (double)(step + 1) / (double)warmup;\n");
+  fprintf(out, "  if (steps <= warmup) return end;\n");
+  fprintf(out, "  double x = (double)(step - warmup) / (double)(steps - warmup);\n  if (x > 1) x = 1;\n");
+  if (s->kind == SCHED_COSINE)
+    fprintf(out, "  return end + 0.5 * (lr - end) * (1.0 + cos(3.14159265358979323846 * x));\n}\n");
+  else fprintf(out, "  return lr + (end - lr) * x;\n}\n");
+}
+
+void cg_append(FILE *out, FILE *body) {
+  rewind(body);
+  char buf[8192];
+  for (size_t got; (got = fread(buf, 1, sizeof buf, body)) > 0;) fwrite(buf, 1, got, out);
+  fclose(body);
 }

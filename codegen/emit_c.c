@@ -2,7 +2,7 @@
  * (DESIGN.md §6): one function per phase, one kernel call per IR node (or per group of GRAD nodes
  * one backward kernel computes), each preceded by the IR node and its .cplan line.
  *
- * Where values live:
+ * Where values live (cg_plan.h's rules):
  *   PARAM -> run->params + offset (P(off)); STATE -> run->state + offset (S(off));
  *   INPUT -> the runtime's input arrays; CONST -> a static array; SCALAR_IN -> a local;
  *   views (reshape, ASSIGN/ACCUM results, gradients that equal their dy) -> the buffer they view;
@@ -11,6 +11,7 @@
  * reads its input with the transpose flag. */
 #include "codegen.h"
 #include "cg_common.h"
+#include "cg_plan.h"
 
 #include "../compiler/fusion.h"
 #include "../compiler/lower.h"
@@ -23,34 +24,14 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { PH_TRAIN, PH_EVAL, PH__COUNT };
-
-/* L_FUSED: a member of a fused group other than its root: it lives only in the registers of the
- * group's kernel (no buffer, no call). */
-typedef enum LocKind { L_NONE, L_PARAM, L_STATE, L_INPUT, L_CONST, L_SCALAR, L_WORK, L_ALIAS, L_FUSED } LocKind;
-
-typedef struct NodeCg {
-  LocKind kind;
-  int64_t off;            /* PARAM/STATE: offset in floats; INPUT: which input */
-  int alias;              /* L_ALIAS: the node whose buffer this one is */
-  bool trans;             /* a transpose left to the GEMM (kind L_ALIAS of its input) */
-  int leader;             /* the node whose kernel call computes it: itself, the first GRAD of a
-                             backward kernel, or the root of its fused group */
-  int64_t aux, scratch;   /* bytes: side outputs kept for the backward; a temporary */
-  int64_t woff[PH__COUNT], aoff[PH__COUNT], soff[PH__COUNT]; /* arena offsets per phase */
-} NodeCg;
-
 typedef struct Cg {
   const Graph *g;
   const TrainConf *t;
-  const Fusion *fu;       /* the fused elementwise groups (compiler/fusion.h) */
+  CgPlan pl;              /* where values live, the fused groups (compiler/fusion.h), the arena */
   FILE *out;
-  NodeCg *nc;
   char **irline;          /* the IR printer's line of each node */
   int ph;                 /* the phase being emitted */
   bool ok;
-  int64_t work[PH__COUNT];
-  int64_t param_floats, state_floats;
   int64_t gparam_floats, gstate_floats; /* tensor parallelism: the whole tensors' floats */
   const StratPlan *sp;    /* tensor parallelism: the placements and the lowering g came from */
   const Lowered *lw;      /* (NULL: a one-device or data-parallel plan) */
@@ -121,198 +102,47 @@ static bool unsupported(Cg *c, int i, const char *what) {
 }
 
 
-/* Follows views to the node that owns the memory. */
-static int root(const Cg *c, int i) {
-  while (c->nc[i].kind == L_ALIAS) i = c->nc[i].alias;
-  return i;
-}
+/* ---- where values live: cg_plan.c's rules, the CPU kernels' side buffers ------------------------ */
 
-static bool is_executed(const Node *n) { return !(ir_ops[n->op].flags & OPF_LEAF); }
-
-static bool in_phase(const Node *n, int ph) {
-  if (!is_executed(n)) return false;
-  return ph == PH_TRAIN || n->role == ROLE_FWD;
-}
-
-/* ---- where values live ---------------------------------------------------------------------- */
-
-/* A transpose can stay virtual when only GEMMs read it: matmuls, the matmul's gradients, and its
- * own gradient (which lists it as an input only to keep it alive). */
-static bool transpose_virtual(const Cg *c, int t) {
-  const Graph *g = c->g;
-  for (int i = t + 1; i < g->n; i++) {
-    const Node *n = &g->nodes[i];
-    for (int k = 0; k < n->nin; k++) {
-      if (n->in[k] != t) continue;
-      if (n->op == OP_MATMUL) continue;
-      if (n->op == OP_GRAD && (g->nodes[n->fwd].op == OP_MATMUL || n->fwd == t)) continue;
-      return false;
-    }
+/* The side buffers of node i's kernels (CgPlan.sides). */
+static void cpu_sides(const void *ctx, int i, CgPlace *x) {
+  const Cg *c = ctx;
+  const Node *n = nd(c, i);
+  if (n->op == OP_LAYER_NORM) x->aux = 2 * cg_rows(n) * 4;
+  if (n->op == OP_RMS_NORM) x->aux = cg_rows(n) * 4;
+  if (n->op == OP_SDPA) x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * n->shape.d[2] * 4;
+  if (n->op == OP_DROPOUT) x->scratch = numel(n);
+  if (n->op == OP_ALL_GATHER) x->scratch = (int64_t)ir_node_bytes(c->g, i);
+  if (n->op == OP_REDUCE_SCATTER) x->scratch = (int64_t)ir_node_bytes(c->g, n->in[0]);
+  if (n->op == OP_CROSS_ENTROPY && n->ia[0] > 0) { /* m and s for the backward, the gathered maxima */
+    int64_t rows = cg_rows(in(c, i, 0));
+    x->aux = 2 * rows * 4;
+    x->scratch = rows * 4 * axis_n(c, (int)n->ia[0] - 1);
   }
-  if (g->loss == t) return false;
-  for (int k = 0; k < g->metrics.n; k++)
-    if (g->metrics.a[k].node == t) return false;
-  return true;
-}
-
-/* A GRAD that equals its dy: of reshape, and of add/sub (input a) without broadcasting. */
-static bool grad_is_dy(const Cg *c, const Node *n) {
-  const Node *f = nd(c, n->fwd);
-  if (f->op == OP_RESHAPE) return true;
-  const Node *x = nd(c, f->in[n->ia[0]]);
-  if (!shape_eq(&x->shape, &f->shape) || x->dtype != f->dtype) return false;
-  return f->op == OP_ADD || (f->op == OP_SUB && n->ia[0] == 0);
-}
-
-static void place_leaves(Cg *c) {
-  const Graph *g = c->g;
-  for (int k = 0; k < g->params.n; k++) {
-    NodeCg *p = &c->nc[g->params.a[k]];
-    p->kind = L_PARAM, p->off = c->param_floats;
-    c->param_floats += align16(numel(nd(c, g->params.a[k])));
-  }
-  for (int k = 0; k < g->states.n; k++) {
-    NodeCg *s = &c->nc[g->states.a[k]];
-    s->kind = L_STATE, s->off = c->state_floats;
-    c->state_floats += align16(numel(nd(c, g->states.a[k])));
-  }
-  for (int k = 0; k < g->inputs.n; k++) c->nc[g->inputs.a[k]].kind = L_INPUT, c->nc[g->inputs.a[k]].off = k;
-}
-
-static void set_alias(Cg *c, int i, int to) {
-  c->nc[i].kind = L_ALIAS;
-  c->nc[i].alias = to;
-}
-
-static bool multi_grad(OpId op) {
-  return (op >= OP_ADD && op <= OP_MINIMUM) || op == OP_LAYER_NORM || op == OP_RMS_NORM || op == OP_SDPA;
-}
-
-/* Kinds, views, GRAD groups, and the extra bytes some kernels need. */
-static void place_nodes(Cg *c) {
-  const Graph *g = c->g;
-  for (int i = 0; i < g->n; i++) {
-    const Node *n = nd(c, i);
-    NodeCg *x = &c->nc[i];
-    x->leader = i;
-    if (c->fu->group[i] >= 0) { /* the group's kernel call at its root computes it */
-      x->leader = c->fu->groups[c->fu->group[i]].root;
-      x->kind = x->leader == i ? L_WORK : L_FUSED;
-      continue;
-    }
-    if (n->op == OP_CONST) x->kind = L_CONST;
-    else if (n->op == OP_SCALAR_IN) x->kind = L_SCALAR;
-    else if (n->op == OP_RESHAPE || n->op == OP_ASSIGN || n->op == OP_ACCUM) set_alias(c, i, n->in[0]);
-    else if (n->op == OP_TRANSPOSE && transpose_virtual(c, i)) set_alias(c, i, n->in[0]), x->trans = true;
-    else if (n->op == OP_GRAD && grad_is_dy(c, n)) set_alias(c, i, n->in[0]);
-    else if (x->kind == L_NONE) x->kind = L_WORK;
-    if (n->op == OP_LAYER_NORM) x->aux = 2 * cg_dims_prod(&n->shape, 0, n->shape.rank - 1) * 4;
-    if (n->op == OP_RMS_NORM) x->aux = cg_dims_prod(&n->shape, 0, n->shape.rank - 1) * 4;
-    if (n->op == OP_SDPA) x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * n->shape.d[2] * 4;
-    if (n->op == OP_DROPOUT) x->scratch = numel(n);
-    if (n->op == OP_ALL_GATHER) x->scratch = (int64_t)ir_node_bytes(g, i);
-    if (n->op == OP_REDUCE_SCATTER) x->scratch = (int64_t)ir_node_bytes(g, n->in[0]);
-    if (n->op == OP_CROSS_ENTROPY && n->ia[0] > 0) { /* m and s for the backward, the gathered maxima */
-      int64_t rows = cg_dims_prod(&in(c, i, 0)->shape, 0, in(c, i, 0)->shape.rank - 1);
-      x->aux = 2 * rows * 4;
-      x->scratch = rows * 4 * axis_n(c, (int)n->ia[0] - 1);
-    }
-    if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
-    if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) x->scratch = n->shape.d[2] * n->shape.d[2] * 4;
-  }
-  /* GRADs of one forward node with one dy share a kernel call where one backward kernel computes
-   * several input gradients: the first one makes the call. */
-  for (int i = 0; i < g->n; i++) {
-    const Node *n = nd(c, i);
-    if (n->op != OP_GRAD || c->nc[i].leader != i || c->nc[i].kind == L_ALIAS || c->fu->group[i] >= 0 ||
-        !multi_grad(nd(c, n->fwd)->op))
-      continue;
-    for (int j = i + 1; j < g->n; j++) {
-      const Node *m = nd(c, j);
-      if (m->op == OP_GRAD && m->fwd == n->fwd && m->in[0] == n->in[0] && m->role == n->role &&
-          c->nc[j].kind != L_ALIAS && c->fu->group[j] < 0)
-        c->nc[j].leader = i;
-    }
-  }
-}
-
-/* ---- memory planning -------------------------------------------------------------------------- */
-
-/* Plans one phase: positions in execution order, buffers from definition to last read, aux from
- * the forward node to its last GRAD, scratch at its node. Values the phase hands out (loss,
- * metrics, the gradient norm) live to the end. */
-static void plan_phase(Cg *c, int ph) {
-  const Graph *g = c->g;
-  int *pos = cp_alloc(sizeof(int) * (size_t)g->n), *last = cp_alloc(sizeof(int) * (size_t)g->n);
-  int *alast = cp_alloc(sizeof(int) * (size_t)g->n), np = 0;
-  for (int i = 0; i < g->n; i++) pos[i] = last[i] = alast[i] = -1;
-  for (int i = 0; i < g->n; i++)
-    if (in_phase(nd(c, i), ph)) pos[i] = np++;
-  for (int i = 0; i < g->n; i++) {
-    const Node *n = nd(c, i);
-    if (pos[i] < 0) continue;
-    int p = pos[c->nc[i].leader];
-    for (int k = 0; k < n->nin; k++) {
-      int r = root(c, n->in[k]);
-      if (last[r] < p) last[r] = p;
-    }
-    int r = root(c, i);
-    if (last[r] < p) last[r] = p;
-    if (n->op == OP_GRAD && alast[n->fwd] < p) alast[n->fwd] = p;
-  }
-  VEC(int) outs = {0};
-  VEC_PUSH(outs, g->loss);
-  if (ph == PH_TRAIN) VEC_PUSH(outs, g->grad_norm);
-  for (int k = 0; k < g->metrics.n; k++) VEC_PUSH(outs, g->metrics.a[k].node);
-  for (int k = 0; k < outs.n; k++)
-    if (outs.a[k] >= 0) last[root(c, outs.a[k])] = np;
-
-  VEC(MpBuf) bufs = {0};
-  VEC(int64_t *) dest = {0};
-  for (int i = 0; i < g->n; i++) {
-    if (pos[i] < 0) continue;
-    const Node *n = nd(c, i);
-    NodeCg *x = &c->nc[i];
-    int p = pos[x->leader];
-    if (x->kind == L_WORK) {
-      VEC_PUSH(bufs, ((MpBuf){(int64_t)ir_node_bytes(c->g, i), p, last[i] < p ? p : last[i], 0}));
-      VEC_PUSH(dest, &x->woff[ph]);
-    }
-    if (x->aux) {
-      int e = alast[i] > p ? alast[i] : p;
-      VEC_PUSH(bufs, ((MpBuf){x->aux, p, e, 0}));
-      VEC_PUSH(dest, &x->aoff[ph]);
-    }
-    if (x->scratch && !(ph == PH_EVAL && n->op == OP_DROPOUT)) {
-      VEC_PUSH(bufs, ((MpBuf){x->scratch, p, p, 0}));
-      VEC_PUSH(dest, &x->soff[ph]);
-    }
-  }
-  c->work[ph] = mp_plan(bufs.a, bufs.n);
-  cp_assert(mp_check(bufs.a, bufs.n, c->work[ph]) < 0);
-  for (int k = 0; k < bufs.n; k++) *dest.a[k] = bufs.a[k].offset;
+  if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
+  if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) x->scratch = n->shape.d[2] * n->shape.d[2] * 4;
 }
 
 /* ---- operands -------------------------------------------------------------------------------- */
 
 /* The C expression of node i's data pointer in the phase being emitted. */
 static const char *ptr(const Cg *c, int i) {
-  int r = root(c, i);
-  const NodeCg *x = &c->nc[r];
+  int r = cg_root(&c->pl, i);
+  const CgPlace *x = &c->pl.nc[r];
   const Node *n = nd(c, r);
   switch (x->kind) {
-  case L_PARAM: return cp_fmt("P(%lld)", (long long)x->off);
-  case L_STATE: return cp_fmt("S(%lld)", (long long)x->off);
-  case L_INPUT: return cp_fmt("in%lld", (long long)x->off);
-  case L_CONST: return cp_fmt("K%d", r);
-  case L_SCALAR: return cp_fmt("sc%d", r);
-  case L_WORK: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : "F", (long long)x->woff[c->ph]);
+  case CG_L_PARAM: return cp_fmt("P(%lld)", (long long)x->off);
+  case CG_L_STATE: return cp_fmt("S(%lld)", (long long)x->off);
+  case CG_L_INPUT: return cp_fmt("in%lld", (long long)x->off);
+  case CG_L_CONST: return cp_fmt("K%d", r);
+  case CG_L_SCALAR: return cp_fmt("sc%d", r);
+  case CG_L_WORK: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : "F", (long long)x->woff[c->ph]);
   default: cp_unreachable();
   }
 }
 
 static const char *aux_ptr(const Cg *c, int i, int64_t extra_floats) {
-  return cp_fmt("F(%lld)", (long long)(c->nc[i].aoff[c->ph] + extra_floats * 4));
+  return cp_fmt("F(%lld)", (long long)(c->pl.nc[i].aoff[c->ph] + extra_floats * 4));
 }
 
 /* Emits a call of the row kernel for (op, rows, n, eps) with its out[] and in[] pointers (llvm.h
@@ -340,40 +170,6 @@ static const char *shape_ints(const Shape *s) {
   return sb_str(&b);
 }
 
-
-/* ---- comments -------------------------------------------------------------------------------- */
-
-/* The IR printer's lines, one per node (the header line dropped). */
-static void ir_lines(Cg *c) {
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *m = open_memstream(&buf, &len);
-  cp_assert(m != NULL);
-  ir_print(m, c->g);
-  fclose(m);
-  c->irline = cp_alloc(sizeof(char *) * (size_t)c->g->n);
-  char *s = strchr(buf, '\n');
-  for (int i = 0; i < c->g->n && s; i++) {
-    char *e = strchr(s + 1, '\n');
-    size_t n = e ? (size_t)(e - s - 1) : strlen(s + 1);
-    char *line = cp_strndup(s + 1, n), *o = line;
-    for (char *p = line; *p; p++) { /* squeeze the printer's column padding; no comment ends early */
-      if (p[0] == ' ' && p[1] == ' ' && p[2] == ' ') continue;
-      *o++ = (p[0] == '*' && p[1] == '/') ? '+' : *p;
-    }
-    *o = 0;
-    c->irline[i] = line;
-    s = e;
-  }
-  free(buf);
-}
-
-
-static void comment(Cg *c, int i) {
-  const char *text = cg_src_line_text(nd(c, i)->span);
-  fprintf(c->out, "  /* %s */\n", c->irline[i]);
-  if (*text) fprintf(c->out, "  /*   | %s */\n", text);
-}
 
 /* ---- forward kernels --------------------------------------------------------------------- */
 
@@ -423,18 +219,6 @@ static void emit_unary(Cg *c, int i) {
        (long long)numel(n), cg_flt(n->op == OP_POW ? n->fa[0] : 0));
 }
 
-/* A reduction over contiguous axes as [outer, n, inner]; false for other axis sets. */
-static bool reduce_dims(const Node *n, const Shape *x, int64_t *outer, int64_t *len, int64_t *inner) {
-  if (n->ndims <= 0) { /* all axes, or none (a copy) */
-    *outer = 1, *len = n->ndims < 0 ? shape_numel(x) : 1, *inner = n->ndims < 0 ? 1 : shape_numel(x);
-    return true;
-  }
-  int a0 = (int)n->dims[0], a1 = (int)n->dims[n->ndims - 1];
-  if (a1 - a0 + 1 != n->ndims) return false;
-  *outer = cg_dims_prod(x, 0, a0), *len = cg_dims_prod(x, a0, a1 + 1), *inner = cg_dims_prod(x, a1 + 1, x->rank);
-  return true;
-}
-
 static void emit_reduce(Cg *c, int i) {
   const Node *n = nd(c, i), *x = in(c, i, 0);
   int64_t o, l, r;
@@ -442,7 +226,7 @@ static void emit_reduce(Cg *c, int i) {
     unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
     return;
   }
-  if (!reduce_dims(n, &x->shape, &o, &l, &r)) {
+  if (!cg_reduce_dims(n, &x->shape, &o, &l, &r)) {
     unsupported(c, i, "a reduction over axes that are not adjacent");
     return;
   }
@@ -454,73 +238,43 @@ static void emit_reduce(Cg *c, int i) {
        (long long)o, (long long)l, (long long)r);
 }
 
-/* A matmul operand as batches of matrices: rows x cols as stored, and the batch stride (0:
- * shared). The logical operand is [batch..., M, K] (a) or [batch..., K, N] (b). */
-typedef struct MmOperand {
-  const char *p;
-  bool t;          /* stored transposed (a virtual transpose) */
-  int64_t stride;  /* elements between batches, 0 when shared */
-} MmOperand;
-
+/* The GEMM view of matmul f (cg_mm_dims) and its operands: pointers, and whether each is stored
+ * transposed (a virtual transpose). */
 typedef struct Mm {
-  int64_t nb, m, k, n;
-  MmOperand a, b;
-  int64_t sc;
+  CgMm d;
+  const char *a, *b;
+  bool ta, tb;
 } Mm;
 
-/* The GEMM view of matmul f (node fi); batches of an operand are the product of its dims but the
- * last two (a 1-D operand has none). */
 static bool mm_setup(Cg *c, const Node *f, int fi, Mm *mm) {
-  const Node *a = nd(c, f->in[0]), *b = nd(c, f->in[1]);
-  const Shape *sa = &a->shape, *sb = &b->shape;
-  mm->m = sa->rank >= 2 ? sa->d[sa->rank - 2] : 1;
-  mm->k = sa->d[sa->rank - 1];
-  mm->n = sb->rank >= 2 ? sb->d[sb->rank - 1] : 1;
-  int64_t ba = sa->rank > 2 ? cg_dims_prod(sa, 0, sa->rank - 2) : 1;
-  int64_t bb = sb->rank > 2 ? cg_dims_prod(sb, 0, sb->rank - 2) : 1;
-  /* Each operand is either shared or has every batch of the output, in the output's order. */
-  mm->nb = shape_numel(&f->shape) / (mm->m * mm->n);
-  if ((ba != mm->nb && ba != 1) || (bb != mm->nb && bb != 1))
-    return unsupported(c, fi, "a matmul whose batch dims broadcast partially");
-  mm->a = (MmOperand){ptr(c, f->in[0]), c->nc[f->in[0]].trans, ba == 1 ? 0 : mm->m * mm->k};
-  mm->b = (MmOperand){ptr(c, f->in[1]), c->nc[f->in[1]].trans, bb == 1 ? 0 : mm->k * mm->n};
-  mm->sc = mm->m * mm->n;
+  if (!cg_mm_dims(c->g, f, &mm->d)) return unsupported(c, fi, "a matmul whose batch dims broadcast partially");
+  mm->a = ptr(c, f->in[0]), mm->ta = c->pl.nc[f->in[0]].trans;
+  mm->b = ptr(c, f->in[1]), mm->tb = c->pl.nc[f->in[1]].trans;
   return true;
 }
 
 static void emit_matmul(Cg *c, int i) {
   Mm mm;
   if (!mm_setup(c, nd(c, i), i, &mm)) return;
-  EMIT("  k_gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lld, %lld, %lld, 0.0f);\n", ptr(c, i), mm.a.p, mm.b.p,
-       (long long)mm.nb, (long long)mm.m, (long long)mm.n, (long long)mm.k, mm.a.t, mm.b.t, (long long)mm.a.stride,
-       (long long)mm.b.stride, (long long)mm.sc);
+  EMIT("  k_gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lld, %lld, %lld, 0.0f);\n", ptr(c, i), mm.a, mm.b,
+       (long long)mm.d.nb, (long long)mm.d.m, (long long)mm.d.n, (long long)mm.d.k, mm.ta, mm.tb, (long long)mm.d.sa,
+       (long long)mm.d.sb, (long long)mm.d.sc);
 }
 
-
-/* The dropout stream of dropout node i: a clone made by recompute.c (and its original) names the
- * original in ia[0] as index + 1, so both draw one mask; 0 is the node itself. */
-static uint64_t dropout_key(const Cg *c, int i) {
-  int64_t k = nd(c, i)->ia[0];
-  return cg_node_key(k > 0 ? (int)(k - 1) : i);
-}
 
 static void emit_dropout(Cg *c, int i) {
   const Node *n = nd(c, i);
-  if (c->ph == PH_EVAL || n->fa[0] == 0) {
+  if (c->ph == CG_PH_EVAL || n->fa[0] == 0) {
     EMIT("  k_dropout_forward(%s, %s, NULL, %lld, %s); /* evaluation: the identity */\n", ptr(c, i),
          ptr(c, n->in[0]), (long long)numel(n), cg_flt(n->fa[0]));
     return;
   }
-  const char *mask = cp_fmt("B(%lld)", (long long)c->nc[i].soff[c->ph]);
+  const char *mask = cp_fmt("B(%lld)", (long long)c->pl.nc[i].soff[c->ph]);
   EMIT("  dropout_mask(run, %s, %lld, %.17g, 0x%016llxULL);\n", mask, (long long)numel(n), n->fa[0],
-       (unsigned long long)dropout_key(c, i));
+       (unsigned long long)cg_dropout_key(c->g, i));
   EMIT("  k_dropout_forward(%s, %s, %s, %lld, %s);\n", ptr(c, i), ptr(c, n->in[0]), mask, (long long)numel(n),
        cg_flt(n->fa[0]));
 }
-
-/* rows and the last dim of a tensor (the [rows, n] view of softmax, norms, cross_entropy) */
-static int64_t rows_of(const Node *n) { return cg_dims_prod(&n->shape, 0, n->shape.rank - 1); }
-static int64_t last_dim(const Node *n) { return n->shape.rank ? n->shape.d[n->shape.rank - 1] : 1; }
 
 static void emit_shape_op(Cg *c, int i) {
   const Node *n = nd(c, i), *x = in(c, i, 0);
@@ -580,7 +334,7 @@ static void emit_concat(Cg *c, int i) {
 static void emit_nn(Cg *c, int i) {
   const Node *n = nd(c, i);
   const char *o = ptr(c, i), *x = ptr(c, n->in[0]);
-  int64_t rows = rows_of(n), cc = last_dim(n);
+  int64_t rows = cg_rows(n), cc = cg_last_dim(n);
   switch (n->op) {
   case OP_SOFTMAX:
   case OP_LOG_SOFTMAX:
@@ -593,11 +347,11 @@ static void emit_nn(Cg *c, int i) {
     EMIT("  kf_%s_forward(%s, %s, %lld, %lld);\n", ir_ops[n->op].name, o, x, (long long)rows, (long long)cc);
     break;
   case OP_LAYER_NORM: {
-    const char *outs[3] = {o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0),
-                           c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, rows)};
+    const char *outs[3] = {o, c->ph == CG_PH_EVAL ? "NULL" : aux_ptr(c, i, 0),
+                           c->ph == CG_PH_EVAL ? "NULL" : aux_ptr(c, i, rows)};
     const char *ins[3] = {x, ptr(c, n->in[1]), ptr(c, n->in[2])};
     if (emit_row_call(c, CG_ROW_LAYER_NORM_FWD, rows, cc, n->fa[0], outs, ins)) break;
-    if (c->ph == PH_EVAL) EMIT("  kf_layer_norm_forward(%s, NULL, NULL, %s, %s, %s, %lld, %lld, %s);\n", o, x,
+    if (c->ph == CG_PH_EVAL) EMIT("  kf_layer_norm_forward(%s, NULL, NULL, %s, %s, %s, %lld, %lld, %s);\n", o, x,
                                ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc, cg_flt(n->fa[0]));
     else EMIT("  kf_layer_norm_forward(%s, %s, %s, %s, %s, %s, %lld, %lld, %s);\n", o, aux_ptr(c, i, 0),
               aux_ptr(c, i, rows), x, ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc,
@@ -605,9 +359,9 @@ static void emit_nn(Cg *c, int i) {
     break;
   }
   case OP_RMS_NORM: {
-    const char *outs[2] = {o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0)}, *ins[2] = {x, ptr(c, n->in[1])};
+    const char *outs[2] = {o, c->ph == CG_PH_EVAL ? "NULL" : aux_ptr(c, i, 0)}, *ins[2] = {x, ptr(c, n->in[1])};
     if (emit_row_call(c, CG_ROW_RMS_NORM_FWD, rows, cc, n->fa[0], outs, ins)) break;
-    EMIT("  kf_rms_norm_forward(%s, %s, %s, %s, %lld, %lld, %s);\n", o, c->ph == PH_EVAL ? "NULL" : aux_ptr(c, i, 0), x,
+    EMIT("  kf_rms_norm_forward(%s, %s, %s, %s, %lld, %lld, %s);\n", o, c->ph == CG_PH_EVAL ? "NULL" : aux_ptr(c, i, 0), x,
          ptr(c, n->in[1]), (long long)rows, (long long)cc, cg_flt(n->fa[0]));
     break;
   }
@@ -646,7 +400,7 @@ static void emit_collective(Cg *c, int i) {
   int a = (int)n->ia[0], d = (int)n->ia[1];
   int64_t k = n->ia[3], outer, piece;
   const char *o = ptr(c, i), *src = ptr(c, n->in[0]), *grp = cp_fmt("run->axis_comm[%d]", a);
-  const char *tmp = cp_fmt("F(%lld)", (long long)c->nc[i].soff[c->ph]);
+  const char *tmp = cp_fmt("F(%lld)", (long long)c->pl.nc[i].soff[c->ph]);
   /* f32 values, or i32 ones (under sp the targets are split along the sequence too): 4 bytes */
   const char *ty = x->dtype == DT_I32 ? "RT_COMM_I32" : "RT_COMM_F32";
   switch (n->op) {
@@ -701,9 +455,9 @@ static void emit_pp(Cg *c, int i) {
 static void emit_vocab_ce(Cg *c, int i) {
   const Node *n = nd(c, i), *lg = in(c, i, 0);
   int a = (int)n->ia[0] - 1;
-  int64_t rows = rows_of(lg), vl = last_dim(lg), k = axis_n(c, a);
+  int64_t rows = cg_rows(lg), vl = cg_last_dim(lg), k = axis_n(c, a);
   const char *m = aux_ptr(c, i, 0), *sx = aux_ptr(c, i, rows), *l = ptr(c, n->in[0]), *grp = cp_fmt("run->axis_comm[%d]", a);
-  const char *tmp = cp_fmt("F(%lld)", (long long)c->nc[i].soff[c->ph]);
+  const char *tmp = cp_fmt("F(%lld)", (long long)c->pl.nc[i].soff[c->ph]);
   EMIT("  kvp_ce_row_max(%s, %s, %lld, %lld);\n", m, l, (long long)rows, (long long)vl);
   EMIT("  rt_comm_all_gather(%s, %s, %s, %lld, RT_COMM_F32);\n", grp, m, tmp, (long long)rows);
   EMIT("  kvp_ce_max_combine(%s, %s, %lld, %lld);\n", m, tmp, (long long)rows, (long long)k);
@@ -716,6 +470,7 @@ static void emit_vocab_ce(Cg *c, int i) {
 
 static void emit_forward(Cg *c, int i) {
   const Node *n = nd(c, i);
+  if (cg_forward_skip(c->out, &c->pl, i)) return;
   switch (n->op) {
   case OP_ARANGE: EMIT("  k_arange_forward(%s, %lld);\n", ptr(c, i), (long long)n->ia[0]); break;
   case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
@@ -724,15 +479,7 @@ static void emit_forward(Cg *c, int i) {
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: emit_unary(c, i); break;
   case OP_SUM: case OP_MEAN: case OP_MAX: emit_reduce(c, i); break;
   case OP_MATMUL: emit_matmul(c, i); break;
-  case OP_TRANSPOSE:
-    if (c->nc[i].trans) {
-      EMIT("  /* not materialized: the GEMMs reading it use the transpose flag */\n");
-      break;
-    }
-    emit_shape_op(c, i);
-    break;
-  case OP_PERMUTE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS: emit_shape_op(c, i); break;
-  case OP_RESHAPE: EMIT("  /* a view of %%%d: no copy */\n", n->in[0]); break;
+  case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS: emit_shape_op(c, i); break;
   case OP_CONCAT: emit_concat(c, i); break;
   case OP_EMBEDDING: {
     const Node *t = in(c, i, 0);
@@ -758,7 +505,7 @@ static void emit_forward(Cg *c, int i) {
       break;
     }
     EMIT("  %s[0] = kf_cross_entropy_forward(NULL, %s, %s, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]),
-         ptr(c, n->in[1]), (long long)rows_of(lg), (long long)last_dim(lg));
+         ptr(c, n->in[1]), (long long)cg_rows(lg), (long long)cg_last_dim(lg));
     break;
   }
   case OP_ARGMAX: {
@@ -770,7 +517,7 @@ static void emit_forward(Cg *c, int i) {
     break;
   }
   case OP_ASSIGN:
-    if (root(c, n->in[1]) != root(c, n->in[0]))
+    if (cg_root(&c->pl, n->in[1]) != cg_root(&c->pl, n->in[0]))
       EMIT("  memcpy(%s, %s, %lld);\n", ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)ir_node_bytes(c->g, i));
     break;
   case OP_ACCUM:
@@ -791,7 +538,7 @@ static void group_outputs(Cg *c, int lead, const char **dst, int nmax, bool zero
   for (int k = 0; k < nmax; k++) dst[k] = "NULL";
   for (int j = lead; j < c->g->n; j++) {
     const Node *m = nd(c, j);
-    if (m->op != OP_GRAD || c->nc[j].leader != lead || c->nc[j].kind == L_ALIAS) continue;
+    if (m->op != OP_GRAD || c->pl.nc[j].leader != lead || c->pl.nc[j].kind == CG_L_ALIAS) continue;
     cp_assert(m->ia[0] < nmax);
     dst[m->ia[0]] = ptr(c, j);
     if (zero) EMIT("  memset(%s, 0, %lld);\n", dst[m->ia[0]], (long long)ir_node_bytes(c->g, j));
@@ -818,19 +565,19 @@ static void emit_grad_matmul(Cg *c, int i, const Node *f) {
   if (!mm_setup(c, f, n->fwd, &mm)) return;
   const char *dy = ptr(c, n->in[0]);
   if (n->ia[0] == 0) /* dA = dY @ B^T */
-    EMIT("  k_gemm(%s, %s, %s, %lld, %lld, %lld, %lld, 0, %d, %lld, %lld, %lld, 0.0f);\n", ptr(c, i), dy, mm.b.p,
-         (long long)mm.nb, (long long)mm.m, (long long)mm.k, (long long)mm.n, !mm.b.t, (long long)mm.sc,
-         (long long)mm.b.stride, (long long)mm.a.stride);
+    EMIT("  k_gemm(%s, %s, %s, %lld, %lld, %lld, %lld, 0, %d, %lld, %lld, %lld, 0.0f);\n", ptr(c, i), dy, mm.b,
+         (long long)mm.d.nb, (long long)mm.d.m, (long long)mm.d.k, (long long)mm.d.n, !mm.tb, (long long)mm.d.sc,
+         (long long)mm.d.sb, (long long)mm.d.sa);
   else /* dB = A^T @ dY */
-    EMIT("  k_gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, 0, %lld, %lld, %lld, 0.0f);\n", ptr(c, i), mm.a.p, dy,
-         (long long)mm.nb, (long long)mm.k, (long long)mm.n, (long long)mm.m, !mm.a.t, (long long)mm.a.stride,
-         (long long)mm.sc, (long long)mm.b.stride);
+    EMIT("  k_gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, 0, %lld, %lld, %lld, 0.0f);\n", ptr(c, i), mm.a, dy,
+         (long long)mm.d.nb, (long long)mm.d.k, (long long)mm.d.n, (long long)mm.d.m, !mm.ta, (long long)mm.d.sa,
+         (long long)mm.d.sc, (long long)mm.d.sb);
 }
 
 static void emit_grad_nn(Cg *c, int i, const Node *f) {
   const Node *n = nd(c, i);
   const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[0]);
-  int64_t rows = rows_of(f), cc = last_dim(f), bytes = (int64_t)ir_node_bytes(c->g, i);
+  int64_t rows = cg_rows(f), cc = cg_last_dim(f), bytes = (int64_t)ir_node_bytes(c->g, i);
   const char *d[3];
   switch (f->op) {
   case OP_SOFTMAX:
@@ -869,15 +616,15 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
     group_outputs(c, i, d, 3, false);
     EMIT("  k_sdpa_fast_backward(%s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, F(%lld));\n", d[0], d[1], d[2], dy,
          aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]), ptr(c, f->in[2]), (long long)(q[0] * q[1]), (long long)q[2],
-         (long long)q[3], (long long)c->nc[i].soff[c->ph]);
+         (long long)q[3], (long long)c->pl.nc[i].soff[c->ph]);
     break;
   }
   case OP_DROPOUT: {
-    const char *mask = cp_fmt("B(%lld)", (long long)c->nc[i].soff[c->ph]);
+    const char *mask = cp_fmt("B(%lld)", (long long)c->pl.nc[i].soff[c->ph]);
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
     if (f->fa[0] > 0)
       EMIT("  dropout_mask(run, %s, %lld, %.17g, 0x%016llxULL); /* the forward's mask again */\n", mask,
-           (long long)numel(f), f->fa[0], (unsigned long long)dropout_key(c, n->fwd));
+           (long long)numel(f), f->fa[0], (unsigned long long)cg_dropout_key(c->g, n->fwd));
     EMIT("  k_dropout_backward(%s, %s, %s, %lld, %s);\n", dx, dy, f->fa[0] > 0 ? mask : "NULL", (long long)numel(f),
          cg_flt(f->fa[0]));
     break;
@@ -887,14 +634,14 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
     if (f->ia[0] > 0) {
       int a = (int)f->ia[0] - 1;
-      int64_t vl = last_dim(lg), r = rows_of(lg);
+      int64_t vl = cg_last_dim(lg), r = cg_rows(lg);
       EMIT("  kvp_ce_backward(%s, %s[0], %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld);\n", dx, dy,
            x, aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)vl, a,
            (long long)vl, (long long)(vl * axis_n(c, a)));
       break;
     }
     EMIT("  kf_cross_entropy_backward(%s, %s[0], %s, %s, %lld, %lld);\n", dx, dy, x, ptr(c, f->in[1]),
-         (long long)rows_of(lg), (long long)last_dim(lg));
+         (long long)cg_rows(lg), (long long)cg_last_dim(lg));
     break;
   }
   default: cp_unreachable();
@@ -965,14 +712,7 @@ static void emit_grad(Cg *c, int i) {
   Node fv = *nd(c, n->fwd);
   fv.in = n->in + 1;
   const Node *f = &fv;
-  if (c->nc[i].kind == L_ALIAS) {
-    EMIT("  /* the gradient is dy itself (%%%d): no kernel */\n", n->in[0]);
-    return;
-  }
-  if (c->nc[i].leader != i) {
-    EMIT("  /* computed together with %%%d */\n", c->nc[i].leader);
-    return;
-  }
+  if (cg_grad_skip(c->out, &c->pl, i)) return;
   int64_t bytes = (int64_t)ir_node_bytes(c->g, i);
   const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[n->ia[0]]);
   switch (f->op) {
@@ -987,7 +727,7 @@ static void emit_grad(Cg *c, int i) {
     break;
   case OP_SUM: case OP_MEAN: case OP_MAX: {
     int64_t o, l, r;
-    if (!reduce_dims(f, &nd(c, f->in[0])->shape, &o, &l, &r)) {
+    if (!cg_reduce_dims(f, &nd(c, f->in[0])->shape, &o, &l, &r)) {
       unsupported(c, n->fwd, "a reduction over axes that are not adjacent");
       return;
     }
@@ -1016,9 +756,9 @@ static void emit_grad(Cg *c, int i) {
 
 /* A fused group's one call, at its root: the comment lists every member. */
 static void emit_fused(Cg *c, int i) {
-  const FusionGroup *gr = &c->fu->groups[c->fu->group[i]];
+  const FusionGroup *gr = &c->pl.fu->groups[c->pl.fu->group[i]];
   if (gr->nodes.n > 1) EMIT("  /* fused: %d nodes, one pass */\n", gr->nodes.n);
-  for (int k = 0; k < gr->nodes.n; k++) comment(c, gr->nodes.a[k]);
+  for (int k = 0; k < gr->nodes.n; k++) cg_comment(c->out, c->g, c->irline, gr->nodes.a[k]);
   StrBuf in = {0};
   for (int k = 0; k < gr->leaves.n; k++) sb_printf(&in, "%s%s", k ? ", " : "", ptr(c, gr->leaves.a[k]));
   if (gr->leaves.n) EMIT("  %s(%s, (const float *const[]){%s});\n", gr->kernel.name, ptr(c, i), sb_str(&in));
@@ -1026,11 +766,11 @@ static void emit_fused(Cg *c, int i) {
 }
 
 static void emit_node(Cg *c, int i) {
-  if (c->fu->group[i] >= 0) {
-    if (fusion_is_root(c->fu, i)) emit_fused(c, i);
+  if (c->pl.fu->group[i] >= 0) {
+    if (fusion_is_root(c->pl.fu, i)) emit_fused(c, i);
     return;
   }
-  comment(c, i);
+  cg_comment(c->out, c->g, c->irline, i);
   if (nd(c, i)->op == OP_GRAD) emit_grad(c, i);
   else emit_forward(c, i);
 }
@@ -1040,11 +780,9 @@ static void emit_scalar_ins(Cg *c) {
   for (int i = 0; i < c->g->n; i++) {
     const Node *n = nd(c, i);
     if (n->op != OP_SCALAR_IN) continue;
-    const char *v = NULL;
-    if (strcmp(n->name, "lr") == 0) v = "lr_at(run->step)";
-    else if (strcmp(n->name, "bc1") == 0) v = cp_fmt("1.0 - pow(%.17g, (double)(run->step + 1))", o->beta1);
-    else if (strcmp(n->name, "bc2") == 0) v = cp_fmt("1.0 - pow(%.17g, (double)(run->step + 1))", o->beta2);
-    else cp_panic(__FILE__, __LINE__, "unknown scalar input '%s'", n->name);
+    const char *v = cg_scalar_in(o, n);
+    if (!v && strcmp(n->name, "grad_sumsq") == 0) v = "run->grad_sumsq"; /* a pipeline stage's (pipeline.h) */
+    if (!v) cp_panic(__FILE__, __LINE__, "unknown scalar input '%s'", n->name);
     EMIT("  float sc%d[1] = {(float)(%s)}; /* %s */\n", i, v, n->name);
   }
 }
@@ -1059,16 +797,23 @@ static void emit_phase_fn(Cg *c, int ph, const char *sig, const char *why) {
   c->ph = ph;
   EMIT("\n/* %s */\n%s {\n", why, sig);
   EMIT("  unsigned char *w = run->work;\n  (void)w;\n");
-  if (ph == PH_TRAIN && strstr(sig, "update")) {
+  if (ph == CG_PH_TRAIN && strstr(sig, "update")) {
+    /* a pipeline stage: update_grad_sumsq runs the update nodes before norm_split, update the rest */
+    const PipeStage *ps = c->pipe ? &c->pipe->stages[c->stage] : NULL;
+    bool part = ps && strstr(sig, "grad_sumsq");
     emit_scalar_ins(c);
     for (int i = 0; i < g->n; i++)
-      if (nd(c, i)->role == ROLE_UPD && is_executed(nd(c, i))) emit_node(c, i);
+      if (nd(c, i)->role == ROLE_UPD && cg_executed(nd(c, i)) && (!ps || (i < ps->norm_split) == part)) emit_node(c, i);
+    if (part) {
+      EMIT("  return %s;\n}\n", ps->norm_part >= 0 ? scalar_value(c, ps->norm_part) : "0.0");
+      return;
+    }
     EMIT("  /* the gradient accumulators start the next step at zero */\n");
     for (int k = 0; k < g->states.n; k++) {
       const Node *s = nd(c, g->states.a[k]);
       if (!s->ia[1]) EMIT("  memset(%s, 0, %lld); /* %s */\n", ptr(c, g->states.a[k]), (long long)ir_node_bytes(g, g->states.a[k]), s->name);
     }
-    /* a pipeline stage without the norm returns -1: the runtime takes the stage's that has it */
+    /* every pipeline stage computes the norm (pipeline.h); -1 only in one without any gradient */
     EMIT("  return %s;\n}\n", g->grad_norm >= 0 ? scalar_value(c, g->grad_norm) : c->pipe ? "-1.0" : "0.0");
     return;
   }
@@ -1079,7 +824,7 @@ static void emit_phase_fn(Cg *c, int ph, const char *sig, const char *why) {
   }
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
-    if (!in_phase(n, ph) || n->role == ROLE_UPD || (c->only_role >= 0 && (int)n->role != c->only_role)) continue;
+    if (!cg_in_phase(n, ph) || n->role == ROLE_UPD || (c->only_role >= 0 && (int)n->role != c->only_role)) continue;
     emit_node(c, i);
   }
   if (!strstr(sig, "double *loss")) { /* a pipeline stage's backward */
@@ -1097,36 +842,18 @@ static void emit_phase_fn(Cg *c, int ph, const char *sig, const char *why) {
 
 /* ---- the tables of the RtPlan ----------------------------------------------------------------- */
 
+/* The fifth column of the states table: whether the runtime reduces state k over dp (a lowered
+ * plan's accumulators, lower.h) (CgTables.state_reduce). */
+static int cpu_state_reduce(const void *ctx, int k) {
+  const Cg *c = ctx;
+  int gk = c->pipe ? c->pipe->stages[c->stage].gstate[k] : k;
+  return c->lw && c->lw->runtime_reduced[c->sp->g->states.a[gk]];
+}
+
 static void emit_tables(Cg *c) {
   const Graph *g = c->g;
-  static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
-  EMIT("\nstatic const RtPlanParam params[] = {\n");
-  for (int k = 0; k < g->params.n; k++) {
-    const Node *p = nd(c, g->params.a[k]);
-    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", cg_c_string(p->name), p->shape.rank, cg_shape_list(&p->shape),
-         (long long)numel(p), (long long)c->nc[g->params.a[k]].off, inits[p->ia[0]], p->fa[0], p->fa[1]);
-  }
-  if (!g->params.n) EMIT("    {0},\n");
-  EMIT("};\n\nstatic const RtPlanState states[] = {\n");
-  for (int k = 0; k < g->states.n; k++) {
-    const Node *s = nd(c, g->states.a[k]);
-    /* a lowered plan's accumulators the runtime reduces over dp (lower.h) */
-    int gk = c->pipe ? c->pipe->stages[c->stage].gstate[k] : k;
-    int reduce = c->lw && c->lw->runtime_reduced[c->sp->g->states.a[gk]];
-    EMIT("    {%s, %lld, %lld, %d, %d},\n", cg_c_string(s->name), (long long)numel(s), (long long)c->nc[g->states.a[k]].off,
-         (int)s->ia[1], reduce);
-  }
-  if (!g->states.n) EMIT("    {0},\n");
-  EMIT("};\n\nstatic const RtPlanInput inputs_[] = {\n");
-  for (int k = 0; k < g->inputs.n; k++) {
-    const Node *x = nd(c, g->inputs.a[k]);
-    EMIT("    {%s, %d, %s, %s},\n", cg_c_string(x->name), x->shape.rank, cg_shape_list(&x->shape),
-         x->dtype == DT_I32 ? "RT_I32" : "RT_F32");
-  }
-  EMIT("};\n\nstatic const char *const metric_names[] = {");
-  for (int k = 0; k < g->metrics.n; k++) EMIT("%s%s", k ? ", " : "", cg_c_string(g->metrics.a[k].name));
-  if (!g->metrics.n) EMIT("NULL");
-  EMIT("};\n");
+  CgTables o = {.state_reduce = cpu_state_reduce, .ctx = c};
+  cg_emit_tables(c->out, &c->pl, &o);
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
     if (n->op != OP_CONST) continue;
@@ -1236,14 +963,12 @@ static void emit_global_tables(Cg *c) {
        "  return g;\n}\n", ks, kp, CP_MAX_RANK, CP_MAX_RANK, sp->naxes);
   EMIT("\nstatic int split_dim(int state, int k, int a) { return (state ? &gi_states[%s] : &gi_params[%s])->dim[a]; }\n",
        ks, kp);
-  static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
   int64_t off = 0;
   EMIT("\n/* the whole params and states, as a one-device plan lays them out (--save, checkpoints) */\n"
        "static const RtPlanParam gparams[] = {\n");
   for (int k = 0; k < gg->params.n; k++) {
     const Node *p = &gg->nodes[gg->params.a[k]];
-    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", cg_c_string(p->name), p->shape.rank, cg_shape_list(&p->shape),
-         (long long)numel(p), (long long)off, inits[p->ia[0]], p->fa[0], p->fa[1]);
+    cg_emit_param_row(c->out, p, off);
     off += align16(numel(p));
   }
   c->gparam_floats = off;
@@ -1259,116 +984,24 @@ static void emit_global_tables(Cg *c) {
   c->gstate_floats = off;
 }
 
-/* lr_at: the schedule of docs/language.md §8, step counted from 0. */
-static void emit_lr(Cg *c) {
-  const TrainConf *t = c->t;
-  const ScheduleConf *s = &t->schedule;
-  double lr = t->optimizer.lr;
-  EMIT("\n/* the learning rate schedule (%s) */\nstatic double lr_at(int64_t step) {\n",
-       s->kind == SCHED_CONSTANT ? "constant" : s->kind == SCHED_COSINE ? "cosine" : "linear");
-  EMIT("  const double lr = %.17g;\n", lr);
-  if (s->kind == SCHED_CONSTANT) {
-    EMIT("  (void)step;\n  return lr;\n}\n");
-    return;
-  }
-  EMIT("  const int64_t warmup = %lld, steps = %lld;\n  const double end = %.17g;\n", (long long)s->warmup,
-       (long long)t->steps, s->end_lr);
-  EMIT("  if (step < warmup) return lr * (double)(step + 1) / (double)warmup;\n");
-  EMIT("  if (steps <= warmup) return end;\n");
-  EMIT("  double x = (double)(step - warmup) / (double)(steps - warmup);\n  if (x > 1) x = 1;\n");
-  if (s->kind == SCHED_COSINE) EMIT("  return end + 0.5 * (lr - end) * (1.0 + cos(3.14159265358979323846 * x));\n}\n");
-  else EMIT("  return lr + (end - lr) * x;\n}\n");
-}
-
-
 /* ---- data and plan figures ------------------------------------------------------------------ */
-
-/* tokens and adder feed (inputs, targets): exactly two i32 [B, T] inputs. */
-static bool check_inputs(Cg *c) {
-  const Graph *g = c->g;
-  if (c->t->data.kind == DATA_TENSORS) return true;
-  bool ok = g->inputs.n == 2;
-  for (int k = 0; ok && k < 2; k++) {
-    const Node *x = nd(c, g->inputs.a[k]);
-    ok = x->dtype == DT_I32 && x->shape.rank == 2;
-  }
-  if (ok) ok = shape_eq(&nd(c, g->inputs.a[0])->shape, &nd(c, g->inputs.a[1])->shape);
-  if (ok) return true;
-  diag_error(c->t->data.span, "%s data feeds two i32 [B, T] inputs (inputs, targets), but model '%s' has %d input%s",
-             c->t->data.kind == DATA_TOKENS ? "tokens" : "adder", g->model_name, g->inputs.n, g->inputs.n == 1 ? "" : "s");
-  for (int k = 0; k < g->inputs.n; k++) {
-    const Node *x = nd(c, g->inputs.a[k]);
-    diag_note(x->span, "input '%s' is %s%s", x->name, dtype_name(x->dtype), shape_str(&x->shape));
-  }
-  return false;
-}
-
-/* The bound on token values: dim 0 of the embedding table that reads input 0, else the last
- * dim of the loss's logits. */
-static int64_t vocab_of(const Cg *c) {
-  const Graph *g = c->g;
-  if (g->inputs.n == 0) return 0;
-  for (int i = 0; i < g->n; i++) {
-    const Node *n = nd(c, i);
-    if (n->op == OP_EMBEDDING && n->in[1] == g->inputs.a[0]) /* vocab-parallel: this rank's rows */
-      return nd(c, n->in[0])->shape.d[0] * (n->ia[0] > 0 ? axis_n(c, (int)n->ia[0] - 1) : 1);
-  }
-  for (int i = 0; i < g->n; i++) { /* the loss may be all-reduced after a vocab-parallel cross_entropy */
-    const Node *n = nd(c, i);
-    if (n->op == OP_CROSS_ENTROPY && n->role != ROLE_UPD)
-      return last_dim(in(c, i, 0)) * (n->ia[0] > 0 ? axis_n(c, (int)n->ia[0] - 1) : 1);
-  }
-  return 65536;
-}
-
-static double step_flops(const Cg *c) {
-  double f = 0;
-  for (int i = 0; i < c->g->n; i++)
-    if (nd(c, i)->role != ROLE_UPD) f += ir_node_flops(c->g, i);
-  return f * (double)(c->g->accum > 0 ? c->g->accum : 1);
-}
 
 static void emit_plan(Cg *c, const char *hash) {
   const Graph *g = c->g;
   const TrainConf *t = c->t;
   /* a lowered graph keeps the global micro-batch (dp ranks' samples) as its batch */
-  int64_t micro = c->sp ? g->batch / c->sp->dp : g->batch, accum = g->accum > 0 ? g->accum : 1;
-  static const char *const kinds[] = {"RT_DATA_TOKENS", "RT_DATA_ADDER", "RT_DATA_TENSORS"};
-  int64_t seq = g->inputs.n && nd(c, g->inputs.a[0])->shape.rank > 1 ? nd(c, g->inputs.a[0])->shape.d[1] : 0;
-  if (t->mesh && t->mesh->naxes) {
-    EMIT("\n/* mesh %s: axis sizes, outermost first */\nstatic const int64_t mesh_axes[] = {", t->mesh->name ? t->mesh->name : "");
-    for (int k = 0; k < t->mesh->naxes; k++) EMIT("%s%lld", k ? ", " : "", (long long)t->mesh->axes[k].size);
-    EMIT("};\nstatic const char *const mesh_axis_names[] = {");
-    for (int k = 0; k < t->mesh->naxes; k++) EMIT("%s%s", k ? ", " : "", cg_c_string(t->mesh->axes[k].name));
-    EMIT("};\n");
-  }
-  EMIT("\nconst RtPlan cplan_plan = {\n");
-  EMIT("    .model = %s,\n    .source = %s,\n    .source_hash = %s,\n", cg_c_string(g->model_name),
-       cg_c_string(t->span.file >= 0 ? src_path(t->span.file) : ""), cg_c_string(hash));
-  EMIT("    .nparams = %d,\n    .params = params,\n    .param_floats = %lld,\n", g->params.n, (long long)c->param_floats);
-  EMIT("    .nstates = %d,\n    .states = states,\n    .state_floats = %lld,\n", g->states.n, (long long)c->state_floats);
-  EMIT("    .work_bytes = %lld, /* training %s, evaluation %s */\n", (long long)last_work_bytes,
-       cp_bytes_str((double)c->work[PH_TRAIN]), cp_bytes_str((double)c->work[PH_EVAL]));
-  EMIT("    .ninputs = %d,\n    .inputs = inputs_,\n    .nmetrics = %d,\n    .metric_names = metric_names,\n",
-       g->inputs.n, g->metrics.n);
-  EMIT("    .data_kind = %s,\n    .data_path = %s,\n    .val_path = %s,\n    .digits = %lld,\n", kinds[t->data.kind],
-       cg_c_string(cg_abs_path(t->data.path)), cg_c_string(cg_abs_path(t->data.val_path)), (long long)t->data.digits);
-  EMIT("    .vocab = %lld,\n    .seq_len = %lld,\n", (long long)vocab_of(c), (long long)seq);
-  EMIT("    .batch = %lld,\n    .micro = %lld,\n    .accum = %lld,\n    .steps = %lld,\n    .seed = %lld,\n",
-       (long long)t->batch, (long long)micro, (long long)accum, (long long)t->steps, (long long)t->seed);
-  EMIT("    .eval_every = %lld,\n    .eval_batches = %lld,\n", (long long)t->eval_every, (long long)t->eval_batches);
-  EMIT("    .ckpt_every = %lld,\n    .ckpt_keep = %lld,\n    .ckpt_dir = %s,\n", (long long)t->ckpt_every,
-       (long long)t->ckpt_keep, cg_c_string(cg_abs_path(t->ckpt_dir)));
-  EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, cg_c_string(cg_abs_path(t->log_file)));
-  EMIT("    .flops_per_step = %.17g,\n", step_flops(c));
+  CgPlanHead h = {.hash = hash,
+                  .work_bytes = cp_fmt("%lld, /* training %s, evaluation %s */", (long long)last_work_bytes,
+                                       cp_bytes_str((double)c->pl.work[CG_PH_TRAIN]),
+                                       cp_bytes_str((double)c->pl.work[CG_PH_EVAL])),
+                  .micro = c->sp ? g->batch / c->sp->dp : g->batch, .vocab = cg_vocab(g, c->sp), .nmetrics = g->metrics.n};
+  cg_emit_plan_head(c->out, &c->pl, t, &h);
   if (c->pipe)
     EMIT("    .lr_at = lr_at,\n    .forward = pp_forward,\n    .backward = pp_backward,\n    .update = update,\n"
          "    .eval_step = eval_step,\n");
   else EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
   const MeshConf *m = t->mesh;
-  EMIT("    .dp = %lld,\n    .devices = %lld,\n    .mesh = %s,\n", (long long)(c->sp ? c->sp->dp : train_dp(t)),
-       (long long)(m ? m->ndevices : 1), cg_c_string(m ? m->name : NULL));
-  if (m && m->naxes) EMIT("    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n", m->naxes);
+  cg_emit_plan_mesh(c->out, c->sp ? c->sp->dp : train_dp(t), m ? m->ndevices : 1, m);
   if (resume_hash_) EMIT("    .resume_hash = %s,\n", cg_c_string(resume_hash_));
   if (c->sp) {
     int dpa = -1, tpa = -1;
@@ -1386,9 +1019,9 @@ static void emit_plan(Cg *c, const char *hash) {
   if (c->pipe)
     EMIT("    .pp = %d,\n    .stage = %d,\n    .stage_plans = cplan_stages,\n    .pp_axis = %d,\n    .pp_schedule = %d,\n"
          "    .param_global = param_global,\n    .state_global = state_global,\n    .param_owned = param_owned,\n"
-         "    .ngparams = %d,\n    .ngstates = %d,\n",
+         "    .ngparams = %d,\n    .ngstates = %d,\n    .pp_chunks = %d,\n    .grad_sumsq = update_grad_sumsq,\n",
          c->pipe->devices, c->stage, c->ppa, t->strategy.pipeline == PS_GPIPE ? 1 : 0, c->sp->g->params.n,
-         c->sp->g->states.n);
+         c->sp->g->states.n, c->pipe->chunks);
   EMIT("};\n");
   if (!c->pipe) EMIT("\nint main(int argc, char **argv) { return rt_main(argc, argv, &cplan_plan); }\n");
 }
@@ -1422,9 +1055,9 @@ static void emit_prelude(Cg *c) {
   if (c->pipe) /* one of several stage files linked into one program: the names stay apart */
     EMIT("\n#define cplan_plan cplan_plan_s%d\nextern const RtPlan *const cplan_stages[];\n", c->stage);
   EMIT("\nextern const RtPlan cplan_plan;\n");
-  if (c->fu->ngroups) EMIT("\n/* fused elementwise kernels, generated through LLVM into kernels.o */\n");
+  if (c->pl.fu->ngroups) EMIT("\n/* fused elementwise kernels, generated through LLVM into kernels.o */\n");
   char proto[256];
-  for (int k = 0; k < c->fu->ngroups; k++) EMIT("%s\n", cg_llvm_prototype(&c->fu->kernels[k], proto, sizeof proto));
+  for (int k = 0; k < c->pl.fu->ngroups; k++) EMIT("%s\n", cg_llvm_prototype(&c->pl.fu->kernels[k], proto, sizeof proto));
   if (row_kernels.n) EMIT("\n/* row kernels (softmax, norms, last-axis sums), generated through LLVM */\n");
   for (int k = 0; k < row_kernels.n; k++) EMIT("%s\n", cg_llvm_prototype(&row_kernels.a[k], proto, sizeof proto));
 }
@@ -1475,7 +1108,7 @@ static bool check_conf(Cg *c) {
                t->mesh->name ? t->mesh->name : "?", t->mesh->device.name);
     return false;
   }
-  return check_strategy(c) && check_inputs(c);
+  return check_strategy(c) && cg_check_inputs(c->g, t, true);
 }
 
 
@@ -1486,27 +1119,22 @@ static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const cha
   c.ppa = sp ? sp->naxes : 0; /* the runtime keeps the pp group after the placement axes' (cplanrt.h) */
   sym_prefix = pipe ? cp_fmt("s%d_", stage) : "";
   if (!check_conf(&c)) return false;
-  c.nc = cp_alloc(sizeof(NodeCg) * (size_t)(g->n ? g->n : 1));
   Fusion *fu = cg_fusion_enabled() ? fusion_run(g) : cg_no_fusion(g);
   for (int k = 0; k < fu->ngroups && pipe; k++)
     fu->kernels[k].name = fu->groups[k].kernel.name = cp_fmt("%s%s", sym_prefix, fu->kernels[k].name);
-  c.fu = last_fusion = fu;
-  last_kernels = c.fu->kernels;
-  last_nkernels = c.fu->ngroups;
+  c.pl = (CgPlan){.g = g, .fu = fu, .sides = cpu_sides, .ctx = &c};
+  if (pipe) c.pl.keep = &pipe->stages[stage].norm_part, c.pl.nkeep = 1; /* update_grad_sumsq's */
+  last_fusion = fu;
+  last_kernels = fu->kernels;
+  last_nkernels = fu->ngroups;
   memset(&row_kernels, 0, sizeof row_kernels);
-  place_leaves(&c);
-  place_nodes(&c);
-  for (int i = 0; i < g->n; i++)
-    if (numel(nd(&c, i)) > INT32_MAX) {
-      diag_error(nd(&c, i)->span, "a tensor of %s elements is too large for the cpu kernels (at most 2^31 - 1)",
-                 cp_commas(numel(nd(&c, i))));
-      return false;
-    }
-  plan_phase(&c, PH_TRAIN);
-  plan_phase(&c, PH_EVAL);
-  last_work_bytes = c.work[PH_TRAIN] > c.work[PH_EVAL] ? c.work[PH_TRAIN] : c.work[PH_EVAL];
+  cg_plan_place(&c.pl);
+  if (!cg_check_sizes(g, "cpu")) return false;
+  cg_plan_phase(&c.pl, CG_PH_TRAIN);
+  cg_plan_phase(&c.pl, CG_PH_EVAL);
+  last_work_bytes = cg_plan_peak(&c.pl);
   if (last_work_bytes == 0) last_work_bytes = MP_ALIGN;
-  ir_lines(&c);
+  c.irline = cg_ir_lines(g);
   /* the body first, into a temporary file: the prelude declares the row kernels, which are
    * known only once every call is emitted */
   FILE *body = tmpfile();
@@ -1517,35 +1145,35 @@ static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const cha
   c.out = body;
   emit_tables(&c);
   if (sp) emit_global_tables(&c);
-  emit_lr(&c);
+  cg_emit_lr(c.out, t);
   emit_dropout_helper(&c);
   if (pipe) {
     c.only_role = ROLE_FWD;
-    emit_phase_fn(&c, PH_TRAIN, "static void pp_forward(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+    emit_phase_fn(&c, CG_PH_TRAIN, "static void pp_forward(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
                   "one micro-batch, this stage's forward pass (what the backward reads stays in this slot's arena)");
     c.only_role = ROLE_BWD;
-    emit_phase_fn(&c, PH_TRAIN, "static void pp_backward(RtRun *run, const void *const *inputs)",
+    emit_phase_fn(&c, CG_PH_TRAIN, "static void pp_backward(RtRun *run, const void *const *inputs)",
                   "the same micro-batch (the same arena), this stage's backward pass and gradient accumulation");
     c.only_role = -1;
   } else
-    emit_phase_fn(&c, PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+    emit_phase_fn(&c, CG_PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
                   "one micro-batch: the forward pass, the backward pass, gradient accumulation");
-  emit_phase_fn(&c, PH_TRAIN, "static double update(RtRun *run)",
+  if (pipe)
+    emit_phase_fn(&c, CG_PH_TRAIN, "static double update_grad_sumsq(RtRun *run)",
+                  "once per step, before update: this stage's part of the squared gradient norm (its gradients')");
+  emit_phase_fn(&c, CG_PH_TRAIN, "static double update(RtRun *run)",
                 "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
-  emit_phase_fn(&c, PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+  emit_phase_fn(&c, CG_PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
                 "evaluation: the forward pass only, dropout off");
   emit_plan(&c, source_hash);
   c.out = out;
   emit_prelude(&c);
-  rewind(body);
-  char buf[8192];
-  for (size_t got; (got = fread(buf, 1, sizeof buf, body)) > 0;) fwrite(buf, 1, got, out);
-  fclose(body);
-  last_nkernels = c.fu->ngroups + row_kernels.n;
+  cg_append(out, body);
+  last_nkernels = c.pl.fu->ngroups + row_kernels.n;
   last_kernels = cp_alloc(sizeof(CgKernel) * (size_t)(last_nkernels + 1));
-  if (c.fu->ngroups) memcpy(last_kernels, c.fu->kernels, sizeof(CgKernel) * (size_t)c.fu->ngroups);
+  if (c.pl.fu->ngroups) memcpy(last_kernels, c.pl.fu->kernels, sizeof(CgKernel) * (size_t)c.pl.fu->ngroups);
   if (row_kernels.n)
-    memcpy(last_kernels + c.fu->ngroups, row_kernels.a, sizeof(CgKernel) * (size_t)row_kernels.n);
+    memcpy(last_kernels + c.pl.fu->ngroups, row_kernels.a, sizeof(CgKernel) * (size_t)row_kernels.n);
   return c.ok;
 }
 

@@ -3,7 +3,7 @@
  *
  * It reads the graph as codegen/emit_c.c does and keeps its conventions: the same fusion pass
  * (compiler/fusion.h), the same views (reshape, ASSIGN/ACCUM results, gradients equal to dy,
- * transposes only GEMMs read), the same per-phase memory plan (compiler/memplan.h), one launch
+ * transposes only GEMMs read) and per-phase memory plan (both from codegen/cg_plan.c), one launch
  * per IR node or group, each preceded by the IR node and its .cplan line. What differs:
  *   - every buffer is device memory: params G.params (P), state G.state (S), the work arena
  *     G.work (F, I, B), inputs G.in[k], constants and the host's scalars (lr, bc1, bc2) in small
@@ -40,6 +40,7 @@
 #include "../compiler/train.h"
 #include "codegen.h"
 #include "cg_common.h"
+#include "cg_plan.h"
 #include "cplan_config.h"
 #include "emit_cu_support.h"
 
@@ -52,32 +53,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { PH_TRAIN, PH_EVAL, PH__COUNT };
-
-typedef enum LocKind { L_NONE, L_PARAM, L_STATE, L_INPUT, L_CONST, L_SCALAR, L_WORK, L_ALIAS, L_FUSED } LocKind;
-
-typedef struct NodeCu {
-  LocKind kind;
-  int64_t off;            /* PARAM/STATE: offset in floats; INPUT: which input; CONST/SCALAR: slot */
-  int alias;              /* L_ALIAS: the node whose buffer this one is */
-  bool trans;             /* a transpose left to the GEMM */
-  int leader;             /* the node whose launch computes it */
-  int64_t aux, scratch;   /* bytes: side outputs kept for the backward; a temporary */
-  int64_t woff[PH__COUNT], aoff[PH__COUNT], soff[PH__COUNT];
-} NodeCu;
-
 typedef struct Cu {
   const Graph *g;
   const TrainConf *t;
-  const Fusion *fu;
+  CgPlan pl;                 /* where values live, the fusion groups, the arena (cg_plan.h) */
   FILE *out;
-  NodeCu *nc;
-  char **irline;
+  char **irline;             /* the IR printer's line of each node */
   int ph;
   bool ok;
-  int64_t work[PH__COUNT];
-  int64_t param_floats, state_floats;
-  int nkonst, nscalar;
   VEC(const char *) knames;  /* the kernels plan.c launches, by index */
   int lpc;                   /* the low-precision storage code: 0 (f32 plan), 1 bf16, 2 f16 */
   bool upd;                  /* emitting the update: params are the f32 master weights */
@@ -90,31 +73,17 @@ typedef struct Cu {
 
 #define EMIT(...) fprintf(c->out, __VA_ARGS__)
 
-/* ---- small helpers (as emit_c.c) ------------------------------------------------------------- */
+/* ---- small helpers ----------------------------------------------------------------------------- */
 
 static const Node *nd(const Cu *c, int i) { return &c->g->nodes[i]; }
 static const Node *in(const Cu *c, int i, int k) { return &c->g->nodes[c->g->nodes[i].in[k]]; }
 static int64_t numel(const Node *n) { return shape_numel(&n->shape); }
-static int64_t align16(int64_t floats) { return (floats + 15) / 16 * 16; }
-
-
-static int64_t rows_of(const Node *n) { return cg_dims_prod(&n->shape, 0, n->shape.rank - 1); }
-static int64_t last_dim(const Node *n) { return n->shape.rank ? n->shape.d[n->shape.rank - 1] : 1; }
 
 static bool unsupported(Cu *c, int i, const char *what) {
   diag_error(nd(c, i)->span, "%s is not supported on the cuda backend yet", what);
   c->ok = false;
   return false;
 }
-
-static int root(const Cu *c, int i) {
-  while (c->nc[i].kind == L_ALIAS) i = c->nc[i].alias;
-  return i;
-}
-
-static bool is_executed(const Node *n) { return !(ir_ops[n->op].flags & OPF_LEAF); }
-
-static bool in_phase(const Node *n, int ph) { return is_executed(n) && (ph == PH_TRAIN || n->role == ROLE_FWD); }
 
 /* The index of kernel `name` in plan.c's table, added on first use. */
 static int kid(Cu *c, const char *name) {
@@ -124,92 +93,20 @@ static int kid(Cu *c, const char *name) {
   return c->knames.n - 1;
 }
 
+/* ---- where values live: cg_plan.c's rules, the CUDA kernels' side buffers ----------------------- */
 
-/* ---- where values live (emit_c.c's rules) --------------------------------------------------- */
-
-static bool transpose_virtual(const Cu *c, int t) {
-  const Graph *g = c->g;
-  for (int i = t + 1; i < g->n; i++) {
-    const Node *n = &g->nodes[i];
-    for (int k = 0; k < n->nin; k++) {
-      if (n->in[k] != t) continue;
-      if (n->op == OP_MATMUL) continue;
-      if (n->op == OP_GRAD && (g->nodes[n->fwd].op == OP_MATMUL || n->fwd == t)) continue;
-      return false;
-    }
-  }
-  if (g->loss == t) return false;
-  for (int k = 0; k < g->metrics.n; k++)
-    if (g->metrics.a[k].node == t) return false;
-  return true;
-}
-
-static bool grad_is_dy(const Cu *c, const Node *n) {
-  const Node *f = nd(c, n->fwd);
-  if (f->op == OP_RESHAPE) return true;
-  const Node *x = nd(c, f->in[n->ia[0]]);
-  if (!shape_eq(&x->shape, &f->shape) || x->dtype != f->dtype) return false;
-  return f->op == OP_ADD || (f->op == OP_SUB && n->ia[0] == 0);
-}
-
-static void set_alias(Cu *c, int i, int to) {
-  c->nc[i].kind = L_ALIAS;
-  c->nc[i].alias = to;
-}
-
-static bool multi_grad(OpId op) {
-  return (op >= OP_ADD && op <= OP_MINIMUM) || op == OP_LAYER_NORM || op == OP_RMS_NORM || op == OP_SDPA;
-}
-
-static void place(Cu *c) {
-  const Graph *g = c->g;
-  for (int k = 0; k < g->params.n; k++) {
-    NodeCu *p = &c->nc[g->params.a[k]];
-    p->kind = L_PARAM, p->off = c->param_floats;
-    c->param_floats += align16(numel(nd(c, g->params.a[k])));
-  }
-  for (int k = 0; k < g->states.n; k++) {
-    NodeCu *s = &c->nc[g->states.a[k]];
-    s->kind = L_STATE, s->off = c->state_floats;
-    c->state_floats += align16(numel(nd(c, g->states.a[k])));
-  }
-  for (int k = 0; k < g->inputs.n; k++) c->nc[g->inputs.a[k]].kind = L_INPUT, c->nc[g->inputs.a[k]].off = k;
-  for (int i = 0; i < g->n; i++) {
-    const Node *n = nd(c, i);
-    NodeCu *x = &c->nc[i];
-    x->leader = i;
-    if (c->fu->group[i] >= 0) {
-      x->leader = c->fu->groups[c->fu->group[i]].root;
-      x->kind = x->leader == i ? L_WORK : L_FUSED;
-      continue;
-    }
-    if (n->op == OP_CONST) x->kind = L_CONST, x->off = c->nkonst++;
-    else if (n->op == OP_SCALAR_IN) x->kind = L_SCALAR, x->off = c->nscalar++;
-    else if (n->op == OP_RESHAPE || n->op == OP_ASSIGN || n->op == OP_ACCUM) set_alias(c, i, n->in[0]);
-    else if (n->op == OP_TRANSPOSE && transpose_virtual(c, i)) set_alias(c, i, n->in[0]), x->trans = true;
-    else if (n->op == OP_GRAD && grad_is_dy(c, n)) set_alias(c, i, n->in[0]);
-    else if (x->kind == L_NONE) x->kind = L_WORK;
-    if (n->op == OP_LAYER_NORM) x->aux = 2 * rows_of(n) * 4;                      /* mean, rstd */
-    if (n->op == OP_RMS_NORM) x->aux = rows_of(n) * 4;                            /* rstd */
-    if (n->op == OP_SDPA) x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * 4; /* lse [nb, t] */
-    if (n->op == OP_CROSS_ENTROPY) x->aux = 2 * rows_of(in(c, i, 0)) * 4 + 64;  /* losses, lse, count */
-    if (n->op == OP_DROPOUT) x->scratch = numel(n);                               /* the mask */
-    if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
-    if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) /* delta [nb, t] */
-      x->scratch = nd(c, n->fwd)->shape.d[0] * nd(c, n->fwd)->shape.d[1] * nd(c, n->fwd)->shape.d[2] * 4;
-  }
-  for (int i = 0; i < g->n; i++) {
-    const Node *n = nd(c, i);
-    if (n->op != OP_GRAD || c->nc[i].leader != i || c->nc[i].kind == L_ALIAS || c->fu->group[i] >= 0 ||
-        !multi_grad(nd(c, n->fwd)->op))
-      continue;
-    for (int j = i + 1; j < g->n; j++) {
-      const Node *m = nd(c, j);
-      if (m->op == OP_GRAD && m->fwd == n->fwd && m->in[0] == n->in[0] && m->role == n->role &&
-          c->nc[j].kind != L_ALIAS && c->fu->group[j] < 0)
-        c->nc[j].leader = i;
-    }
-  }
+/* The side buffers of node i's kernels (CgPlan.sides). */
+static void cu_sides(const void *ctx, int i, CgPlace *x) {
+  const Cu *c = ctx;
+  const Node *n = nd(c, i);
+  if (n->op == OP_LAYER_NORM) x->aux = 2 * cg_rows(n) * 4;                      /* mean, rstd */
+  if (n->op == OP_RMS_NORM) x->aux = cg_rows(n) * 4;                            /* rstd */
+  if (n->op == OP_SDPA) x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * 4; /* lse [nb, t] */
+  if (n->op == OP_CROSS_ENTROPY) x->aux = 2 * cg_rows(in(c, i, 0)) * 4 + 64;  /* losses, lse, count */
+  if (n->op == OP_DROPOUT) x->scratch = numel(n);                               /* the mask */
+  if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
+  if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) /* delta [nb, t] */
+    x->scratch = nd(c, n->fwd)->shape.d[0] * nd(c, n->fwd)->shape.d[1] * nd(c, n->fwd)->shape.d[2] * 4;
 }
 
 /* ---- storage types under precision = bf16 / f16 ------------------------------------------------ */
@@ -217,7 +114,7 @@ static void place(Cu *c) {
 /* node j is part of a param's gradient (the value an ACCUM adds into its f32 accumulator, and
  * the sums and transposes that feed it): it stays f32 when its producer can write f32 */
 static void mark_pg(Cu *c, int j) {
-  if (root(c, j) != j || c->pg[j] || c->nc[j].kind != L_WORK || nd(c, j)->dtype == DT_I32) return;
+  if (cg_root(&c->pl, j) != j || c->pg[j] || c->pl.nc[j].kind != CG_L_WORK || nd(c, j)->dtype == DT_I32) return;
   const Node *n = nd(c, j);
   c->pg[j] = true;
   if (n->op == OP_ADD && shape_eq(&in(c, j, 0)->shape, &n->shape) && shape_eq(&in(c, j, 1)->shape, &n->shape))
@@ -237,21 +134,21 @@ static void decide_storage(Cu *c) {
   if (!c->lpc) return;
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
-    if (n->op == OP_ACCUM && n->role != ROLE_UPD && c->nc[root(c, n->in[0])].kind == L_STATE) mark_pg(c, n->in[1]);
+    if (n->op == OP_ACCUM && n->role != ROLE_UPD && c->pl.nc[cg_root(&c->pl, n->in[0])].kind == CG_L_STATE) mark_pg(c, n->in[1]);
     if (c->lpc == 2 && n->op == OP_GRAD && n->fwd == g->loss && nd(c, n->in[0])->op == OP_CONST &&
-        c->nc[n->in[0]].kind == L_CONST)
+        c->pl.nc[n->in[0]].kind == CG_L_CONST)
       c->seed = n->in[0], c->seed_val = nd(c, n->in[0])->fa[0];
   }
   if (c->seed >= 0) /* a fused kernel would read the seed as a constant, not the scaled one */
-    for (int gi = 0; gi < c->fu->ngroups; gi++)
-      for (int k = 0; k < c->fu->groups[gi].nodes.n; k++) {
-        const Node *m = nd(c, c->fu->groups[gi].nodes.a[k]);
+    for (int gi = 0; gi < c->pl.fu->ngroups; gi++)
+      for (int k = 0; k < c->pl.fu->groups[gi].nodes.n; k++) {
+        const Node *m = nd(c, c->pl.fu->groups[gi].nodes.a[k]);
         for (int j = 0; j < m->nin; j++)
           if (m->in[j] == c->seed) c->seed = -1;
       }
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
-    if (c->nc[i].kind != L_WORK || n->dtype == DT_I32 || n->role == ROLE_UPD || c->pg[i]) continue;
+    if (c->pl.nc[i].kind != CG_L_WORK || n->dtype == DT_I32 || n->role == ROLE_UPD || c->pg[i]) continue;
     if (n->op == OP_SUM || n->op == OP_MEAN || n->op == OP_MAX || n->op == OP_CROSS_ENTROPY || numel(n) == 1) continue;
     if (i == g->loss || i == g->grad_norm) continue;
     bool metric = false;
@@ -270,11 +167,11 @@ static void decide_storage(Cu *c) {
  * params are read as their low copy outside the update; work buffers are low unless
  * decide_storage kept them f32. */
 static int scode(const Cu *c, int i) {
-  int r = root(c, i);
-  const NodeCu *x = &c->nc[r];
+  int r = cg_root(&c->pl, i);
+  const CgPlace *x = &c->pl.nc[r];
   if (!c->lpc || nd(c, r)->dtype == DT_I32) return 0;
-  if (x->kind == L_PARAM) return c->upd ? 0 : c->lpc;
-  if (x->kind == L_WORK) return c->wlp[r] ? c->lpc : 0;
+  if (x->kind == CG_L_PARAM) return c->upd ? 0 : c->lpc;
+  if (x->kind == CG_L_WORK) return c->wlp[r] ? c->lpc : 0;
   return 0;
 }
 
@@ -290,85 +187,35 @@ static int64_t sbytes(const Cu *c, int i) {
   return scode(c, i) ? numel(nd(c, i)) * 2 : (int64_t)ir_node_bytes(c->g, i);
 }
 
-/* ---- memory planning: emit_c.c's plan_phase ------------------------------------------------- */
-
-static void plan_phase(Cu *c, int ph) {
-  const Graph *g = c->g;
-  int *pos = cp_alloc(sizeof(int) * (size_t)g->n), *last = cp_alloc(sizeof(int) * (size_t)g->n);
-  int *alast = cp_alloc(sizeof(int) * (size_t)g->n), np = 0;
-  for (int i = 0; i < g->n; i++) pos[i] = last[i] = alast[i] = -1;
-  for (int i = 0; i < g->n; i++)
-    if (in_phase(nd(c, i), ph)) pos[i] = np++;
-  for (int i = 0; i < g->n; i++) {
-    const Node *n = nd(c, i);
-    if (pos[i] < 0) continue;
-    int p = pos[c->nc[i].leader];
-    for (int k = 0; k < n->nin; k++) {
-      int r = root(c, n->in[k]);
-      if (last[r] < p) last[r] = p;
-    }
-    int r = root(c, i);
-    if (last[r] < p) last[r] = p;
-    if (n->op == OP_GRAD && alast[n->fwd] < p) alast[n->fwd] = p;
-  }
-  VEC(int) outs = {0};
-  VEC_PUSH(outs, g->loss);
-  if (ph == PH_TRAIN) VEC_PUSH(outs, g->grad_norm);
-  for (int k = 0; k < g->metrics.n; k++) VEC_PUSH(outs, g->metrics.a[k].node);
-  for (int k = 0; k < outs.n; k++)
-    if (outs.a[k] >= 0) last[root(c, outs.a[k])] = np;
-  VEC(MpBuf) bufs = {0};
-  VEC(int64_t *) dest = {0};
-  for (int i = 0; i < g->n; i++) {
-    if (pos[i] < 0) continue;
-    const Node *n = nd(c, i);
-    NodeCu *x = &c->nc[i];
-    int p = pos[x->leader];
-    if (x->kind == L_WORK) {
-      VEC_PUSH(bufs, ((MpBuf){sbytes(c, i), p, last[i] < p ? p : last[i], 0}));
-      VEC_PUSH(dest, &x->woff[ph]);
-    }
-    if (x->aux) {
-      int e = alast[i] > p ? alast[i] : p;
-      VEC_PUSH(bufs, ((MpBuf){x->aux, p, e, 0}));
-      VEC_PUSH(dest, &x->aoff[ph]);
-    }
-    if (x->scratch && !(ph == PH_EVAL && n->op == OP_DROPOUT)) {
-      VEC_PUSH(bufs, ((MpBuf){x->scratch, p, p, 0}));
-      VEC_PUSH(dest, &x->soff[ph]);
-    }
-  }
-  c->work[ph] = mp_plan(bufs.a, bufs.n);
-  cp_assert(mp_check(bufs.a, bufs.n, c->work[ph]) < 0);
-  for (int k = 0; k < bufs.n; k++) *dest.a[k] = bufs.a[k].offset;
-}
+/* the bytes of node i's work buffer (CgPlan.bytes) */
+static int64_t cu_bytes(const void *ctx, int i) { return sbytes(ctx, i); }
 
 /* ---- operands --------------------------------------------------------------------------------- */
 
 /* The C expression of node i's device pointer in the phase being emitted. */
 static const char *ptr(const Cu *c, int i) {
-  int r = root(c, i);
-  const NodeCu *x = &c->nc[r];
+  int r = cg_root(&c->pl, i);
+  const CgPlace *x = &c->pl.nc[r];
   const Node *n = nd(c, r);
   if (r == c->seed) return "G.dls";
   switch (x->kind) {
-  case L_PARAM: return cp_fmt("%s(%lld)", scode(c, r) ? "PL" : "P", (long long)x->off);
-  case L_STATE: return cp_fmt("S(%lld)", (long long)x->off);
-  case L_INPUT: return cp_fmt("IN(%lld)", (long long)x->off);
-  case L_CONST: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "KI" : "KC", (long long)x->off);
-  case L_SCALAR: return cp_fmt("SC(%lld)", (long long)x->off);
-  case L_WORK:
+  case CG_L_PARAM: return cp_fmt("%s(%lld)", scode(c, r) ? "PL" : "P", (long long)x->off);
+  case CG_L_STATE: return cp_fmt("S(%lld)", (long long)x->off);
+  case CG_L_INPUT: return cp_fmt("IN(%lld)", (long long)x->off);
+  case CG_L_CONST: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "KI" : "KC", (long long)x->off);
+  case CG_L_SCALAR: return cp_fmt("SC(%lld)", (long long)x->off);
+  case CG_L_WORK:
     return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : scode(c, r) ? "L" : "F", (long long)x->woff[c->ph]);
   default: cp_unreachable();
   }
 }
 
 static const char *aux_ptr(const Cu *c, int i, int64_t extra_floats) {
-  return cp_fmt("F(%lld)", (long long)(c->nc[i].aoff[c->ph] + extra_floats * 4));
+  return cp_fmt("F(%lld)", (long long)(c->pl.nc[i].aoff[c->ph] + extra_floats * 4));
 }
 
 static const char *scratch_ptr(const Cu *c, int i, const char *macro) {
-  return cp_fmt("%s(%lld)", macro, (long long)c->nc[i].soff[c->ph]);
+  return cp_fmt("%s(%lld)", macro, (long long)c->pl.nc[i].soff[c->ph]);
 }
 
 /* Launch arguments: pointers, integers, floats, each as the address of a compound literal. */
@@ -392,41 +239,6 @@ static void emit_lrow(Cu *c, const char *kernel, int64_t rows, int node, int nar
 
 static void emit_zero(Cu *c, const char *p, int64_t bytes) {
   EMIT("  CU(cudaMemsetAsync(%s, 0, %lld, G.s));\n", p, (long long)bytes);
-}
-
-/* ---- comments ---------------------------------------------------------------------------------- */
-
-static void ir_lines(Cu *c) {
-  char *buf = NULL;
-  size_t len = 0;
-  FILE *m = open_memstream(&buf, &len);
-  cp_assert(m != NULL);
-  ir_print(m, c->g);
-  fclose(m);
-  c->irline = cp_alloc(sizeof(char *) * (size_t)(c->g->n + 1));
-  char *s = strchr(buf, '\n');
-  for (int i = 0; i < c->g->n; i++) {
-    c->irline[i] = "";
-    if (!s) continue;
-    char *e = strchr(s + 1, '\n');
-    size_t n = e ? (size_t)(e - s - 1) : strlen(s + 1);
-    char *line = cp_strndup(s + 1, n), *o = line;
-    for (char *p = line; *p; p++) {
-      if (p[0] == ' ' && p[1] == ' ' && p[2] == ' ') continue;
-      *o++ = (p[0] == '*' && p[1] == '/') ? '+' : *p;
-    }
-    *o = 0;
-    c->irline[i] = line;
-    s = e;
-  }
-  free(buf);
-}
-
-
-static void comment(Cu *c, int i) {
-  const char *text = cg_src_line_text(nd(c, i)->span);
-  EMIT("  /* %s */\n", c->irline[i]);
-  if (*text) EMIT("  /*   | %s */\n", text);
 }
 
 /* ---- broadcasting descriptions (CpsIdx, CpsRed of emit_cu_support.h) ------------------------ */
@@ -500,17 +312,6 @@ static void emit_unary(Cu *c, int i) {
   emit_lk(c, "cps_unary", numel(n), i, 6, args);
 }
 
-static bool reduce_dims(const Node *n, const Shape *x, int64_t *outer, int64_t *len, int64_t *inner) {
-  if (n->ndims <= 0) {
-    *outer = 1, *len = n->ndims < 0 ? shape_numel(x) : 1, *inner = n->ndims < 0 ? 1 : shape_numel(x);
-    return true;
-  }
-  int a0 = (int)n->dims[0], a1 = (int)n->dims[n->ndims - 1];
-  if (a1 - a0 + 1 != n->ndims) return false;
-  *outer = cg_dims_prod(x, 0, a0), *len = cg_dims_prod(x, a0, a1 + 1), *inner = cg_dims_prod(x, a1 + 1, x->rank);
-  return true;
-}
-
 static void emit_reduce(Cu *c, int i) {
   const Node *n = nd(c, i), *x = in(c, i, 0);
   int64_t o, l, r;
@@ -518,7 +319,7 @@ static void emit_reduce(Cu *c, int i) {
     unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
     return;
   }
-  if (!reduce_dims(n, &x->shape, &o, &l, &r)) {
+  if (!cg_reduce_dims(n, &x->shape, &o, &l, &r)) {
     unsupported(c, i, "a reduction over axes that are not adjacent");
     return;
   }
@@ -538,9 +339,9 @@ static void emit_reduce(Cu *c, int i) {
   emit_lk(c, "cps_reduce", o * r, i, 7, args);
 }
 
-/* The GEMM view of matmul f (emit_c.c mm_setup). */
+/* The GEMM view of matmul f (cg_mm_dims) and its operands. */
 typedef struct Mm {
-  int64_t nb, m, k, n, sa, sb, sc;
+  CgMm d;
   const char *a, *b;
   bool ta, tb;
   int abt; /* the storage code of both operands */
@@ -548,22 +349,13 @@ typedef struct Mm {
 
 static bool mm_setup(Cu *c, const Node *f, int fi, Mm *mm) {
   const Node *a = nd(c, f->in[0]), *b = nd(c, f->in[1]);
-  const Shape *sa = &a->shape, *sb = &b->shape;
-  mm->m = sa->rank >= 2 ? sa->d[sa->rank - 2] : 1;
-  mm->k = sa->d[sa->rank - 1];
-  mm->n = sb->rank >= 2 ? sb->d[sb->rank - 1] : 1;
-  int64_t ba = sa->rank > 2 ? cg_dims_prod(sa, 0, sa->rank - 2) : 1;
-  int64_t bb = sb->rank > 2 ? cg_dims_prod(sb, 0, sb->rank - 2) : 1;
-  mm->nb = shape_numel(&f->shape) / (mm->m * mm->n);
-  if ((ba != mm->nb && ba != 1) || (bb != mm->nb && bb != 1))
-    return unsupported(c, fi, "a matmul whose batch dims broadcast partially");
+  if (!cg_mm_dims(c->g, f, &mm->d)) return unsupported(c, fi, "a matmul whose batch dims broadcast partially");
   if (a->dtype != DT_F32 || b->dtype != DT_F32) return unsupported(c, fi, "a matmul of i32 tensors");
   if (scode(c, f->in[0]) != scode(c, f->in[1]))
     return unsupported(c, fi, "under a low precision, a matmul of an f32 tensor (an f32 input or a reduction)");
   mm->abt = scode(c, f->in[0]);
-  mm->a = ptr(c, f->in[0]), mm->ta = c->nc[f->in[0]].trans, mm->sa = ba == 1 ? 0 : mm->m * mm->k;
-  mm->b = ptr(c, f->in[1]), mm->tb = c->nc[f->in[1]].trans, mm->sb = bb == 1 ? 0 : mm->k * mm->n;
-  mm->sc = mm->m * mm->n;
+  mm->a = ptr(c, f->in[0]), mm->ta = c->pl.nc[f->in[0]].trans;
+  mm->b = ptr(c, f->in[1]), mm->tb = c->pl.nc[f->in[1]].trans;
   return true;
 }
 
@@ -575,24 +367,19 @@ static void emit_gemm(Cu *c, const char *out, const char *a, const char *b, int6
 }
 
 
-static uint64_t dropout_key(const Cu *c, int i) {
-  int64_t k = nd(c, i)->ia[0];
-  return cg_node_key(k > 0 ? (int)(k - 1) : i);
-}
-
 /* keep mask of dropout node f (the stream emit_c.c's dropout_mask draws) into mask */
 static void emit_mask(Cu *c, int f, const char *mask, int node) {
   const Node *n = nd(c, f);
   EMIT("  { uint64_t ctr = (uint64_t)((run->step * cplan_plan.dp + run->dp_rank) * cplan_plan.accum + run->micro_index);\n"
        "    uint64_t s1 = rt_splitmix64(rt_splitmix64((uint64_t)cplan_plan.seed) ^ rt_splitmix64(0x%016llxULL ^ rt_splitmix64(ctr)));\n",
-       (unsigned long long)dropout_key(c, f));
+       (unsigned long long)cg_dropout_key(c->g, f));
   EMIT("    lk(%d, %lldLL, (void *[]){%s, %s, &(double){%.17g}, &s1}, %d); } /* cps_dropout_mask */\n",
        kid(c, "cps_dropout_mask"), (long long)numel(n), ap(mask), al(numel(n)), n->fa[0], node);
 }
 
 static void emit_dropout(Cu *c, int i) {
   const Node *n = nd(c, i);
-  bool off = c->ph == PH_EVAL || n->fa[0] == 0;
+  bool off = c->ph == CG_PH_EVAL || n->fa[0] == 0;
   const char *mask = off ? "NULL" : scratch_ptr(c, i, "B");
   if (!off) emit_mask(c, i, mask, i);
   const char *args[7] = {ai(0), ai(tcodes(c, 2, (int[]){i, n->in[0]})), ap(ptr(c, i)), ap(ptr(c, n->in[0])), ap(mask),
@@ -676,8 +463,8 @@ static bool hw_typed(Cu *c, int node, int n, const int *ops) {
 static void emit_nn(Cu *c, int i) {
   const Node *n = nd(c, i);
   const char *o = ptr(c, i), *x = ptr(c, n->in[0]);
-  int64_t rows = rows_of(n), cc = last_dim(n);
-  bool ev = c->ph == PH_EVAL;
+  int64_t rows = cg_rows(n), cc = cg_last_dim(n);
+  bool ev = c->ph == CG_PH_EVAL;
   switch (n->op) {
   case OP_SOFTMAX:
   case OP_LOG_SOFTMAX:
@@ -732,6 +519,7 @@ static void emit_nn(Cu *c, int i) {
 
 static void emit_forward(Cu *c, int i) {
   const Node *n = nd(c, i);
+  if (cg_forward_skip(c->out, &c->pl, i)) return;
   switch (n->op) {
   case OP_ARANGE: {
     const char *args[2] = {ap(ptr(c, i)), al(n->ia[0])};
@@ -746,19 +534,11 @@ static void emit_forward(Cu *c, int i) {
   case OP_MATMUL: {
     Mm mm;
     if (mm_setup(c, n, i, &mm))
-      emit_gemm(c, ptr(c, i), mm.a, mm.b, mm.nb, mm.m, mm.n, mm.k, mm.ta, mm.tb, mm.sa, mm.sb, mm.sc, i, mm.abt,
+      emit_gemm(c, ptr(c, i), mm.a, mm.b, mm.d.nb, mm.d.m, mm.d.n, mm.d.k, mm.ta, mm.tb, mm.d.sa, mm.d.sb, mm.d.sc, i, mm.abt,
                 scode(c, i));
     break;
   }
-  case OP_TRANSPOSE:
-    if (c->nc[i].trans) {
-      EMIT("  /* not materialized: the GEMMs reading it use the transpose flag */\n");
-      break;
-    }
-    emit_shape_op(c, i);
-    break;
-  case OP_PERMUTE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS: emit_shape_op(c, i); break;
-  case OP_RESHAPE: EMIT("  /* a view of %%%d: no copy */\n", n->in[0]); break;
+  case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS: emit_shape_op(c, i); break;
   case OP_CONCAT: emit_concat(c, i); break;
   case OP_EMBEDDING: {
     const Node *t = in(c, i, 0);
@@ -778,7 +558,7 @@ static void emit_forward(Cu *c, int i) {
   case OP_DROPOUT: emit_dropout(c, i); break;
   case OP_CROSS_ENTROPY: {
     const Node *lg = in(c, i, 0);
-    int64_t rows = rows_of(lg);
+    int64_t rows = cg_rows(lg);
     if (n->ia[0] > 0) {
       unsupported(c, i, "a vocab-parallel cross_entropy");
       break;
@@ -786,7 +566,7 @@ static void emit_forward(Cu *c, int i) {
     if (!hw_typed(c, i, 1, (int[]){n->in[0]})) break;
     KL("cplan_cuda_cross_entropy_forward(%s, %s, %s, %s, (int *)%s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c),
        aux_ptr(c, i, 0), aux_ptr(c, i, rows), ptr(c, i), aux_ptr(c, i, 2 * rows), ptr(c, n->in[0]), ptr(c, n->in[1]),
-       (long long)rows, (long long)last_dim(lg), i);
+       (long long)rows, (long long)cg_last_dim(lg), i);
     break;
   }
   case OP_ARGMAX: {
@@ -798,7 +578,7 @@ static void emit_forward(Cu *c, int i) {
     break;
   }
   case OP_ASSIGN:
-    if (root(c, n->in[1]) == root(c, n->in[0])) break;
+    if (cg_root(&c->pl, n->in[1]) == cg_root(&c->pl, n->in[0])) break;
     if (scode(c, n->in[0]) == scode(c, n->in[1])) {
       EMIT("  CU(cudaMemcpyAsync(%s, %s, %lld, cudaMemcpyDeviceToDevice, G.s));\n", ptr(c, n->in[0]), ptr(c, n->in[1]),
            (long long)sbytes(c, n->in[0]));
@@ -828,7 +608,7 @@ static void group_outputs(Cu *c, int lead, const char **dst, int nmax, int *ids)
     for (int k = 0; k < nmax; k++) ids[k] = -1;
   for (int j = lead; j < c->g->n; j++) {
     const Node *m = nd(c, j);
-    if (m->op != OP_GRAD || c->nc[j].leader != lead || c->nc[j].kind == L_ALIAS) continue;
+    if (m->op != OP_GRAD || c->pl.nc[j].leader != lead || c->pl.nc[j].kind == CG_L_ALIAS) continue;
     cp_assert(m->ia[0] < nmax);
     dst[m->ia[0]] = ptr(c, j);
     if (ids) ids[m->ia[0]] = j;
@@ -870,7 +650,7 @@ static void emit_grad_binary(Cu *c, int i, const Node *f) {
 static void emit_grad_nn(Cu *c, int i, const Node *f) {
   const Node *n = nd(c, i);
   const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[0]);
-  int64_t rows = rows_of(f), cc = last_dim(f), bytes = sbytes(c, i);
+  int64_t rows = cg_rows(f), cc = cg_last_dim(f), bytes = sbytes(c, i);
   const char *d[3];
   switch (f->op) {
   case OP_SOFTMAX:
@@ -929,7 +709,7 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
   }
   case OP_CROSS_ENTROPY: {
     const Node *lg = nd(c, f->in[0]);
-    int64_t r = rows_of(lg);
+    int64_t r = cg_rows(lg);
     if (f->ia[0] > 0) {
       unsupported(c, n->fwd, "a vocab-parallel cross_entropy");
       break;
@@ -937,7 +717,7 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
     if (!hw_typed(c, i, 2, (int[]){i, f->in[0]})) break;
     emit_zero(c, dx, bytes);
     KL("cplan_cuda_cross_entropy_backward(%s, %s, %s, (const int *)%s, %s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), dx,
-       dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)last_dim(lg), i);
+       dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)cg_last_dim(lg), i);
     break;
   }
   default: cp_unreachable();
@@ -1012,14 +792,7 @@ static void emit_grad(Cu *c, int i) {
   Node fv = *nd(c, n->fwd); /* the forward node with the inputs this GRAD reads (emit_c.c) */
   fv.in = n->in + 1;
   const Node *f = &fv;
-  if (c->nc[i].kind == L_ALIAS) {
-    EMIT("  /* the gradient is dy itself (%%%d): no kernel */\n", n->in[0]);
-    return;
-  }
-  if (c->nc[i].leader != i) {
-    EMIT("  /* computed together with %%%d */\n", c->nc[i].leader);
-    return;
-  }
+  if (cg_grad_skip(c->out, &c->pl, i)) return;
   int64_t bytes = sbytes(c, i);
   const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[n->ia[0]]);
   switch (f->op) {
@@ -1036,7 +809,7 @@ static void emit_grad(Cu *c, int i) {
   }
   case OP_SUM: case OP_MEAN: case OP_MAX: {
     int64_t o, l, r;
-    if (!reduce_dims(f, &nd(c, f->in[0])->shape, &o, &l, &r)) {
+    if (!cg_reduce_dims(f, &nd(c, f->in[0])->shape, &o, &l, &r)) {
       unsupported(c, n->fwd, "a reduction over axes that are not adjacent");
       return;
     }
@@ -1059,9 +832,11 @@ static void emit_grad(Cu *c, int i) {
       return;
     }
     if (n->ia[0] == 0) /* dA = dY @ B^T */
-      emit_gemm(c, dx, dy, mm.b, mm.nb, mm.m, mm.k, mm.n, false, !mm.tb, mm.sc, mm.sb, mm.sa, i, mm.abt, scode(c, i));
+      emit_gemm(c, dx, dy, mm.b, mm.d.nb, mm.d.m, mm.d.k, mm.d.n, false, !mm.tb, mm.d.sc, mm.d.sb, mm.d.sa, i, mm.abt,
+                scode(c, i));
     else /* dB = A^T @ dY */
-      emit_gemm(c, dx, mm.a, dy, mm.nb, mm.k, mm.n, mm.m, !mm.ta, false, mm.sa, mm.sc, mm.sb, i, mm.abt, scode(c, i));
+      emit_gemm(c, dx, mm.a, dy, mm.d.nb, mm.d.k, mm.d.n, mm.d.m, !mm.ta, false, mm.d.sa, mm.d.sc, mm.d.sb, i, mm.abt,
+                scode(c, i));
     break;
   }
   case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_CONCAT: case OP_SPLIT_HEADS: case OP_MERGE_HEADS:
@@ -1079,14 +854,14 @@ static void emit_grad(Cu *c, int i) {
 /* ---- the phases ------------------------------------------------------------------------------------ */
 
 static void emit_fused(Cu *c, int i) {
-  const FusionGroup *gr = &c->fu->groups[c->fu->group[i]];
+  const FusionGroup *gr = &c->pl.fu->groups[c->pl.fu->group[i]];
   if (gr->nodes.n > 1) EMIT("  /* fused: %d nodes, one pass */\n", gr->nodes.n);
-  for (int k = 0; k < gr->nodes.n; k++) comment(c, gr->nodes.a[k]);
+  for (int k = 0; k < gr->nodes.n; k++) cg_comment(c->out, c->g, c->irline, gr->nodes.a[k]);
   const char **args = cp_alloc(sizeof(char *) * (size_t)(gr->leaves.n + 1));
   args[0] = ap(ptr(c, i));
   for (int k = 0; k < gr->leaves.n; k++) args[k + 1] = ap(ptr(c, gr->leaves.a[k]));
   /* the storage types the kernel's pointers take (typed_kernels), the same in every phase */
-  int gi = c->fu->group[i];
+  int gi = c->pl.fu->group[i];
   int *ty = c->ftypes[gi];
   if (!ty) {
     ty = c->ftypes[gi] = cp_alloc(sizeof(int) * (size_t)(gr->leaves.n + 1));
@@ -1103,16 +878,16 @@ static void emit_fused(Cu *c, int i) {
 static const char *prof_class(const Cu *c, int i) {
   const Node *n = nd(c, i);
   const char *op = n->op == OP_GRAD ? cp_fmt("grad(%s)", ir_ops[nd(c, n->fwd)->op].name) : ir_ops[n->op].name;
-  if (c->fu->group[i] >= 0) return cp_fmt("fused %s%s", op, n->role == ROLE_UPD ? " (update)" : "");
+  if (c->pl.fu->group[i] >= 0) return cp_fmt("fused %s%s", op, n->role == ROLE_UPD ? " (update)" : "");
   return cp_fmt("%s%s", op, n->role == ROLE_UPD ? " (update)" : "");
 }
 
 static void emit_node(Cu *c, int i) {
-  if (c->fu->group[i] >= 0) {
-    if (fusion_is_root(c->fu, i)) EMIT("  PROF(%d);\n", i), emit_fused(c, i);
+  if (c->pl.fu->group[i] >= 0) {
+    if (fusion_is_root(c->pl.fu, i)) EMIT("  PROF(%d);\n", i), emit_fused(c, i);
     return;
   }
-  comment(c, i);
+  cg_comment(c->out, c->g, c->irline, i);
   EMIT("  PROF(%d);\n", i);
   if (nd(c, i)->op == OP_GRAD) emit_grad(c, i);
   else emit_forward(c, i);
@@ -1123,14 +898,11 @@ static void emit_scalar_ins(Cu *c) {
   for (int i = 0; i < c->g->n; i++) {
     const Node *n = nd(c, i);
     if (n->op != OP_SCALAR_IN) continue;
-    const char *v = NULL;
-    if (strcmp(n->name, "lr") == 0) v = "lr_at(run->step)";
-    else if (strcmp(n->name, "bc1") == 0) v = cp_fmt("1.0 - pow(%.17g, (double)(run->step + 1))", o->beta1);
-    else if (strcmp(n->name, "bc2") == 0) v = cp_fmt("1.0 - pow(%.17g, (double)(run->step + 1))", o->beta2);
-    else cp_panic(__FILE__, __LINE__, "unknown scalar input '%s'", n->name);
-    EMIT("  G.hsc[%lld] = (float)(%s); /* %s */\n", (long long)c->nc[i].off, v, n->name);
+    const char *v = cg_scalar_in(o, n);
+    if (!v) cp_panic(__FILE__, __LINE__, "unknown scalar input '%s'", n->name);
+    EMIT("  G.hsc[%lld] = (float)(%s); /* %s */\n", (long long)c->pl.nc[i].off, v, n->name);
   }
-  if (c->nscalar) EMIT("  CU(cudaMemcpyAsync(G.dsc, G.hsc, %d, cudaMemcpyHostToDevice, G.s));\n", c->nscalar * 4);
+  if (c->pl.nscalar) EMIT("  CU(cudaMemcpyAsync(G.dsc, G.hsc, %d, cudaMemcpyHostToDevice, G.s));\n", c->pl.nscalar * 4);
 }
 
 /* The device values a phase hands back (loss, metrics; the gradient norm), copied to G.hout. */
@@ -1144,14 +916,14 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   const Graph *g = c->g;
   c->ph = ph;
   EMIT("\n/* %s */\n%s {\n  ensure_device(run);\n", why, sig);
-  if (ph == PH_TRAIN && strstr(sig, "update")) {
+  if (ph == CG_PH_TRAIN && strstr(sig, "update")) {
     c->upd = true;
     if (c->seed >= 0)
       EMIT("  /* f16: an overflow in this step's gradients skips it (ls_check found it) */\n"
            "  int skip = ls_step();\n  if (!skip) {\n");
     emit_scalar_ins(c);
     for (int i = 0; i < g->n; i++)
-      if (nd(c, i)->role == ROLE_UPD && is_executed(nd(c, i))) emit_node(c, i);
+      if (nd(c, i)->role == ROLE_UPD && cg_executed(nd(c, i))) emit_node(c, i);
     if (c->lpc) EMIT("  /* the forward reads the params in %s */\n  lp_refresh();\n", c->lpc == 1 ? "bf16" : "f16");
     if (c->seed >= 0) EMIT("  }\n");
     c->upd = false;
@@ -1173,10 +945,10 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
     return;
   }
   EMIT("  put_inputs(inputs);\n");
-  if (c->seed >= 0 && ph == PH_TRAIN) EMIT("  ls_seed(); /* the loss gradient's seed times the loss scale */\n");
+  if (c->seed >= 0 && ph == CG_PH_TRAIN) EMIT("  ls_seed(); /* the loss gradient's seed times the loss scale */\n");
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
-    if (!in_phase(n, ph) || n->role == ROLE_UPD) continue;
+    if (!cg_in_phase(n, ph) || n->role == ROLE_UPD) continue;
     emit_node(c, i);
   }
   int *outs = cp_alloc(sizeof(int) * (size_t)(g->metrics.n + 1));
@@ -1185,14 +957,14 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   if (g->loss < 0) { /* no loss: a zero in its place */
     EMIT("  G.hout[0] = 0.0f;\n");
   }
-  if (c->seed >= 0 && ph == PH_TRAIN) EMIT("  ls_check(run);\n");
+  if (c->seed >= 0 && ph == CG_PH_TRAIN) EMIT("  ls_check(run);\n");
   emit_fetch(c, outs, g->metrics.n + 1);
   EMIT("  prof_flush(run);\n");
   EMIT("  *loss = %s;\n", g->loss >= 0 ? "(double)G.hout[0]" : "0.0");
   for (int k = 0; k < g->metrics.n; k++)
     EMIT("  metrics[%d] = (double)G.hout[%d]; /* %s */\n", k, k + 1, g->metrics.a[k].name);
   if (c->seed >= 0) {
-    if (ph == PH_TRAIN) EMIT("  ls_metrics(run, metrics, %d); /* loss_scale, skipped_steps */\n", g->metrics.n);
+    if (ph == CG_PH_TRAIN) EMIT("  ls_metrics(run, metrics, %d); /* loss_scale, skipped_steps */\n", g->metrics.n);
     else EMIT("  metrics[%d] = G.scale;\n  metrics[%d] = (double)G.skipped;\n", g->metrics.n, g->metrics.n + 1);
   }
   if (!g->metrics.n && c->seed < 0) EMIT("  (void)metrics;\n");
@@ -1202,80 +974,17 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
 
 
 static void emit_tables(Cu *c) {
-  const Graph *g = c->g;
-  static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
-  EMIT("\nstatic const RtPlanParam params[] = {\n");
-  for (int k = 0; k < g->params.n; k++) {
-    const Node *p = nd(c, g->params.a[k]);
-    EMIT("    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", cg_c_string(p->name), p->shape.rank, cg_shape_list(&p->shape),
-         (long long)numel(p), (long long)c->nc[g->params.a[k]].off, inits[p->ia[0]], p->fa[0], p->fa[1]);
-  }
-  if (!g->params.n) EMIT("    {0},\n");
-  EMIT("};\n\nstatic const RtPlanState states[] = {\n");
-  for (int k = 0; k < g->states.n; k++) {
-    const Node *s = nd(c, g->states.a[k]);
-    EMIT("    {%s, %lld, %lld, %d},\n", cg_c_string(s->name), (long long)numel(s), (long long)c->nc[g->states.a[k]].off,
-         (int)s->ia[1]);
-  }
-  if (!g->states.n) EMIT("    {0},\n");
-  EMIT("};\n\nstatic const RtPlanInput inputs_[] = {\n");
-  for (int k = 0; k < g->inputs.n; k++) {
-    const Node *x = nd(c, g->inputs.a[k]);
-    EMIT("    {%s, %d, %s, %s},\n", cg_c_string(x->name), x->shape.rank, cg_shape_list(&x->shape),
-         x->dtype == DT_I32 ? "RT_I32" : "RT_F32");
-  }
-  if (!g->inputs.n) EMIT("    {0},\n");
-  EMIT("};\n\nstatic const char *const metric_names[] = {");
-  for (int k = 0; k < g->metrics.n; k++) EMIT("%s%s", k ? ", " : "", cg_c_string(g->metrics.a[k].name));
-  if (c->seed >= 0) EMIT("%s\"loss_scale\", \"skipped_steps\"", g->metrics.n ? ", " : "");
-  else if (!g->metrics.n) EMIT("NULL");
-  EMIT("};\n");
-}
-
-static void emit_lr(Cu *c) {
-  const TrainConf *t = c->t;
-  const ScheduleConf *s = &t->schedule;
-  EMIT("\n/* the learning rate schedule (%s) */\nstatic double lr_at(int64_t step) {\n",
-       s->kind == SCHED_CONSTANT ? "constant" : s->kind == SCHED_COSINE ? "cosine" : "linear");
-  EMIT("  const double lr = %.17g;\n", t->optimizer.lr);
-  if (s->kind == SCHED_CONSTANT) {
-    EMIT("  (void)step;\n  return lr;\n}\n");
-    return;
-  }
-  EMIT("  const int64_t warmup = %lld, steps = %lld;\n  const double end = %.17g;\n", (long long)s->warmup,
-       (long long)t->steps, s->end_lr);
-  EMIT("  if (step < warmup) return lr * (double)(step + 1) / (double)warmup;\n");
-  EMIT("  if (steps <= warmup) return end;\n");
-  EMIT("  double x = (double)(step - warmup) / (double)(steps - warmup);\n  if (x > 1) x = 1;\n");
-  if (s->kind == SCHED_COSINE) EMIT("  return end + 0.5 * (lr - end) * (1.0 + cos(3.14159265358979323846 * x));\n}\n");
-  else EMIT("  return lr + (end - lr) * x;\n}\n");
-}
-
-
-static int64_t vocab_of(const Cu *c) {
-  const Graph *g = c->g;
-  if (g->inputs.n == 0) return 0;
-  for (int i = 0; i < g->n; i++)
-    if (nd(c, i)->op == OP_EMBEDDING && nd(c, i)->in[1] == g->inputs.a[0]) return in(c, i, 0)->shape.d[0];
-  for (int i = 0; i < g->n; i++)
-    if (nd(c, i)->op == OP_CROSS_ENTROPY && nd(c, i)->role != ROLE_UPD) return last_dim(in(c, i, 0));
-  return 65536;
-}
-
-static double step_flops(const Cu *c) {
-  double f = 0;
-  for (int i = 0; i < c->g->n; i++)
-    if (nd(c, i)->role != ROLE_UPD) f += ir_node_flops(c->g, i);
-  return f * (double)(c->g->accum > 0 ? c->g->accum : 1);
+  CgTables o = {.inputs_row0 = true, .more_metrics = c->seed >= 0 ? "\"loss_scale\", \"skipped_steps\"" : NULL};
+  cg_emit_tables(c->out, &c->pl, &o);
 }
 
 /* The constants' bits (f32 or i32, one 4-byte slot each) for G.konst. */
 static void emit_konst(Cu *c) {
-  EMIT("\nstatic const uint32_t konst_bits[%d] = {", c->nkonst ? c->nkonst : 1);
+  EMIT("\nstatic const uint32_t konst_bits[%d] = {", c->pl.nconst ? c->pl.nconst : 1);
   int k = 0;
   for (int i = 0; i < c->g->n; i++) {
     const Node *n = nd(c, i);
-    if (c->nc[i].kind != L_CONST) continue;
+    if (c->pl.nc[i].kind != CG_L_CONST) continue;
     uint32_t u;
     if (n->dtype == DT_I32) {
       int32_t v = (int32_t)n->fa[0];
@@ -1291,41 +1000,13 @@ static void emit_konst(Cu *c) {
 }
 
 static void emit_plan(Cu *c, const char *hash) {
-  const Graph *g = c->g;
   const TrainConf *t = c->t;
-  int64_t accum = g->accum > 0 ? g->accum : 1;
-  static const char *const kinds[] = {"RT_DATA_TOKENS", "RT_DATA_ADDER", "RT_DATA_TENSORS"};
-  int64_t seq = g->inputs.n && nd(c, g->inputs.a[0])->shape.rank > 1 ? nd(c, g->inputs.a[0])->shape.d[1] : 0;
   const MeshConf *m = t->mesh;
-  if (m && m->naxes) {
-    EMIT("\n/* mesh %s: axis sizes, outermost first */\nstatic const int64_t mesh_axes[] = {", m->name ? m->name : "");
-    for (int k = 0; k < m->naxes; k++) EMIT("%s%lld", k ? ", " : "", (long long)m->axes[k].size);
-    EMIT("};\nstatic const char *const mesh_axis_names[] = {");
-    for (int k = 0; k < m->naxes; k++) EMIT("%s%s", k ? ", " : "", cg_c_string(m->axes[k].name));
-    EMIT("};\n");
-  }
-  EMIT("\nconst RtPlan cplan_plan = {\n");
-  EMIT("    .model = %s,\n    .source = %s,\n    .source_hash = %s,\n", cg_c_string(g->model_name),
-       cg_c_string(t->span.file >= 0 ? src_path(t->span.file) : ""), cg_c_string(hash));
-  EMIT("    .nparams = %d,\n    .params = params,\n    .param_floats = %lld,\n", g->params.n, (long long)c->param_floats);
-  EMIT("    .nstates = %d,\n    .states = states,\n    .state_floats = %lld,\n", g->states.n, (long long)c->state_floats);
-  EMIT("    .work_bytes = 0, /* the work arena is on the device: DEVICE_WORK_BYTES */\n");
-  EMIT("    .ninputs = %d,\n    .inputs = inputs_,\n    .nmetrics = %d,\n    .metric_names = metric_names,\n",
-       g->inputs.n, g->metrics.n + (c->seed >= 0 ? 2 : 0));
-  EMIT("    .data_kind = %s,\n    .data_path = %s,\n    .val_path = %s,\n    .digits = %lld,\n", kinds[t->data.kind],
-       cg_c_string(cg_abs_path(t->data.path)), cg_c_string(cg_abs_path(t->data.val_path)), (long long)t->data.digits);
-  EMIT("    .vocab = %lld,\n    .seq_len = %lld,\n", (long long)vocab_of(c), (long long)seq);
-  EMIT("    .batch = %lld,\n    .micro = %lld,\n    .accum = %lld,\n    .steps = %lld,\n    .seed = %lld,\n",
-       (long long)t->batch, (long long)g->batch, (long long)accum, (long long)t->steps, (long long)t->seed);
-  EMIT("    .eval_every = %lld,\n    .eval_batches = %lld,\n", (long long)t->eval_every, (long long)t->eval_batches);
-  EMIT("    .ckpt_every = %lld,\n    .ckpt_keep = %lld,\n    .ckpt_dir = %s,\n", (long long)t->ckpt_every,
-       (long long)t->ckpt_keep, cg_c_string(cg_abs_path(t->ckpt_dir)));
-  EMIT("    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every, cg_c_string(cg_abs_path(t->log_file)));
-  EMIT("    .flops_per_step = %.17g,\n", step_flops(c));
+  CgPlanHead h = {.hash = hash, .work_bytes = "0, /* the work arena is on the device: DEVICE_WORK_BYTES */",
+                  .micro = c->g->batch, .vocab = cg_vocab(c->g, NULL), .nmetrics = c->g->metrics.n + (c->seed >= 0 ? 2 : 0)};
+  cg_emit_plan_head(c->out, &c->pl, t, &h);
   EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
-  EMIT("    .dp = %lld,\n    .devices = %lld,\n    .mesh = %s,\n", (long long)train_dp(t),
-       (long long)(m ? m->ndevices : 1), cg_c_string(m ? m->name : NULL));
-  if (m && m->naxes) EMIT("    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n", m->naxes);
+  cg_emit_plan_mesh(c->out, train_dp(t), m ? m->ndevices : 1, m);
   EMIT("    .to_device = to_device,\n    .to_host = to_host,\n    .reduce_grads = %s,\n    .loss_scaler = %s,\n",
        train_dp(t) > 1 ? "reduce_grads" : "NULL", c->seed >= 0 ? "loss_scaler" : "NULL");
   EMIT("};\n");
@@ -1379,24 +1060,6 @@ static bool check_conf(Cu *c) {
   return true;
 }
 
-/* tokens and adder feed two i32 [B, T] inputs (emit_c.c check_inputs). */
-static bool check_inputs(Cu *c) {
-  const Graph *g = c->g;
-  if (c->t->data.kind == DATA_TENSORS) return true;
-  bool ok = g->inputs.n == 2;
-  for (int k = 0; ok && k < 2; k++) {
-    const Node *x = nd(c, g->inputs.a[k]);
-    ok = x->dtype == DT_I32 && x->shape.rank == 2;
-  }
-  if (ok) ok = shape_eq(&nd(c, g->inputs.a[0])->shape, &nd(c, g->inputs.a[1])->shape);
-  if (ok) return true;
-  diag_error(c->t->data.span, "%s data feeds two i32 [B, T] inputs (inputs, targets), but model '%s' has %d input%s",
-             c->t->data.kind == DATA_TOKENS ? "tokens" : "adder", g->model_name, g->inputs.n, g->inputs.n == 1 ? "" : "s");
-  return false;
-}
-
-
-
 static int64_t last_device_work;
 
 static const char *type_name(int code) { return code == 1 ? "cps_bf16" : code == 2 ? "cps_f16" : "float"; }
@@ -1419,9 +1082,9 @@ static bool replace_in(StrBuf *b, const char *s, size_t lo, size_t hi, const cha
 static char *typed_kernels(const Cu *c, char *src, char *err, size_t errlen, bool *ok) {
   StrBuf b = {0};
   size_t at = 0;
-  for (int gi = 0; gi < c->fu->ngroups; gi++) {
+  for (int gi = 0; gi < c->pl.fu->ngroups; gi++) {
     const int *ty = c->ftypes[gi];
-    const FusionGroup *gr = &c->fu->groups[gi];
+    const FusionGroup *gr = &c->pl.fu->groups[gi];
     if (!ty) continue;
     const char *sig = strstr(src, cp_fmt("void %s(", gr->kernel.name)), *end = sig ? strstr(sig, ") {") : NULL;
     size_t lo = sig ? (size_t)(sig - src) : 0, hi = end ? (size_t)(end - src) : 0;
@@ -1451,26 +1114,21 @@ static void emit_loss_scaling(Cu *c) {
   for (int k = 0; k < g->states.n; k++) {
     const Node *s = nd(c, g->states.a[k]);
     if (s->ia[1] || c->seed < 0) continue;
-    EMIT("%s%lldLL, %lldLL", n++ ? ", " : "", (long long)c->nc[g->states.a[k]].off, (long long)numel(s));
+    EMIT("%s%lldLL, %lldLL", n++ ? ", " : "", (long long)c->pl.nc[g->states.a[k]].off, (long long)numel(s));
   }
   EMIT("%s};\n#define NGRADS %d\n", n ? "" : "0, 0", n);
 }
 
 bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, const char *source_hash) {
   Cu cs = {.g = g, .t = t, .ok = true}, *c = &cs;
-  if (!check_conf(c) || !check_inputs(c)) return false;
-  c->nc = cp_alloc(sizeof(NodeCu) * (size_t)(g->n ? g->n : 1));
-  c->fu = cg_fusion_enabled() ? fusion_run(g) : cg_no_fusion(g);
+  if (!check_conf(c) || !cg_check_inputs(g, t, false)) return false;
+  c->pl = (CgPlan){.g = g, .fu = cg_fusion_enabled() ? fusion_run(g) : cg_no_fusion(g), .sides = cu_sides,
+                   .bytes = cu_bytes, .ctx = c};
   c->lpc = t->precision == PREC_BF16 ? 1 : t->precision == PREC_F16 ? 2 : 0;
-  c->ftypes = cp_alloc(sizeof(int *) * (size_t)(c->fu->ngroups + 1));
-  place(c);
+  c->ftypes = cp_alloc(sizeof(int *) * (size_t)(c->pl.fu->ngroups + 1));
+  cg_plan_place(&c->pl);
   decide_storage(c);
-  for (int i = 0; i < g->n; i++)
-    if (numel(nd(c, i)) > INT32_MAX) {
-      diag_error(nd(c, i)->span, "a tensor of %s elements is too large for the cuda kernels (at most 2^31 - 1)",
-                 cp_commas(numel(nd(c, i))));
-      return false;
-    }
+  if (!cg_check_sizes(g, "cuda")) return false;
   if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {
     diag_error(t->span, "precision f16 needs loss scaling, but the loss gradient of model '%s' has no constant seed outside fused kernels",
                g->model_name);
@@ -1480,11 +1138,11 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
     diag_error(t->span, "more than 63 metrics are not supported on the cuda backend yet");
     return false;
   }
-  plan_phase(c, PH_TRAIN);
-  plan_phase(c, PH_EVAL);
-  int64_t work = c->work[PH_TRAIN] > c->work[PH_EVAL] ? c->work[PH_TRAIN] : c->work[PH_EVAL];
+  cg_plan_phase(&c->pl, CG_PH_TRAIN);
+  cg_plan_phase(&c->pl, CG_PH_EVAL);
+  int64_t work = cg_plan_peak(&c->pl);
   last_device_work = work;
-  ir_lines(c);
+  c->irline = cg_ir_lines(g);
   /* the body first: the kernel table and kernels.cu are known once every launch is emitted */
   FILE *body = tmpfile();
   if (!body) {
@@ -1493,12 +1151,12 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   }
   c->out = body;
   emit_tables(c);
-  emit_lr(c);
-  emit_phase_fn(c, PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+  cg_emit_lr(c->out, t);
+  emit_phase_fn(c, CG_PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
                 "one micro-batch: the inputs to the device, the forward pass, the backward pass, gradient accumulation");
-  emit_phase_fn(c, PH_TRAIN, "static double update(RtRun *run)",
+  emit_phase_fn(c, CG_PH_TRAIN, "static double update(RtRun *run)",
                 "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
-  emit_phase_fn(c, PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+  emit_phase_fn(c, CG_PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
                 "evaluation: the forward pass only, dropout off");
   emit_plan(c, source_hash);
   if (!c->ok) {
@@ -1510,7 +1168,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   size_t flen = 0, culen = 0;
   FILE *m = open_memstream(&fused, &flen);
   char err[1024];
-  bool ok = m && cg_emit_cuda(m, c->fu->kernels, c->fu->ngroups, g->model_name, err, sizeof err);
+  bool ok = m && cg_emit_cuda(m, c->pl.fu->kernels, c->pl.fu->ngroups, g->model_name, err, sizeof err);
   if (m) fclose(m);
   if (ok) fused = typed_kernels(c, fused, err, sizeof err, &ok);
   if (!ok) {
@@ -1550,8 +1208,8 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   EMIT("extern const RtPlan cplan_plan;\n\n");
   EMIT("#define NKERNELS %d\n#define NINPUTS %d\n#define DEVICE_WORK_BYTES %lldLL /* training %s, evaluation %s */\n"
        "#define GEMM_WORKSPACE ((size_t)32 << 20) /* cuBLASLt's workspace */\n",
-       c->knames.n, g->inputs.n, (long long)(work ? work : MP_ALIGN), cp_bytes_str((double)c->work[PH_TRAIN]),
-       cp_bytes_str((double)c->work[PH_EVAL]));
+       c->knames.n, g->inputs.n, (long long)(work ? work : MP_ALIGN), cp_bytes_str((double)c->pl.work[CG_PH_TRAIN]),
+       cp_bytes_str((double)c->pl.work[CG_PH_EVAL]));
   static const char *const ptext[] = {"f32", "bf16 activations, f32 master weights",
                                       "f16 activations, f32 master weights, dynamic loss scaling"};
   EMIT("#define LP_CODE %d /* precision %s: the storage code of activations and of the params' copy */\n"
@@ -1560,7 +1218,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   emit_loss_scaling(c);
   EMIT("#define PROF_MAX 16384 /* events per phase (CPLAN_PROFILE=1) */\n#define PROF_NODES %d\n"
        "static const char *const prof_class[PROF_NODES + 1] = {\n", g->n);
-  for (int i = 0; i < g->n; i++) EMIT("    %s,\n", is_executed(nd(c, i)) ? cg_c_string(prof_class(c, i)) : "NULL");
+  for (int i = 0; i < g->n; i++) EMIT("    %s,\n", cg_executed(nd(c, i)) ? cg_c_string(prof_class(c, i)) : "NULL");
   EMIT("    NULL};\n");
   EMIT("\nstatic const char *const kernel_names[NKERNELS + 1] = {");
   for (int k = 0; k < c->knames.n; k++) EMIT("%s\"%s\"", k ? ", " : "", c->knames.a[k]);
@@ -1569,10 +1227,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   free(cu);
   emit_konst(c);
   fprintf(out_c, "\n%s", cu_host_src);
-  rewind(body);
-  char buf[8192];
-  for (size_t got; (got = fread(buf, 1, sizeof buf, body)) > 0;) fwrite(buf, 1, got, out_c);
-  fclose(body);
+  cg_append(out_c, body);
   return c->ok;
 }
 

@@ -153,6 +153,29 @@ typedef struct Spmd {
 
 static bool is_spmd(const TrainConf *t) { return train_lowered(t); }
 
+/* The interleaved schedule (Megatron's virtual pipeline: each of the pp devices runs 2 stages)
+ * needs pp x 2 layers to cut and a micro-batch count that is a multiple of pp (runtime/train.c's
+ * order sends micro-batches through the stages in groups of pp). */
+static bool interleaved_ok(const StratPlan *sp, const TrainConf *t, int64_t dp, int64_t pp) {
+  int64_t micro = train_micro(t), m = micro > 0 && dp > 0 ? t->batch / (dp * micro) : 0;
+  int layers = sp->g->layer_names.n;
+  if (layers < 2 * pp) {
+    diag_error(t->strategy.span, "the interleaved schedule cuts the model into pp x 2 = %lld stages of whole layers, "
+               "but model %s has %d layer%s", (long long)(2 * pp), sp->g->model_name, layers, layers == 1 ? "" : "s");
+    if (layers >= 4) diag_hint("use `pipeline = \"1f1b\"`, or pp = %d at most", layers / 2);
+    else diag_hint("use `pipeline = \"1f1b\"` (interleaving needs at least 4 layers)");
+    return false;
+  }
+  if (m % pp != 0) {
+    diag_error(t->strategy.span, "the interleaved schedule needs the micro-batch count to be a multiple of pp = %lld: "
+               "batch %lld / (dp %lld x micro %lld) = %lld micro-batch%s", (long long)pp, (long long)t->batch,
+               (long long)dp, (long long)micro, (long long)m, m == 1 ? "" : "es");
+    diag_hint("choose `micro` so that batch / (dp x micro) is a multiple of %lld, or use `pipeline = \"1f1b\"`", (long long)pp);
+    return false;
+  }
+  return true;
+}
+
 static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   int64_t dp, tp, pp, micro;
   if (!strat_degrees(NULL, t, &dp, &tp, &pp, &micro)) return false;
@@ -176,14 +199,9 @@ static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
     return false;
   }
   out->pipe = NULL;
-  if (pp > 1 && t->strategy.pipeline == PS_INTERLEAVED) {
-    /* pp_partition cuts the virtual stages (chunks = 2); what is missing is the runtime: a rank
-     * running two stages, and an update whose gradient norm does not chain through the stages */
-    diag_error(t->strategy.span, "the interleaved pipeline schedule is not executed yet");
-    diag_hint("use `pipeline = \"1f1b\"` (the default) or `pipeline = \"gpipe\"`");
-    return false;
-  }
-  if (pp > 1 && !(out->pipe = pp_partition(out->sp, out->lw, 1, err, sizeof err))) {
+  int chunks = pp > 1 && t->strategy.pipeline == PS_INTERLEAVED ? 2 : 1;
+  if (chunks > 1 && !interleaved_ok(out->sp, t, dp, pp)) return false;
+  if (pp > 1 && !(out->pipe = pp_partition(out->sp, out->lw, chunks, err, sizeof err))) {
     diag_error(t->strategy.span, "this strategy cannot be cut into pipeline stages yet: %s", err);
     return false;
   }

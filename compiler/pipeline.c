@@ -129,6 +129,12 @@ typedef struct Cut {
   int *tag;          /* [j * pp + s]: the tag of value j's crossing to stage s, -1: none */
   Role *erole;       /* [j * pp + s]: the phase it crosses in (the first reader's role there) */
   IntVec *use;
+  /* the gradient norm (pipeline.h): the lowered node of the squared norm's total (-1: none), the
+   * additions and all-reduces that sum its terms (per stage, lst -2), the update nodes before the
+   * total that feed it (pre), and the scalars computed from it (every stage that reads them has
+   * them: lst -1) */
+  int total;
+  bool *chain, *pre, *post;
   char *err;
   size_t errlen;
   bool failed;
@@ -164,6 +170,57 @@ static int copy_node(Cut *c, Graph *g, int j, const int *in, int fwd) {
   return k;
 }
 
+/* The gradient norm of the update (optimizer.c: sqrt of a chain of additions of one sum of
+ * squares per param, the "terms"), found in the lowered graph: c->total, the lowered node of the
+ * chain's last addition; c->chain, the additions of the chain and the all-reduces the lowering
+ * put inside it (tensor parallelism reduces each term); c->pre, the nodes the terms need; c->post,
+ * the nodes computed from the total alone (the all-reduce of ZeRO's partial sum, the sqrt, the
+ * clipping factor). Chain nodes get stage -2 and post nodes -1 (copied where read). */
+static void find_norm(Cut *c, const StratPlan *sp, const Lowered *lw) {
+  const Graph *gg = sp->g, *lg = c->lg;
+  int n = lg->n, gn = gg->grad_norm;
+  c->chain = cp_alloc(sizeof(bool) * (size_t)(n ? n : 1));
+  c->pre = cp_alloc(sizeof(bool) * (size_t)(n ? n : 1));
+  c->post = cp_alloc(sizeof(bool) * (size_t)(n ? n : 1));
+  c->total = -1;
+  if (gn < 0 || gg->nodes[gn].nin != 1 || replicated(&gg->nodes[gg->nodes[gn].in[0]])) return;
+  int gt = gg->nodes[gn].in[0];
+  bool *gchain = cp_alloc(sizeof(bool) * (size_t)gg->n);
+  gchain[gt] = gg->nodes[gt].op == OP_ADD;
+  for (int i = gt; i >= 0; i--) /* the additions that sum the terms */
+    for (int k = 0; gchain[i] && k < gg->nodes[i].nin; k++) {
+      const Node *x = &gg->nodes[gg->nodes[i].in[k]];
+      if (x->op == OP_ADD && x->role == ROLE_UPD) gchain[gg->nodes[i].in[k]] = true;
+    }
+  c->total = lw->map[gt];
+  c->chain[c->total] = gchain[gt];
+  c->pre[c->total] = true;
+  for (int j = c->total; j >= 0; j--) {
+    const Node *x = &lg->nodes[j];
+    if (!c->pre[j]) continue;
+    for (int k = 0; k < x->nin; k++) {
+      int v = x->in[k];
+      const Node *y = &lg->nodes[v];
+      c->pre[v] = true;
+      if (c->chain[j] && (y->op == OP_ADD || y->op == OP_ALL_REDUCE) && gchain[lw->origin.a[v]]) c->chain[v] = true;
+    }
+  }
+  for (int j = 0; j < n; j++) {
+    c->pre[j] = c->pre[j] && !c->chain[j] && lg->nodes[j].role == ROLE_UPD && !replicated(&lg->nodes[j]);
+    if (c->chain[j]) c->lst[j] = -2;
+  }
+  for (int j = c->total + 1; j < n; j++) {
+    const Node *x = &lg->nodes[j];
+    bool any = false, all = x->role == ROLE_UPD && !replicated(x);
+    for (int k = 0; k < x->nin && all; k++) {
+      int v = x->in[k];
+      any |= v == c->total || c->post[v];
+      all = v == c->total || c->post[v] || replicated(&lg->nodes[v]);
+    }
+    if (any && all) c->post[j] = true, c->lst[j] = -1;
+  }
+}
+
 typedef struct Build {
   Cut *c;
   int s;
@@ -172,9 +229,27 @@ typedef struct Build {
   int *recv;         /* per lowered node: its PP_RECV here, -1 */
   IntVec pending[3]; /* per role: sends to add before the first node of that role */
   Role cur;          /* the role of the nodes being copied */
+  int *part;         /* per lowered node of the norm's sum: this stage's part of it (-1: none,
+                        -2: not yet known) */
+  int total_in;      /* the SCALAR_IN "grad_sumsq" that stands for the whole sum here, -1 */
 } Build;
 
+/* The squared gradient norm summed over every stage, which the runtime hands the update
+ * (RtRun.grad_sumsq): what the readers of the lowered total read in this stage. */
+static int total_in(Build *b) {
+  if (b->total_in >= 0) return b->total_in;
+  const Node *o = &b->c->lg->nodes[b->c->total];
+  int k = ir_add(b->g, OP_SCALAR_IN, NULL, 0, o->span);
+  Node *n = &b->g->nodes[k];
+  n->name = "grad_sumsq", n->dtype = o->dtype, n->role = ROLE_UPD, n->layer = -1;
+  char e[256];
+  if (!ir_infer(b->g, k, e, sizeof e)) failf(b->c, "pipeline: the gradient norm's input: %s", e);
+  return b->total_in = k;
+}
+
 static int leaf_copy(Build *b, int v) {
+  if (v == b->c->total) return total_in(b);
+  if (b->c->chain[v]) failf(b->c, "pipeline: %%%d, a part of the gradient norm's sum, is read outside it", v);
   if (b->local[v] >= 0) return b->local[v];
   const Node *o = &b->c->lg->nodes[v];
   int *in = cp_alloc(sizeof(int) * (size_t)(o->nin ? o->nin : 1));
@@ -205,7 +280,7 @@ static void flush_pending(Build *b, Role r) {
 
 static int input_of(Build *b, int v) {
   Cut *c = b->c;
-  if (c->lst[v] < 0) return leaf_copy(b, v);
+  if (v == c->total || c->lst[v] < 0) return leaf_copy(b, v);
   if (c->lst[v] == b->s) return b->local[v];
   if (b->recv[v] >= 0) return b->recv[v];
   const Node *o = &c->lg->nodes[v];
@@ -221,37 +296,74 @@ static int input_of(Build *b, int v) {
   return b->recv[v] = k;
 }
 
-static PipeStage build_stage(Cut *c, const Lowered *lw, int s) {
-  const Graph *lg = c->lg;
+/* Copies lowered node j into stage b->s with its receives and sends. */
+static void copy_at(Build *b, int j) {
+  Cut *c = b->c;
+  const Node *o = &c->lg->nodes[j];
   int pp = c->pp;
-  Build b = {.c = c, .s = s, .g = ir_new(lg->model_name)};
-  b.local = cp_alloc(sizeof(int) * (size_t)lg->n);
-  b.recv = cp_alloc(sizeof(int) * (size_t)lg->n);
-  for (int j = 0; j < lg->n; j++) b.local[j] = b.recv[j] = -1;
-  for (int k = 0; k < lg->inputs.n; k++) leaf_copy(&b, lg->inputs.a[k]); /* every stage reads the data */
-  for (int j = 0; j < lg->n && !c->failed; j++) {
-    const Node *o = &lg->nodes[j];
-    if (c->lst[j] != s) continue;
-    flush_pending(&b, o->role);
-    b.g->cur_layer = o->layer;
-    int *in = cp_alloc(sizeof(int) * (size_t)(o->nin ? o->nin : 1));
-    for (int k = 0; k < o->nin; k++) in[k] = input_of(&b, o->in[k]);
-    b.local[j] = copy_node(c, b.g, j, in, o->fwd >= 0 ? b.local[o->fwd] : -1);
-    if (o->op == OP_GRAD && b.local[o->fwd] < 0) failf(c, "pipeline: the gradient %%%d is not on its forward node's stage", j);
-    for (int to = 0; to < pp; to++) {
-      if (to == s || c->tag[j * pp + to] < 0) continue;
-      Role r = c->erole[j * pp + to];
-      if (r == o->role) add_send(&b, j, to);
-      else {
-        VEC_PUSH(b.pending[r], j);
-        VEC_PUSH(b.pending[r], to);
-      }
+  flush_pending(b, o->role);
+  b->g->cur_layer = o->layer;
+  int *in = cp_alloc(sizeof(int) * (size_t)(o->nin ? o->nin : 1));
+  for (int k = 0; k < o->nin; k++) in[k] = input_of(b, o->in[k]);
+  b->local[j] = copy_node(c, b->g, j, in, o->fwd >= 0 ? b->local[o->fwd] : -1);
+  if (o->op == OP_GRAD && b->local[o->fwd] < 0) failf(c, "pipeline: the gradient %%%d is not on its forward node's stage", j);
+  for (int to = 0; to < pp; to++) {
+    if (to == b->s || c->tag[j * pp + to] < 0) continue;
+    Role r = c->erole[j * pp + to];
+    if (r == o->role) add_send(b, j, to);
+    else {
+      VEC_PUSH(b->pending[r], j);
+      VEC_PUSH(b->pending[r], to);
     }
   }
+}
+
+/* This stage's part of lowered node j of the norm's sum: the sum of the terms it computes, -1
+ * when it computes none of them. The additions and all-reduces of the sum are repeated over the
+ * parts (an all-reduce of a scalar is linear; the ranks of its group all run this stage). */
+static int norm_part(Build *b, int j) {
+  Cut *c = b->c;
+  if (b->part[j] != -2) return b->part[j];
+  const Node *o = &c->lg->nodes[j];
+  int r = -1;
+  if (!c->chain[j]) /* a term: where it is computed (a replicated constant counts on stage 0) */
+    r = c->lst[j] == b->s ? b->local[j] : c->lst[j] == -1 && b->s == 0 ? leaf_copy(b, j) : -1;
+  else if (o->op == OP_ADD) {
+    int x = norm_part(b, o->in[0]), y = norm_part(b, o->in[1]);
+    r = x < 0 ? y : y < 0 ? x : copy_node(c, b->g, j, (int[]){x, y}, -1);
+  } else {
+    int x = norm_part(b, o->in[0]);
+    r = x < 0 ? -1 : copy_node(c, b->g, j, &x, -1);
+  }
+  return b->part[j] = r;
+}
+
+/* Stage s's graph: its forward and backward nodes in the lowered order; then the update nodes
+ * that compute its part of the squared gradient norm, ending with that part (norm_part: the
+ * runtime's grad_sumsq function runs the update nodes before norm_split); then the rest of the
+ * update, which reads the whole sum as a SCALAR_IN. */
+static PipeStage build_stage(Cut *c, const Lowered *lw, int s) {
+  const Graph *lg = c->lg;
+  Build b = {.c = c, .s = s, .g = ir_new(lg->model_name), .total_in = -1};
+  b.local = cp_alloc(sizeof(int) * (size_t)lg->n);
+  b.recv = cp_alloc(sizeof(int) * (size_t)lg->n);
+  b.part = cp_alloc(sizeof(int) * (size_t)lg->n);
+  for (int j = 0; j < lg->n; j++) b.local[j] = b.recv[j] = -1, b.part[j] = -2;
+  for (int k = 0; k < lg->inputs.n; k++) leaf_copy(&b, lg->inputs.a[k]); /* every stage reads the data */
+  for (int j = 0; j < lg->n && !c->failed; j++)
+    if (c->lst[j] == s && lg->nodes[j].role != ROLE_UPD) copy_at(&b, j);
+  flush_pending(&b, ROLE_BWD);
+  for (int j = 0; j < lg->n && !c->failed; j++)
+    if (c->lst[j] == s && lg->nodes[j].role == ROLE_UPD && c->pre[j]) copy_at(&b, j);
+  PipeStage ps = {.norm_part = c->total >= 0 && !c->failed ? norm_part(&b, c->total) : -1};
+  ps.norm_split = b.g->n;
+  for (int j = 0; j < lg->n && !c->failed; j++)
+    if (c->lst[j] == s && lg->nodes[j].role == ROLE_UPD && !c->pre[j]) copy_at(&b, j);
+  if (lg->grad_norm >= 0 && c->post[lg->grad_norm] && !c->failed) leaf_copy(&b, lg->grad_norm); /* every stage has the norm */
   flush_pending(&b, ROLE_UPD);
   /* the lists, in the lowered graph's orders */
   Graph *g = b.g;
-  PipeStage ps = {.g = g};
+  ps.g = g;
   ps.gparam = cp_alloc(sizeof(int) * (size_t)(lg->params.n + 1));
   ps.owned = cp_alloc(sizeof(bool) * (size_t)(lg->params.n + 1));
   ps.gstate = cp_alloc(sizeof(int) * (size_t)(lg->states.n + 1));
@@ -300,6 +412,7 @@ Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, int chunks, char 
   Cut c = {.sp = sp, .pp = pp, .lg = lg, .err = err, .errlen = errlen};
   c.lst = cp_alloc(sizeof(int) * (size_t)(lg->n ? lg->n : 1));
   for (int j = 0; j < lg->n; j++) c.lst[j] = replicated(&lg->nodes[j]) ? -1 : gst[lw->origin.a[j]];
+  find_norm(&c, sp, lw);
   /* the crossings: value j read on another stage */
   c.tag = cp_alloc(sizeof(int) * (size_t)(lg->n * pp + 1));
   c.erole = cp_alloc(sizeof(Role) * (size_t)(lg->n * pp + 1));
@@ -313,12 +426,27 @@ Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, int chunks, char 
     if (c.lst[i] < 0) continue;
     for (int k = 0; k < n->nin; k++) {
       int v = n->in[k];
-      if (c.lst[v] < 0 || c.lst[v] == c.lst[i]) continue;
+      if (v == c.total || c.lst[v] < 0 || c.lst[v] == c.lst[i]) continue;
+      if (n->role == ROLE_UPD) { /* the update of a param is on its owner's stage (pipeline.h) */
+        snprintf(err, errlen, "the update node %%%d (%s) reads %%%d of another stage", i, ir_ops[n->op].name, v);
+        return NULL;
+      }
       int q = v * pp + c.lst[i];
       if (c.tag[q] < 0) c.tag[q] = p->ncross++;
       if (n->role < c.erole[q]) c.erole[q] = n->role;
     }
   }
+  /* A forward value another stage reads only in its backward is sent at the start of the
+   * producer's backward. Under the interleaved schedule a rank runs its later stage's backward of
+   * a micro-batch before its earlier stage's, so a reader beyond the later stage would wait on
+   * its own backward: refused (none of the models tested here has such a value). */
+  for (int v = 0; v < lg->n && chunks > 1; v++)
+    for (int s = 0; s < pp; s++)
+      if (c.tag[v * pp + s] >= 0 && c.erole[v * pp + s] != lg->nodes[v].role && s > c.lst[v] + (int)sp->pp) {
+        snprintf(err, errlen, "stage %d reads the forward value %%%d of stage %d only in its backward, which the "
+                 "interleaved schedule cannot order", s, v, c.lst[v]);
+        return NULL;
+      }
   p->stages = cp_alloc(sizeof(PipeStage) * (size_t)pp);
   for (int s = 0; s < pp && !c.failed; s++) p->stages[s] = build_stage(&c, lw, s);
   if (c.failed) return NULL;

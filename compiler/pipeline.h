@@ -9,8 +9,13 @@
  *     of its inputs (gradients flow towards stage 0);
  *   - a param is owned by the first stage that reads it; its gradient accumulator, its optimizer
  *     state and its update live there (ACCUM and ASSIGN: the owner's stage);
- *   - the rest of the update: the stage of the params it serves when that is one stage, else (the
- *     global gradient norm) the highest stage of its inputs.
+ *   - the rest of the update: the stage of the params it serves when that is one stage, except
+ *     the global gradient norm. Each stage sums the squares of the gradients it owns (its part:
+ *     PipeStage.norm_part, computed first, by RtPlan.grad_sumsq); the runtime adds the parts of the
+ *     rank's stages and all-reduces the sum over the pp group; each stage's update then reads the
+ *     sum as the SCALAR_IN "grad_sumsq" (RtRun.grad_sumsq) and computes the norm and the clipping
+ *     factor itself. So no value crosses stages in the update, and a rank may run several stages
+ *     (the interleaved schedule) without waiting on itself.
  * Leaves (params, inputs, constants, states) are copied into every stage that reads them. A param
  * read by several stages (GPT's tied embedding: stage 0 and the last) is held by each, updated by
  * its owner, and the runtime sends the updated value from the owner to the other holders after
@@ -20,7 +25,10 @@
  * before the first reader (ops.def), in the phase of the reader (a forward value the other stage
  * reads only in its backward is sent in the backward, so evaluation, which runs the forward only,
  * never leaves a message unread). Each crossing has its own tag. Sends do not wait; receives do,
- * so a schedule whose dependencies are acyclic (1F1B, GPipe) cannot deadlock. */
+ * so a schedule whose dependencies are acyclic (1F1B, GPipe, Megatron's interleaved order:
+ * runtime/train.c pp_order) cannot deadlock. Under the interleaved schedule a rank runs the
+ * backward of its later stage before its earlier stage's, so a forward value read only in the
+ * backward of a stage beyond the producer's next one on the same rank is refused (pp_partition). */
 #ifndef CPLAN_PIPELINE_H
 #define CPLAN_PIPELINE_H
 
@@ -31,6 +39,10 @@ typedef struct PipeStage {
   int *gparam;       /* per param of g (g->params order): its index among the global params */
   bool *owned;       /* per param of g: this stage owns it (updates it, writes it to files) */
   int *gstate;       /* per state of g: its index among the global states */
+  int norm_part;     /* the node of g holding this stage's part of the squared gradient norm, -1:
+                        none (its part is 0) */
+  int norm_split;    /* the update nodes of g before it compute that part (RtPlan.grad_sumsq); the
+                        others, the rest of the update (RtPlan.update) */
 } PipeStage;
 
 typedef struct Pipeline {

@@ -297,8 +297,14 @@ typedef struct RtPlan {
    * update), its states those of its owned params (state_global[k]: the index in gstates). Its
    * micro-batches run as forward (with the loss and metrics on the last stage) and backward,
    * each on the arena of its slot, in the order of pp_schedule (0: 1F1B, 1: GPipe); values that
-   * cross stages are sent inside them (rt_comm_isend / rt_comm_recv on the pp group). update
-   * returns the gradient norm on the stage that computes it and -1 elsewhere. */
+   * cross stages are sent inside them (rt_comm_isend / rt_comm_recv on the pp group). With
+   * pp_chunks = 2 (the interleaved schedule, Megatron's virtual pipeline) stage_plans holds
+   * pp x 2 stages and the rank at pp coordinate c runs two of them, c and c + pp, each with its
+   * own params, states and arenas, in Megatron's interleaved 1F1B order; a crossing's peer is the
+   * rank of its stage (stage mod pp). The update: each stage's grad_sumsq returns its part of the
+   * squared gradient norm (the gradients it owns); the runtime sums the parts of the rank's
+   * stages, all-reduces that over the pp group (f64), stores it in RtRun.grad_sumsq and calls each
+   * stage's update, which returns the gradient norm (the same on every stage). */
   int64_t pp;
   int stage;
   const struct RtPlan *const *stage_plans;
@@ -310,6 +316,8 @@ typedef struct RtPlan {
   const int *state_global;
   const unsigned char *param_owned;
   int ngparams, ngstates;       /* the whole params and states (gparams, gstates) */
+  int pp_chunks;                /* stages per rank: 2 under the interleaved schedule (0, 1: one) */
+  double (*grad_sumsq)(RtRun *run); /* a stage's part of the squared gradient norm */
   /* What checkpoints record and --resume accepts (NULL: source_hash): the build's hash without
    * the strategy and mesh settings, so a checkpoint of one strategy resumes under another. */
   const char *resume_hash;
@@ -345,6 +353,7 @@ struct RtRun {
   /* tensor parallelism: per strategy axis (plan->plan_axes) its group and this rank's coordinate */
   RtComm *axis_comm[3];
   int64_t axis_coord[3];
+  double grad_sumsq;            /* pipeline stages: the squared gradient norm update reads */
 };
 
 /* Parses the program's flags (--help lists them), trains, and returns the exit status:

@@ -213,6 +213,26 @@ static int check_flags(const Opts *o, const RtPlan *p, RtError *err) {
 
 /* ---- the trainer ---------------------------------------------------------------------------- */
 
+/* What belongs to one pipeline stage of the rank (see Trainer.stages). */
+typedef struct PpStage {
+  const RtPlan *p;
+  float *params, *state;
+  unsigned char *work;
+  void **bufs;
+  const void **cbufs;
+  float *gradbuf;
+  int64_t grad_lo, grad_n;
+  int nslots;
+  unsigned char **slot_work;
+  void ***slot_bufs;
+} PpStage;
+
+/* One forward (fwd = 1) or backward of micro-batch mb on the rank's stage `chunk`. */
+typedef struct PpOp {
+  int chunk, fwd;
+  int64_t mb;
+} PpOp;
+
 typedef struct Trainer {
   const RtPlan *p;
   Opts o;
@@ -250,7 +270,51 @@ typedef struct Trainer {
   int nslots;
   unsigned char **slot_work;
   void ***slot_bufs;
+  PpOp *ops;                    /* one step's forwards and backwards on this rank, in order */
+  int64_t nops;
+  /* The interleaved schedule: the rank runs nstages pipeline stages (RtPlan.pp_chunks), each with
+   * its own plan, params, states, arenas and input buffers. The fields above that belong to one
+   * stage (p, run.plan/params/state/work, bufs, cbufs, gradbuf, grad_lo, grad_n and the slots)
+   * hold stage `cur`'s; stage_use swaps another in, so the code written for one stage (allocation,
+   * init, the dp reduction, files) runs per stage. Outside a loop over the stages, cur is 0. */
+  int nstages, cur;
+  PpStage *stages;
 } Trainer;
+
+/* The rank's pipeline stages (1 unless interleaved). */
+static int nstages(const Trainer *t) { return t->nstages > 1 ? t->nstages : 1; }
+
+/* Stage k's fields, read without swapping it in. */
+static PpStage stage_view(const Trainer *t, int k) {
+  if (t->nstages <= 1 || k == t->cur)
+    return (PpStage){t->p, t->run.params, t->run.state, t->run.work, t->bufs, t->cbufs, t->gradbuf, t->grad_lo,
+                     t->grad_n, t->nslots, t->slot_work, t->slot_bufs};
+  return t->stages[k];
+}
+
+/* This rank's params (what = 0), optimizer state and gradients (1) or work arenas (2) in bytes,
+ * over its pipeline stages (each has one work arena per slot). */
+static int64_t rank_bytes(const Trainer *t, int what) {
+  int64_t b = 0;
+  for (int k = 0; k < nstages(t); k++) {
+    PpStage s = stage_view(t, k);
+    b += what == 0 ? 4 * s.p->param_floats : what == 1 ? 4 * s.p->state_floats : s.p->work_bytes * (s.nslots > 1 ? s.nslots : 1);
+  }
+  return b;
+}
+
+/* Makes stage k the one the Trainer's per-stage fields hold. */
+static void stage_use(Trainer *t, int k) {
+  if (t->nstages <= 1 || k == t->cur) return;
+  t->stages[t->cur] = stage_view(t, t->cur);
+  const PpStage *n = &t->stages[k];
+  t->p = t->run.plan = n->p;
+  t->run.params = n->params, t->run.state = n->state, t->run.work = n->work;
+  t->bufs = n->bufs, t->cbufs = n->cbufs;
+  t->gradbuf = n->gradbuf, t->grad_lo = n->grad_lo, t->grad_n = n->grad_n;
+  t->nslots = n->nslots, t->slot_work = n->slot_work, t->slot_bufs = n->slot_bufs;
+  t->cur = k;
+}
 
 static volatile sig_atomic_t stop_signal;
 
@@ -534,39 +598,48 @@ static int global_k(const RtPlan *p, int state, int k) {
 
 /* Every rank gets the whole params (states when state) in the one-device layout: each rank places
  * its shard's elements at their global indices, if it is the first (coordinate 0) on every axis
- * that holds the tensor whole, and the world sums the parts, which is exact as each element comes
- * from exactly one rank. Out of memory stops every rank. */
+ * that holds the tensor whole (and, in a pipeline, its stage owns it), and the world sums the
+ * parts, which is exact as each element comes from exactly one rank. Out of memory stops every
+ * rank. */
 static float *whole(Trainer *t, int state) {
-  const RtPlan *p = t->p;
-  int n = state ? p->nstates : p->nparams;
-  float *w = calloc((size_t)(state ? p->gstate_floats : p->gparam_floats) + 1, sizeof *w);
+  float *w = calloc((size_t)(state ? t->p->gstate_floats : t->p->gparam_floats) + 1, sizeof *w);
   if (!w) rt_comm_abort(t->world, 1, "out of memory for the whole params");
-  for (int k = 0; k < n; k++) {
-    int lead = state || !p->param_owned || p->param_owned[k]; /* a pipeline stage writes what it owns */
-    for (int a = 0; a < p->nplan_axes; a++)
-      if (p->split_dim(state, k, a) < 0 && t->run.axis_coord[a] != 0) lead = 0;
-    if (!lead) continue;
-    int gk = global_k(p, state, k);
-    int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[gk].numel : p->gparams[gk].numel;
-    int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[gk].offset : p->gparams[gk].offset;
-    const float *src = (state ? t->run.state : t->run.params) + lo;
-    for (int64_t l = 0; l < ln; l++) w[go + (ln == gn ? l : p->global_index(state, k, t->run.axis_coord, l))] = src[l];
+  for (int s = 0; s < nstages(t); s++) { /* each of the rank's pipeline stages places its own */
+    stage_use(t, s);
+    const RtPlan *p = t->p;
+    int n = state ? p->nstates : p->nparams;
+    for (int k = 0; k < n; k++) {
+      int lead = state || !p->param_owned || p->param_owned[k]; /* a pipeline stage writes what it owns */
+      for (int a = 0; a < p->nplan_axes; a++)
+        if (p->split_dim(state, k, a) < 0 && t->run.axis_coord[a] != 0) lead = 0;
+      if (!lead) continue;
+      int gk = global_k(p, state, k);
+      int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[gk].numel : p->gparams[gk].numel;
+      int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[gk].offset : p->gparams[gk].offset;
+      const float *src = (state ? t->run.state : t->run.params) + lo;
+      for (int64_t l = 0; l < ln; l++) w[go + (ln == gn ? l : p->global_index(state, k, t->run.axis_coord, l))] = src[l];
+    }
   }
-  rt_comm_all_reduce(t->world, w, state ? p->gstate_floats : p->gparam_floats, RT_COMM_F32);
+  stage_use(t, 0);
+  rt_comm_all_reduce(t->world, w, state ? t->p->gstate_floats : t->p->gparam_floats, RT_COMM_F32);
   return w;
 }
 
-/* This rank's shards out of whole tensors (whole's inverse). */
+/* This rank's shards out of whole tensors (whole's inverse), for each of its pipeline stages. */
 static void scatter(Trainer *t, int state, const float *w) {
-  const RtPlan *p = t->p;
-  int n = state ? p->nstates : p->nparams;
-  for (int k = 0; k < n; k++) {
-    int gk = global_k(p, state, k);
-    int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[gk].numel : p->gparams[gk].numel;
-    int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[gk].offset : p->gparams[gk].offset;
-    float *dst = (state ? t->run.state : t->run.params) + lo;
-    for (int64_t l = 0; l < ln; l++) dst[l] = w[go + (ln == gn ? l : p->global_index(state, k, t->run.axis_coord, l))];
+  for (int s = 0; s < nstages(t); s++) {
+    stage_use(t, s);
+    const RtPlan *p = t->p;
+    int n = state ? p->nstates : p->nparams;
+    for (int k = 0; k < n; k++) {
+      int gk = global_k(p, state, k);
+      int64_t ln = state ? p->states[k].numel : p->params[k].numel, gn = state ? p->gstates[gk].numel : p->gparams[gk].numel;
+      int64_t lo = state ? p->states[k].offset : p->params[k].offset, go = state ? p->gstates[gk].offset : p->gparams[gk].offset;
+      float *dst = (state ? t->run.state : t->run.params) + lo;
+      for (int64_t l = 0; l < ln; l++) dst[l] = w[go + (ln == gn ? l : p->global_index(state, k, t->run.axis_coord, l))];
+    }
   }
+  stage_use(t, 0);
 }
 
 /* A run over whole tensors wp, ws (either may be NULL) with the one-device layout gp. */
@@ -595,13 +668,50 @@ static int save_params(Trainer *t, const char *path, RtError *err) {
 
 /* ---- setup: memory, params, flags ------------------------------------------------------------ */
 
-/* Pipeline parallelism: the micro-batches one stage has in flight (1F1B: at most the stages from
- * it to the last; GPipe: all of a step's), each with its own arena and input buffers. Slot 0 is
- * run.work and bufs. */
+/* The order of one step's forwards and backwards on the rank whose first stage plan p is (2 x
+ * accum x stages ops). GPipe: every forward, then every backward. 1F1B: P - 1 - stage forwards,
+ * then one forward and one backward at a time, then the remaining backwards. Interleaved (V = 2
+ * stages per rank, micro-batches M a multiple of P; Megatron's forward_backward_pipelining_with_
+ * interleaving): virtual forward k runs micro-batch (k / PV) P + k mod P on the rank's stage
+ * (k mod PV) / P, virtual backward k the same micro-batch on the stage V - 1 - that; first
+ * (P - 1 - c) 2 + (V - 1) P forwards (all of them when M = P), then one forward and one backward
+ * at a time, then the remaining backwards. Each stage runs its forwards and its backwards in
+ * micro-batch order. Sends do not wait, receives do, and in this order every receive's send
+ * comes first on its rank (tests/e2e/pp.sh runs it; no order of these ever waits on itself). */
+static int64_t pp_order(const RtPlan *p, PpOp *ops) {
+  int64_t P = plan_pp(p), V = p->pp_chunks > 1 ? p->pp_chunks : 1, M = p->accum, n = 0, c = p->stage;
+  if (V == 1) {
+    int64_t warm = p->pp_schedule == 1 ? M : P - 1 - c, f = 0, b = 0;
+    if (warm > M) warm = M;
+    for (; f < warm; f++) ops[n++] = (PpOp){0, 1, f};
+    for (; f < M; f++, b++) ops[n++] = (PpOp){0, 1, f}, ops[n++] = (PpOp){0, 0, b};
+    for (; b < M; b++) ops[n++] = (PpOp){0, 0, b};
+    return n;
+  }
+  int64_t total = M * V, warm = M == P ? total : (P - 1 - c) * 2 + (V - 1) * P;
+  if (warm > total) warm = total;
+#define PP_FWD(k) ((PpOp){(int)((k) % (P * V) / P), 1, (k) / (P * V) * P + (k) % P})
+#define PP_BWD(k) ((PpOp){(int)(V - 1 - (k) % (P * V) / P), 0, (k) / (P * V) * P + (k) % P})
+  for (int64_t k = 0; k < warm; k++) ops[n++] = PP_FWD(k);
+  for (int64_t k = 0; k < total - warm; k++) ops[n++] = PP_FWD(k + warm), ops[n++] = PP_BWD(k);
+  for (int64_t k = total - warm; k < total; k++) ops[n++] = PP_BWD(k);
+#undef PP_FWD
+#undef PP_BWD
+  return n;
+}
+
+/* Pipeline parallelism: the micro-batches stage `cur` has in flight at most in the order of
+ * t->ops (1F1B: the stages from it to the last; GPipe: all of a step's), each with its own arena
+ * and input buffers. Slot 0 is run.work and bufs. */
 static int alloc_slots(Trainer *t, size_t work, RtError *err) {
   const RtPlan *p = t->p;
-  int64_t k = p->pp_schedule == 1 ? p->accum : plan_pp(p) - p->stage;
-  t->nslots = (int)(k < p->accum ? k : p->accum);
+  int64_t in = 0, most = 1;
+  for (int64_t k = 0; k < t->nops; k++)
+    if (t->ops[k].chunk == t->cur) {
+      in += t->ops[k].fwd ? 1 : -1;
+      most = in > most ? in : most;
+    }
+  t->nslots = (int)most;
   t->slot_work = calloc((size_t)t->nslots, sizeof *t->slot_work);
   t->slot_bufs = calloc((size_t)t->nslots, sizeof *t->slot_bufs);
   if (!t->slot_work || !t->slot_bufs) return rt_errf(err, "out of memory");
@@ -617,7 +727,8 @@ static int alloc_slots(Trainer *t, size_t work, RtError *err) {
   return 0;
 }
 
-static int alloc_all(Trainer *t, RtError *err) {
+/* The params, states, arenas and input buffers of stage cur. */
+static int alloc_stage(Trainer *t, RtError *err) {
   const RtPlan *p = t->p;
   RtRun *r = &t->run;
   size_t work = ((size_t)p->work_bytes + 63) / 64 * 64;
@@ -632,9 +743,7 @@ static int alloc_all(Trainer *t, RtError *err) {
   memset(r->work, 0, work); /* generated code never reads it first; this keeps runs identical */
   t->bufs = calloc((size_t)p->ninputs + 1, sizeof *t->bufs);
   t->cbufs = calloc((size_t)p->ninputs + 1, sizeof *t->cbufs);
-  t->mets = calloc((size_t)p->nmetrics + 1, sizeof *t->mets);
-  t->msum = calloc((size_t)p->nmetrics + 2, sizeof *t->msum); /* + loss and stop flag */
-  if (!t->bufs || !t->cbufs || !t->mets || !t->msum) return rt_errf(err, "out of memory");
+  if (!t->bufs || !t->cbufs) return rt_errf(err, "out of memory");
   if (t->nranks > 1 && plan_grads(t, err) != 0) return -1;
   if (plan_pp(p) > 1 && alloc_slots(t, work, err) != 0) return -1;
   for (int i = 0; i < p->ninputs; i++) {
@@ -645,7 +754,26 @@ static int alloc_all(Trainer *t, RtError *err) {
   return 0;
 }
 
-static void free_all(Trainer *t) {
+static int alloc_all(Trainer *t, RtError *err) {
+  int nm = 0;
+  if (plan_pp(t->p) > 1) {
+    int64_t n = 2 * t->p->accum * nstages(t);
+    if (!(t->ops = calloc((size_t)n, sizeof *t->ops))) return rt_errf(err, "out of memory");
+    t->nops = pp_order(t->p, t->ops);
+  }
+  for (int k = 0; k < nstages(t); k++) {
+    stage_use(t, k);
+    if (alloc_stage(t, err) != 0) return -1;
+    nm = t->p->nmetrics > nm ? t->p->nmetrics : nm;
+  }
+  stage_use(t, 0);
+  t->mets = calloc((size_t)nm + 1, sizeof *t->mets);
+  t->msum = calloc((size_t)nm + 2, sizeof *t->msum); /* + loss and stop flag */
+  if (!t->mets || !t->msum) return rt_errf(err, "out of memory");
+  return 0;
+}
+
+static void free_stage(Trainer *t) {
   for (int q = 1; q < t->nslots; q++) {
     free(t->slot_work ? t->slot_work[q] : NULL);
     for (int i = 0; t->slot_bufs && t->slot_bufs[q] && i < t->p->ninputs; i++) free(t->slot_bufs[q][i]);
@@ -656,12 +784,22 @@ static void free_all(Trainer *t) {
   for (int i = 0; t->bufs && i < t->p->ninputs; i++) free(t->bufs[i]);
   free(t->bufs);
   free(t->cbufs);
-  free(t->mets);
-  free(t->msum);
   free(t->gradbuf);
   free(t->run.params);
   free(t->run.state);
   free(t->run.work);
+}
+
+static void free_all(Trainer *t) {
+  for (int k = 0; k < nstages(t); k++) {
+    stage_use(t, k);
+    free_stage(t);
+  }
+  stage_use(t, 0);
+  free(t->stages);
+  free(t->ops);
+  free(t->mets);
+  free(t->msum);
   rt_tokens_close(t->tok);
   rt_tokens_close(t->val_tok);
   rt_adder_close(t->adder);
@@ -712,7 +850,11 @@ static int load_or_init(Trainer *t, RtError *err) {
     return rc;
   }
   if (t->o.init) return rt_params_load(&t->run, t->o.init, err);
-  for (int i = 0; i < p->nparams; i++) init_param(&t->run, i, t->run.params + p->params[i].offset);
+  for (int s = 0; s < nstages(t); s++) { /* each of the rank's pipeline stages */
+    stage_use(t, s);
+    for (int i = 0; i < t->p->nparams; i++) init_param(&t->run, i, t->run.params + t->p->params[i].offset);
+  }
+  stage_use(t, 0);
   return 0;
 }
 
@@ -762,11 +904,12 @@ static void banner(Trainer *t) {
   const RtPlan *p = t->p;
   char a[32], b[32], c[32], d[32];
   int64_t n = 0;
-  for (int i = 0; i < p->nparams; i++) n += p->params[i].numel;
+  for (int k = 0; k < nstages(t); k++) /* the rank's pipeline stages' */
+    for (int i = 0; i < stage_view(t, k).p->nparams; i++) n += stage_view(t, k).p->params[i].numel;
   say(t, "%s (%s): %s params; arenas: params %s, state %s, work %s", p->model ? p->model : "?",
       p->source ? p->source : "?", human(a, sizeof a, (double)n, ""),
-      human(b, sizeof b, 4.0 * (double)p->param_floats, "B"),
-      human(c, sizeof c, 4.0 * (double)p->state_floats, "B"),
+      human(b, sizeof b, (double)rank_bytes(t, 0), "B"),
+      human(c, sizeof c, (double)rank_bytes(t, 1), "B"),
       human(d, sizeof d, (double)p->work_bytes, "B"));
   if (p->data_kind == RT_DATA_ADDER)
     say(t, "data: adder(digits = %d), evaluation on the held-out problems", p->digits);
@@ -780,7 +923,7 @@ static void banner(Trainer *t) {
   if (t->nranks > 1 && lowered(p))
     say(t, "%d ranks (mesh %s): dp %lld x tp %lld x pp %lld%s, each micro %lld x accum %lld of the batch of %lld",
         t->nranks, p->mesh ? p->mesh : "?", (long long)plan_dp(p), (long long)plan_tp(p), (long long)plan_pp(p),
-        plan_pp(p) > 1 ? (p->pp_schedule == 1 ? " (GPipe)" : " (1F1B)") : "", (long long)p->micro,
+        plan_pp(p) > 1 ? (p->pp_chunks > 1 ? " (interleaved: 2 stages per rank)" : p->pp_schedule == 1 ? " (GPipe)" : " (1F1B)") : "", (long long)p->micro,
         (long long)p->accum, (long long)p->batch);
   else if (t->nranks > 1)
     say(t, "data parallel: %d ranks (mesh %s), each micro %lld x accum %lld of the batch of %lld; "
@@ -846,16 +989,19 @@ static int evaluate(Trainer *t, int64_t s, cJSON *j, RtError *err) {
   int64_t n = 0, nb = p->eval_batches > 0 ? p->eval_batches : 10;
   memset(t->msum, 0, (size_t)p->nmetrics * sizeof *t->msum);
   for (int64_t b = 0; b < nb; b++)
-    for (int64_t m = 0; m < p->accum; m++, n++) {
-      if (fill_inputs(t, 1, b, m, err) != 0) {
-        if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg);
-        return -1;
+    for (int64_t m = 0; m < p->accum; m++, n++)
+      for (int k = 0; k < nstages(t); k++) { /* interleaved: the rank's stages in order */
+        stage_use(t, k);
+        if (fill_inputs(t, 1, b, m, err) != 0) {
+          if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg);
+          return -1;
+        }
+        t->run.micro_index = m;
+        t->p->eval_step(&t->run, t->cbufs, &loss, t->mets);
+        lsum += loss;
+        for (int i = 0; i < t->p->nmetrics; i++) t->msum[i] += t->mets[i];
       }
-      t->run.micro_index = m;
-      p->eval_step(&t->run, t->cbufs, &loss, t->mets);
-      lsum += loss;
-      for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
-    }
+  stage_use(t, 0);
   if (plan_pp(p) > 1) rt_comm_wait_sends(t->run.axis_comm[p->pp_axis]);
   /* t->msum[nmetrics] carries the loss through the reduction */
   t->msum[p->nmetrics] = lsum;
@@ -873,38 +1019,52 @@ static int evaluate(Trainer *t, int64_t s, cJSON *j, RtError *err) {
 }
 
 /* Pipeline parallelism: after the update, the owner of a param other stages also read (a tied
- * embedding) sends them its new value. Every stage walks the same global list, so the sends and
- * receives pair up. */
+ * embedding) sends them its new value, to the rank of each holder (pp group; a holder on the same
+ * rank gets a copy). Every rank walks the same list of params and stages, so the sends and the
+ * receives pair up in order; sends do not wait, so no receive waits on its own rank. */
 static void sync_shared_params(Trainer *t) {
   const RtPlan *p = t->p, *const *sp = p->stage_plans;
   RtComm *g = t->run.axis_comm[p->pp_axis];
-  int n = (int)plan_pp(p);
-  for (int k = 0; k < p->nparams; k++) {
-    int gk = p->param_global[k];
-    int owner = -1;
-    for (int q = 0; q < n && owner < 0; q++)
-      for (int j = 0; j < sp[q]->nparams; j++)
-        if (sp[q]->param_global[j] == gk && sp[q]->param_owned[j]) owner = q;
-    if (owner < 0) continue;
-    float *v = t->run.params + p->params[k].offset;
-    if (p->param_owned[k]) {
-      for (int q = 0; q < n; q++)
-        for (int j = 0; q != p->stage && j < sp[q]->nparams; j++)
-          if (sp[q]->param_global[j] == gk) rt_comm_isend(g, v, p->params[k].numel, RT_COMM_F32, q, 1 << 20 | gk);
-    } else
-      rt_comm_recv(g, v, p->params[k].numel, RT_COMM_F32, owner, 1 << 20 | gk);
+  int P = (int)plan_pp(p), n = P * nstages(t), me = (int)t->run.axis_coord[p->pp_axis];
+  int *at = malloc(sizeof(int) * (size_t)n); /* per stage: the param's index there, -1 */
+  if (!at) rt_comm_abort(t->world, 1, "out of memory");
+  for (int gk = 0; gk < p->ngparams; gk++) {
+    int owner = -1, holders = 0;
+    for (int q = 0; q < n; q++) {
+      at[q] = -1;
+      for (int j = 0; j < sp[q]->nparams && at[q] < 0; j++)
+        if (sp[q]->param_global[j] == gk) at[q] = j;
+      if (at[q] >= 0 && sp[q]->param_owned[at[q]]) owner = q;
+      holders += at[q] >= 0;
+    }
+    if (owner < 0 || holders < 2) continue;
+    /* stage q is the rank's stage q / P when q mod P is its pp coordinate */
+    const float *src = owner % P == me ? stage_view(t, owner / P).params + sp[owner]->params[at[owner]].offset : NULL;
+    for (int q = 0; q < n; q++) {
+      if (q == owner || at[q] < 0) continue;
+      int64_t numel = sp[q]->params[at[q]].numel;
+      int tag = (1 << 20) + gk * n + q;
+      float *dst = q % P == me ? stage_view(t, q / P).params + sp[q]->params[at[q]].offset : NULL;
+      if (src && dst) memcpy(dst, src, (size_t)numel * sizeof *dst);
+      else if (src) rt_comm_isend(g, src, numel, RT_COMM_F32, q % P, tag);
+      else if (dst) rt_comm_recv(g, dst, numel, RT_COMM_F32, owner % P, tag);
+    }
   }
+  free(at);
   rt_comm_wait_sends(g);
 }
 
-/* Micro-batch m's forward (fwd) or backward on its slot. */
-static int pp_run(Trainer *t, int64_t s, int64_t m, int fwd, double *lsum, RtError *err) {
+/* Op o of the step's order: a forward or backward of one micro-batch on one of the rank's stages,
+ * on the micro-batch's slot of that stage. */
+static void pp_run(Trainer *t, int64_t s, PpOp o, double *lsum, RtError *err) {
+  stage_use(t, o.chunk);
   const RtPlan *p = t->p;
+  int64_t m = o.mb;
   int q = (int)(m % t->nslots);
   t->run.work = t->slot_work[q];
   t->run.micro_index = m;
   double t0 = rt_trace_now(), loss = 0;
-  if (fwd) {
+  if (o.fwd) {
     t->bufs = t->slot_bufs[q];
     if (fill_inputs(t, 0, s, m, err) != 0) rt_comm_abort(t->world, 1, err->msg);
     rt_trace_span("data", t0, s, m);
@@ -917,22 +1077,40 @@ static int pp_run(Trainer *t, int64_t s, int64_t m, int fwd, double *lsum, RtErr
     p->backward(&t->run, (const void *const *)t->slot_bufs[q]);
     rt_trace_span("backward", t0, s, m);
   }
-  return 0;
 }
 
-/* One step of a pipeline stage: the micro-batches' forwards and backwards in the schedule's
- * order (GPipe: every forward, then every backward; 1F1B: P - 1 - stage forwards, then one
- * forward and one backward at a time, then the remaining backwards), on nslots arenas. */
+/* One step of the rank's pipeline stages: the micro-batches' forwards and backwards in the order
+ * of pp_order, on each stage's nslots arenas; then each stage's slot 0 again (the update's). */
 static void pp_micro_batches(Trainer *t, int64_t s, double *lsum, RtError *err) {
-  const RtPlan *p = t->p;
-  int64_t M = p->accum, warm = p->pp_schedule == 1 ? M : plan_pp(p) - 1 - p->stage, f = 0, b = 0;
-  if (warm > M) warm = M;
-  for (; f < warm; f++) pp_run(t, s, f, 1, lsum, err);
-  for (; f < M; f++, b++) pp_run(t, s, f, 1, lsum, err), pp_run(t, s, b, 0, lsum, err);
-  for (; b < M; b++) pp_run(t, s, b, 0, lsum, err);
-  t->run.work = t->slot_work[0];
-  t->bufs = t->slot_bufs[0];
-  rt_comm_wait_sends(t->run.axis_comm[p->pp_axis]);
+  for (int64_t k = 0; k < t->nops; k++) pp_run(t, s, t->ops[k], lsum, err);
+  for (int k = nstages(t) - 1; k >= 0; k--) {
+    stage_use(t, k);
+    t->run.work = t->slot_work[0];
+    t->bufs = t->slot_bufs[0];
+  }
+  rt_comm_wait_sends(t->run.axis_comm[t->p->pp_axis]);
+}
+
+/* The update of the rank's pipeline stages (pipeline.h): the squared gradient norm is the sum of
+ * every stage's part (grad_sumsq: the gradients it owns), added over the rank's stages and then
+ * over the pp group (f64); each stage's update reads it (RtRun.grad_sumsq) and returns the norm.
+ * Then the params several stages hold are sent from their owners. Returns the gradient norm. */
+static double pp_update(Trainer *t) {
+  RtComm *g = t->run.axis_comm[t->p->pp_axis];
+  double sq = 0, gn = 0;
+  for (int k = 0; k < nstages(t); k++) {
+    stage_use(t, k);
+    sq += t->p->grad_sumsq(&t->run);
+  }
+  rt_comm_all_reduce(g, &sq, 1, RT_COMM_F64);
+  t->run.grad_sumsq = sq;
+  for (int k = nstages(t) - 1; k >= 0; k--) {
+    stage_use(t, k);
+    gn = t->p->update(&t->run);
+  }
+  rt_comm_wait_sends(g);
+  sync_shared_params(t);
+  return gn > 0 ? gn : 0;
 }
 
 /* One optimizer step: accum micro-batches, then the update.  The loss and metrics are the means
@@ -958,21 +1136,17 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
     for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
   }
   double t0 = rt_trace_now();
-  if (plan_dp(p) > 1 && all_reduce_grads(t, err) != 0) {
-    if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg); /* the others are in a collective */
-    return -1;
+  for (int k = 0; k < nstages(t) && plan_dp(p) > 1; k++) { /* each of the rank's pipeline stages */
+    stage_use(t, k);
+    if (all_reduce_grads(t, err) != 0) {
+      if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg); /* the others are in a collective */
+      return -1;
+    }
   }
+  stage_use(t, 0);
   if (t->nranks > 1) rt_trace_span("grad_sync", t0, s, -1);
   t0 = rt_trace_now();
-  *gn = p->update(&t->run);
-  if (plan_pp(p) > 1) { /* the stage with the norm has it; the others -1 */
-    RtComm *g = t->run.axis_comm[p->pp_axis];
-    rt_comm_wait_sends(g);
-    sync_shared_params(t);
-    double v = *gn > 0 ? *gn : 0;
-    rt_comm_all_reduce(g, &v, 1, RT_COMM_F64);
-    *gn = v;
-  }
+  *gn = plan_pp(p) > 1 ? pp_update(t) : p->update(&t->run);
   rt_trace_span("update", t0, s, -1);
   t->msum[p->nmetrics] = lsum;
   reduce_means(t, t->msum, p->nmetrics + 1, p->accum);
@@ -1028,9 +1202,7 @@ static int checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
 }
 
 /* The arenas this rank allocated (alloc_all): params, optimizer state and gradients, work. */
-static int64_t arena_bytes(const Trainer *t) {
-  return 4 * (t->p->param_floats + t->p->state_floats) + t->p->work_bytes * (t->nslots > 1 ? t->nslots : 1);
-}
+static int64_t arena_bytes(const Trainer *t) { return rank_bytes(t, 0) + rank_bytes(t, 1) + rank_bytes(t, 2); }
 
 static int eval_due(const Trainer *t, int64_t s) {
   const RtPlan *p = t->p;
@@ -1065,8 +1237,8 @@ static int step_and_report(Trainer *t, int64_t s, RtError *err) {
   /* on every line, so the last one (of a finished or an interrupted run) has them */
   cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)rt_peak_rss_bytes());
   cJSON_AddNumberToObject(j, "arena_bytes", (double)arena_bytes(t));
-  cJSON_AddNumberToObject(j, "param_bytes", 4.0 * (double)t->p->param_floats); /* this rank's */
-  cJSON_AddNumberToObject(j, "state_bytes", 4.0 * (double)t->p->state_floats);
+  cJSON_AddNumberToObject(j, "param_bytes", (double)rank_bytes(t, 0)); /* this rank's */
+  cJSON_AddNumberToObject(j, "state_bytes", (double)rank_bytes(t, 1));
   progress(t, s, lr, gn, sec);
   tt = rt_trace_now();
   int rc = eval_due(t, s) ? evaluate(t, s, j, err) : 0;
@@ -1140,11 +1312,9 @@ static int run_all(Trainer *t) {
 /* "memory: peak RSS 52.1MB, arenas 14.2MB (params ..., state ..., work ...)" for this rank, or,
  * with several ranks, rank 0's line for each rank (gathered: every rank calls it). */
 static void report_memory(Trainer *t) {
-  const RtPlan *p = t->p;
   /* a pipeline stage's arenas differ from the others' (and it has one work arena per slot) */
-  int64_t work = p->work_bytes * (t->nslots > 1 ? t->nslots : 1);
-  int64_t mine[5] = {rt_peak_rss_bytes(), arena_bytes(t), 4 * p->param_floats,
-                     4 * p->state_floats, work}, *all = mine;
+  int64_t mine[5] = {rt_peak_rss_bytes(), arena_bytes(t), rank_bytes(t, 0), rank_bytes(t, 1), rank_bytes(t, 2)},
+          *all = mine;
   if (t->nranks > 1) {
     /* every rank is in this collective: without memory, none can go on */
     if (!(all = calloc(5 * (size_t)t->nranks, sizeof *all))) rt_comm_abort(t->world, 1, "out of memory");
@@ -1202,8 +1372,15 @@ static int join_ranks(Trainer *t, int *argc, char ***argv) {
     for (int a = 0; a < n; a++) t->run.axis_comm[a] = groups[pp + a], t->run.axis_coord[a] = coord[pp + a];
     if (pp) t->run.axis_comm[n] = groups[0], t->run.axis_coord[n] = coord[0];
     t->run.dp_rank = p->dp_axis >= 0 ? t->run.axis_coord[p->dp_axis] : 0;
-    if (plan_pp(p) > 1) /* this rank runs its pipeline stage's plan */
-      t->p = t->run.plan = p->stage_plans[t->run.axis_coord[p->pp_axis]];
+    if (plan_pp(p) > 1) { /* this rank runs its pipeline stage's plan; interleaved: c, c + pp, ... */
+      int64_t c = t->run.axis_coord[p->pp_axis];
+      t->p = t->run.plan = p->stage_plans[c];
+      if (p->pp_chunks > 1) {
+        if (!(t->stages = calloc((size_t)p->pp_chunks, sizeof *t->stages))) rt_comm_abort(t->world, 1, "out of memory");
+        t->nstages = p->pp_chunks;
+        for (int k = 0; k < p->pp_chunks; k++) t->stages[k].p = p->stage_plans[c + k * plan_pp(p)];
+      }
+    }
   }
   if (t->nranks == devices) return 0;
   if (devices == 1)

@@ -1,0 +1,271 @@
+/* cg_plan.c: where values live and the arena plan (cg_plan.h), and the RtPlan tables both
+ * emitters write. The emitters read this record; they do not place values themselves. */
+#include "cg_plan.h"
+
+#include "../compiler/memplan.h"
+#include "../compiler/train.h"
+#include "cg_common.h"
+
+static const Node *nd(const CgPlan *p, int i) { return &p->g->nodes[i]; }
+static int64_t numel(const Node *n) { return shape_numel(&n->shape); }
+static int64_t align16(int64_t floats) { return (floats + 15) / 16 * 16; }
+
+bool cg_executed(const Node *n) { return !(ir_ops[n->op].flags & OPF_LEAF); }
+
+bool cg_in_phase(const Node *n, int ph) { return cg_executed(n) && (ph == CG_PH_TRAIN || n->role == ROLE_FWD); }
+
+int cg_root(const CgPlan *p, int i) {
+  while (p->nc[i].kind == CG_L_ALIAS) i = p->nc[i].alias;
+  return i;
+}
+
+/* A transpose can stay virtual when only GEMMs read it: matmuls, the matmul's gradients, and its
+ * own gradient (which lists it as an input only to keep it alive). */
+static bool transpose_virtual(const Graph *g, int t) {
+  for (int i = t + 1; i < g->n; i++) {
+    const Node *n = &g->nodes[i];
+    for (int k = 0; k < n->nin; k++) {
+      if (n->in[k] != t) continue;
+      if (n->op == OP_MATMUL) continue;
+      if (n->op == OP_GRAD && (g->nodes[n->fwd].op == OP_MATMUL || n->fwd == t)) continue;
+      return false;
+    }
+  }
+  if (g->loss == t) return false;
+  for (int k = 0; k < g->metrics.n; k++)
+    if (g->metrics.a[k].node == t) return false;
+  return true;
+}
+
+/* A GRAD that equals its dy: of reshape, and of add/sub (input a) without broadcasting. */
+static bool grad_is_dy(const CgPlan *p, const Node *n) {
+  const Node *f = nd(p, n->fwd);
+  if (f->op == OP_RESHAPE) return true;
+  const Node *x = nd(p, f->in[n->ia[0]]);
+  if (!shape_eq(&x->shape, &f->shape) || x->dtype != f->dtype) return false;
+  return f->op == OP_ADD || (f->op == OP_SUB && n->ia[0] == 0);
+}
+
+/* The forward ops one backward kernel computes several input gradients of. */
+static bool multi_grad(OpId op) {
+  return (op >= OP_ADD && op <= OP_MINIMUM) || op == OP_LAYER_NORM || op == OP_RMS_NORM || op == OP_SDPA;
+}
+
+static void set_alias(CgPlan *p, int i, int to) {
+  p->nc[i].kind = CG_L_ALIAS;
+  p->nc[i].alias = to;
+}
+
+static void place_leaves(CgPlan *p) {
+  const Graph *g = p->g;
+  for (int k = 0; k < g->params.n; k++) {
+    CgPlace *x = &p->nc[g->params.a[k]];
+    x->kind = CG_L_PARAM, x->off = p->param_floats;
+    p->param_floats += align16(numel(nd(p, g->params.a[k])));
+  }
+  for (int k = 0; k < g->states.n; k++) {
+    CgPlace *x = &p->nc[g->states.a[k]];
+    x->kind = CG_L_STATE, x->off = p->state_floats;
+    p->state_floats += align16(numel(nd(p, g->states.a[k])));
+  }
+  for (int k = 0; k < g->inputs.n; k++) p->nc[g->inputs.a[k]].kind = CG_L_INPUT, p->nc[g->inputs.a[k]].off = k;
+}
+
+/* Kinds, views, GRAD groups, and the side buffers (the sides hook). */
+void cg_plan_place(CgPlan *p) {
+  const Graph *g = p->g;
+  p->nc = cp_alloc(sizeof(CgPlace) * (size_t)(g->n ? g->n : 1));
+  place_leaves(p);
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(p, i);
+    CgPlace *x = &p->nc[i];
+    x->leader = i;
+    if (p->fu->group[i] >= 0) { /* the group's kernel call at its root computes it */
+      x->leader = p->fu->groups[p->fu->group[i]].root;
+      x->kind = x->leader == i ? CG_L_WORK : CG_L_FUSED;
+      continue;
+    }
+    if (n->op == OP_CONST) x->kind = CG_L_CONST, x->off = p->nconst++;
+    else if (n->op == OP_SCALAR_IN) x->kind = CG_L_SCALAR, x->off = p->nscalar++;
+    else if (n->op == OP_RESHAPE || n->op == OP_ASSIGN || n->op == OP_ACCUM) set_alias(p, i, n->in[0]);
+    else if (n->op == OP_TRANSPOSE && transpose_virtual(g, i)) set_alias(p, i, n->in[0]), x->trans = true;
+    else if (n->op == OP_GRAD && grad_is_dy(p, n)) set_alias(p, i, n->in[0]);
+    else if (x->kind == CG_L_NONE) x->kind = CG_L_WORK;
+    p->sides(p->ctx, i, x);
+  }
+  /* GRADs of one forward node with one dy share a kernel call where one backward kernel computes
+   * several input gradients: the first one makes the call. */
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(p, i);
+    if (n->op != OP_GRAD || p->nc[i].leader != i || p->nc[i].kind == CG_L_ALIAS || p->fu->group[i] >= 0 ||
+        !multi_grad(nd(p, n->fwd)->op))
+      continue;
+    for (int j = i + 1; j < g->n; j++) {
+      const Node *m = nd(p, j);
+      if (m->op == OP_GRAD && m->fwd == n->fwd && m->in[0] == n->in[0] && m->role == n->role &&
+          p->nc[j].kind != CG_L_ALIAS && p->fu->group[j] < 0)
+        p->nc[j].leader = i;
+    }
+  }
+}
+
+/* Plans one phase: positions in execution order, buffers from definition to last read, aux from
+ * the forward node to its last GRAD, scratch at its node. Values the phase hands out (loss,
+ * metrics, the gradient norm) live to the end. */
+void cg_plan_phase(CgPlan *p, int ph) {
+  const Graph *g = p->g;
+  int *pos = cp_alloc(sizeof(int) * (size_t)g->n), *last = cp_alloc(sizeof(int) * (size_t)g->n);
+  int *alast = cp_alloc(sizeof(int) * (size_t)g->n), np = 0;
+  for (int i = 0; i < g->n; i++) pos[i] = last[i] = alast[i] = -1;
+  for (int i = 0; i < g->n; i++)
+    if (cg_in_phase(nd(p, i), ph)) pos[i] = np++;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(p, i);
+    if (pos[i] < 0) continue;
+    int at = pos[p->nc[i].leader];
+    for (int k = 0; k < n->nin; k++) {
+      int r = cg_root(p, n->in[k]);
+      if (last[r] < at) last[r] = at;
+    }
+    int r = cg_root(p, i);
+    if (last[r] < at) last[r] = at;
+    if (n->op == OP_GRAD && alast[n->fwd] < at) alast[n->fwd] = at;
+  }
+  VEC(int) outs = {0};
+  VEC_PUSH(outs, g->loss);
+  if (ph == CG_PH_TRAIN) VEC_PUSH(outs, g->grad_norm);
+  for (int k = 0; ph == CG_PH_TRAIN && k < p->nkeep; k++) VEC_PUSH(outs, p->keep[k]);
+  for (int k = 0; k < g->metrics.n; k++) VEC_PUSH(outs, g->metrics.a[k].node);
+  for (int k = 0; k < outs.n; k++)
+    if (outs.a[k] >= 0) last[cg_root(p, outs.a[k])] = np;
+
+  VEC(MpBuf) bufs = {0};
+  VEC(int64_t *) dest = {0};
+  for (int i = 0; i < g->n; i++) {
+    if (pos[i] < 0) continue;
+    const Node *n = nd(p, i);
+    CgPlace *x = &p->nc[i];
+    int at = pos[x->leader];
+    if (x->kind == CG_L_WORK) {
+      int64_t bytes = p->bytes ? p->bytes(p->ctx, i) : (int64_t)ir_node_bytes(g, i);
+      VEC_PUSH(bufs, ((MpBuf){bytes, at, last[i] < at ? at : last[i], 0}));
+      VEC_PUSH(dest, &x->woff[ph]);
+    }
+    if (x->aux) {
+      int e = alast[i] > at ? alast[i] : at;
+      VEC_PUSH(bufs, ((MpBuf){x->aux, at, e, 0}));
+      VEC_PUSH(dest, &x->aoff[ph]);
+    }
+    if (x->scratch && !(ph == CG_PH_EVAL && n->op == OP_DROPOUT)) {
+      VEC_PUSH(bufs, ((MpBuf){x->scratch, at, at, 0}));
+      VEC_PUSH(dest, &x->soff[ph]);
+    }
+  }
+  p->work[ph] = mp_plan(bufs.a, bufs.n);
+  cp_assert(mp_check(bufs.a, bufs.n, p->work[ph]) < 0);
+  for (int k = 0; k < bufs.n; k++) *dest.a[k] = bufs.a[k].offset;
+}
+
+int64_t cg_plan_peak(const CgPlan *p) {
+  return p->work[CG_PH_TRAIN] > p->work[CG_PH_EVAL] ? p->work[CG_PH_TRAIN] : p->work[CG_PH_EVAL];
+}
+
+bool cg_forward_skip(FILE *out, const CgPlan *p, int i) {
+  const Node *n = nd(p, i);
+  if (n->op == OP_RESHAPE) fprintf(out, "  /* a view of %%%d: no copy */\n", n->in[0]);
+  else if (n->op == OP_TRANSPOSE && p->nc[i].trans)
+    fprintf(out, "  /* not materialized: the GEMMs reading it use the transpose flag */\n");
+  else return false;
+  return true;
+}
+
+bool cg_grad_skip(FILE *out, const CgPlan *p, int i) {
+  if (p->nc[i].kind == CG_L_ALIAS) fprintf(out, "  /* the gradient is dy itself (%%%d): no kernel */\n", nd(p, i)->in[0]);
+  else if (p->nc[i].leader != i) fprintf(out, "  /* computed together with %%%d */\n", p->nc[i].leader);
+  else return false;
+  return true;
+}
+
+/* ---- the RtPlan tables ---------------------------------------------------------------------- */
+
+void cg_emit_param_row(FILE *out, const Node *p, int64_t off) {
+  static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
+  fprintf(out, "    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", cg_c_string(p->name), p->shape.rank,
+          cg_shape_list(&p->shape), (long long)numel(p), (long long)off, inits[p->ia[0]], p->fa[0], p->fa[1]);
+}
+
+void cg_emit_tables(FILE *out, const CgPlan *p, const CgTables *o) {
+  const Graph *g = p->g;
+  fprintf(out, "\nstatic const RtPlanParam params[] = {\n");
+  for (int k = 0; k < g->params.n; k++) cg_emit_param_row(out, nd(p, g->params.a[k]), p->nc[g->params.a[k]].off);
+  if (!g->params.n) fprintf(out, "    {0},\n");
+  fprintf(out, "};\n\nstatic const RtPlanState states[] = {\n");
+  for (int k = 0; k < g->states.n; k++) {
+    const Node *s = nd(p, g->states.a[k]);
+    fprintf(out, "    {%s, %lld, %lld, %d", cg_c_string(s->name), (long long)numel(s), (long long)p->nc[g->states.a[k]].off,
+            (int)s->ia[1]);
+    if (o->state_reduce) fprintf(out, ", %d", o->state_reduce(o->ctx, k));
+    fprintf(out, "},\n");
+  }
+  if (!g->states.n) fprintf(out, "    {0},\n");
+  fprintf(out, "};\n\nstatic const RtPlanInput inputs_[] = {\n");
+  for (int k = 0; k < g->inputs.n; k++) {
+    const Node *x = nd(p, g->inputs.a[k]);
+    fprintf(out, "    {%s, %d, %s, %s},\n", cg_c_string(x->name), x->shape.rank, cg_shape_list(&x->shape),
+            x->dtype == DT_I32 ? "RT_I32" : "RT_F32");
+  }
+  if (!g->inputs.n && o->inputs_row0) fprintf(out, "    {0},\n");
+  fprintf(out, "};\n\nstatic const char *const metric_names[] = {");
+  for (int k = 0; k < g->metrics.n; k++) fprintf(out, "%s%s", k ? ", " : "", cg_c_string(g->metrics.a[k].name));
+  if (o->more_metrics) fprintf(out, "%s%s", g->metrics.n ? ", " : "", o->more_metrics);
+  else if (!g->metrics.n) fprintf(out, "NULL");
+  fprintf(out, "};\n");
+}
+
+/* ---- the RtPlan fields ---------------------------------------------------------------------- */
+
+void cg_emit_plan_head(FILE *out, const CgPlan *p, const TrainConf *t, const CgPlanHead *h) {
+  const Graph *g = p->g;
+  static const char *const kinds[] = {"RT_DATA_TOKENS", "RT_DATA_ADDER", "RT_DATA_TENSORS"};
+  int64_t accum = g->accum > 0 ? g->accum : 1;
+  int64_t seq = g->inputs.n && nd(p, g->inputs.a[0])->shape.rank > 1 ? nd(p, g->inputs.a[0])->shape.d[1] : 0;
+  const MeshConf *m = t->mesh;
+  if (m && m->naxes) {
+    fprintf(out, "\n/* mesh %s: axis sizes, outermost first */\nstatic const int64_t mesh_axes[] = {", m->name ? m->name : "");
+    for (int k = 0; k < m->naxes; k++) fprintf(out, "%s%lld", k ? ", " : "", (long long)m->axes[k].size);
+    fprintf(out, "};\nstatic const char *const mesh_axis_names[] = {");
+    for (int k = 0; k < m->naxes; k++) fprintf(out, "%s%s", k ? ", " : "", cg_c_string(m->axes[k].name));
+    fprintf(out, "};\n");
+  }
+  fprintf(out, "\nconst RtPlan cplan_plan = {\n");
+  fprintf(out, "    .model = %s,\n    .source = %s,\n    .source_hash = %s,\n", cg_c_string(g->model_name),
+          cg_c_string(t->span.file >= 0 ? src_path(t->span.file) : ""), cg_c_string(h->hash));
+  fprintf(out, "    .nparams = %d,\n    .params = params,\n    .param_floats = %lld,\n", g->params.n,
+          (long long)p->param_floats);
+  fprintf(out, "    .nstates = %d,\n    .states = states,\n    .state_floats = %lld,\n", g->states.n,
+          (long long)p->state_floats);
+  fprintf(out, "    .work_bytes = %s\n", h->work_bytes);
+  fprintf(out, "    .ninputs = %d,\n    .inputs = inputs_,\n    .nmetrics = %d,\n    .metric_names = metric_names,\n",
+          g->inputs.n, h->nmetrics);
+  fprintf(out, "    .data_kind = %s,\n    .data_path = %s,\n    .val_path = %s,\n    .digits = %lld,\n",
+          kinds[t->data.kind], cg_c_string(cg_abs_path(t->data.path)), cg_c_string(cg_abs_path(t->data.val_path)),
+          (long long)t->data.digits);
+  fprintf(out, "    .vocab = %lld,\n    .seq_len = %lld,\n", (long long)h->vocab, (long long)seq);
+  fprintf(out, "    .batch = %lld,\n    .micro = %lld,\n    .accum = %lld,\n    .steps = %lld,\n    .seed = %lld,\n",
+          (long long)t->batch, (long long)h->micro, (long long)accum, (long long)t->steps, (long long)t->seed);
+  fprintf(out, "    .eval_every = %lld,\n    .eval_batches = %lld,\n", (long long)t->eval_every,
+          (long long)t->eval_batches);
+  fprintf(out, "    .ckpt_every = %lld,\n    .ckpt_keep = %lld,\n    .ckpt_dir = %s,\n", (long long)t->ckpt_every,
+          (long long)t->ckpt_keep, cg_c_string(cg_abs_path(t->ckpt_dir)));
+  fprintf(out, "    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every,
+          cg_c_string(cg_abs_path(t->log_file)));
+  fprintf(out, "    .flops_per_step = %.17g,\n", cg_step_flops(g));
+}
+
+void cg_emit_plan_mesh(FILE *out, int64_t dp, int64_t devices, const MeshConf *m) {
+  fprintf(out, "    .dp = %lld,\n    .devices = %lld,\n    .mesh = %s,\n", (long long)dp, (long long)devices,
+          cg_c_string(m ? m->name : NULL));
+  if (m && m->naxes)
+    fprintf(out, "    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n",
+            m->naxes);
+}

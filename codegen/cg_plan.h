@@ -1,0 +1,96 @@
+/* cg_plan.h: where the values of a training graph live in a generated program, for both emitters
+ * (emit_c.c: CPU programs, emit_cu.c: CUDA programs), and the RtPlan tables they both write
+ * (cg_plan.c).
+ *
+ * The rules are one set for both backends:
+ *   PARAM, STATE, INPUT -> their own arrays (params and states at 16-float aligned offsets);
+ *   CONST, SCALAR_IN -> a slot each (the CPU plan names them by node instead);
+ *   reshape, ASSIGN and ACCUM results, gradients equal to their dy -> a view of that buffer;
+ *   a transpose whose every reader is a GEMM -> a view, read with the GEMM's transpose flag;
+ *   a fused group's members -> the registers of the group's kernel at its root (fusion.h);
+ *   everything else -> a work buffer at an arena offset memplan.c assigns per phase by liveness.
+ * GRADs of one forward node with one dy share one backward kernel call (the first one's).
+ * What differs between the backends comes through two hooks: the side buffers a node's kernels
+ * need (aux kept for the backward, scratch for one call), and the bytes of a work buffer (the
+ * CUDA plan stores activations in bf16 / f16). */
+#ifndef CPLAN_CG_PLAN_H
+#define CPLAN_CG_PLAN_H
+
+#include "../compiler/fusion.h"
+#include "../compiler/ir.h"
+#include "../compiler/sema.h"
+
+#include <stdio.h>
+
+enum { CG_PH_TRAIN, CG_PH_EVAL, CG_PH__COUNT }; /* micro_step and update; eval_step */
+
+/* CG_L_FUSED: a member of a fused group other than its root: no buffer, no call. */
+typedef enum CgLoc {
+  CG_L_NONE, CG_L_PARAM, CG_L_STATE, CG_L_INPUT, CG_L_CONST, CG_L_SCALAR, CG_L_WORK, CG_L_ALIAS, CG_L_FUSED
+} CgLoc;
+
+typedef struct CgPlace {
+  CgLoc kind;
+  int64_t off;            /* PARAM/STATE: offset in floats; INPUT: which input; CONST/SCALAR: slot */
+  int alias;              /* CG_L_ALIAS: the node whose buffer this one is */
+  bool trans;             /* a transpose left to the GEMM (an alias of its input) */
+  int leader;             /* the node whose kernel call computes it: itself, the first GRAD of a
+                             backward kernel, or the root of its fused group */
+  int64_t aux, scratch;   /* bytes: side outputs kept for the backward; a temporary */
+  int64_t woff[CG_PH__COUNT], aoff[CG_PH__COUNT], soff[CG_PH__COUNT]; /* arena offsets per phase */
+} CgPlace;
+
+typedef struct CgPlan {
+  const Graph *g;
+  const Fusion *fu;       /* the fused elementwise groups */
+  /* the emitter's hooks, called with ctx */
+  void (*sides)(const void *ctx, int i, CgPlace *x); /* sets x->aux and x->scratch of node i */
+  int64_t (*bytes)(const void *ctx, int i);          /* node i's work buffer (NULL: ir_node_bytes) */
+  const void *ctx;
+  const int *keep;        /* more values the train phase hands out (a pipeline stage's norm part) */
+  int nkeep;
+  /* results */
+  CgPlace *nc;            /* per node */
+  int64_t work[CG_PH__COUNT];          /* arena bytes per phase */
+  int64_t param_floats, state_floats;  /* the params' and states' arrays */
+  int nconst, nscalar;                 /* CONST and SCALAR_IN slots */
+} CgPlan;
+
+bool cg_executed(const Node *n);             /* not a leaf: it has a kernel call */
+bool cg_in_phase(const Node *n, int ph);     /* executed in phase ph (eval: forward nodes only) */
+int cg_root(const CgPlan *p, int i);         /* the node that owns i's memory (views followed) */
+void cg_plan_place(CgPlan *p);               /* fills p->nc, param_floats, state_floats, slots */
+void cg_plan_phase(CgPlan *p, int ph);       /* the arena offsets of phase ph and p->work[ph] */
+int64_t cg_plan_peak(const CgPlan *p);       /* the larger of the phases' arenas */
+/* A node without a kernel call of its own writes the comment that says so and returns true:
+ * forward, a reshape or a virtual transpose; a GRAD, a view of dy or one computed with another. */
+bool cg_forward_skip(FILE *out, const CgPlan *p, int i);
+bool cg_grad_skip(FILE *out, const CgPlan *p, int i);
+
+/* ---- the RtPlan tables and fields both backends write (runtime/cplanrt.h) -------------------- */
+
+/* params[], states[], inputs_[] and metric_names[]; what the backends differ in: */
+typedef struct CgTables {
+  int (*state_reduce)(const void *ctx, int k); /* a fifth state column: the runtime reduces state k
+                                                  over dp (lower.h); NULL: four columns */
+  const void *ctx;
+  bool inputs_row0;          /* a {0} row when there are no inputs (the CPU table stays empty) */
+  const char *more_metrics;  /* names appended to metric_names (f16 loss scaling's), or NULL */
+} CgTables;
+void cg_emit_tables(FILE *out, const CgPlan *p, const CgTables *o);
+/* one row of an RtPlanParam table: param p at offset off (floats) */
+void cg_emit_param_row(FILE *out, const Node *p, int64_t off);
+
+/* The mesh's axis tables, then `const RtPlan cplan_plan = {` and its fields from .model to
+ * .flops_per_step; the backends then add their functions and the rest. */
+typedef struct CgPlanHead {
+  const char *hash;          /* the build's source hash */
+  const char *work_bytes;    /* the .work_bytes value, its comma and a comment */
+  int64_t micro, vocab;
+  int nmetrics;
+} CgPlanHead;
+void cg_emit_plan_head(FILE *out, const CgPlan *p, const TrainConf *t, const CgPlanHead *h);
+/* .dp, .devices, .mesh and the mesh axes of the RtPlan */
+void cg_emit_plan_mesh(FILE *out, int64_t dp, int64_t devices, const MeshConf *m);
+
+#endif
