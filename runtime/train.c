@@ -754,6 +754,15 @@ static int alloc_stage(Trainer *t, RtError *err) {
   return 0;
 }
 
+/* The plan whose metrics the run reports: under pipeline parallelism the last stage's, the only
+ * one that computes them (the other stages add nothing, so every rank reduces and reports the same
+ * metrics), else the plan's own. */
+static const RtPlan *metrics_plan(const Trainer *t) {
+  const RtPlan *p = t->p;
+  if (plan_pp(p) <= 1 || !p->stage_plans) return p;
+  return p->stage_plans[plan_pp(p) * (p->pp_chunks > 1 ? p->pp_chunks : 1) - 1];
+}
+
 static int alloc_all(Trainer *t, RtError *err) {
   int nm = 0;
   if (plan_pp(t->p) > 1) {
@@ -767,6 +776,7 @@ static int alloc_all(Trainer *t, RtError *err) {
     nm = t->p->nmetrics > nm ? t->p->nmetrics : nm;
   }
   stage_use(t, 0);
+  nm = metrics_plan(t)->nmetrics > nm ? metrics_plan(t)->nmetrics : nm;
   t->mets = calloc((size_t)nm + 1, sizeof *t->mets);
   t->msum = calloc((size_t)nm + 2, sizeof *t->msum); /* + loss and stop flag */
   if (!t->mets || !t->msum) return rt_errf(err, "out of memory");
@@ -984,10 +994,10 @@ static int write_metrics(Trainer *t, cJSON *j, RtError *err) {
 /* Evaluation: eval_batches batches of the validation data from its start; the mean loss and
  * metrics of their micro-batches go into j as val_loss and val_<metric>. */
 static int evaluate(Trainer *t, int64_t s, cJSON *j, RtError *err) {
-  const RtPlan *p = t->p;
+  const RtPlan *p = t->p, *mp = metrics_plan(t);
   double lsum = 0, loss;
   int64_t n = 0, nb = p->eval_batches > 0 ? p->eval_batches : 10;
-  memset(t->msum, 0, (size_t)p->nmetrics * sizeof *t->msum);
+  memset(t->msum, 0, (size_t)mp->nmetrics * sizeof *t->msum);
   for (int64_t b = 0; b < nb; b++)
     for (int64_t m = 0; m < p->accum; m++, n++)
       for (int k = 0; k < nstages(t); k++) { /* interleaved: the rank's stages in order */
@@ -1004,15 +1014,15 @@ static int evaluate(Trainer *t, int64_t s, cJSON *j, RtError *err) {
   stage_use(t, 0);
   if (plan_pp(p) > 1) rt_comm_wait_sends(t->run.axis_comm[p->pp_axis]);
   /* t->msum[nmetrics] carries the loss through the reduction */
-  t->msum[p->nmetrics] = lsum;
-  reduce_means(t, t->msum, p->nmetrics + 1, n);
-  lsum = t->msum[p->nmetrics];
+  t->msum[mp->nmetrics] = lsum;
+  reduce_means(t, t->msum, mp->nmetrics + 1, n);
+  lsum = t->msum[mp->nmetrics];
   cJSON_AddNumberToObject(j, "val_loss", lsum);
-  add_metrics(j, p, "val_", t->msum);
+  add_metrics(j, mp, "val_", t->msum);
   char line[1024];
   int k = snprintf(line, sizeof line, "eval step %lld: val_loss %.6f", (long long)s + 1, lsum);
-  for (int i = 0; i < p->nmetrics && k < (int)sizeof line; i++)
-    k += snprintf(line + k, sizeof line - (size_t)k, " val_%s %.6f", p->metric_names[i],
+  for (int i = 0; i < mp->nmetrics && k < (int)sizeof line; i++)
+    k += snprintf(line + k, sizeof line - (size_t)k, " val_%s %.6f", mp->metric_names[i],
                   t->msum[i]);
   say(t, "%s", line);
   return 0;
@@ -1117,8 +1127,9 @@ static double pp_update(Trainer *t) {
  * of the micro-batches' (they are of equal size). */
 static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   const RtPlan *p = t->p;
+  int nm = metrics_plan(t)->nmetrics;
   double lsum = 0, loss;
-  memset(t->msum, 0, (size_t)p->nmetrics * sizeof *t->msum);
+  memset(t->msum, 0, (size_t)nm * sizeof *t->msum);
   t->run.step = s;
   if (plan_pp(p) > 1) pp_micro_batches(t, s, &lsum, err);
   for (int64_t m = 0; m < p->accum && plan_pp(p) == 1; m++) {
@@ -1148,9 +1159,9 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   t0 = rt_trace_now();
   *gn = plan_pp(p) > 1 ? pp_update(t) : p->update(&t->run);
   rt_trace_span("update", t0, s, -1);
-  t->msum[p->nmetrics] = lsum;
-  reduce_means(t, t->msum, p->nmetrics + 1, p->accum);
-  t->loss = t->msum[p->nmetrics];
+  t->msum[nm] = lsum;
+  reduce_means(t, t->msum, nm + 1, p->accum);
+  t->loss = t->msum[nm];
   if (!isfinite(t->loss))
     return rt_errf(err, "step %lld/%lld (metrics step %lld): the loss is %s: stopping (a lower learning rate or "
                    "`clip` may help)", (long long)s + 1, (long long)t->stop, (long long)s,
@@ -1225,7 +1236,7 @@ static int step_and_report(Trainer *t, int64_t s, RtError *err) {
   cJSON_AddNumberToObject(j, "grad_norm", gn);
   cJSON_AddNumberToObject(j, "ms", 1e3 * sec);
   cJSON_AddNumberToObject(j, "tokens_per_s", tokens_per_step(p) / sec);
-  add_metrics(j, p, "", t->msum);
+  add_metrics(j, metrics_plan(t), "", t->msum);
   if (t->world) {
     uint64_t b = rt_comm_bytes(t->world); /* and the axis groups' (tp, ZeRO, pp traffic) */
     for (int a = 0; a < 4 && a < (int)(sizeof t->run.axis_comm / sizeof *t->run.axis_comm); a++)

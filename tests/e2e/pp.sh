@@ -8,7 +8,8 @@
 # 4-layer variants: pp = 2 and dp = 2 x pp = 2 (2 micro-batches per replica: the all-warm-up
 # order), gpt_small also with tp = 2 and with zero = 1 (the gradient norm's parts are partial sums
 # over dp), against the 4-layer single-device program, its checkpoint resumed on one device; and
-# the two strategies it refuses, with their errors at the strategy field.
+# the two strategies it refuses, with their errors at the strategy field. A model with a metric
+# (computed by the last stage only) reports the one-device values under 1F1B and interleaved.
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
 e2e_init "$1" "$2"
@@ -86,4 +87,26 @@ e2e_prog 1 ilv-micro "$cplanc" build ilv_micro.cplan -o ilv_micro --set train.mo
 e2e_says ilv-micro "ilv_micro.cplan:$line:15: error: the interleaved schedule needs the micro-batch count to be a multiple of pp = 2: batch 4 / (dp 1 x micro 4) = 1 micro-batch" "^~~~"
 e2e_prog 1 ilv-layers "$cplanc" build ilv_layers.cplan -o ilv_layers
 e2e_says ilv-layers "ilv_layers.cplan:$line:15: error: the interleaved schedule cuts the model into pp x 2 = 4 stages of whole layers, but model gpt_small has 2 layers" "^~~~"
+# a model with a metric: only the last stage computes it, every rank reduces and reports it (the
+# metrics line of rank 0, the first stage, shows the same accuracy as one device), under 1F1B and
+# interleaved
+sed 's|^  loss = cross_entropy(logits, targets)$|&\n  metric accuracy = mean(argmax(logits) == targets)|' gpt_small.cplan >gpt_metric.cplan
+grep -q '^  metric accuracy' gpt_metric.cplan || fail "gpt_metric.cplan: the edit of gpt_small.cplan did not apply"
+e2e_build metric-1 gpt_metric.cplan --set train.model.L=4
+e2e_prog 0 metric-1 ./metric-1 --metrics metric-1.jsonl --save metric-1.st
+for cfg in "pp2 pp=2 micro=1" "ilv pp=2 micro=1 pipeline=\"interleaved\""; do
+  read -r label fields <<<"$cfg"
+  sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.model.L=4)
+  for f in $fields; do sets+=(--set "train.strategy.$f"); done
+  e2e_build "metric-$label" gpt_metric.cplan "${sets[@]}"
+  e2e_prog 0 "metric-$label" "$mpirun" -np 2 --oversubscribe "./metric-$label" --metrics "metric-$label.jsonl" \
+    --save "metric-$label.st"
+  e2e_close "metric $fields" metric-1.jsonl "metric-$label.jsonl" metric-1.st "metric-$label.st"
+  python3 - metric-1.jsonl "metric-$label.jsonl" <<'PY' || exit 1
+import json, sys
+a, b = ([json.loads(l).get("accuracy") for l in open(p)] for p in sys.argv[1:])
+if None in a or None in b or any(abs(x - y) > 1e-6 for x, y in zip(a, b)):
+    sys.exit("FAILED: pp accuracy metric %s vs one device %s" % (b, a))
+PY
+done
 echo "pp.sh: ok"
