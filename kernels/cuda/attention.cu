@@ -202,21 +202,24 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
     if (c < d) dqr[c] = st<T>(ld(dqr[c]) + g[c] * scale);
 }
 
-#define ATT_ENTRIES(T, S, DM)                                                                             \
-  extern "C" __global__ void __launch_bounds__(ATT_BR) attention_forward_##S##_d##DM(                     \
+/* The extern "C" entries of one kernel set: NAME_forward_S_dDM, NAME_backward_dkdv_S_dDM and
+ * NAME_backward_dq_S_dDM, calling FWD, DKDV and DQ<T, DM> with BOUNDS threads a block. */
+#define ATT_ENTRY_SET(NAME, FWD, DKDV, DQ, BOUNDS, T, S, DM)                                              \
+  extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_forward_##S##_d##DM(                        \
       T *out, float *lse, const T *q, const T *k, const T *v, int t, int d, int causal) {                 \
-    att_fwd<T, DM>(out, lse, q, k, v, t, d, causal);                                                      \
+    FWD<T, DM>(out, lse, q, k, v, t, d, causal);                                                          \
   }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(ATT_BR) attention_backward_dkdv_##S##_d##DM(               \
+  extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dkdv_##S##_d##DM(                  \
       T *dk, T *dv, const T *dout, const float *lse, const float *delta, const T *q, const T *k,          \
       const T *v, int t, int d, int causal) {                                                             \
-    att_bwd_dkdv<T, DM>(dk, dv, dout, lse, delta, q, k, v, t, d, causal);                                 \
+    DKDV<T, DM>(dk, dv, dout, lse, delta, q, k, v, t, d, causal);                                         \
   }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(ATT_BR) attention_backward_dq_##S##_d##DM(                 \
+  extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dq_##S##_d##DM(                    \
       T *dq, const T *dout, const float *lse, const float *delta, const T *q, const T *k, const T *v,     \
       int t, int d, int causal) {                                                                         \
-    att_bwd_dq<T, DM>(dq, dout, lse, delta, q, k, v, t, d, causal);                                       \
+    DQ<T, DM>(dq, dout, lse, delta, q, k, v, t, d, causal);                                               \
   }
+#define ATT_ENTRIES(T, S, DM) ATT_ENTRY_SET(attention, att_fwd, att_bwd_dkdv, att_bwd_dq, ATT_BR, T, S, DM)
 
 ATT_ENTRIES(float, f32, 64)
 ATT_ENTRIES(float, f32, 128)
@@ -502,21 +505,7 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
   tc_add_rows<T, TD>(dq + z * t * d, g, sw, i0 + w * 16, t, d, scale);
 }
 
-#define ATT_TC_ENTRIES(T, S, TD)                                                                          \
-  extern "C" __global__ void __launch_bounds__(TC_W * 32) attention_tc_forward_##S##_d##TD(               \
-      T *out, float *lse, const T *q, const T *k, const T *v, int t, int d, int causal) {                 \
-    tc_fwd<T, TD>(out, lse, q, k, v, t, d, causal);                                                       \
-  }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(TC_W * 32) attention_tc_backward_dkdv_##S##_d##TD(         \
-      T *dk, T *dv, const T *dout, const float *lse, const float *delta, const T *q, const T *k,          \
-      const T *v, int t, int d, int causal) {                                                             \
-    tc_bwd_dkdv<T, TD>(dk, dv, dout, lse, delta, q, k, v, t, d, causal);                                  \
-  }                                                                                                       \
-  extern "C" __global__ void __launch_bounds__(TC_W * 32) attention_tc_backward_dq_##S##_d##TD(           \
-      T *dq, const T *dout, const float *lse, const float *delta, const T *q, const T *k, const T *v,     \
-      int t, int d, int causal) {                                                                         \
-    tc_bwd_dq<T, TD>(dq, dout, lse, delta, q, k, v, t, d, causal);                                        \
-  }
+#define ATT_TC_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_tc, tc_fwd, tc_bwd_dkdv, tc_bwd_dq, TC_W * 32, T, S, TD)
 
 ATT_TC_ENTRIES(bf16, bf16, 64)
 ATT_TC_ENTRIES(bf16, bf16, 128)
