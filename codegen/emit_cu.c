@@ -912,6 +912,68 @@ static void emit_fetch(Cu *c, const int *nodes, int n) {
   EMIT("  fetch(%d, (float *const[]){%s});\n", n, sb_str(&b));
 }
 
+/* AdamW runs fused (unless CPLAN_FUSED_UPDATE=0 at build time): the global gradient norm and the
+ * clip factor by cplan_cuda_global_norm, then every param's step by cplan_cuda_adamw_multi
+ * (kernels/cuda: the formula of compiler/optimizer.c, 32 tensors a launch), in place of the
+ * graph's update nodes (one fused group or more per param). The other optimizers keep the nodes. */
+static bool fused_adamw(const Cu *c) {
+  const char *e = getenv("CPLAN_FUSED_UPDATE");
+  return c->t->optimizer.kind == OPT_ADAMW && c->g->grad_norm >= 0 && !(e && strcmp(e, "0") == 0);
+}
+
+/* The state node of param node p whose name ends in suffix (".exp_avg"), or the gradient
+ * accumulator (suffix NULL: the unsaved state of p); -1 if none. */
+static int param_state(const Cu *c, int p, const char *suffix) {
+  const Graph *g = c->g;
+  size_t ls = suffix ? strlen(suffix) : 0;
+  for (int k = 0; k < g->states.n; k++) {
+    const Node *s = nd(c, g->states.a[k]);
+    if (s->ia[0] != p || (suffix != NULL) != (s->ia[1] != 0)) continue;
+    size_t ln = s->name ? strlen(s->name) : 0;
+    if (!suffix || (ln >= ls && strcmp(s->name + ln - ls, suffix) == 0)) return g->states.a[k];
+  }
+  return -1;
+}
+
+/* adamw_fused(run): the tensor tables (built at the first step: the device arenas are fixed by
+ * then), the norm into the grad_norm node's slot, the clip factor, the update. */
+static void emit_adamw_fused(Cu *c) {
+  const Graph *g = c->g;
+  const OptimizerConf *o = &c->t->optimizer;
+  StrBuf nt = {0}, at = {0};
+  int n = 0;
+  for (int k = 0; k < g->params.n; k++) {
+    int p = g->params.a[k], acc = param_state(c, p, NULL), m = param_state(c, p, ".exp_avg"),
+        v = param_state(c, p, ".exp_avg_sq");
+    if (acc < 0) continue; /* no gradient: not updated (as torch) */
+    if (m < 0 || v < 0) cp_panic(__FILE__, __LINE__, "AdamW param %s has no moments", nd(c, p)->name);
+    const Node *pn = nd(c, p);
+    long long off = (long long)c->pl.nc[cg_root(&c->pl, p)].off, len = (long long)shape_numel(&pn->shape);
+    const char *ao = cp_fmt("S(%lld)", (long long)c->pl.nc[acc].off);
+    sb_printf(&nt, "    nt[%d] = (CplanNormTensor){%s, CPLAN_F32, %lldLL};\n", n, ao, len);
+    sb_printf(&at, "    at[%d] = (CplanAdamwTensor){P(%lld), %s, %s, CPLAN_F32, S(%lld), S(%lld), %lldLL, %s}; /* %s */\n", n,
+              off, c->lpc == 1 ? cp_fmt("PL(%lld)", off) : "NULL", ao, (long long)c->pl.nc[m].off,
+              (long long)c->pl.nc[v].off, len, cg_flt(pn->shape.rank >= 2 ? o->weight_decay : 0), pn->name);
+    n++;
+  }
+  EMIT("\n/* AdamW, fused (codegen/emit_cu.c fused_adamw): the global gradient norm and the clip factor, then\n"
+       " * every param's step, multi-tensor (kernels/cuda global_norm.cu, adamw.cu) */\n"
+       "#define NUPD %d\nstatic void adamw_fused(const RtRun *run) {\n"
+       "  static CplanNormTensor nt[NUPD + 1];\n  static CplanAdamwTensor at[NUPD + 1];\n"
+       "  static double *work;\n  static size_t work_len;\n  static float *clip_scale;\n"
+       "  if (!work) {\n%s%s"
+       "    work_len = cplan_cuda_global_norm_work(nt, NUPD);\n"
+       "    CU(cudaMalloc((void **)&work, work_len * sizeof *work + 8));\n"
+       "    CU(cudaMalloc((void **)&clip_scale, 4));\n  }\n",
+       n, sb_str(&nt), sb_str(&at));
+  EMIT("  kl_check(cplan_cuda_global_norm(%s, %s, nt, NUPD, %s, work, work_len, G.s), -1);\n", ptr(c, g->grad_norm),
+       c->t->clip > 0 ? "clip_scale" : "NULL", cg_flt(c->t->clip > 0 ? c->t->clip : 0));
+  EMIT("  CplanAdamwHyper h = {(float)lr_at(run->step), %s, %s, %s, (float)(1.0 - pow(%.17g, (double)(run->step + 1))),\n"
+       "                        (float)(1.0 - pow(%.17g, (double)(run->step + 1)))};\n",
+       cg_flt(o->beta1), cg_flt(o->beta2), cg_flt(o->eps), o->beta1, o->beta2);
+  EMIT("  kl_check(cplan_cuda_adamw_multi(at, NUPD, &h, %s, G.s), -1);\n}\n", c->t->clip > 0 ? "clip_scale" : "NULL");
+}
+
 static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   const Graph *g = c->g;
   c->ph = ph;
@@ -921,10 +983,15 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
     if (c->seed >= 0)
       EMIT("  /* f16: an overflow in this step's gradients skips it (ls_check found it) */\n"
            "  int skip = ls_step();\n  if (!skip) {\n");
-    emit_scalar_ins(c);
-    for (int i = 0; i < g->n; i++)
-      if (nd(c, i)->role == ROLE_UPD && cg_executed(nd(c, i))) emit_node(c, i);
-    if (c->lpc) EMIT("  /* the forward reads the params in %s */\n  lp_refresh();\n", c->lpc == 1 ? "bf16" : "f16");
+    if (fused_adamw(c)) {
+      EMIT("  adamw_fused(run);\n");
+      if (c->lpc == 2) EMIT("  /* the forward reads the params in f16 (adamw_fused wrote the bf16 copy only under bf16) */\n  lp_refresh();\n");
+    } else {
+      emit_scalar_ins(c);
+      for (int i = 0; i < g->n; i++)
+        if (nd(c, i)->role == ROLE_UPD && cg_executed(nd(c, i))) emit_node(c, i);
+      if (c->lpc) EMIT("  /* the forward reads the params in %s */\n  lp_refresh();\n", c->lpc == 1 ? "bf16" : "f16");
+    }
     if (c->seed >= 0) EMIT("  }\n");
     c->upd = false;
     EMIT("  /* the gradient accumulators start the next step at zero */\n");
@@ -1154,6 +1221,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   cg_emit_lr(c->out, t);
   emit_phase_fn(c, CG_PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
                 "one micro-batch: the inputs to the device, the forward pass, the backward pass, gradient accumulation");
+  if (fused_adamw(c)) emit_adamw_fused(c);
   emit_phase_fn(c, CG_PH_TRAIN, "static double update(RtRun *run)",
                 "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
   emit_phase_fn(c, CG_PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
