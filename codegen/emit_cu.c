@@ -974,6 +974,41 @@ static void emit_adamw_fused(Cu *c) {
   EMIT("  kl_check(cplan_cuda_adamw_multi(at, NUPD, &h, %s, G.s), -1);\n}\n", c->t->clip > 0 ? "clip_scale" : "NULL");
 }
 
+/* Zeroes the gradient accumulators (the unsaved states) at the end of update: one memset over
+ * their span when no saved state lies inside it (the padding between them is unused), else one
+ * per accumulator. State offsets are in floats (S(off)). */
+static void emit_zero_grads(Cu *c) {
+  const Graph *g = c->g;
+  int64_t lo = INT64_MAX, hi = 0;
+  int n = 0;
+  for (int k = 0; k < g->states.n; k++) {
+    int i = g->states.a[k];
+    if (nd(c, i)->ia[1]) continue;
+    int64_t off = c->pl.nc[i].off * 4;
+    lo = off < lo ? off : lo;
+    hi = off + sbytes(c, i) > hi ? off + sbytes(c, i) : hi;
+    n++;
+  }
+  bool span = n > 1;
+  for (int k = 0; k < g->states.n && span; k++) {
+    int i = g->states.a[k];
+    int64_t off = c->pl.nc[i].off * 4;
+    if (nd(c, i)->ia[1] && off < hi && off + sbytes(c, i) > lo) span = false;
+  }
+  if (span) {
+    EMIT("  /* all %d of them: one span */\n", n);
+    emit_zero(c, cp_fmt("S(%lld)", (long long)(lo / 4)), hi - lo);
+    return;
+  }
+  for (int k = 0; k < g->states.n; k++) {
+    const Node *s = nd(c, g->states.a[k]);
+    if (!s->ia[1]) {
+      EMIT("  /* %s */\n", s->name);
+      emit_zero(c, ptr(c, g->states.a[k]), sbytes(c, g->states.a[k]));
+    }
+  }
+}
+
 static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   const Graph *g = c->g;
   c->ph = ph;
@@ -995,13 +1030,7 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
     if (c->seed >= 0) EMIT("  }\n");
     c->upd = false;
     EMIT("  /* the gradient accumulators start the next step at zero */\n");
-    for (int k = 0; k < g->states.n; k++) {
-      const Node *s = nd(c, g->states.a[k]);
-      if (!s->ia[1]) {
-        EMIT("  /* %s */\n", s->name);
-        emit_zero(c, ptr(c, g->states.a[k]), sbytes(c, g->states.a[k]));
-      }
-    }
+    emit_zero_grads(c);
     if (g->grad_norm >= 0) emit_fetch(c, &g->grad_norm, 1);
     else EMIT("  CU(cudaStreamSynchronize(G.s));\n");
     EMIT("  prof_flush(run);\n");
