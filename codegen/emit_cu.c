@@ -69,6 +69,8 @@ typedef struct Cu {
   int **ftypes;              /* per fusion group: the storage codes of its output and leaves */
   int seed;                  /* f16: the constant seed of the loss gradient (times the scale), or -1 */
   double seed_val;
+  int *acc_of;               /* per node: the ACCUM that is its only reader (a weight gradient), or -1 */
+  bool *acc_done;            /* per ACCUM node: its GEMM accumulates into the state (beta 1): no kernel */
 } Cu;
 
 #define EMIT(...) fprintf(c->out, __VA_ARGS__)
@@ -359,11 +361,34 @@ static bool mm_setup(Cu *c, const Node *f, int fi, Mm *mm) {
   return true;
 }
 
+/* acc: add to out (beta 1) instead of overwriting it */
 static void emit_gemm(Cu *c, const char *out, const char *a, const char *b, int64_t nb, int64_t m, int64_t n,
-                      int64_t k, bool ta, bool tb, int64_t sa, int64_t sb, int64_t sc, int node, int abt, int ct) {
-  EMIT("  gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d);\n", out, a, b,
+                      int64_t k, bool ta, bool tb, int64_t sa, int64_t sb, int64_t sc, int node, int abt, int ct,
+                      bool acc) {
+  EMIT("  gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d, %d);\n", out, a, b,
        (long long)nb, (long long)m, (long long)n, (long long)k, ta, tb, (long long)sa, (long long)sb, (long long)sc,
-       node, abt, ct);
+       node, abt, ct, acc);
+}
+
+/* Which nodes' only reader is an ACCUM into an f32 gradient accumulator (acc_of): the weight
+ * gradient GEMM then adds into the accumulator itself (beta 1) and the ACCUM launches nothing. */
+static void find_accums(Cu *c) {
+  const Graph *g = c->g;
+  int *uses = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  c->acc_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  c->acc_done = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) {
+    c->acc_of[i] = -1;
+    for (int k = 0; k < nd(c, i)->nin; k++) uses[nd(c, i)->in[k]]++;
+  }
+  for (int i = 0; i < g->n; i++) {
+    const Node *a = nd(c, i);
+    if (a->op != OP_ACCUM || a->role == ROLE_UPD) continue;
+    int v = a->in[1];
+    if (uses[v] == 1 && nd(c, v)->op == OP_GRAD && nd(c, nd(c, v)->fwd)->op == OP_MATMUL && !scode(c, v) &&
+        !scode(c, a->in[0]) && numel(nd(c, v)) == numel(nd(c, a->in[0])))
+      c->acc_of[v] = i;
+  }
 }
 
 
@@ -535,7 +560,7 @@ static void emit_forward(Cu *c, int i) {
     Mm mm;
     if (mm_setup(c, n, i, &mm))
       emit_gemm(c, ptr(c, i), mm.a, mm.b, mm.d.nb, mm.d.m, mm.d.n, mm.d.k, mm.ta, mm.tb, mm.d.sa, mm.d.sb, mm.d.sc, i, mm.abt,
-                scode(c, i));
+                scode(c, i), false);
     break;
   }
   case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS: emit_shape_op(c, i); break;
@@ -589,6 +614,10 @@ static void emit_forward(Cu *c, int i) {
     }
     break;
   case OP_ACCUM: {
+    if (c->acc_done[i]) {
+      EMIT("  /* (its gradient GEMM added into the accumulator) */\n");
+      break;
+    }
     const char *args[4] = {ai(tcodes(c, 2, (int[]){n->in[0], n->in[1]})), ap(ptr(c, n->in[0])), ap(ptr(c, n->in[1])),
                            al(numel(n))};
     emit_lk(c, "cps_accum", numel(n), i, 4, args);
@@ -831,12 +860,18 @@ static void emit_grad(Cu *c, int i) {
       unsupported(c, n->fwd, "under a low precision, the gradient of a matmul whose output gradient is f32");
       return;
     }
+    int a = c->acc_of[i]; /* a weight gradient added straight into its accumulator */
+    if (a >= 0) {
+      dx = ptr(c, nd(c, a)->in[0]);
+      c->acc_done[a] = true;
+      EMIT("  /* into the accumulator %s (the accum %%%d) */\n", nd(c, nd(c, a)->in[0])->name, a);
+    }
     if (n->ia[0] == 0) /* dA = dY @ B^T */
       emit_gemm(c, dx, dy, mm.b, mm.d.nb, mm.d.m, mm.d.k, mm.d.n, false, !mm.tb, mm.d.sc, mm.d.sb, mm.d.sa, i, mm.abt,
-                scode(c, i));
+                scode(c, i), a >= 0);
     else /* dB = A^T @ dY */
       emit_gemm(c, dx, mm.a, dy, mm.d.nb, mm.d.k, mm.d.n, mm.d.m, !mm.ta, false, mm.d.sa, mm.d.sc, mm.d.sb, i, mm.abt,
-                scode(c, i));
+                scode(c, i), a >= 0);
     break;
   }
   case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_CONCAT: case OP_SPLIT_HEADS: case OP_MERGE_HEADS:
@@ -1224,6 +1259,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   c->ftypes = cp_alloc(sizeof(int *) * (size_t)(c->pl.fu->ngroups + 1));
   cg_plan_place(&c->pl);
   decide_storage(c);
+  find_accums(c);
   if (!cg_check_sizes(g, "cuda")) return false;
   if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {
     diag_error(t->span, "precision f16 needs loss scaling, but the loss gradient of model '%s' has no constant seed outside fused kernels",
