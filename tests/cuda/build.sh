@@ -54,7 +54,8 @@ for mp in gpt_small:f32 llama_small:f32 gpt_small:bf16 gpt_small:f16 llama_small
     [ "$n" -gt 0 ] && ! grep -q "kl_check(cplan_cuda_[a-z_]*(CPLAN_F32," "keep-$m/plan.c" ||
       fail "$m: the kernels/cuda launches are not all CPLAN_$lp"
     code=$([ $p = bf16 ] && echo 1 || echo 2)
-    grep -q "^  gemm(.*, $code, [01]);" "keep-$m/plan.c" && ! grep -q "^  gemm(.*, 0, [012]);" "keep-$m/plan.c" ||
+    # gemm(..., node, abt, ct, acc): abt is the operands' storage code
+    grep -q "^  gemm(.*, $code, [01], [01]);" "keep-$m/plan.c" && ! grep -q "^  gemm(.*, 0, [012], [01]);" "keep-$m/plan.c" ||
       fail "$m: the GEMMs do not all take $p operands"
     grep -q "^#define LP_CODE $code " "keep-$m/plan.c" || fail "$m: no LP_CODE $code"
     if [ $p = f16 ]; then
