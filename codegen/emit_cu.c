@@ -370,8 +370,10 @@ static void emit_gemm(Cu *c, const char *out, const char *a, const char *b, int6
        node, abt, ct, acc);
 }
 
-/* Which nodes' only reader is an ACCUM into an f32 gradient accumulator (acc_of): the weight
- * gradient GEMM then adds into the accumulator itself (beta 1) and the ACCUM launches nothing. */
+/* Which GRAD nodes' only reader is an ACCUM into an f32 gradient accumulator (acc_of): a weight
+ * gradient's GEMM (beta 1) or an accumulating backward kernel (group_outputs) then adds into the
+ * accumulator itself and the ACCUM launches nothing (acc_done). Other GRAD emitters ignore acc_of
+ * and keep the ACCUM. */
 static void find_accums(Cu *c) {
   const Graph *g = c->g;
   int *uses = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
@@ -385,7 +387,7 @@ static void find_accums(Cu *c) {
     const Node *a = nd(c, i);
     if (a->op != OP_ACCUM || a->role == ROLE_UPD) continue;
     int v = a->in[1];
-    if (uses[v] == 1 && nd(c, v)->op == OP_GRAD && nd(c, nd(c, v)->fwd)->op == OP_MATMUL && !scode(c, v) &&
+    if (uses[v] == 1 && nd(c, v)->op == OP_GRAD && c->pl.nc[v].kind != CG_L_ALIAS && !scode(c, v) &&
         !scode(c, a->in[0]) && numel(nd(c, v)) == numel(nd(c, a->in[0])))
       c->acc_of[v] = i;
   }
@@ -630,7 +632,9 @@ static void emit_forward(Cu *c, int i) {
 /* ---- backward nodes ---------------------------------------------------------------------------- */
 
 /* The gradient buffers a group's launch writes, by forward input ("NULL" when not wanted or a
- * view of dy); zeroed first, as the kernels accumulate. */
+ * view of dy); zeroed first, as the kernels accumulate. A param gradient whose only reader is its
+ * accumulator (acc_of) is the accumulator itself: the kernel adds into it, the accum launches
+ * nothing. */
 static void group_outputs(Cu *c, int lead, const char **dst, int nmax, int *ids) {
   for (int k = 0; k < nmax; k++) dst[k] = "NULL";
   if (ids)
@@ -639,8 +643,15 @@ static void group_outputs(Cu *c, int lead, const char **dst, int nmax, int *ids)
     const Node *m = nd(c, j);
     if (m->op != OP_GRAD || c->pl.nc[j].leader != lead || c->pl.nc[j].kind == CG_L_ALIAS) continue;
     cp_assert(m->ia[0] < nmax);
-    dst[m->ia[0]] = ptr(c, j);
     if (ids) ids[m->ia[0]] = j;
+    int a = c->acc_of[j];
+    if (a >= 0) {
+      dst[m->ia[0]] = ptr(c, nd(c, a)->in[0]);
+      c->acc_done[a] = true;
+      EMIT("  /* %%%d into the accumulator %s (the accum %%%d) */\n", j, nd(c, nd(c, a)->in[0])->name, a);
+      continue;
+    }
+    dst[m->ia[0]] = ptr(c, j);
     emit_zero(c, dst[m->ia[0]], sbytes(c, j));
   }
 }
