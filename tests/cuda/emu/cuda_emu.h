@@ -122,6 +122,21 @@ inline Pending<P...> launch_at(const char *file, int line, const char *func, voi
   return Pending<P...>{kernel, grid, block, shmem, stream, LaunchSite{file, line, func}};
 }
 
+/* cudaLaunchKernel(k, grid, block, void **args, smem, stream) of a kernel compiled at run time
+ * (emu_cuda_rt.cpp): the trampoline `cuemu_entry_NAME` that emu_translate --entries appends for
+ * each `extern "C" __global__` kernel unpacks args[i] as the kernel's i-th parameter type. */
+template <typename... P, size_t... I>
+inline void launch_packed(const char *name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shmem,
+                          cudaStream_t stream, void **args, std::index_sequence<I...>) {
+  (void)args;
+  launch_at(name, 0, name, kernel, grid, block, shmem, stream)(*(typename std::remove_reference<P>::type *)args[I]...);
+}
+template <typename... P>
+inline void launch_packed(const char *name, void (*kernel)(P...), dim3 grid, dim3 block, size_t shmem,
+                          cudaStream_t stream, void **args) {
+  launch_packed(name, kernel, grid, block, shmem, stream, args, std::index_sequence_for<P...>{});
+}
+
 template <typename T> inline uint64_t to_bits(T v) {
   static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffles move at most 8 bytes");
   uint64_t u = 0;
@@ -141,6 +156,21 @@ inline void check_width(int width) {
   if (width < 1 || width > 32 || (width & (width - 1))) trap("shuffle width is not a power of 2 in [1, 32]");
 }
 
+} // namespace cuemu
+
+/* ---- the PTX of inline asm that emu_translate rewrites (codegen/emit_cu_support.h) ---------- */
+namespace cuemu {
+namespace ptx {
+inline unsigned short cvt_rn_f16_f32(float f) {
+  __half_raw r = __float2half_rn(f);
+  return r.x;
+}
+inline float cvt_f32_f16(unsigned short h) {
+  __half_raw r;
+  r.x = h;
+  return __half2float(__half(r));
+}
+} // namespace ptx
 } // namespace cuemu
 
 /* ---- builtin variables ----------------------------------------------------------------------- */

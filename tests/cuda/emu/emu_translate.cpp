@@ -10,8 +10,16 @@
  *       K: an identifier (macro pastes with ## and qualifiers with :: included), possibly with
  *       template arguments <...>;
  *   extern __shared__ T name[];  ->  static T *const name = ::cuemu::dyn_smem();
- * Anything else is left to cuda_emu.h's macros. An unreadable launch is an error
- * ("IN:line: ..."), exit 1. */
+ *   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f))  ->  (h) = ::cuemu::ptx::cvt_rn_f16_f32(f)
+ *       (one instruction, one output, one input: the PTX of codegen/emit_cu_support.h);
+ * Anything else is left to cuda_emu.h's macros. An unreadable launch or asm is an error
+ * ("IN:line: ..."), exit 1.
+ *
+ *   emu_translate --entries IN.cu OUT.cpp
+ *
+ * also appends, for every `extern "C" __global__ void NAME(...)`, the trampoline
+ * `extern "C" void cuemu_entry_NAME(dim3 grid, dim3 block, size_t smem, cudaStream_t s, void **args)`
+ * that cudaLaunchKernel of a kernel compiled at run time calls (emu_cuda_rt.cpp). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,11 +143,92 @@ bool word_at(size_t i, const char *w) {
          (i + n >= src.size() || !ident_char(src[i + n]));
 }
 
+size_t skip_space(size_t i) {
+  while (i < src.size() && space_char(src[i])) i++;
+  return i;
+}
+
+/* a string literal at i: its text (no escapes), i moved past it */
+std::string literal(size_t &i, size_t at) {
+  if (i >= src.size() || src[i] != '"') fail(at, "asm: expected a string literal");
+  size_t e = src.find('"', i + 1);
+  if (e == std::string::npos) fail(at, "asm: unterminated string");
+  std::string t = src.substr(i + 1, e - i - 1);
+  i = e + 1;
+  return t;
+}
+
+/* a parenthesized expression at i: its text, i moved past it */
+std::string paren(size_t &i, size_t at) {
+  i = skip_space(i);
+  if (i >= src.size() || src[i] != '(') fail(at, "asm: expected (");
+  int depth = 0;
+  size_t b = i;
+  for (; i < src.size(); i++) {
+    if (src[i] == '(') depth++;
+    else if (src[i] == ')' && --depth == 0) break;
+  }
+  if (depth != 0) fail(at, "asm: unbalanced ()");
+  i++;
+  return src.substr(b + 1, i - b - 2);
+}
+
+/* asm [volatile] ("OP %0, %1;" : "=c"(out) : "c"(in)) at i; returns the position after it */
+size_t asm_stmt(size_t i) {
+  size_t k = skip_space(i + 3);
+  if (word_at(k, "volatile")) k = skip_space(k + 8);
+  else if (word_at(k, "__volatile__")) k = skip_space(k + 12);
+  if (k >= src.size() || src[k] != '(') return i + 3; /* not an asm statement */
+  k = skip_space(k + 1);
+  std::string ins = literal(k, i);
+  k = skip_space(k);
+  if (src[k] != ':') fail(i, "asm: only the form asm(\"OP %0, %1;\" : \"=c\"(out) : \"c\"(in)) is emulated");
+  k = skip_space(k + 1);
+  literal(k, i);
+  std::string out = paren(k, i);
+  k = skip_space(k);
+  if (src[k] != ':') fail(i, "asm: expected : and the input");
+  k = skip_space(k + 1);
+  literal(k, i);
+  std::string in = paren(k, i);
+  k = skip_space(k);
+  if (src[k] != ')') fail(i, "asm: one output and one input only");
+  k++;
+  size_t sp = ins.find(' ');
+  std::string op = ins.substr(0, sp);
+  if (sp == std::string::npos || ins.compare(sp, std::string::npos, " %0, %1;") != 0)
+    fail(i, "asm: only one instruction `OP %0, %1;` is emulated");
+  std::replace(op.begin(), op.end(), '.', '_');
+  std::string text = "(" + out + ") = ::cuemu::ptx::" + op + "(" + in + ")";
+  text.append((size_t)std::count(src.begin() + (long)i, src.begin() + (long)k, '\n'), '\n');
+  edits.push_back({i, k - i, text});
+  return k;
+}
+
+/* the kernels of `extern "C" __global__ void NAME(` */
+std::vector<std::string> entry_names;
+void entry(size_t i) {
+  size_t k = skip_space(i + 6);
+  if (src.compare(k, 3, "\"C\"") != 0) return;
+  k = skip_space(k + 3);
+  if (!word_at(k, "__global__")) return;
+  k = skip_space(k + 10);
+  if (!word_at(k, "void")) return;
+  k = skip_space(k + 4);
+  size_t b = k;
+  while (k < src.size() && ident_char(src[k])) k++;
+  if (k == b) fail(i, "no kernel name after extern \"C\" __global__ void");
+  if (src[skip_space(k)] != '(') return;
+  entry_names.push_back(src.substr(b, k - b));
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
+  bool entries = argc == 4 && strcmp(argv[1], "--entries") == 0;
+  if (entries) argv++, argc--;
   if (argc != 3) {
-    fprintf(stderr, "usage: emu_translate IN.cu OUT.cpp\n");
+    fprintf(stderr, "usage: emu_translate [--entries] IN.cu OUT.cpp\n");
     return 2;
   }
   path = argv[1];
@@ -164,6 +253,11 @@ int main(int argc, char **argv) {
       i += 3;
       continue;
     }
+    if (word_at(i, "asm")) {
+      i = asm_stmt(i);
+      continue;
+    }
+    if (entries && word_at(i, "extern")) entry(i);
     if (word_at(i, "extern")) {
       size_t k = i + 6;
       while (k < src.size() && space_char(src[k])) k++;
@@ -186,6 +280,12 @@ int main(int argc, char **argv) {
     at = e.pos + e.len;
   }
   out.append(src, at, std::string::npos);
+  if (entries) {
+    out += "\n/* emu_translate --entries: cudaLaunchKernel's trampolines */\n";
+    for (const std::string &n : entry_names)
+      out += "extern \"C\" void cuemu_entry_" + n + "(dim3 g, dim3 b, size_t smem, cudaStream_t s, void **args) {\n"
+             "  ::cuemu::launch_packed(\"" + n + "\", " + n + ", g, b, smem, s, args);\n}\n";
+  }
 
   FILE *o = fopen(argv[2], "wb");
   if (!o || fwrite(out.data(), 1, out.size(), o) != out.size() || fclose(o) != 0) {

@@ -1,0 +1,137 @@
+/* test_emu_gemm.c: rt_cublaslt_matmul of the emulator (emu_cuda_rt.cpp) against cplanrt_cuda.h's
+ * contract, computed here independently in double: row-major d [m, n] = alpha op(a) op(b) + beta d,
+ * every transpose pair, a strided batch, f32 and bf16 / f16 operands (f32 or low-precision d), and
+ * every epilogue: BIAS, GELU, GELU_BIAS, GELU_AUX_BIAS (aux = the pre-activation), DGELU,
+ * DGELU_BGRAD (bias_grad = d's column sums), BGRAD_A (bias_grad = op(a)'s row sums); gelu' is
+ * checked against a central difference of gelu. Exit 0 when every check holds. */
+#include "cplanrt_cuda.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int bad;
+
+static double gelu_ref(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
+
+static float rnd(unsigned *s) {
+  *s = *s * 1664525u + 1013904223u;
+  return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
+}
+
+/* storage of v in type t at p[i] and back (bf16: round to nearest even; f16: the compiler's _Float16) */
+static void put(void *p, cudaDataType_t t, int i, float v) {
+  if (t == CUDA_R_16BF) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    ((uint16_t *)p)[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  } else if (t == CUDA_R_16F) ((_Float16 *)p)[i] = (_Float16)v;
+  else ((float *)p)[i] = v;
+}
+static double get(const void *p, cudaDataType_t t, int i) {
+  if (t == CUDA_R_16BF) {
+    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+  }
+  if (t == CUDA_R_16F) return (double)((const _Float16 *)p)[i];
+  return ((const float *)p)[i];
+}
+
+static void check(const char *what, double got, double want, double tol) {
+  if (fabs(got - want) <= tol * (1.0 + fabs(want))) return;
+  if (bad++ < 10) fprintf(stderr, "FAILED: %s: %.8g, expected %.8g\n", what, got, want);
+}
+
+static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, int tb, int batch, RtGemmEpilogue ep) {
+  const int m = 5, n = 8, k = 7;
+  const size_t es = at == CUDA_R_32F ? 4 : 2, ds = dt == CUDA_R_32F ? 4 : 2;
+  unsigned seed = (unsigned)(ta * 7 + tb * 13 + batch * 31 + (int)ep * 101 + (int)at * 3 + (int)dt);
+  void *a = calloc((size_t)batch * m * k, es), *b = calloc((size_t)batch * k * n, es);
+  void *d = calloc((size_t)batch * m * n, ds), *aux = calloc((size_t)m * n, ds);
+  void *bias = calloc(n, ds), *bg = calloc(m > n ? m : n, ds);
+  for (int i = 0; i < batch * m * k; i++) put(a, at, i, rnd(&seed));
+  for (int i = 0; i < batch * k * n; i++) put(b, at, i, rnd(&seed));
+  for (int i = 0; i < batch * m * n; i++) put(d, dt, i, rnd(&seed));
+  for (int i = 0; i < n; i++) put(bias, dt, i, rnd(&seed));
+  for (int i = 0; i < m * n; i++) put(aux, dt, i, 2 * rnd(&seed));
+  double *d0 = malloc(sizeof(double) * (size_t)batch * m * n), *aux0 = malloc(sizeof(double) * (size_t)m * n);
+  for (int i = 0; i < batch * m * n; i++) d0[i] = get(d, dt, i);
+  for (int i = 0; i < m * n; i++) aux0[i] = get(aux, dt, i);
+  float alpha = 0.75f, beta = ep == RT_GEMM_NONE ? 0.5f : 0.0f;
+  RtGemm g = {.m = m, .n = n, .k = k, .trans_a = ta, .trans_b = tb, .batch = batch, .stride_a = m * k,
+              .stride_b = k * n, .stride_d = m * n, .ab_type = at, .d_type = dt, .a = a, .b = b, .d = d,
+              .alpha = alpha, .beta = beta, .epilogue = ep, .bias = bias, .aux = aux, .bias_grad = bg};
+  RtError err = {""};
+  if (rt_cublaslt_matmul(lt, &g, NULL, 0, 0, &err) != 0) {
+    fprintf(stderr, "FAILED: rt_cublaslt_matmul: %s\n", err.msg);
+    bad++;
+    return;
+  }
+  double tol = dt == CUDA_R_32F ? 1e-5 : dt == CUDA_R_16BF ? 8e-3 : 1e-3;
+  char what[160];
+  for (int z = 0; z < batch; z++) {
+    double colsum[8] = {0};
+    for (int i = 0; i < m; i++)
+      for (int j = 0; j < n; j++) {
+        double s = 0;
+        for (int l = 0; l < k; l++)
+          s += get(a, at, z * m * k + (ta ? l * m + i : i * k + l)) * get(b, at, z * k * n + (tb ? j * k + l : l * n + j));
+        double v = alpha * s + beta * d0[z * m * n + i * n + j], want = v;
+        if (ep == RT_GEMM_BIAS || ep == RT_GEMM_GELU_BIAS || ep == RT_GEMM_GELU_AUX_BIAS) v += get(bias, dt, j);
+        if (ep == RT_GEMM_GELU_AUX_BIAS) {
+          snprintf(what, sizeof what, "aux (%d,%d) epilogue %d", i, j, (int)ep);
+          check(what, get(aux, dt, i * n + j), v, tol);
+        }
+        want = v;
+        if (ep == RT_GEMM_GELU || ep == RT_GEMM_GELU_BIAS || ep == RT_GEMM_GELU_AUX_BIAS) want = gelu_ref(v);
+        if (ep == RT_GEMM_DGELU || ep == RT_GEMM_DGELU_BGRAD) {
+          double x = aux0[i * n + j], h = 1e-5;
+          want = v * (gelu_ref(x + h) - gelu_ref(x - h)) / (2 * h);
+        }
+        colsum[j] += want;
+        snprintf(what, sizeof what, "d[%d] (%d,%d), types %d/%d, trans %d%d, epilogue %d", z, i, j, (int)at, (int)dt, ta,
+                 tb, (int)ep);
+        check(what, get(d, dt, z * m * n + i * n + j), want, tol);
+      }
+    if (ep == RT_GEMM_DGELU_BGRAD && batch == 1)
+      for (int j = 0; j < n; j++) check("DGELU_BGRAD bias_grad", get(bg, dt, j), colsum[j], tol * k);
+    if (ep == RT_GEMM_BGRAD_A && batch == 1)
+      for (int i = 0; i < m; i++) {
+        double s = 0;
+        for (int l = 0; l < k; l++) s += get(a, at, ta ? l * m + i : i * k + l);
+        check("BGRAD_A bias_grad", get(bg, dt, i), s, tol * k);
+      }
+  }
+  free(a), free(b), free(d), free(aux), free(bias), free(bg), free(d0), free(aux0);
+}
+
+int main(void) {
+  RtError err = {""};
+  RtCublasLt *lt = rt_cublaslt_create(&err);
+  if (!lt) return fprintf(stderr, "FAILED: rt_cublaslt_create: %s\n", err.msg), 1;
+  const cudaDataType_t types[3] = {CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F};
+  int runs = 0;
+  for (int t = 0; t < 3; t++)
+    for (int lowd = 0; lowd < (t ? 2 : 1); lowd++)
+      for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+          for (int ep = RT_GEMM_NONE; ep <= RT_GEMM_BGRAD_A; ep++) {
+            one(lt, types[t], lowd ? types[t] : CUDA_R_32F, ta, tb, 1, (RtGemmEpilogue)ep);
+            runs++;
+          }
+  for (int ta = 0; ta < 2; ta++) one(lt, CUDA_R_32F, CUDA_R_32F, ta, 1 - ta, 3, RT_GEMM_NONE), runs++;
+  /* the contract's refusals */
+  RtGemm g = {.m = 2, .n = 4, .k = 2, .batch = 1, .ab_type = CUDA_R_32F, .d_type = CUDA_R_16BF, .a = &g, .b = &g, .d = &g};
+  if (rt_cublaslt_matmul(lt, &g, NULL, 0, 0, &err) == 0) fprintf(stderr, "FAILED: f32 operands with a bf16 d accepted\n"), bad++;
+  g.d_type = CUDA_R_32F, g.epilogue = RT_GEMM_DGELU;
+  if (rt_cublaslt_matmul(lt, &g, NULL, 0, 0, &err) == 0) fprintf(stderr, "FAILED: DGELU without aux accepted\n"), bad++;
+  rt_cublaslt_destroy(lt);
+  if (bad) return fprintf(stderr, "test_emu_gemm: %d checks failed\n", bad), 1;
+  printf("test_emu_gemm: ok (%d GEMMs: f32, bf16, f16 operands; f32 and low-precision d; 4 transposes; 8 epilogues; batch 3)\n",
+         runs);
+  return 0;
+}

@@ -1,0 +1,198 @@
+#!/usr/bin/env bash
+# emu_program.sh CPLANC BUILD_DIR SRCDIR [CASE...]: the CUDA training programs of codegen/emit_cu.c run
+# entirely on the CPU, on the CUDA emulator (tests/cuda/emu/README.md, "Training programs"), against
+# the CPU backend, as tests/gpu/gpt_gpu.sh does on a GPU. `cplanc build --keep-c` emits plan.c and
+# kernels.cu for a mesh of one h100_sxm (it also builds the real CUDA program, which is not run);
+# plan.c is compiled here against the emulator (BUILD_DIR/tests/cuda_emu/program.env: cplanrt_cuda.h
+# from libcplanrt_cuda_emu, which compiles kernels.cu with the host C++ compiler at start, runs
+# cuBLASLt's GEMMs as plain loops and NCCL over MPI). Each program trains STEPS steps
+# (CPLAN_EMU_STEPS, default 8) from the CPU program's initial params on the same data.
+# Cases (default: all), MODEL-PREC or MODEL-PREC-dp2-COMM or MODEL-f16-resume, each optionally with
+# -micro1 (strategy.micro = 1: the batch as micro-batches of one sample, gradient accumulation) and
+# -simt (CPLAN_ATTENTION=simt: bf16 / f16 attention on the CUDA-core kernels, not the tensor cores):
+#   gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16
+#   gpt_small-{f32,f16}-dp2-{mpi,nccl}  (mesh of 2 GPUs, mpirun -np 2, CPLAN_COMM=mpi or nccl: the
+#                           emulated NCCL must have been made on both ranks, or on none)
+#   gpt_small-f16-resume   (an f16 run checkpointed half way, resumed: state.json has loss_scale,
+#                           the resumed steps' losses equal the straight run's)
+#   gpt_small-f16-overflow (plan.c's initial loss scale raised to 2^24: the overflowing steps are skipped,
+#                           each halves the scale, the others train)
+# Tolerances (gpt_gpu.sh's): relative 1e-3 on every step's loss and grad norm in f32, 2e-2 in bf16 and
+# f16; final params within 1e-3 in f32; f16 skips no step. Exit 0 when every case passes.
+set -u
+cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+build=$(cd "$2" && pwd)
+src=$(cd "$3" && pwd)
+shift 3
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-f16-resume gpt_small-f16-overflow}
+steps=${CPLAN_EMU_STEPS:-8}
+env_file=$build/tests/cuda_emu/program.env
+[ -f "$env_file" ] || { echo "FAILED: no $env_file (build the cplan_emu_program target)"; exit 1; }
+. "$env_file"
+work=$(mktemp -d "${TMPDIR:-/tmp}/cplan-emu-program-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+cd "$work" || exit 1
+# the compiled kernels.cu (one per model and precision) are kept between runs in the build tree
+export CPLAN_NVRTC_CACHE=${CPLAN_NVRTC_CACHE:-$build/tests/cuda_emu/cache}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+bad=0
+note() { echo "FAILED: $*"; bad=1; }
+
+for i in $(seq 300); do printf '%d+%d=%d; ' "$i" $((i * 7 % 13)) $((i + i * 7 % 13)); done >tokens.txt
+"$cplanc" data text tokens.txt -o tokens.bin >/dev/null 2>&1 || { echo "FAILED: cplanc data text"; exit 1; }
+
+# the CPU reference of a model: STEPS steps, its initial params
+cpu() {
+  [ -f "$1-cpu.jsonl" ] && return 0
+  { cat "$src/tests/e2e/$1.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$1.cplan"
+  "$cplanc" build "$1.cplan" -o "$1-cpu" --set train.steps="$steps" 2>"$1-cpu.log" || { cat "$1-cpu.log"; return 1; }
+  timeout 120 "./$1-cpu" --quiet --save-init "$1-init.st" --save "$1-cpu.st" --metrics "$1-cpu.jsonl" ||
+    { echo "$1: the CPU program failed"; return 1; }
+}
+
+# emu MODEL PREC NAME [--set ...]: builds the CUDA program's plan.c against the emulator as ./NAME
+emu() {
+  local m=$1 p=$2 name=$3
+  shift 3
+  "$cplanc" build "$m.cplan" -o "$name-real" --set train.steps="$steps" --set train.mesh=gpu1 --set train.precision="$p" \
+    --keep-c "keep-$name" "$@" 2>"$name.log" || { cat "$name.log"; return 1; }
+  # shellcheck disable=SC2086
+  $EMU_CC $EMU_CFLAGS "keep-$name/plan.c" -o "$name" $EMU_LIBS 2>"$name.cc.log" || { head -30 "$name.cc.log"; return 1; }
+}
+
+# compare LABEL PREC CPU.jsonl EMU.jsonl CPU.st EMU.st [FIRST]: gpt_gpu.sh's checks (steps FIRST.. of the CPU run)
+compare() {
+  python3 - "$@" <<'PY'
+import json, struct, sys
+label, prec, m1, m2, p1, p2 = sys.argv[1:7]
+first = int(sys.argv[7]) if len(sys.argv) > 7 else 0
+tol = 1e-3 if prec == "f32" else 2e-2
+A = [json.loads(l) for l in open(m1)][first:]
+B = [json.loads(l) for l in open(m2)]
+def tensors(path):
+    b = open(path, "rb").read()
+    n = struct.unpack("<Q", b[:8])[0]
+    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
+    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
+                             b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]) for k, v in h.items()}
+if len(A) != len(B) or not A:
+    sys.exit("FAILED: %s: %d CPU and %d emulated steps" % (label, len(A), len(B)))
+extra = ""
+if prec == "f16":
+    skipped = B[-1].get("skipped_steps")
+    if skipped is None:
+        sys.exit("FAILED: %s: no skipped_steps metric" % label)
+    extra = ", loss_scale %g, skipped steps %d" % (B[-1]["loss_scale"], skipped)
+    if skipped != 0:
+        sys.exit("FAILED: %s: %d steps skipped (an overflow at loss scale %g)" % (label, skipped, B[-1]["loss_scale"]))
+worst = 0.0
+for s, (x, y) in enumerate(zip(A, B)):
+    for what in ("loss", "grad_norm"):
+        u, v = x[what], y[what]
+        r = abs(u - v) / max(abs(u), 1e-12)
+        worst = max(worst, r)
+        if not r <= tol:
+            sys.exit("FAILED: %s: step %d %s: emulated %.8f vs CPU %.8f (relative %.2e > %g)" % (label, first + s, what, v, u, r, tol))
+ta, tb = tensors(p1), tensors(p2)
+if ta.keys() != tb.keys():
+    sys.exit("FAILED: %s: the saved params have different names" % label)
+def skip(k, i, n):  # gpt's key bias: an exactly zero gradient (gpt_gpu.sh)
+    return k.endswith("attn.c_attn.bias") and n // 3 <= i < 2 * n // 3
+pw = max(abs(x - y) for k in ta for i, (x, y) in enumerate(zip(ta[k], tb[k])) if not skip(k, i, len(ta[k])))
+print("ok: %s: %d steps, emulated GPU vs CPU: worst relative loss/grad_norm difference %.2e (tolerance %g), worst "
+      "param difference %.2e; final loss %.6f (CPU %.6f)%s" % (label, len(A), worst, tol, pw, B[-1]["loss"], A[-1]["loss"], extra))
+if prec == "f32" and not pw <= 1e-3:
+    sys.exit("FAILED: %s: params differ by %.2e > 1e-3" % (label, pw))
+PY
+}
+
+for c in $cases; do
+  m=${c%%-*} rest=${c#*-} extra=() attn=
+  # -micro1: one sample per micro-batch (gradient accumulation over the batch), same global batch
+  case $rest in *-micro1) rest=${rest%-micro1} extra=(--set train.strategy.micro=1) ;; esac
+  # -simt: bf16 / f16 attention on the CUDA-core kernels instead of the tensor cores (CPLAN_ATTENTION)
+  case $rest in *-simt) rest=${rest%-simt} attn=simt ;; esac
+  p=${rest%%-*}
+  cpu "$m" || { note "$c: the CPU reference"; continue; }
+  case $rest in
+  f32 | bf16 | f16)
+    emu "$m" "$p" "$c" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
+    CPLAN_ATTENTION=$attn timeout 600 "./$c" --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" ||
+      { tail -8 "$c.run.log"; note "$c: the emulated program exited with status $?"; continue; }
+    compare "$c" "$p" "$m-cpu.jsonl" "$c.jsonl" "$m-cpu.st" "$c.st" || bad=1
+    ;;
+  *-dp2-mpi | *-dp2-nccl)
+    comm=${rest##*-}
+    emu "$m" "$p" "$c" --set mesh.gpu1.shape.gpu=2 "${extra[@]}" || { note "$c: building the emulated program"; continue; }
+    grep -q '^    .reduce_grads = reduce_grads,' "keep-$c/plan.c" || { note "$c: plan.c is not a dp 2 plan"; continue; }
+    timeout 600 "${MPIEXEC:-mpirun}" -np 2 --oversubscribe -x CPLAN_COMM="$comm" -x CPLAN_NVRTC_CACHE "./$c" --init "$m-init.st" \
+      --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" >"$c.out" ||
+      { tail -8 "$c.run.log"; note "$c: mpirun of the emulated program exited with status $?"; continue; }
+    # the emulated NCCL announces itself on each rank (emu_cuda_rt.cpp): the path plan.c took
+    n=$(grep -c "cuemu: rt_nccl_init" "$c.run.log")
+    { [ "$comm" = nccl ] && [ "$n" -eq 2 ]; } || { [ "$comm" = mpi ] && [ "$n" -eq 0 ]; } ||
+      { note "$c: $n ranks made an NCCL communicator with CPLAN_COMM=$comm"; continue; }
+    compare "$c" "$p" "$m-cpu.jsonl" "$c.jsonl" "$m-cpu.st" "$c.st" || bad=1
+    ;;
+  f16-resume)
+    emu "$m" f16 "$c" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
+    half=$((steps / 2))
+    timeout 600 "./$c" --init "$m-init.st" --metrics "$c-straight.jsonl" --quiet 2>"$c.run.log" ||
+      { tail -8 "$c.run.log"; note "$c: the straight run exited with status $?"; continue; }
+    timeout 600 "./$c" --init "$m-init.st" --steps "$half" --checkpoint-dir ck --quiet 2>>"$c.run.log" ||
+      { tail -8 "$c.run.log"; note "$c: the first half exited with status $?"; continue; }
+    st=$(find ck -name state.json | head -1)
+    [ -n "$st" ] && grep -q '"loss_scale"' "$st" || { note "$c: the checkpoint's state.json has no loss_scale"; continue; }
+    timeout 600 "./$c" --resume ck --metrics "$c-resumed.jsonl" --quiet 2>>"$c.run.log" ||
+      { tail -8 "$c.run.log"; note "$c: the resumed run exited with status $?"; continue; }
+    python3 - "$c" "$c-straight.jsonl" "$c-resumed.jsonl" "$half" <<'PY' || bad=1
+import json, sys
+label, a, b, half = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+A = [json.loads(l) for l in open(a)]
+B = [json.loads(l) for l in open(b)]
+if [x["step"] for x in B] != list(range(half, len(A))):
+    sys.exit("FAILED: %s: the resumed run has steps %s, expected %d..%d" % (label, [x["step"] for x in B], half, len(A) - 1))
+for x, y in zip(A[half:], B):
+    if x["loss"] != y["loss"] or x.get("loss_scale") != y.get("loss_scale"):
+        sys.exit("FAILED: %s: resumed loss %r (scale %r) vs straight %r (scale %r)" % (label, y["loss"], y.get("loss_scale"), x["loss"], x.get("loss_scale")))
+print("ok: %s: steps %d..%d (from 0) resumed from the checkpoint equal the straight f16 run (loss_scale %g)" % (label, half, len(A) - 1, A[-1]["loss_scale"]))
+PY
+    ;;
+  f16-overflow)
+    # the skip path of the loss scaling: plan.c's initial scale 2^16 raised to 2^24 (the only edit
+    # of a generated file here), so the first steps overflow: each overflowing step is skipped
+    # (gradient norm NaN, no update), halves the scale and counts in skipped_steps; the others train
+    # (finite losses and gradient norms) and keep the scale
+    emu "$m" f16 "$c" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
+    sed 's/^    G.scale = 65536.0;$/    G.scale = 16777216.0;/' "keep-$c/plan.c" >"keep-$c/overflow.c"
+    grep -q '^    G.scale = 16777216.0;$' "keep-$c/overflow.c" || { note "$c: plan.c does not start the scale at 65536.0"; continue; }
+    # shellcheck disable=SC2086
+    $EMU_CC $EMU_CFLAGS "keep-$c/overflow.c" -o "$c" $EMU_LIBS 2>"$c.cc.log" || { head -30 "$c.cc.log"; note "$c: cc"; continue; }
+    timeout 600 "./$c" --init "$m-init.st" --metrics "$c.jsonl" --quiet 2>"$c.run.log" ||
+      { tail -8 "$c.run.log"; note "$c: the emulated program exited with status $?"; continue; }
+    python3 - "$c" "$c.jsonl" <<'PY' || bad=1
+import json, math, sys
+label, path = sys.argv[1:]
+L = [json.loads(l) for l in open(path)]
+scale, skipped, trained = 2.0 ** 24, 0, 0
+for x in L:
+    skip = x["grad_norm"] is None
+    skipped += skip
+    if x["loss_scale"] != scale or x["skipped_steps"] != skipped or not math.isfinite(x["loss"]):
+        sys.exit("FAILED: %s: step %d: loss_scale %r skipped_steps %r loss %r, expected %g, %d" % (label, x["step"], x["loss_scale"], x["skipped_steps"], x["loss"], scale, skipped))
+    if skip:
+        scale /= 2
+    else:
+        trained += 1
+        if not math.isfinite(x["grad_norm"]):
+            sys.exit("FAILED: %s: step %d: gradient norm %r" % (label, x["step"], x["grad_norm"]))
+if L[0]["grad_norm"] is not None or trained < 2:
+    sys.exit("FAILED: %s: %d of %d steps skipped, the first %s" % (label, skipped, len(L), "not" if L[0]["grad_norm"] is not None else ""))
+print("ok: %s: %d of %d steps overflowed and were skipped, each halving the scale (2^24 to %g); %d trained" % (label, skipped, len(L), scale, trained))
+PY
+    ;;
+  *) note "$c: unknown case" ;;
+  esac
+done
+[ $bad -eq 0 ] || exit 1
+echo "emu_program.sh: ok"
