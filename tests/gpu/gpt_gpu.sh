@@ -95,14 +95,14 @@ bad=0
 while read -r m p np; do
   run=$m-gpu-$p
   if [ "$np" = 1 ]; then
-    timeout 300 "./$run" --init "$m-init.st" --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
+    timeout 300 "./$run" --data tokens.bin --init "$m-init.st" --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
       { tail -5 "$run.run.log"; echo "FAILED: $m $p: the CUDA program exited with status $?"; bad=1; continue; }
   else
     # NCCL needs a GPU per rank; ranks sharing one GPU sum the gradients through MPI
     run=$m-gpu-$p-dp$np comm=nccl
     [ "$ngpu" -ge "$np" ] || comm=mpi
     command -v mpirun >/dev/null || { echo "FAILED: $m $p dp $np: no mpirun (and no bundled Open MPI)"; bad=1; continue; }
-    timeout 300 mpirun -np "$np" --oversubscribe -x CPLAN_COMM=$comm -x LD_LIBRARY_PATH "./$run" --init "$m-init.st" \
+    timeout 300 mpirun -np "$np" --oversubscribe -x CPLAN_COMM=$comm -x LD_LIBRARY_PATH "./$run" --data tokens.bin --init "$m-init.st" \
       --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
       { tail -8 "$run.run.log"; echo "FAILED: $m $p dp $np: the CUDA program exited with status $?"; bad=1; continue; }
     p="$p-dp$np-$comm"

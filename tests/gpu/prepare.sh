@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# prepare.sh CPLANC BUILD_DIR OUT: everything issue 6's GPU checks need, built HERE (the lent GPU
+# machines cannot build cplan: no bison, cJSON or LLVM there) into OUT, with OUT/run_all.sh to run
+# THERE in one call (one H200: a few minutes; device time is short, so it is one script):
+#   1. test_gpu_kernels (BUILD_DIR/tests, nvcc-built): every kernels/cuda kernel against its CPU
+#      reference in f32, bf16 and f16 (tests/gpu/test_kernels.c's tolerances);
+#   2. tests/gpu/gpt_gpu.sh --check: the small GPT and LLaMA, 20 steps on the GPU against the CPU
+#      backend in f32, bf16 and f16, and dp 2 (two ranks; on one GPU through MPI) with a bundled
+#      Open MPI (tests/gpu/ompi_bundle.sh);
+#   3. bench/gpu_gpt2.sh: GPT-2 124M in bf16 (step ms, tokens/s, MFU against 989 TFLOP/s, the
+#      per-node-class profile).
+# The 10 small-model programs each embed the kernels' fatbins (~4 MB), so the tree (~67 MB) goes
+# as OUT/gpu.tar.xz (~8 MB: xz finds the repeats) with OUT/run.sh, which unpacks it there (Python's
+# lzma: no xz binary needed) and runs run_all.sh. A device call carries 64 MiB at most: use
+#   run(command = "OUT/run.sh", carry = [OUT])   with OUT an ignored build-* directory of the
+# repository (it travels only when carried).
+set -eu
+cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
+build=$(cd "$2" && pwd)
+src=$(cd "$(dirname "$0")/../.." && pwd)
+out=$3
+[ -x "$build/tests/test_gpu_kernels" ] || { echo "prepare.sh: no $build/tests/test_gpu_kernels (a CUDA build)"; exit 1; }
+rm -rf "$out" && mkdir -p "$out"
+final=$(cd "$out" && pwd)
+out=$(mktemp -d "${TMPDIR:-/tmp}/cplan-gpu-prepare-XXXXXX")
+trap 'rm -rf "$out"' EXIT
+cp "$build/tests/test_gpu_kernels" "$out/"
+"$src/tests/gpu/gpt_gpu.sh" --prepare "$out/gpt" "$cplanc" "$src" >"$out/prepare_gpt.log" 2>&1 ||
+  { cat "$out/prepare_gpt.log"; exit 1; }
+"$src/bench/gpu_gpt2.sh" "$cplanc" "$out/gpt2" >"$out/prepare_gpt2.log" 2>&1 || { cat "$out/prepare_gpt2.log"; exit 1; }
+# one copy of the shared libraries: gpt2's are gpt's
+for l in "$out"/gpt2/lib/*; do [ -e "$out/gpt/lib/$(basename "$l")" ] && rm -f "$l"; done
+find "$out" -type f -perm -u+x -exec sh -c 'file -b "$1" | grep -q "^ELF.*executable\|^ELF.*pie" && strip "$1"' _ {} \; 2>/dev/null || true
+cat >"$out/run_all.sh" <<'RUN'
+#!/usr/bin/env bash
+# run_all.sh: issue 6's GPU checks, prepared by tests/gpu/prepare.sh; prints a summary, exit 1 if any failed.
+cd "$(dirname "$0")" || exit 1
+here=$PWD
+export LD_LIBRARY_PATH=$here/gpt/lib:$here/gpt2/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+nvidia-smi -L || { echo "run_all.sh: no GPU visible: nothing ran"; exit 1; }
+fail=0
+t0=$(date +%s)
+echo "==== 1. CUDA kernels against the CPU references"
+timeout 300 ./test_gpu_kernels | tail -25 || { echo "FAILED: test_gpu_kernels"; fail=1; }
+echo "==== 2. small GPT / LLaMA on the GPU against the CPU backend (f32, bf16, f16; dp 2)"
+timeout 600 ./gpt/gpt_gpu.sh --check "$here/gpt" || { echo "FAILED: gpt_gpu.sh"; fail=1; }
+echo "==== 3. GPT-2 124M, bf16 (a benchmark: printed)"
+OUT=$here timeout 600 ./gpt2/run_gpu.sh 12 || { echo "FAILED: gpu_gpt2"; fail=1; }
+echo "==== run_all.sh: $(( $(date +%s) - t0 )) s, $([ $fail -eq 0 ] && echo "all passed" || echo "FAILURES above")"
+exit $fail
+RUN
+chmod +x "$out/run_all.sh"
+tar -C "$out" -cJf "$final/gpu.tar.xz" .
+cat >"$final/run.sh" <<'RUN'
+#!/usr/bin/env bash
+# run.sh [DIR]: on the GPU machine: unpacks gpu.tar.xz (beside this script) into DIR (default
+# /tmp/cplan-gpu) and runs its run_all.sh (tests/gpu/prepare.sh)
+here=$(cd "$(dirname "$0")" && pwd)
+dst=${1:-/tmp/cplan-gpu}
+rm -rf "$dst" && mkdir -p "$dst" || exit 1
+python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$here/gpu.tar.xz" "$dst" || exit 1
+exec "$dst/run_all.sh"
+RUN
+chmod +x "$final/run.sh"
+echo "prepare.sh: $final: gpu.tar.xz $(du -h "$final/gpu.tar.xz" | cut -f1) (unpacked $(du -sh "$out" | cut -f1)); there: $final/run.sh"
