@@ -70,6 +70,8 @@ typedef struct Cu {
   int seed;                  /* f16: the constant seed of the loss gradient (times the scale), or -1 */
   double seed_val;
   int *acc_of;               /* per node: the ACCUM that is its only reader (a weight gradient), or -1 */
+  int *reader;               /* per node: its only reader, -1 when none or several */
+  bool *ep_done;             /* per node: an add of a bias that its matmul's GEMM did (the epilogue) */
   bool *acc_done;            /* per ACCUM node: its GEMM accumulates into the state (beta 1): no kernel */
 } Cu;
 
@@ -379,9 +381,19 @@ static void find_accums(Cu *c) {
   int *uses = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
   c->acc_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
   c->acc_done = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  c->reader = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  c->ep_done = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) c->acc_of[i] = c->reader[i] = -1;
   for (int i = 0; i < g->n; i++) {
-    c->acc_of[i] = -1;
-    for (int k = 0; k < nd(c, i)->nin; k++) uses[nd(c, i)->in[k]]++;
+    const Node *n = nd(c, i);
+    /* values a GRAD names but never reads: a matmul's output (its GRAD's last input); every input of
+     * an add or a sub but dy (their derivatives are constants: cps_dbin, cps_colsum) */
+    OpId fo = n->op == OP_GRAD ? nd(c, n->fwd)->op : OP_GRAD;
+    int nin = fo == OP_MATMUL ? n->nin - 1 : fo == OP_ADD || fo == OP_SUB ? 1 : n->nin;
+    for (int k = 0; k < nin; k++) {
+      int x = n->in[k];
+      c->reader[x] = uses[x]++ ? -1 : i;
+    }
   }
   for (int i = 0; i < g->n; i++) {
     const Node *a = nd(c, i);
@@ -393,6 +405,25 @@ static void find_accums(Cu *c) {
   }
 }
 
+
+/* x @ W + b as one GEMM with cuBLASLt's bias epilogue: matmul i's only reader is an add of a
+ * vector of its last dim, fused with nothing else, stored like it (and the bias like the sum);
+ * returns that add, or -1. The add stays in the graph (its backward is unchanged); it launches
+ * nothing (ep_done). */
+static int bias_add_of(const Cu *c, int i, const Mm *mm) {
+  int j = c->reader[i];
+  if (j < 0 || mm->d.sc == 0) return -1;
+  const Node *a = nd(c, j), *n = nd(c, i);
+  if (a->op != OP_ADD || a->in[0] == a->in[1] || a->role != n->role) return -1;
+  int b = a->in[0] == i ? a->in[1] : a->in[0];
+  const Node *bn = nd(c, b);
+  int g = c->pl.fu->group[j];
+  if (bn->shape.rank != 1 || n->shape.rank < 1 || bn->shape.d[0] != n->shape.d[n->shape.rank - 1] ||
+      !shape_eq(&a->shape, &n->shape) || bn->dtype != DT_F32 || (g >= 0 && c->pl.fu->groups[g].nodes.n != 1))
+    return -1;
+  if (scode(c, j) != scode(c, i) || scode(c, b) != scode(c, j) || c->pl.nc[j].kind != CG_L_WORK) return -1;
+  return j;
+}
 
 /* keep mask of dropout node f (the stream emit_c.c's dropout_mask draws) into mask */
 static void emit_mask(Cu *c, int f, const char *mask, int node) {
@@ -560,9 +591,20 @@ static void emit_forward(Cu *c, int i) {
   case OP_SUM: case OP_MEAN: case OP_MAX: emit_reduce(c, i); break;
   case OP_MATMUL: {
     Mm mm;
-    if (mm_setup(c, n, i, &mm))
-      emit_gemm(c, ptr(c, i), mm.a, mm.b, mm.d.nb, mm.d.m, mm.d.n, mm.d.k, mm.ta, mm.tb, mm.d.sa, mm.d.sb, mm.d.sc, i, mm.abt,
-                scode(c, i), false);
+    if (!mm_setup(c, n, i, &mm)) break;
+    int ad = bias_add_of(c, i, &mm);
+    if (ad >= 0) {
+      const Node *a = nd(c, ad);
+      int b = a->in[0] == i ? a->in[1] : a->in[0];
+      c->ep_done[ad] = true;
+      EMIT("  /* with the bias add %%%d (cuBLASLt's bias epilogue) */\n", ad);
+      EMIT("  gemm_bias(%s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d);\n", ptr(c, ad),
+           mm.a, mm.b, ptr(c, b), (long long)mm.d.nb, (long long)mm.d.m, (long long)mm.d.n, (long long)mm.d.k, mm.ta,
+           mm.tb, (long long)mm.d.sa, (long long)mm.d.sb, (long long)mm.d.sc, i, mm.abt, scode(c, ad));
+      break;
+    }
+    emit_gemm(c, ptr(c, i), mm.a, mm.b, mm.d.nb, mm.d.m, mm.d.n, mm.d.k, mm.ta, mm.tb, mm.d.sa, mm.d.sb, mm.d.sc, i, mm.abt,
+              scode(c, i), false);
     break;
   }
   case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS: emit_shape_op(c, i); break;
@@ -929,6 +971,11 @@ static const char *prof_class(const Cu *c, int i) {
 }
 
 static void emit_node(Cu *c, int i) {
+  if (c->ep_done[i]) {
+    cg_comment(c->out, c->g, c->irline, i);
+    EMIT("  /* (done by its matmul's GEMM) */\n");
+    return;
+  }
   if (c->pl.fu->group[i] >= 0) {
     if (fusion_is_root(c->pl.fu, i)) EMIT("  PROF(%d);\n", i), emit_fused(c, i);
     return;
