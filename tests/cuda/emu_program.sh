@@ -60,51 +60,9 @@ emu() {
   $EMU_CC $EMU_CFLAGS "keep-$name/plan.c" -o "$name" $EMU_LIBS 2>"$name.cc.log" || { head -30 "$name.cc.log"; return 1; }
 }
 
-# compare LABEL PREC CPU.jsonl EMU.jsonl CPU.st EMU.st [FIRST]: gpt_gpu.sh's checks (steps FIRST.. of the CPU run)
-compare() {
-  python3 - "$@" <<'PY'
-import json, struct, sys
-label, prec, m1, m2, p1, p2 = sys.argv[1:7]
-first = int(sys.argv[7]) if len(sys.argv) > 7 else 0
-tol = 1e-3 if prec == "f32" else 2e-2
-A = [json.loads(l) for l in open(m1)][first:]
-B = [json.loads(l) for l in open(m2)]
-def tensors(path):
-    b = open(path, "rb").read()
-    n = struct.unpack("<Q", b[:8])[0]
-    h = json.loads(b[8:8 + n]); h.pop("__metadata__", None)
-    return {k: struct.unpack("<%df" % ((v["data_offsets"][1] - v["data_offsets"][0]) // 4),
-                             b[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]]) for k, v in h.items()}
-if len(A) != len(B) or not A:
-    sys.exit("FAILED: %s: %d CPU and %d emulated steps" % (label, len(A), len(B)))
-extra = ""
-if prec == "f16":
-    skipped = B[-1].get("skipped_steps")
-    if skipped is None:
-        sys.exit("FAILED: %s: no skipped_steps metric" % label)
-    extra = ", loss_scale %g, skipped steps %d" % (B[-1]["loss_scale"], skipped)
-    if skipped != 0:
-        sys.exit("FAILED: %s: %d steps skipped (an overflow at loss scale %g)" % (label, skipped, B[-1]["loss_scale"]))
-worst = 0.0
-for s, (x, y) in enumerate(zip(A, B)):
-    for what in ("loss", "grad_norm"):
-        u, v = x[what], y[what]
-        r = abs(u - v) / max(abs(u), 1e-12)
-        worst = max(worst, r)
-        if not r <= tol:
-            sys.exit("FAILED: %s: step %d %s: emulated %.8f vs CPU %.8f (relative %.2e > %g)" % (label, first + s, what, v, u, r, tol))
-ta, tb = tensors(p1), tensors(p2)
-if ta.keys() != tb.keys():
-    sys.exit("FAILED: %s: the saved params have different names" % label)
-def skip(k, i, n):  # gpt's key bias: an exactly zero gradient (gpt_gpu.sh)
-    return k.endswith("attn.c_attn.bias") and n // 3 <= i < 2 * n // 3
-pw = max(abs(x - y) for k in ta for i, (x, y) in enumerate(zip(ta[k], tb[k])) if not skip(k, i, len(ta[k])))
-print("ok: %s: %d steps, emulated GPU vs CPU: worst relative loss/grad_norm difference %.2e (tolerance %g), worst "
-      "param difference %.2e; final loss %.6f (CPU %.6f)%s" % (label, len(A), worst, tol, pw, B[-1]["loss"], A[-1]["loss"], extra))
-if prec == "f32" and not pw <= 1e-3:
-    sys.exit("FAILED: %s: params differ by %.2e > 1e-3" % (label, pw))
-PY
-}
+# compare LABEL PREC CPU.jsonl EMU.jsonl CPU.st EMU.st [FIRST]: gpt_gpu.sh's checks (steps FIRST.. of the CPU
+# run), tests/gpu/compare_runs.py
+compare() { python3 "$src/tests/gpu/compare_runs.py" "emulated GPU" "$@"; }
 
 for c in $cases; do
   m=${c%%-*} rest=${c#*-} extra=() attn=
