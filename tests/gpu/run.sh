@@ -12,7 +12,9 @@
 #     (2e-2; f16 must skip no step);
 #  5. bench/gpu_gpt2.sh: GPT-2 124M (T 1024, micro-batch 16, bf16): tokens/s, step ms and MFU
 #     against 989 TFLOP/s, and the per-node-class profile (a benchmark: printed, not checked).
-# With no GPU it fails (exit 1), it never skips.
+# With no GPU it fails (exit 1), it never skips. The lent GPU machines cannot build cplan (no bison,
+# cJSON or LLVM there): for them, tests/gpu/prepare.sh builds the same checks here into one archive
+# and its run.sh runs them there in one call.
 set -u
 src=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$src/build-gpu}
