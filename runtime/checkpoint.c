@@ -68,8 +68,7 @@ static int join(char *buf, const char *a, const char *b, RtError *err) {
 
 /* ---- directories ----------------------------------------------------------------------------- */
 
-/* mkdir -p: creates every missing component of dir. */
-static int make_dirs(const char *dir, RtError *err) {
+int rt_make_dirs(const char *dir, RtError *err) {
   char buf[PATH_MAX_LEN];
   if (snprintf(buf, sizeof buf, "%s", dir) >= (int)sizeof buf)
     return rt_errf(err, "%s: path too long", dir);
@@ -87,6 +86,22 @@ static int make_dirs(const char *dir, RtError *err) {
   if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode))
     return rt_errf(err, "%s: not a directory", dir);
   return 0;
+}
+
+const char *rt_cache_dir(const char *env, const char *kind, const char *sub, char *buf, size_t len, RtError *err) {
+  const char *e = getenv(env), *home = getenv("HOME");
+  int n;
+  if (e && *e) n = snprintf(buf, len, "%s%s", e, sub);
+  else if (home && *home) n = snprintf(buf, len, "%s/.cache/cplan/%s%s", home, kind, sub);
+  else {
+    rt_errf(err, "no %s cache directory: neither %s nor HOME is set", kind, env);
+    return NULL;
+  }
+  if (n < 0 || (size_t)n >= len) {
+    rt_errf(err, "the %s cache directory's path is too long", kind);
+    return NULL;
+  }
+  return rt_make_dirs(buf, err) == 0 ? buf : NULL;
 }
 
 /* Removes a checkpoint directory: it only ever holds plain files, so one level suffices. */
@@ -260,7 +275,7 @@ static int write_states(const RtRun *run, const char *path, RtError *err) {
 int rt_ckpt_save(const RtRun *run, const char *dir, const RtCkptInfo *info, char *out,
                  size_t nout, RtError *err) {
   char tmp[PATH_MAX_LEN], fin[PATH_MAX_LEN], file[PATH_MAX_LEN], name[64];
-  if (make_dirs(dir, err) != 0) return -1;
+  if (rt_make_dirs(dir, err) != 0) return -1;
   snprintf(name, sizeof name, "/step_%06lld", (long long)info->step);
   if (join(fin, dir, name, err) != 0 || join(tmp, fin, ".tmp", err) != 0) return -1;
   if (remove_dir(tmp, err) != 0) return -1; /* a leftover of a crash */

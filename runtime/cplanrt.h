@@ -397,6 +397,11 @@ int rt_ckpt_find(const char *dir, char *out, size_t nout, RtError *err);
 int rt_ckpt_load(RtRun *run, const char *ckpt, RtCkptInfo *info, RtError *err);
 /* Deletes all but the newest `keep` complete checkpoints under dir (keep <= 0: none). */
 int rt_ckpt_prune(const char *dir, int64_t keep, RtError *err);
+/* mkdir -p: creates every missing component of dir; 0, or -1 with the error. */
+int rt_make_dirs(const char *dir, RtError *err);
+/* A cache directory, created: $ENV when that variable is set, else $HOME/.cache/cplan/KIND; sub
+ * ("" or "/x") appended. buf on success, NULL with the error. */
+const char *rt_cache_dir(const char *env, const char *kind, const char *sub, char *buf, size_t len, RtError *err);
 
 /* ---- comm.c: rt_comm, the communicator of multi-rank runs (MPI backend, for CPU ranks) --------
  *

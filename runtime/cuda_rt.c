@@ -6,11 +6,9 @@
 #include "cplanrt_cuda.h"
 
 #include <cublasLt.h>
-#include <errno.h>
 #include <nvrtc.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #ifndef CPLAN_CUDA_INCLUDE
@@ -57,31 +55,8 @@ static void fnv_str(uint64_t h[2], const char *s) {
   fnv(&h[1], s, n);
 }
 
-static int mkdir_p(const char *path) {
-  char buf[1024];
-  snprintf(buf, sizeof buf, "%s", path);
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = 0;
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) return -1;
-    *p = '/';
-  }
-  return mkdir(buf, 0755) != 0 && errno != EEXIST ? -1 : 0;
-}
-
 const char *rt_nvrtc_cache_dir(char *buf, size_t len, RtError *err) {
-  const char *env = getenv("CPLAN_NVRTC_CACHE"), *home = getenv("HOME");
-  if (env && *env) snprintf(buf, len, "%s", env);
-  else if (home && *home) snprintf(buf, len, "%s/.cache/cplan/nvrtc", home);
-  else {
-    rt_errf(err, "no NVRTC cache directory: neither CPLAN_NVRTC_CACHE nor HOME is set");
-    return NULL;
-  }
-  if (mkdir_p(buf) != 0) {
-    rt_errf(err, "%s: cannot create the NVRTC cache directory: %s", buf, strerror(errno));
-    return NULL;
-  }
-  return buf;
+  return rt_cache_dir("CPLAN_NVRTC_CACHE", "nvrtc", "", buf, len, err);
 }
 
 /* The cached image at path, when there is a whole, undamaged one. */

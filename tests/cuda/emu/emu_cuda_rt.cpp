@@ -72,16 +72,6 @@ uint64_t fnv_file(uint64_t h, const char *path) {
   return h;
 }
 
-int mkdir_p(const char *path) {
-  std::string p(path);
-  for (size_t i = 1; i <= p.size(); i++)
-    if (i == p.size() || p[i] == '/') {
-      std::string d = p.substr(0, i);
-      if (mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return -1;
-    }
-  return 0;
-}
-
 /* runs argv (no shell), its output into log; 0 when it exits 0 */
 int run(const std::vector<std::string> &args, const std::string &log) {
   pid_t pid = fork();
@@ -192,19 +182,9 @@ int rt_cuda_init(int index, RtCudaDevice *dev, RtError *err) {
 }
 
 /* ---- "NVRTC": the host C++ compiler ------------------------------------------------------------- */
+/* the real runtime's directory with /emu appended: emulated images never meet real cubins */
 const char *rt_nvrtc_cache_dir(char *buf, size_t len, RtError *err) {
-  const char *env = getenv("CPLAN_NVRTC_CACHE"), *home = getenv("HOME");
-  if (env && *env) snprintf(buf, len, "%s/emu", env);
-  else if (home && *home) snprintf(buf, len, "%s/.cache/cplan/nvrtc/emu", home);
-  else {
-    rt_errf(err, "no NVRTC cache directory: neither CPLAN_NVRTC_CACHE nor HOME is set");
-    return NULL;
-  }
-  if (mkdir_p(buf) != 0) {
-    rt_errf(err, "%s: cannot create the NVRTC cache directory: %s", buf, strerror(errno));
-    return NULL;
-  }
-  return buf;
+  return rt_cache_dir("CPLAN_NVRTC_CACHE", "nvrtc", "/emu", buf, len, err);
 }
 
 int rt_nvrtc_compile(const char *src, const char *name, int cc_major, int cc_minor, const char *const *opts, int nopts,
