@@ -96,6 +96,34 @@ int cplan_cuda_embedding_forward(CplanDtype dt, void *out, const void *table, co
 int cplan_cuda_embedding_backward(CplanDtype dt, float *dtable, const void *dout, const int32_t *idx,
                                   int n, int v, int c, cudaStream_t stream);
 
+/* ---- vocab_parallel.cu: kvp_* (kernels/cpu/vocab_parallel.h), tensor parallelism -------------------
+ * This rank holds vocabulary rows [v0, v0 + vl) of v (v0 >= 0, vl > 0, v0 + vl <= v); the plan
+ * runs the collectives between the kernels as vocab_parallel.h says. table, out, dout, logits,
+ * dlogits are dt; m, s [rows], gathered [n, rows], loss, dloss are f32 and count an int, all in
+ * device memory. Embedding: out [n, c] is this rank's part (0 for another rank's rows, a NaN row
+ * for an index outside [0, v), as embedding.cu; the CPU reference asserts instead); the backward
+ * adds into this rank's f32 dtable [vl, c] in index order, bit for bit the reference's sums, and
+ * skips indices outside [v0, v0 + vl). Cross entropy: m = this rank's row max, then the max over
+ * the n all-gathered ones, s = this rank's sum of exp(l - m) (all-reduce it); the forward part
+ * writes *loss (its f64 sum over the rows in a fixed order, / the count) and *count (count may be
+ * NULL); a target outside [-1, v) makes *loss NaN. The backward adds (*dloss / *count)
+ * (softmax - onehot) to this rank's columns (none when *count is 0); it is given the count the
+ * forward part wrote, as the reference counts the same rows. */
+int cplan_cuda_vp_embedding_forward(CplanDtype dt, void *out, const void *table, const int32_t *idx, int n, int v0,
+                                    int vl, int v, int c, cudaStream_t stream);
+int cplan_cuda_vp_embedding_backward(CplanDtype dt, float *dtable, const void *dout, const int32_t *idx, int n,
+                                     int v0, int vl, int v, int c, cudaStream_t stream);
+int cplan_cuda_vp_ce_row_max(CplanDtype dt, float *m, const void *logits, int rows, int vl, cudaStream_t stream);
+int cplan_cuda_vp_ce_max_combine(float *m, const float *gathered, int rows, int n, cudaStream_t stream);
+int cplan_cuda_vp_ce_row_sumexp(CplanDtype dt, float *s, const void *logits, const float *m, int rows, int vl,
+                                cudaStream_t stream);
+int cplan_cuda_vp_ce_forward_part(CplanDtype dt, float *loss, int *count, const void *logits, const float *m,
+                                  const float *s, const int32_t *targets, int rows, int vl, int v0, int v, int lead,
+                                  cudaStream_t stream);
+int cplan_cuda_vp_ce_backward(CplanDtype dt, void *dlogits, const float *dloss, const int *count, const void *logits,
+                              const float *m, const float *s, const int32_t *targets, int rows, int vl, int v0, int v,
+                              cudaStream_t stream);
+
 /* ---- rope.cu: k_rope_* on [nb, t, d], d even ------------------------------------------------ */
 int cplan_cuda_rope_forward(CplanDtype dt, void *out, const void *x, int nb, int t, int d, float base,
                             cudaStream_t stream);

@@ -9,10 +9,15 @@
  *   bf16: 2e-2, 2e-2  (outputs are stored in bf16: 8 bits of mantissa, 2^-8 relative rounding)
  *   f16:  3e-3, 3e-3  (outputs are stored in f16: 11 bits of mantissa, 2^-11 relative rounding)
  * The embedding backward must equal the reference bit for bit (it adds in the same order), and
- * the deterministic kernels must give the same bits on a second run. */
+ * the deterministic kernels must give the same bits on a second run. The vocab-parallel kernels
+ * (tensor parallelism) are checked rank by rank against kernels/cpu/vocab_parallel.c, and their
+ * parts combined against the whole-vocabulary reference: row max and embedding exact, per-rank
+ * sums of exp within 1e-6 + 1e-5 |ref| (f32 in every dtype), the loss parts within 1e-5 + 1e-5 |ref|
+ * and the gradients as cross_entropy's. */
 #include "kernels_cuda.h"
 #include "ref.h"
 #include "ref_extra.h"
+#include "vocab_parallel.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -420,6 +425,198 @@ static void test_global_norm(CplanDtype dt) {
   cudaFree(dwork), cudaFree(dn);
 }
 
+/* ---- vocab parallel (tensor parallelism): each rank's launchers against kvp_* for that rank, and the
+ * ranks' parts combined (the plan's collectives simulated here) against the whole-vocabulary
+ * reference. Rank k of n holds vocabulary rows [k*v/n, (k+1)*v/n), as compiler/lower.h. */
+
+static int vp_lo(int k, int n, int v) { return (int)((long)k * v / n); }
+
+static int32_t *up_i32(const int32_t *x, int n) {
+  int32_t *d;
+  CUDA_OK(cudaMalloc((void **)&d, 4 * (size_t)(n > 0 ? n : 1)));
+  CUDA_OK(cudaMemcpy(d, x, 4 * (size_t)n, cudaMemcpyHostToDevice));
+  return d;
+}
+
+/* rows x cols of x (row length ld) from column c0 */
+static float *vp_cols(const float *x, int rows, int ld, int c0, int cols) {
+  float *y = malloc(4 * (size_t)rows * (size_t)cols);
+  for (int r = 0; r < rows; r++) memcpy(y + (long)r * cols, x + (long)r * ld + c0, 4 * (size_t)cols);
+  return y;
+}
+
+/* got against ref exactly, where a NaN in ref means a NaN is expected */
+static void vp_compare_nan(const char *kernel, const char *what, CplanDtype dt, float *got, const float *ref, long n) {
+  long bad = 0;
+  for (long i = 0; i < n; i++) bad += isnan(ref[i]) ? !isnan(got[i]) : got[i] != ref[i];
+  checks++;
+  failures += bad > 0;
+  printf("%-22s %-10s %-5s %8ld  %-21s  %-15s  %s", kernel, what, cplan_dtype_name(dt), n, "exact, NaN rows", "",
+         bad ? "FAIL" : "ok");
+  if (bad) printf("  (%ld bad)", bad);
+  printf("\n");
+  free(got);
+}
+
+static void test_vp_cross_entropy(CplanDtype dt, int rows, int v, int n, float scale) {
+  char name[40];
+  snprintf(name, sizeof name, "vp_ce v%d/%d", v, n);
+  long e = (long)rows * v;
+  const float dl = 1.7f;
+  float *x = randv(e, scale, dt), *g0 = randv(e, 0.01f, dt), *gwhole = copyv(g0, e), *gall = malloc(4 * (size_t)e);
+  int32_t *tg = malloc(4 * (size_t)rows);
+  for (int r = 0; r < rows; r++) tg[r] = r % 5 == 3 ? -1 : (int32_t)(((long)r * 7919 + 11) % v);
+  int cref = 0;
+  float ref = k_cross_entropy_forward(&cref, x, tg, rows, v);
+  k_cross_entropy_backward(gwhole, dl, x, tg, rows, v);
+  float *cg = malloc(4 * (size_t)n * rows), *cm = malloc(4 * (size_t)rows), *cs = calloc((size_t)rows, 4);
+  float *cpart = malloc(4 * (size_t)rows), *gs = calloc((size_t)rows, 4), **sh = malloc(sizeof(float *) * (size_t)n);
+  void **dsh = malloc(sizeof(void *) * (size_t)n);
+  float *dgath = zeros((long)n * rows, 4), *dm = zeros(rows, 4), *ds = zeros(rows, 4), *dpart = zeros(rows, 4);
+  float *dloss = zeros(n + 1, 4), *ddl = up(&dl, 1, CPLAN_F32);
+  int *dcount = zeros(n, 4);
+  int32_t *dtg = up_i32(tg, rows);
+  /* row max of each rank into the all-gathered [n, rows], then the global max */
+  for (int k = 0; k < n; k++) {
+    int v0 = vp_lo(k, n, v), vl = vp_lo(k + 1, n, v) - v0;
+    sh[k] = vp_cols(x, rows, v, v0, vl);
+    dsh[k] = up(sh[k], (long)rows * vl, dt);
+    kvp_ce_row_max(cg + (long)k * rows, sh[k], rows, vl);
+    LAUNCH_OK(cplan_cuda_vp_ce_row_max(dt, dgath + (long)k * rows, dsh[k], rows, vl, stream));
+    compare(name, "row_max", dt, down(dgath + (long)k * rows, rows, CPLAN_F32), cg + (long)k * rows, rows, 0, 0);
+  }
+  kvp_ce_max_combine(cm, cg, rows, n);
+  LAUNCH_OK(cplan_cuda_vp_ce_max_combine(dm, dgath, rows, n, stream));
+  compare(name, "max_comb", dt, down(dm, rows, CPLAN_F32), cm, rows, 0, 0);
+  /* each rank's sum of exp, all-reduced (summed in rank order) */
+  for (int k = 0; k < n; k++) {
+    int v0 = vp_lo(k, n, v), vl = vp_lo(k + 1, n, v) - v0;
+    kvp_ce_row_sumexp(cpart, sh[k], cm, rows, vl);
+    for (int r = 0; r < rows; r++) cs[r] += cpart[r];
+    LAUNCH_OK(cplan_cuda_vp_ce_row_sumexp(dt, dpart, dsh[k], dm, rows, vl, stream));
+    float *got = down(dpart, rows, CPLAN_F32);
+    for (int r = 0; r < rows; r++) gs[r] += got[r];
+    compare(name, "row_sumexp", dt, got, cpart, rows, 1e-6, 1e-5);
+  }
+  CUDA_OK(cudaMemcpy(ds, gs, 4 * (size_t)rows, cudaMemcpyHostToDevice));
+  /* each rank's loss part; the parts sum to the loss */
+  double lsum = 0;
+  for (int k = 0; k < n; k++) {
+    int v0 = vp_lo(k, n, v), vl = vp_lo(k + 1, n, v) - v0, cc = -1, gc = -2;
+    float cl = kvp_ce_forward_part(&cc, sh[k], cm, cs, tg, rows, vl, v0, v, k == 0);
+    LAUNCH_OK(cplan_cuda_vp_ce_forward_part(dt, dloss + k, dcount + k, dsh[k], dm, ds, dtg, rows, vl, v0, v, k == 0,
+                                            stream));
+    float *gl = down(dloss + k, 1, CPLAN_F32);
+    CUDA_OK(cudaMemcpy(&gc, dcount + k, 4, cudaMemcpyDeviceToHost));
+    float fgc = (float)gc, fcc = (float)cc;
+    lsum += *gl;
+    compare(name, "part count", dt, copyv(&fgc, 1), &fcc, 1, 0, 0);
+    compare(name, "part loss", dt, gl, &cl, 1, 1e-5, 1e-5);
+  }
+  float fsum = (float)lsum;
+  compare(name, "loss (sum)", dt, copyv(&fsum, 1), &ref, 1, 1e-5, 1e-5);
+  LAUNCH_OK(cplan_cuda_vp_ce_forward_part(dt, dloss + n, NULL, dsh[0], dm, ds, dtg, rows, vp_lo(1, n, v), 0, v, 1,
+                                          stream));
+  same_bits(name, "part loss", dt, dloss, dloss + n, 4);
+  /* each rank's gradient columns, accumulated into g0's; assembled, the whole gradient */
+  for (int k = 0; k < n; k++) {
+    int v0 = vp_lo(k, n, v), vl = vp_lo(k + 1, n, v) - v0;
+    long el = (long)rows * vl;
+    float *cgk = vp_cols(g0, rows, v, v0, vl);
+    void *dg = up(cgk, el, dt), *dg2 = up(cgk, el, dt);
+    kvp_ce_backward(cgk, dl, sh[k], cm, cs, tg, rows, vl, v0, v);
+    LAUNCH_OK(cplan_cuda_vp_ce_backward(dt, dg, ddl, dcount + k, dsh[k], dm, ds, dtg, rows, vl, v0, v, stream));
+    LAUNCH_OK(cplan_cuda_vp_ce_backward(dt, dg2, ddl, dcount + k, dsh[k], dm, ds, dtg, rows, vl, v0, v, stream));
+    float *got = down(dg, el, dt);
+    for (int r = 0; r < rows; r++) memcpy(gall + (long)r * v + v0, got + (long)r * vl, 4 * (size_t)vl);
+    compare(name, "bwd rank", dt, got, cgk, el, dt != CPLAN_F32 ? 1e-3 : 1e-6, atol_of(dt));
+    same_bits(name, "bwd rank", dt, dg, dg2, esize(dt) * (size_t)el);
+    free(cgk), cudaFree(dg), cudaFree(dg2);
+  }
+  compare(name, "bwd (all)", dt, gall, gwhole, e, dt != CPLAN_F32 ? 1e-3 : 1e-6, atol_of(dt));
+  /* a target outside [-1, v) makes the loss NaN (the CPU reference asserts) */
+  int32_t badt = v;
+  CUDA_OK(cudaMemcpy(dtg + rows - 1, &badt, 4, cudaMemcpyHostToDevice));
+  LAUNCH_OK(cplan_cuda_vp_ce_forward_part(dt, dloss, NULL, dsh[0], dm, ds, dtg, rows, vp_lo(1, n, v), 0, v, 1, stream));
+  float nan1 = NAN;
+  vp_compare_nan(name, "bad target", dt, down(dloss, 1, CPLAN_F32), &nan1, 1);
+  for (int k = 0; k < n; k++) free(sh[k]), cudaFree(dsh[k]);
+  free(x), free(g0), free(gwhole), free(tg), free(cg), free(cm), free(cs), free(cpart), free(gs), free(sh), free(dsh);
+  void *bufs[] = {dgath, dm, ds, dpart, dloss, ddl, dcount, dtg};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+}
+
+static void test_vp_embedding(CplanDtype dt, int v, int nr) {
+  const int n = 300, c = 130;
+  char name[40];
+  snprintf(name, sizeof name, "vp_embedding v%d/%d", v, nr);
+  float *table = randv((long)v * c, 1.0f, dt), *out = malloc(4 * (size_t)n * c), *sum = calloc((size_t)n * c, 4);
+  float *dy = randv((long)n * c, 1.0f, dt), *part = malloc(4 * (size_t)n * c);
+  int32_t *idx = malloc(4 * n);
+  for (int i = 0; i < n; i++) idx[i] = (int32_t)((i * i * 31 + 7) % v) / (i % 3 ? 1 : 4); /* many repeats */
+  k_embedding_forward(out, table, idx, n, v, c);
+  void *ddy = up(dy, (long)n * c, dt), *dout = zeros((long)n * c, esize(dt));
+  int32_t *didx = up_i32(idx, n);
+  for (int k = 0; k < nr; k++) {
+    int v0 = vp_lo(k, nr, v), vl = vp_lo(k + 1, nr, v) - v0;
+    void *dtab = up(table + (long)v0 * c, (long)vl * c, dt);
+    kvp_embedding_forward(part, table + (long)v0 * c, idx, n, v0, vl, v, c);
+    LAUNCH_OK(cplan_cuda_vp_embedding_forward(dt, dout, dtab, didx, n, v0, vl, v, c, stream));
+    float *got = down(dout, (long)n * c, dt);
+    for (long i = 0; i < (long)n * c; i++) sum[i] += got[i]; /* the all-reduce */
+    compare(name, "fwd rank", dt, got, part, (long)n * c, 0, 0);
+    float *gt = randv((long)vl * c, 0.5f, CPLAN_F32), *dgt = up(gt, (long)vl * c, CPLAN_F32);
+    kvp_embedding_backward(gt, dy, idx, n, v0, vl, v, c);
+    LAUNCH_OK(cplan_cuda_vp_embedding_backward(dt, dgt, ddy, didx, n, v0, vl, v, c, stream));
+    compare(name, "bwd (exact)", dt, down(dgt, (long)vl * c, CPLAN_F32), gt, (long)vl * c, 0, 0);
+    /* indices out of range: -1, v and INT32_MAX give NaN rows and add nothing; another rank's gives 0 */
+    int32_t bad[5] = {-1, v0, v, v0 == 0 ? v - 1 : 0, 2147483647};
+    int32_t *dbad = up_i32(bad, 5);
+    float *want = malloc(4 * 5 * (size_t)c);
+    for (int i = 0; i < 5; i++)
+      for (int j = 0; j < c; j++)
+        want[i * c + j] = bad[i] < 0 || bad[i] >= v ? NAN : bad[i] >= v0 && bad[i] < v0 + vl ? table[(long)bad[i] * c + j] : 0.0f;
+    LAUNCH_OK(cplan_cuda_vp_embedding_forward(dt, dout, dtab, dbad, 5, v0, vl, v, c, stream));
+    vp_compare_nan(name, "fwd bad idx", dt, down(dout, 5L * c, dt), want, 5L * c);
+    kvp_embedding_backward(gt, dy + c, bad + 1, 1, v0, vl, v, c); /* bad[1] is the only one that adds */
+    if (nr == 1) kvp_embedding_backward(gt, dy + 3 * c, bad + 3, 1, v0, vl, v, c); /* and bad[3] on one rank */
+    LAUNCH_OK(cplan_cuda_vp_embedding_backward(dt, dgt, ddy, dbad, 5, v0, vl, v, c, stream));
+    compare(name, "bwd bad idx", dt, down(dgt, (long)vl * c, CPLAN_F32), gt, (long)vl * c, 0, 0);
+    free(gt), free(want), cudaFree(dgt), cudaFree(dtab), cudaFree(dbad);
+  }
+  compare(name, "fwd (sum)", dt, sum, out, (long)n * c, 0, 0);
+  free(table), free(out), free(dy), free(part), free(idx);
+  cudaFree(ddy), cudaFree(dout), cudaFree(didx);
+}
+
+/* a launcher's refusal: rc -1 and a message naming it and containing want */
+static void vp_refused(const char *launcher, int rc, const char *want) {
+  const char *m = cplan_cuda_error();
+  int ok = rc == -1 && strstr(m, launcher) && strstr(m, want);
+  checks++;
+  failures += !ok;
+  printf("%-22s %-10s %-5s %8s  %-39s  %s\n", launcher + 11, "refused", "-", "-", want, ok ? "ok" : "FAIL");
+  if (!ok) printf("  (rc %d, message \"%s\")\n", rc, m);
+}
+
+static void test_vp_refusals(void) {
+  float *p = zeros(64, 4);
+  int32_t *ip = zeros(64, 4);
+  vp_refused("cplan_cuda_vp_embedding_forward",
+             cplan_cuda_vp_embedding_forward(CPLAN_F32, p, p, ip, 4, 8, 4, 11, 2, stream), "bad shape");
+  vp_refused("cplan_cuda_vp_embedding_backward",
+             cplan_cuda_vp_embedding_backward(CPLAN_F32, p, p, NULL, 4, 0, 4, 11, 2, stream), "must not be NULL");
+  vp_refused("cplan_cuda_vp_ce_row_max", cplan_cuda_vp_ce_row_max(CPLAN_F32, p, p, 4, 0, stream), "bad shape");
+  vp_refused("cplan_cuda_vp_ce_max_combine", cplan_cuda_vp_ce_max_combine(p, p + 8, 4, 0, stream), "bad shape");
+  vp_refused("cplan_cuda_vp_ce_row_sumexp", cplan_cuda_vp_ce_row_sumexp((CplanDtype)7, p, p, p, 2, 4, stream),
+             "unknown dtype 7");
+  vp_refused("cplan_cuda_vp_ce_forward_part",
+             cplan_cuda_vp_ce_forward_part(CPLAN_F32, p, NULL, p, p, p, ip, 2, 4, -1, 11, 1, stream), "bad shape");
+  vp_refused("cplan_cuda_vp_ce_backward",
+             cplan_cuda_vp_ce_backward(CPLAN_BF16, p, p, NULL, p, p, p, ip, 2, 4, 0, 11, stream), "must not be NULL");
+  cudaFree(p), cudaFree(ip);
+}
+
 int main(void) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
@@ -451,10 +648,17 @@ int main(void) {
     test_cross_entropy(dt);
     test_embedding(dt);
     test_rope(dt);
+    test_vp_cross_entropy(dt, 29, 37, 3, 6.0f);
+    test_vp_cross_entropy(dt, 13, 37, 1, 40.0f);   /* one rank: the whole vocabulary */
+    test_vp_cross_entropy(dt, 19, 4099, 3, 40.0f); /* rows longer than a block */
+    test_vp_embedding(dt, 37, 3);
+    test_vp_embedding(dt, 400, 3); /* more local rows than the backward's row classes */
+    test_vp_embedding(dt, 37, 1);
     if (dt == CPLAN_F16) continue; /* the fused AdamW and global norm take f32 or bf16 gradients */
     test_adamw(dt);
     test_global_norm(dt);
   }
+  test_vp_refusals();
   printf("\n%d checks, %d failed\n", checks, failures);
   cudaStreamDestroy(stream);
   return failures ? 1 : 0;

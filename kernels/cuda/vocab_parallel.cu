@@ -1,0 +1,293 @@
+/* vocab_parallel.cu: the vocab-parallel embedding and cross entropy of tensor parallelism
+ * (kernels_cuda.h; reference kvp_* in kernels/cpu/vocab_parallel.c, whose header describes the
+ * collectives the plan runs between the kernels). A rank holds vocabulary rows [v0, v0 + vl) of
+ * the global vocabulary v; the kernels never communicate.
+ *  - embedding forward: a thread per output element, 0 for another rank's rows; backward: the
+ *    scheme of embedding.cu (thread (p, col) owns column col of the local rows lr with
+ *    lr % P == p and walks the indices in order), so the f32 sums are the reference's bit for bit;
+ *  - row max and row sum of exp: one block per row (grid-stride over rows), a block reduction;
+ *  - max combine: a thread per row over the n gathered maxima;
+ *  - forward part: one block adds the rows' parts up in f64 in a fixed order (deterministic);
+ *  - backward: one block per row adds (dloss / count) (softmax - onehot) to its columns.
+ * Targets and indices outside their ranges give NaN (loss, embedding row) rather than reading out
+ * of bounds, as cross_entropy.cu and embedding.cu do; the CPU reference asserts instead. */
+#include "cuda_common.h"
+
+#define VP_TILE 1024
+#define VP_COLS 128 /* threads per block of the embedding backward: columns */
+#define VP_P 64     /* row classes of the embedding backward: blocks along y */
+
+template <typename T>
+__device__ __forceinline__ void vp_emb_fwd(T *out, const T *table, const int *idx, int n, int v0, int vl, int v,
+                                           int c) {
+  long long total = (long long)n * c;
+  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
+    long long i = e / c;
+    int j = (int)(e % c), r = idx[i];
+    if (r < 0 || r >= v) out[e] = st<T>(CPLAN_NAN);
+    else if (r >= v0 && r - v0 < vl) out[e] = table[(long long)(r - v0) * c + j];
+    else out[e] = st<T>(0.0f); /* another rank's row: the all-reduce adds it */
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void vp_emb_bwd(float *dtable, const T *dout, const int *idx, int n, int v0, int vl,
+                                           int c) {
+  __shared__ int tile[VP_TILE];
+  int col = blockIdx.x * VP_COLS + threadIdx.x, p = blockIdx.y, np = gridDim.y;
+  for (int i0 = 0; i0 < n; i0 += VP_TILE) {
+    int len = min(VP_TILE, n - i0);
+    __syncthreads();
+    for (int e = threadIdx.x; e < len; e += blockDim.x) tile[e] = idx[i0 + e];
+    __syncthreads();
+    if (col >= c) continue;
+    for (int e = 0; e < len; e++) {
+      int r = tile[e];
+      if (r < v0 || r - v0 >= vl || (r - v0) % np != p) continue; /* not this rank's (or out of range) */
+      dtable[(long long)(r - v0) * c + col] += ld(dout[(long long)(i0 + e) * c + col]);
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void vp_row_max(float *m, const T *logits, int rows, int vl) {
+  __shared__ float sh[33];
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T *x = logits + (long long)r * vl;
+    float a = -CPLAN_INF;
+    for (int j = threadIdx.x; j < vl; j += blockDim.x) a = fmaxf(a, ld(x[j]));
+    a = block_reduce<true>(a, sh);
+    if (threadIdx.x == 0) m[r] = a;
+  }
+}
+
+__device__ __forceinline__ void vp_max_combine(float *m, const float *gathered, int rows, int n) {
+  for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < rows; r += (long long)gridDim.x * blockDim.x) {
+    float a = gathered[r];
+    for (int k = 1; k < n; k++) a = fmaxf(a, gathered[(long long)k * rows + r]);
+    m[r] = a;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void vp_row_sumexp(float *s, const T *logits, const float *m, int rows, int vl) {
+  __shared__ float sh[33];
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T *x = logits + (long long)r * vl;
+    float mr = m[r], a = 0.0f;
+    for (int j = threadIdx.x; j < vl; j += blockDim.x) a += expf(ld(x[j]) - mr);
+    a = block_reduce<false>(a, sh);
+    if (threadIdx.x == 0) s[r] = a;
+  }
+}
+
+/* one block: *loss = (sum over counted rows of [lead] (m + log s) - [mine] logit[target]) / count */
+template <typename T>
+__device__ __forceinline__ void vp_ce_part(float *loss, int *count, const T *logits, const float *m, const float *s,
+                                           const int *targets, int rows, int vl, int v0, int v, int lead) {
+  __shared__ double sh[33];
+  double l = 0.0, c = 0.0;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    int tg = targets[r];
+    if (tg == -1) continue;
+    c += 1.0;
+    if (tg < 0 || tg >= v) { /* out of range: a NaN loss, as cross_entropy.cu */
+      l += (double)CPLAN_NAN;
+      continue;
+    }
+    if (lead) l += (double)m[r] + log((double)s[r]);
+    if (tg >= v0 && tg - v0 < vl) l -= (double)ld(logits[(long long)r * vl + (tg - v0)]);
+  }
+  l = block_sum_f64(l, sh);
+  c = block_sum_f64(c, sh);
+  if (threadIdx.x == 0) {
+    if (count) *count = (int)c;
+    *loss = c > 0 ? (float)(l / c) : 0.0f;
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void vp_ce_bwd(T *dlogits, const float *dloss, const int *count, const T *logits,
+                                          const float *m, const float *s, const int *targets, int rows, int vl,
+                                          int v0) {
+  if (*count <= 0) return; /* no counted row: no gradient */
+  float g = *dloss / (float)*count;
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    int tg = targets[r];
+    if (tg == -1) continue; /* an ignored row gets no gradient at all */
+    int t = tg >= v0 && tg - v0 < vl ? tg - v0 : -1; /* the target's local column, if this rank's */
+    const T *x = logits + (long long)r * vl;
+    T *dx = dlogits + (long long)r * vl;
+    float mr = m[r], ls = logf(s[r]);
+    for (int j = threadIdx.x; j < vl; j += blockDim.x) {
+      float p = expf(ld(x[j]) - mr - ls);
+      dx[j] = st<T>(ld(dx[j]) + g * (p - (j == t ? 1.0f : 0.0f)));
+    }
+  }
+}
+
+#define VP_ENTRIES(T, S)                                                                                   \
+  extern "C" __global__ void vp_embedding_forward_##S(T *out, const T *table, const int *idx, int n, int v0, \
+                                                      int vl, int v, int c) {                              \
+    vp_emb_fwd<T>(out, table, idx, n, v0, vl, v, c);                                                       \
+  }                                                                                                        \
+  extern "C" __global__ void vp_embedding_backward_##S(float *dtable, const T *dout, const int *idx, int n, \
+                                                       int v0, int vl, int c) {                            \
+    vp_emb_bwd<T>(dtable, dout, idx, n, v0, vl, c);                                                        \
+  }                                                                                                        \
+  extern "C" __global__ void vp_ce_row_max_##S(float *m, const T *logits, int rows, int vl) {              \
+    vp_row_max<T>(m, logits, rows, vl);                                                                    \
+  }                                                                                                        \
+  extern "C" __global__ void vp_ce_row_sumexp_##S(float *s, const T *logits, const float *m, int rows,     \
+                                                  int vl) {                                                \
+    vp_row_sumexp<T>(s, logits, m, rows, vl);                                                              \
+  }                                                                                                        \
+  extern "C" __global__ void vp_ce_forward_part_##S(float *loss, int *count, const T *logits, const float *m, \
+                                                    const float *s, const int *targets, int rows, int vl,  \
+                                                    int v0, int v, int lead) {                             \
+    vp_ce_part<T>(loss, count, logits, m, s, targets, rows, vl, v0, v, lead);                              \
+  }                                                                                                        \
+  extern "C" __global__ void vp_ce_backward_##S(T *dlogits, const float *dloss, const int *count,          \
+                                                const T *logits, const float *m, const float *s,           \
+                                                const int *targets, int rows, int vl, int v0) {            \
+    vp_ce_bwd<T>(dlogits, dloss, count, logits, m, s, targets, rows, vl, v0);                              \
+  }
+
+VP_ENTRIES(float, f32)
+VP_ENTRIES(bf16, bf16)
+VP_ENTRIES(fp16, f16)
+
+extern "C" __global__ void vp_ce_max_combine(float *m, const float *gathered, int rows, int n) {
+  vp_max_combine(m, gathered, rows, n);
+}
+
+#ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
+#include "launch.h"
+
+/* rows [v0, v0 + vl) of a vocabulary of v, with vl > 0 */
+static int vp_range_ok(int v0, int vl, int v) { return vl > 0 && v0 >= 0 && (long long)v0 + vl <= v; }
+
+/* one block per row, at most CPLAN_MAX_GRID (the kernels stride over the rest) */
+static unsigned vp_row_grid(int rows) {
+  return rows < 1 ? 1u : rows > (int)CPLAN_MAX_GRID ? CPLAN_MAX_GRID : (unsigned)rows;
+}
+
+extern "C" int cplan_cuda_vp_embedding_forward(CplanDtype dt, void *out, const void *table, const int32_t *idx, int n,
+                                               int v0, int vl, int v, int c, cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_embedding_forward";
+  CPLAN_REQUIRE(me, n >= 0 && c > 0 && vp_range_ok(v0, vl, v),
+                "bad shape: n %d, rows [%d, %d + %d) of a [%d, %d] table", n, v0, v0, vl, v, c);
+  CPLAN_REQUIRE(me, n == 0 || (out && table && idx), "out, table and idx must not be NULL");
+  if (n == 0) return 0;
+  unsigned g = cplan_blocks((int64_t)n * c, 256, 65535u * 4);
+  if (dt == CPLAN_F32)
+    vp_embedding_forward_f32<<<g, 256, 0, stream>>>((float *)out, (const float *)table, idx, n, v0, vl, v, c);
+  else if (dt == CPLAN_BF16)
+    vp_embedding_forward_bf16<<<g, 256, 0, stream>>>((bf16 *)out, (const bf16 *)table, idx, n, v0, vl, v, c);
+  else if (dt == CPLAN_F16)
+    vp_embedding_forward_f16<<<g, 256, 0, stream>>>((fp16 *)out, (const fp16 *)table, idx, n, v0, vl, v, c);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_vp_embedding_backward(CplanDtype dt, float *dtable, const void *dout, const int32_t *idx,
+                                                int n, int v0, int vl, int v, int c, cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_embedding_backward";
+  CPLAN_REQUIRE(me, n >= 0 && c > 0 && vp_range_ok(v0, vl, v),
+                "bad shape: n %d, rows [%d, %d + %d) of a [%d, %d] table", n, v0, v0, vl, v, c);
+  CPLAN_REQUIRE(me, n == 0 || (dtable && dout && idx), "dtable, dout and idx must not be NULL");
+  if (n == 0) return 0;
+  dim3 grid((unsigned)((c + VP_COLS - 1) / VP_COLS), (unsigned)(vl < VP_P ? vl : VP_P));
+  if (dt == CPLAN_F32)
+    vp_embedding_backward_f32<<<grid, VP_COLS, 0, stream>>>(dtable, (const float *)dout, idx, n, v0, vl, c);
+  else if (dt == CPLAN_BF16)
+    vp_embedding_backward_bf16<<<grid, VP_COLS, 0, stream>>>(dtable, (const bf16 *)dout, idx, n, v0, vl, c);
+  else if (dt == CPLAN_F16)
+    vp_embedding_backward_f16<<<grid, VP_COLS, 0, stream>>>(dtable, (const fp16 *)dout, idx, n, v0, vl, c);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_vp_ce_row_max(CplanDtype dt, float *m, const void *logits, int rows, int vl,
+                                        cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_ce_row_max";
+  CPLAN_REQUIRE(me, rows >= 0 && vl > 0, "bad shape [%d, %d]", rows, vl);
+  CPLAN_REQUIRE(me, rows == 0 || (m && logits), "m and logits must not be NULL");
+  if (rows == 0) return 0;
+  unsigned grid = vp_row_grid(rows);
+  int th = cplan_row_threads(vl);
+  if (dt == CPLAN_F32) vp_ce_row_max_f32<<<grid, th, 0, stream>>>(m, (const float *)logits, rows, vl);
+  else if (dt == CPLAN_BF16) vp_ce_row_max_bf16<<<grid, th, 0, stream>>>(m, (const bf16 *)logits, rows, vl);
+  else if (dt == CPLAN_F16) vp_ce_row_max_f16<<<grid, th, 0, stream>>>(m, (const fp16 *)logits, rows, vl);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_vp_ce_max_combine(float *m, const float *gathered, int rows, int n, cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_ce_max_combine";
+  CPLAN_REQUIRE(me, rows >= 0 && n > 0, "bad shape: %d rows gathered from %d ranks", rows, n);
+  CPLAN_REQUIRE(me, rows == 0 || (m && gathered), "m and gathered must not be NULL");
+  if (rows == 0) return 0;
+  vp_ce_max_combine<<<cplan_blocks(rows, 256, CPLAN_MAX_GRID), 256, 0, stream>>>(m, gathered, rows, n);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_vp_ce_row_sumexp(CplanDtype dt, float *s, const void *logits, const float *m, int rows,
+                                           int vl, cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_ce_row_sumexp";
+  CPLAN_REQUIRE(me, rows >= 0 && vl > 0, "bad shape [%d, %d]", rows, vl);
+  CPLAN_REQUIRE(me, rows == 0 || (s && logits && m), "s, logits and m must not be NULL");
+  if (rows == 0) return 0;
+  unsigned grid = vp_row_grid(rows);
+  int th = cplan_row_threads(vl);
+  if (dt == CPLAN_F32) vp_ce_row_sumexp_f32<<<grid, th, 0, stream>>>(s, (const float *)logits, m, rows, vl);
+  else if (dt == CPLAN_BF16) vp_ce_row_sumexp_bf16<<<grid, th, 0, stream>>>(s, (const bf16 *)logits, m, rows, vl);
+  else if (dt == CPLAN_F16) vp_ce_row_sumexp_f16<<<grid, th, 0, stream>>>(s, (const fp16 *)logits, m, rows, vl);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_vp_ce_forward_part(CplanDtype dt, float *loss, int *count, const void *logits,
+                                             const float *m, const float *s, const int32_t *targets, int rows, int vl,
+                                             int v0, int v, int lead, cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_ce_forward_part";
+  CPLAN_REQUIRE(me, rows >= 0 && vp_range_ok(v0, vl, v), "bad shape: [%d, %d] logits of columns [%d, %d + %d) of %d",
+                rows, vl, v0, v0, vl, v);
+  CPLAN_REQUIRE(me, loss && logits && m && s && targets, "loss, logits, m, s and targets must not be NULL");
+  if (dt == CPLAN_F32)
+    vp_ce_forward_part_f32<<<1, 1024, 0, stream>>>(loss, count, (const float *)logits, m, s, targets, rows, vl, v0, v,
+                                                   lead);
+  else if (dt == CPLAN_BF16)
+    vp_ce_forward_part_bf16<<<1, 1024, 0, stream>>>(loss, count, (const bf16 *)logits, m, s, targets, rows, vl, v0, v,
+                                                    lead);
+  else if (dt == CPLAN_F16)
+    vp_ce_forward_part_f16<<<1, 1024, 0, stream>>>(loss, count, (const fp16 *)logits, m, s, targets, rows, vl, v0, v,
+                                                   lead);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_vp_ce_backward(CplanDtype dt, void *dlogits, const float *dloss, const int *count,
+                                         const void *logits, const float *m, const float *s, const int32_t *targets,
+                                         int rows, int vl, int v0, int v, cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_ce_backward";
+  CPLAN_REQUIRE(me, rows >= 0 && vp_range_ok(v0, vl, v), "bad shape: [%d, %d] logits of columns [%d, %d + %d) of %d",
+                rows, vl, v0, v0, vl, v);
+  CPLAN_REQUIRE(me, dlogits && dloss && count && logits && m && s && targets,
+                "dlogits, dloss, count, logits, m, s and targets must not be NULL");
+  if (rows == 0) return 0;
+  unsigned grid = vp_row_grid(rows);
+  int th = cplan_row_threads(vl);
+  if (dt == CPLAN_F32)
+    vp_ce_backward_f32<<<grid, th, 0, stream>>>((float *)dlogits, dloss, count, (const float *)logits, m, s, targets,
+                                                rows, vl, v0);
+  else if (dt == CPLAN_BF16)
+    vp_ce_backward_bf16<<<grid, th, 0, stream>>>((bf16 *)dlogits, dloss, count, (const bf16 *)logits, m, s, targets,
+                                                 rows, vl, v0);
+  else if (dt == CPLAN_F16)
+    vp_ce_backward_f16<<<grid, th, 0, stream>>>((fp16 *)dlogits, dloss, count, (const fp16 *)logits, m, s, targets,
+                                                rows, vl, v0);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+#endif
