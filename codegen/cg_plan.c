@@ -2,7 +2,9 @@
  * emitters write. The emitters read this record; they do not place values themselves. */
 #include "cg_plan.h"
 
+#include "../compiler/lower.h"
 #include "../compiler/memplan.h"
+#include "../compiler/pipeline.h"
 #include "../compiler/train.h"
 #include "cg_common.h"
 
@@ -268,4 +270,136 @@ void cg_emit_plan_mesh(FILE *out, int64_t dp, int64_t devices, const MeshConf *m
   if (m && m->naxes)
     fprintf(out, "    .nmesh_axes = %d,\n    .mesh_axes = mesh_axes,\n    .mesh_axis_names = mesh_axis_names,\n",
             m->naxes);
+}
+
+/* ---- tensor parallelism: whole tensors and where a shard's elements go -------------------------- */
+
+/* One param or state of the global graph: its global shape, its local one, and per strategy
+ * axis the split dim (-1: whole) and the block count of the blocked layout (lower.h). */
+static void emit_gi_row(FILE *out, const StratPlan *sp, const Lowered *lw, int gi) {
+  const Node *gn = &sp->g->nodes[gi], *ln = &lw->g->nodes[lw->map[gi]];
+  fprintf(out, "    {%d, {", gn->shape.rank);
+  for (int d = 0; d < gn->shape.rank; d++) fprintf(out, "%s%lld", d ? ", " : "", (long long)gn->shape.d[d]);
+  fprintf(out, "}, {");
+  for (int d = 0; d < ln->shape.rank; d++) fprintf(out, "%s%lld", d ? ", " : "", (long long)ln->shape.d[d]);
+  fprintf(out, "}, {");
+  for (int a = 0; a < sp->naxes; a++) {
+    Pl p = sp->pl[gi].ax[a];
+    int split = p.kind == PL_S && p.dim < gn->shape.rank;
+    fprintf(out, "%s%d", a ? ", " : "", split ? p.dim : -1);
+  }
+  fprintf(out, "}, {");
+  for (int a = 0; a < sp->naxes; a++) fprintf(out, "%s%d", a ? ", " : "", sp->axes[a].role == AX_TP ? lw->blocks[gi] : 1);
+  fprintf(out, "}},\n");
+}
+
+/* The global index of a shard element computed at run time from the tables must be
+ * lower_global_index's: checked here on the first and last element of every shard. */
+static int64_t gi_model(const StratPlan *sp, const Lowered *lw, int gi, const int64_t *coord, int64_t local) {
+  const Node *gn = &sp->g->nodes[gi], *ln = &lw->g->nodes[lw->map[gi]];
+  int64_t idx[CP_MAX_RANK], rest = local;
+  for (int d = ln->shape.rank - 1; d >= 0; d--) idx[d] = rest % ln->shape.d[d], rest /= ln->shape.d[d];
+  int64_t cur[CP_MAX_RANK];
+  for (int d = 0; d < ln->shape.rank; d++) cur[d] = ln->shape.d[d];
+  for (int a = 0; a < sp->naxes; a++) {
+    Pl p = sp->pl[gi].ax[a];
+    if (p.kind != PL_S || p.dim >= gn->shape.rank) continue;
+    int64_t b = sp->axes[a].role == AX_TP ? lw->blocks[gi] : 1, part = cur[p.dim] / b, j = idx[p.dim];
+    idx[p.dim] = (j / part) * (cur[p.dim] * sp->axes[a].n / b) + coord[a] * part + j % part;
+    cur[p.dim] *= sp->axes[a].n;
+  }
+  int64_t g = 0;
+  for (int d = 0; d < gn->shape.rank; d++) g = g * gn->shape.d[d] + idx[d];
+  return g;
+}
+
+static void check_gi(const StratPlan *sp, const Lowered *lw, int gi) {
+  int64_t n = numel(&lw->g->nodes[lw->map[gi]]), coord[3] = {0, 0, 0};
+  if (sp->naxes == 0) return;
+  for (int64_t r = 0; r < sp->axes[sp->naxes - 1].n; r++) {
+    coord[sp->naxes - 1] = r;
+    for (int64_t l = 0; l < n; l += n - 1 > 0 ? n - 1 : 1)
+      cp_assert(gi_model(sp, lw, gi, coord, l) == lower_global_index(sp, lw, gi, coord, l));
+  }
+}
+
+void cg_emit_global_tables(FILE *out, const StratPlan *sp, const Lowered *lw, const PipeStage *ps, CgGlobal *o) {
+  const Graph *gg = sp->g;
+  fprintf(out, "\n/* tensor parallelism: per param, then per state: global shape, local shape, per strategy axis\n"
+       " * the split dim (-1: whole) and the blocks of the blocked layout (compiler/lower.h) */\n"
+       "typedef struct GiInfo { int rank; int64_t gs[%d], ls[%d]; int dim[%d], blocks[%d]; } GiInfo;\n",
+       CP_MAX_RANK, CP_MAX_RANK, sp->naxes, sp->naxes);
+  fprintf(out, "static const int64_t plan_axes[] = {");
+  for (int a = 0; a < sp->naxes; a++) fprintf(out, "%s%lld", a ? ", " : "", (long long)sp->axes[a].n);
+  fprintf(out, "};\nstatic const char *const plan_axis_names[] = {");
+  for (int a = 0; a < sp->naxes; a++) fprintf(out, "%s\"%s\"", a ? ", " : "", strat_axis_name(sp->axes[a].role));
+  fprintf(out, "};\n");
+  fprintf(out, "static const GiInfo gi_params[] = {\n");
+  for (int k = 0; k < gg->params.n; k++) emit_gi_row(out, sp, lw, gg->params.a[k]), check_gi(sp, lw, gg->params.a[k]);
+  fprintf(out, "};\nstatic const GiInfo gi_states[] = {\n");
+  for (int k = 0; k < gg->states.n; k++) emit_gi_row(out, sp, lw, gg->states.a[k]), check_gi(sp, lw, gg->states.a[k]);
+  if (!gg->states.n) fprintf(out, "    {0},\n");
+  fprintf(out, "};\n");
+  const char *kp = "k", *ks = "k";
+  if (ps) { /* this stage's params and states among the global ones (pipeline.h) */
+    fprintf(out, "static const int param_global[] = {");
+    for (int k = 0; k < ps->g->params.n; k++) fprintf(out, "%s%d", k ? ", " : "", ps->gparam[k]);
+    fprintf(out, "%s};\nstatic const int state_global[] = {", ps->g->params.n ? "" : "0");
+    for (int k = 0; k < ps->g->states.n; k++) fprintf(out, "%s%d", k ? ", " : "", ps->gstate[k]);
+    fprintf(out, "%s};\nstatic const unsigned char param_owned[] = {", ps->g->states.n ? "" : "0");
+    for (int k = 0; k < ps->g->params.n; k++) fprintf(out, "%s%d", k ? ", " : "", ps->owned[k]);
+    fprintf(out, "%s};\n", ps->g->params.n ? "" : "0");
+    kp = "param_global[k]", ks = "state_global[k]";
+  }
+  fprintf(out, "\n/* The global (row-major) index of element `local` of the shard that the rank at strategy\n"
+       " * coordinates coord holds of param k (state: of state k).\n"
+       " * Axes in order: where two split the same dim, the later splits the earlier's shard (lower.c). */\n"
+       "static int64_t global_index(int state, int k, const int64_t *coord, int64_t local) {\n"
+       "  const GiInfo *t = state ? &gi_states[%s] : &gi_params[%s];\n"
+       "  int64_t idx[%d], cur[%d], rest = local, g = 0;\n"
+       "  for (int d = t->rank - 1; d >= 0; d--) idx[d] = rest %% t->ls[d], rest /= t->ls[d], cur[d] = t->ls[d];\n"
+       "  for (int a = 0; a < %d; a++) {\n"
+       "    int d = t->dim[a];\n"
+       "    if (d < 0) continue;\n"
+       "    int64_t part = cur[d] / t->blocks[a], j = idx[d];\n"
+       "    idx[d] = (j / part) * (cur[d] * plan_axes[a] / t->blocks[a]) + coord[a] * part + j %% part;\n"
+       "    cur[d] *= plan_axes[a];\n"
+       "  }\n"
+       "  for (int d = 0; d < t->rank; d++) g = g * t->gs[d] + idx[d];\n"
+       "  return g;\n}\n", ks, kp, CP_MAX_RANK, CP_MAX_RANK, sp->naxes);
+  fprintf(out, "\nstatic int split_dim(int state, int k, int a) { return (state ? &gi_states[%s] : &gi_params[%s])->dim[a]; }\n",
+       ks, kp);
+  int64_t off = 0;
+  fprintf(out, "\n/* the whole params and states, as a one-device plan lays them out (--save, checkpoints) */\n"
+       "static const RtPlanParam gparams[] = {\n");
+  for (int k = 0; k < gg->params.n; k++) {
+    const Node *p = &gg->nodes[gg->params.a[k]];
+    cg_emit_param_row(out, p, off);
+    off += align16(numel(p));
+  }
+  o->gparam_floats = off;
+  off = 0;
+  fprintf(out, "};\nstatic const RtPlanState gstates[] = {\n");
+  for (int k = 0; k < gg->states.n; k++) {
+    const Node *st = &gg->nodes[gg->states.a[k]];
+    fprintf(out, "    {%s, %lld, %lld, %d},\n", cg_c_string(st->name), (long long)numel(st), (long long)off, (int)st->ia[1]);
+    off += align16(numel(st));
+  }
+  if (!gg->states.n) fprintf(out, "    {0},\n");
+  fprintf(out, "};\n");
+  o->gstate_floats = off;
+}
+
+void cg_emit_plan_lowered(FILE *out, const StratPlan *sp, const CgGlobal *gt) {
+  int dpa = -1, tpa = -1;
+  for (int a = 0; a < sp->naxes; a++) {
+    if (sp->axes[a].role == AX_DP) dpa = a;
+    if (sp->axes[a].role == AX_TP) tpa = a;
+  }
+  fprintf(out, "    .tp = %lld,\n    .nplan_axes = %d,\n    .plan_axes = plan_axes,\n    .plan_axis_names = plan_axis_names,\n",
+          (long long)sp->tp, sp->naxes);
+  fprintf(out, "    .dp_axis = %d,\n    .tp_axis = %d,\n    .gparams = gparams,\n    .gparam_floats = %lld,\n", dpa, tpa,
+          (long long)gt->gparam_floats);
+  fprintf(out, "    .gstates = gstates,\n    .gstate_floats = %lld,\n    .global_index = global_index,\n    .split_dim = split_dim,\n",
+          (long long)gt->gstate_floats);
 }

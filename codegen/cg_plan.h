@@ -93,4 +93,16 @@ void cg_emit_plan_head(FILE *out, const CgPlan *p, const TrainConf *t, const CgP
 /* .dp, .devices, .mesh and the mesh axes of the RtPlan */
 void cg_emit_plan_mesh(FILE *out, int64_t dp, int64_t devices, const MeshConf *m);
 
+/* ---- a lowered plan's (tensor parallelism, ZeRO; compiler/lower.h) -------------------------- */
+struct StratPlan;
+struct Lowered;
+struct PipeStage;
+typedef struct CgGlobal { int64_t gparam_floats, gstate_floats; } CgGlobal; /* the whole tensors' arrays */
+/* plan_axes, the per-shard layout tables, global_index, split_dim, gparams and gstates (and, for
+ * pipeline stage ps, param_global, state_global and param_owned); the whole tensors' sizes to o */
+void cg_emit_global_tables(FILE *out, const struct StratPlan *sp, const struct Lowered *lw, const struct PipeStage *ps,
+                           CgGlobal *o);
+/* the RtPlan fields .tp to .split_dim of a lowered plan */
+void cg_emit_plan_lowered(FILE *out, const struct StratPlan *sp, const CgGlobal *gt);
+
 #endif

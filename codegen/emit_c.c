@@ -32,7 +32,7 @@ typedef struct Cg {
   char **irline;          /* the IR printer's line of each node */
   int ph;                 /* the phase being emitted */
   bool ok;
-  int64_t gparam_floats, gstate_floats; /* tensor parallelism: the whole tensors' floats */
+  CgGlobal gt;            /* tensor parallelism: the whole tensors' floats (cg_emit_global_tables) */
   const StratPlan *sp;    /* tensor parallelism: the placements and the lowering g came from */
   const Lowered *lw;      /* (NULL: a one-device or data-parallel plan) */
   const Pipeline *pipe;   /* pipeline parallelism: the stages (NULL: none); g is stage `stage`'s */
@@ -93,7 +93,6 @@ static const Node *nd(const Cg *c, int i) { return &c->g->nodes[i]; }
 static int64_t axis_n(const Cg *c, int a) { return c->sp->axes[a].n; }
 static const Node *in(const Cg *c, int i, int k) { return &c->g->nodes[c->g->nodes[i].in[k]]; }
 static int64_t numel(const Node *n) { return shape_numel(&n->shape); }
-static int64_t align16(int64_t floats) { return (floats + 15) / 16 * 16; }
 
 static bool unsupported(Cg *c, int i, const char *what) {
   diag_error(nd(c, i)->span, "%s is not supported on the cpu backend yet", what);
@@ -862,128 +861,6 @@ static void emit_tables(Cg *c) {
   }
 }
 
-/* ---- tensor parallelism: whole tensors and where a shard's elements go -------------------------- */
-
-/* One param or state of the global graph: its global shape, its local one, and per strategy
- * axis the split dim (-1: whole) and the block count of the blocked layout (lower.h). */
-static void emit_gi_row(Cg *c, int gi) {
-  const StratPlan *sp = c->sp;
-  const Node *gn = &sp->g->nodes[gi], *ln = &c->lw->g->nodes[c->lw->map[gi]];
-  EMIT("    {%d, {", gn->shape.rank);
-  for (int d = 0; d < gn->shape.rank; d++) EMIT("%s%lld", d ? ", " : "", (long long)gn->shape.d[d]);
-  EMIT("}, {");
-  for (int d = 0; d < ln->shape.rank; d++) EMIT("%s%lld", d ? ", " : "", (long long)ln->shape.d[d]);
-  EMIT("}, {");
-  for (int a = 0; a < sp->naxes; a++) {
-    Pl p = sp->pl[gi].ax[a];
-    int split = p.kind == PL_S && p.dim < gn->shape.rank;
-    EMIT("%s%d", a ? ", " : "", split ? p.dim : -1);
-  }
-  EMIT("}, {");
-  for (int a = 0; a < sp->naxes; a++) EMIT("%s%d", a ? ", " : "", sp->axes[a].role == AX_TP ? c->lw->blocks[gi] : 1);
-  EMIT("}},\n");
-}
-
-/* The global index of a shard element computed at run time from the tables must be
- * lower_global_index's: checked here on the first and last element of every shard. */
-static int64_t gi_model(const StratPlan *sp, const Lowered *lw, int gi, const int64_t *coord, int64_t local) {
-  const Node *gn = &sp->g->nodes[gi], *ln = &lw->g->nodes[lw->map[gi]];
-  int64_t idx[CP_MAX_RANK], rest = local;
-  for (int d = ln->shape.rank - 1; d >= 0; d--) idx[d] = rest % ln->shape.d[d], rest /= ln->shape.d[d];
-  int64_t cur[CP_MAX_RANK];
-  for (int d = 0; d < ln->shape.rank; d++) cur[d] = ln->shape.d[d];
-  for (int a = 0; a < sp->naxes; a++) {
-    Pl p = sp->pl[gi].ax[a];
-    if (p.kind != PL_S || p.dim >= gn->shape.rank) continue;
-    int64_t b = sp->axes[a].role == AX_TP ? lw->blocks[gi] : 1, part = cur[p.dim] / b, j = idx[p.dim];
-    idx[p.dim] = (j / part) * (cur[p.dim] * sp->axes[a].n / b) + coord[a] * part + j % part;
-    cur[p.dim] *= sp->axes[a].n;
-  }
-  int64_t g = 0;
-  for (int d = 0; d < gn->shape.rank; d++) g = g * gn->shape.d[d] + idx[d];
-  return g;
-}
-
-static void check_gi(Cg *c, int gi) {
-  const StratPlan *sp = c->sp;
-  int64_t n = numel(&c->lw->g->nodes[c->lw->map[gi]]), coord[3] = {0, 0, 0};
-  if (sp->naxes == 0) return;
-  for (int64_t r = 0; r < sp->axes[sp->naxes - 1].n; r++) {
-    coord[sp->naxes - 1] = r;
-    for (int64_t l = 0; l < n; l += n - 1 > 0 ? n - 1 : 1)
-      cp_assert(gi_model(sp, c->lw, gi, coord, l) == lower_global_index(sp, c->lw, gi, coord, l));
-  }
-}
-
-static void emit_global_tables(Cg *c) {
-  const StratPlan *sp = c->sp;
-  const Graph *gg = sp->g;
-  EMIT("\n/* tensor parallelism: per param, then per state: global shape, local shape, per strategy axis\n"
-       " * the split dim (-1: whole) and the blocks of the blocked layout (compiler/lower.h) */\n"
-       "typedef struct GiInfo { int rank; int64_t gs[%d], ls[%d]; int dim[%d], blocks[%d]; } GiInfo;\n",
-       CP_MAX_RANK, CP_MAX_RANK, sp->naxes, sp->naxes);
-  EMIT("static const int64_t plan_axes[] = {");
-  for (int a = 0; a < sp->naxes; a++) EMIT("%s%lld", a ? ", " : "", (long long)sp->axes[a].n);
-  EMIT("};\nstatic const char *const plan_axis_names[] = {");
-  for (int a = 0; a < sp->naxes; a++) EMIT("%s\"%s\"", a ? ", " : "", strat_axis_name(sp->axes[a].role));
-  EMIT("};\n");
-  EMIT("static const GiInfo gi_params[] = {\n");
-  for (int k = 0; k < gg->params.n; k++) emit_gi_row(c, gg->params.a[k]), check_gi(c, gg->params.a[k]);
-  EMIT("};\nstatic const GiInfo gi_states[] = {\n");
-  for (int k = 0; k < gg->states.n; k++) emit_gi_row(c, gg->states.a[k]), check_gi(c, gg->states.a[k]);
-  if (!gg->states.n) EMIT("    {0},\n");
-  EMIT("};\n");
-  const char *kp = "k", *ks = "k";
-  if (c->pipe) { /* this stage's params and states among the global ones (pipeline.h) */
-    const PipeStage *ps = &c->pipe->stages[c->stage];
-    EMIT("static const int param_global[] = {");
-    for (int k = 0; k < c->g->params.n; k++) EMIT("%s%d", k ? ", " : "", ps->gparam[k]);
-    EMIT("%s};\nstatic const int state_global[] = {", c->g->params.n ? "" : "0");
-    for (int k = 0; k < c->g->states.n; k++) EMIT("%s%d", k ? ", " : "", ps->gstate[k]);
-    EMIT("%s};\nstatic const unsigned char param_owned[] = {", c->g->states.n ? "" : "0");
-    for (int k = 0; k < c->g->params.n; k++) EMIT("%s%d", k ? ", " : "", ps->owned[k]);
-    EMIT("%s};\n", c->g->params.n ? "" : "0");
-    kp = "param_global[k]", ks = "state_global[k]";
-  }
-  EMIT("\n/* The global (row-major) index of element `local` of the shard that the rank at strategy\n"
-       " * coordinates coord holds of param k (state: of state k).\n"
-       " * Axes in order: where two split the same dim, the later splits the earlier's shard (lower.c). */\n"
-       "static int64_t global_index(int state, int k, const int64_t *coord, int64_t local) {\n"
-       "  const GiInfo *t = state ? &gi_states[%s] : &gi_params[%s];\n"
-       "  int64_t idx[%d], cur[%d], rest = local, g = 0;\n"
-       "  for (int d = t->rank - 1; d >= 0; d--) idx[d] = rest %% t->ls[d], rest /= t->ls[d], cur[d] = t->ls[d];\n"
-       "  for (int a = 0; a < %d; a++) {\n"
-       "    int d = t->dim[a];\n"
-       "    if (d < 0) continue;\n"
-       "    int64_t part = cur[d] / t->blocks[a], j = idx[d];\n"
-       "    idx[d] = (j / part) * (cur[d] * plan_axes[a] / t->blocks[a]) + coord[a] * part + j %% part;\n"
-       "    cur[d] *= plan_axes[a];\n"
-       "  }\n"
-       "  for (int d = 0; d < t->rank; d++) g = g * t->gs[d] + idx[d];\n"
-       "  return g;\n}\n", ks, kp, CP_MAX_RANK, CP_MAX_RANK, sp->naxes);
-  EMIT("\nstatic int split_dim(int state, int k, int a) { return (state ? &gi_states[%s] : &gi_params[%s])->dim[a]; }\n",
-       ks, kp);
-  int64_t off = 0;
-  EMIT("\n/* the whole params and states, as a one-device plan lays them out (--save, checkpoints) */\n"
-       "static const RtPlanParam gparams[] = {\n");
-  for (int k = 0; k < gg->params.n; k++) {
-    const Node *p = &gg->nodes[gg->params.a[k]];
-    cg_emit_param_row(c->out, p, off);
-    off += align16(numel(p));
-  }
-  c->gparam_floats = off;
-  off = 0;
-  EMIT("};\nstatic const RtPlanState gstates[] = {\n");
-  for (int k = 0; k < gg->states.n; k++) {
-    const Node *st = &gg->nodes[gg->states.a[k]];
-    EMIT("    {%s, %lld, %lld, %d},\n", cg_c_string(st->name), (long long)numel(st), (long long)off, (int)st->ia[1]);
-    off += align16(numel(st));
-  }
-  if (!gg->states.n) EMIT("    {0},\n");
-  EMIT("};\n");
-  c->gstate_floats = off;
-}
-
 /* ---- data and plan figures ------------------------------------------------------------------ */
 
 static void emit_plan(Cg *c, const char *hash) {
@@ -1003,19 +880,7 @@ static void emit_plan(Cg *c, const char *hash) {
   const MeshConf *m = t->mesh;
   cg_emit_plan_mesh(c->out, c->sp ? c->sp->dp : train_dp(t), m ? m->ndevices : 1, m);
   if (resume_hash_) EMIT("    .resume_hash = %s,\n", cg_c_string(resume_hash_));
-  if (c->sp) {
-    int dpa = -1, tpa = -1;
-    for (int a = 0; a < c->sp->naxes; a++) {
-      if (c->sp->axes[a].role == AX_DP) dpa = a;
-      if (c->sp->axes[a].role == AX_TP) tpa = a;
-    }
-    EMIT("    .tp = %lld,\n    .nplan_axes = %d,\n    .plan_axes = plan_axes,\n    .plan_axis_names = plan_axis_names,\n",
-         (long long)c->sp->tp, c->sp->naxes);
-    EMIT("    .dp_axis = %d,\n    .tp_axis = %d,\n    .gparams = gparams,\n    .gparam_floats = %lld,\n", dpa, tpa,
-         (long long)c->gparam_floats);
-    EMIT("    .gstates = gstates,\n    .gstate_floats = %lld,\n    .global_index = global_index,\n    .split_dim = split_dim,\n",
-         (long long)c->gstate_floats);
-  }
+  if (c->sp) cg_emit_plan_lowered(c->out, c->sp, &c->gt);
   if (c->pipe)
     EMIT("    .pp = %d,\n    .stage = %d,\n    .stage_plans = cplan_stages,\n    .pp_axis = %d,\n    .pp_schedule = %d,\n"
          "    .param_global = param_global,\n    .state_global = state_global,\n    .param_owned = param_owned,\n"
@@ -1144,7 +1009,7 @@ static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const cha
   }
   c.out = body;
   emit_tables(&c);
-  if (sp) emit_global_tables(&c);
+  if (sp) cg_emit_global_tables(c.out, sp, lw, pipe ? &pipe->stages[stage] : NULL, &c.gt);
   cg_emit_lr(c.out, t);
   emit_dropout_helper(&c);
   if (pipe) {

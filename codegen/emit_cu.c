@@ -16,8 +16,9 @@
  *   - the side buffers are those of the CUDA kernels: sdpa keeps lse [nb, t] (never the [t, t]
  *     matrix) and its backward a delta [nb, t]; cross_entropy keeps the per-row losses, lse and
  *     the counted rows.
- * The optimizer update is the graph's update nodes, run like the rest (fused kernels), so the
- * numbers follow the CPU backend's formula; kernels/cuda's fused AdamW is not used yet.
+ * The optimizer update: AdamW runs fused on kernels/cuda (fused_adamw); other optimizers, and
+ * lowered plans, run the graph's update nodes like the rest (fused kernels), with the CPU backend's
+ * formula.
  *
  * Precision (decide_storage). f32: every float buffer is f32. bf16 / f16: the params stay f32
  * (master weights, updated in f32 with f32 optimizer state) and G.plp holds their bf16 / f16 copy
@@ -32,10 +33,14 @@
  * backward, cps_unscale divides the f32 gradient accumulators by it and flags inf/NaN; update
  * then skips the step (halving the scale) or applies it (doubling the scale after 1000 good
  * steps); the metrics loss_scale and skipped_steps report it, so the runtime needs nothing new.
- * Supported: one CUDA device. Anything else is a diagnostic at its .cplan line. */
+ * Meshes: one process per GPU, with data parallelism (RtPlan.reduce_grads), or the per-rank graph
+ * of a lowered plan (tp, sp, ZeRO; compiler/lower.h), whose collectives run as coll_* calls on
+ * the axis groups (NCCL, or MPI through the host). Not yet: pipeline parallelism. Anything
+ * unsupported is a diagnostic at its .cplan line. */
 #include "emit_cu.h"
 
 #include "../compiler/fusion.h"
+#include "../compiler/lower.h"
 #include "../compiler/memplan.h"
 #include "../compiler/train.h"
 #include "codegen.h"
@@ -72,7 +77,11 @@ typedef struct Cu {
   int *acc_of;               /* per node: the ACCUM that is its only reader (a weight gradient), or -1 */
   int *reader;               /* per node: its only reader, -1 when none or several */
   bool *ep_done;             /* per node: an add of a bias that its matmul's GEMM did (the epilogue) */
+  int *ep_of;                /* per matmul: that add (find_epilogues), or -1 */
   bool *acc_done;            /* per ACCUM node: its GEMM accumulates into the state (beta 1): no kernel */
+  const StratPlan *sp;       /* a lowered plan (tp, sp, ZeRO): the placements and the lowering g came */
+  const Lowered *lw;         /* from (NULL: one device or pure data parallelism) */
+  CgGlobal gt;               /* the lowered plan's whole tensors (cg_emit_global_tables) */
 } Cu;
 
 #define EMIT(...) fprintf(c->out, __VA_ARGS__)
@@ -108,6 +117,10 @@ static void cu_sides(const void *ctx, int i, CgPlace *x) {
   if (n->op == OP_SDPA) x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * 4; /* lse [nb, t] */
   if (n->op == OP_CROSS_ENTROPY) x->aux = 2 * cg_rows(in(c, i, 0)) * 4 + 64;  /* losses, lse, count */
   if (n->op == OP_DROPOUT) x->scratch = numel(n);                               /* the mask */
+  if (n->op == OP_CROSS_ENTROPY && n->ia[0] > 0) /* vocab-parallel: the gathered row maxima (aux: m, s, count) */
+    x->scratch = cg_rows(in(c, i, 0)) * c->sp->axes[n->ia[0] - 1].n * 4;
+  if (n->op == OP_ALL_GATHER || n->op == OP_REDUCE_SCATTER) /* the blocks in rank order (f32 at most) */
+    x->scratch = (numel(n) > numel(in(c, i, 0)) ? numel(n) : numel(in(c, i, 0))) * 4;
   if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
   if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) /* delta [nb, t] */
     x->scratch = nd(c, n->fwd)->shape.d[0] * nd(c, n->fwd)->shape.d[1] * nd(c, n->fwd)->shape.d[2] * 4;
@@ -124,6 +137,8 @@ static void mark_pg(Cu *c, int j) {
   if (n->op == OP_ADD && shape_eq(&in(c, j, 0)->shape, &n->shape) && shape_eq(&in(c, j, 1)->shape, &n->shape))
     mark_pg(c, n->in[0]), mark_pg(c, n->in[1]);
   if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_TRANSPOSE) mark_pg(c, n->in[0]);
+  /* a gradient summed over ranks before its accumulator (ZeRO 2 and 3): summed in f32 */
+  if (n->op == OP_REDUCE_SCATTER || n->op == OP_ALL_REDUCE) mark_pg(c, n->in[0]);
 }
 
 /* Which work buffers hold the low type (c->wlp). f32 stay: the update; the loss, metrics and
@@ -422,7 +437,33 @@ static int bias_add_of(const Cu *c, int i, const Mm *mm) {
       !shape_eq(&a->shape, &n->shape) || bn->dtype != DT_F32 || (g >= 0 && c->pl.fu->groups[g].nodes.n != 1))
     return -1;
   if (scode(c, j) != scode(c, i) || scode(c, b) != scode(c, j) || c->pl.nc[j].kind != CG_L_WORK) return -1;
+  /* the bias must exist when the GEMM runs (a lowered plan may gather it after the matmul) */
+  int br = cg_root(&c->pl, b);
+  if (c->pl.nc[br].kind == CG_L_WORK && c->pl.nc[br].leader > i) return -1;
   return j;
+}
+
+/* Whether the work buffers of nodes x and y share arena bytes in the phase being emitted. */
+static bool arena_overlap(const Cu *c, int x, int y) {
+  int rx = cg_root(&c->pl, x), ry = cg_root(&c->pl, y);
+  if (c->pl.nc[rx].kind != CG_L_WORK || c->pl.nc[ry].kind != CG_L_WORK) return false;
+  int64_t ax = c->pl.nc[rx].woff[c->ph], ay = c->pl.nc[ry].woff[c->ph];
+  return ax < ay + sbytes(c, ry) && ay < ax + sbytes(c, rx);
+}
+
+/* Decides the bias epilogues before the memory plan: the add's result is written by the matmul's
+ * GEMM, so its buffer is live from the matmul on (its leader), and never shares memory with the
+ * GEMM's operands, which die there. */
+static void find_epilogues(Cu *c) {
+  c->ep_of = cp_alloc(sizeof(int) * (size_t)(c->g->n + 1));
+  for (int i = 0; i < c->g->n; i++) {
+    const Node *n = nd(c, i);
+    Mm mm = {0};
+    c->ep_of[i] = -1;
+    if (n->op != OP_MATMUL || !cg_executed(n) || c->pl.fu->group[i] >= 0 || !cg_mm_dims(c->g, n, &mm.d)) continue;
+    int j = bias_add_of(c, i, &mm);
+    if (j >= 0) c->ep_of[i] = j, c->pl.nc[j].leader = i;
+  }
 }
 
 /* keep mask of dropout node f (the stream emit_c.c's dropout_mask draws) into mask */
@@ -505,9 +546,102 @@ static void emit_concat(Cu *c, int i) {
   }
 }
 
+/* ---- a lowered plan's collectives (lower.h) ---------------------------------------------------- */
+
+/* The RtNcclType of node i's buffer: i32, or its storage type (f32, bf16, f16). */
+static const char *coll_type(const Cu *c, int i) {
+  static const char *const t[] = {"RT_NCCL_F32", "RT_NCCL_BF16", "RT_NCCL_F16"};
+  return nd(c, i)->dtype == DT_I32 ? "RT_NCCL_I32" : t[scode(c, i)];
+}
+
+static int64_t elem_bytes(const Cu *c, int i) { return nd(c, i)->dtype == DT_I32 ? 4 : scode(c, i) ? 2 : 4; }
+
+/* The [outer, n * part, inner] view of a value split along dim d in n parts: outer and the
+ * elements of one rank's part (part * inner) per outer index (emit_c.c's split_view). */
+static void split_view(const Shape *whole, int d, int64_t n, int64_t *outer, int64_t *piece) {
+  *outer = cg_dims_prod(whole, 0, d);
+  *piece = whole->d[d] / n * cg_dims_prod(whole, d + 1, whole->rank);
+}
+
+/* dst [outer, k, piece] <- src [k, outer, piece] (gather), or dst [k, outer, piece] <- src
+ * [outer, k, piece]: one 2D copy per block of es-byte elements */
+static void emit_blocks(Cu *c, bool gather, const char *dst, const char *src, int64_t outer, int64_t k, int64_t piece,
+                        int64_t es) {
+  for (int64_t r = 0; r < k; r++) {
+    int64_t blk = r * outer * piece * es, col = r * piece * es;
+    EMIT("  CU(cudaMemcpy2DAsync((char *)%s + %lld, %lld, (const char *)%s + %lld, %lld, %lld, %lld, "
+         "cudaMemcpyDeviceToDevice, G.s));\n", dst, (long long)(gather ? col : blk), (long long)((gather ? k : 1) * piece * es),
+         src, (long long)(gather ? blk : col), (long long)((gather ? 1 : k) * piece * es), (long long)(piece * es),
+         (long long)outer);
+  }
+}
+
+/* One collective node on its axis group (coll_* of emit_cu_support.h: NCCL, or MPI through the
+ * host). The result has its own buffer, as the GRADs may still read the input. */
+static void emit_collective(Cu *c, int i) {
+  const Node *n = nd(c, i), *x = in(c, i, 0);
+  int a = (int)n->ia[0], d = (int)n->ia[1];
+  int64_t k = n->ia[3], outer, piece, es = elem_bytes(c, i);
+  const char *o = ptr(c, i), *src = ptr(c, n->in[0]), *tmp = scratch_ptr(c, i, "B");
+  if (x->dtype != DT_F32 && x->dtype != DT_I32) {
+    unsupported(c, i, "a collective of a tensor of this dtype");
+    return;
+  }
+  if (scode(c, n->in[0]) != scode(c, i)) { /* decide_storage keeps both sides in one type (mark_pg) */
+    unsupported(c, i, "a collective whose input and result are stored in different types");
+    return;
+  }
+  switch (n->op) {
+  case OP_ALL_REDUCE:
+    EMIT("  CU(cudaMemcpyAsync(%s, %s, %lld, cudaMemcpyDeviceToDevice, G.s));\n", o, src, (long long)sbytes(c, i));
+    EMIT("  coll_all_reduce(run, %d, %s, %lldLL, %s);\n", a, o, (long long)numel(n), coll_type(c, i));
+    break;
+  case OP_ALL_GATHER: /* gathered [k, outer, piece] -> out [outer, k, piece] */
+    split_view(&n->shape, d, k, &outer, &piece);
+    EMIT("  coll_all_gather(run, %d, %s, %s, %lldLL, %s);\n", a, src, outer == 1 ? o : tmp, (long long)numel(x),
+         coll_type(c, i));
+    if (outer > 1) emit_blocks(c, true, o, tmp, outer, k, piece, es);
+    break;
+  case OP_REDUCE_SCATTER: /* x [outer, k, piece] -> blocks [k, outer, piece], this rank's summed */
+    split_view(&x->shape, d, k, &outer, &piece);
+    if (outer > 1) emit_blocks(c, false, tmp, src, outer, k, piece, es);
+    EMIT("  coll_reduce_scatter(run, %d, %s, %s, %lldLL, %s);\n", a, outer == 1 ? src : tmp, o, (long long)numel(n),
+         coll_type(c, i));
+    break;
+  case OP_SHARD_SLICE: /* x [outer, k, piece] -> out [outer, piece]: block axis_coord[a] */
+    split_view(&x->shape, d, k, &outer, &piece);
+    EMIT("  CU(cudaMemcpy2DAsync(%s, %lld, (const char *)%s + run->axis_coord[%d] * %lldLL, %lld, %lld, %lld, "
+         "cudaMemcpyDeviceToDevice, G.s));\n", o, (long long)(piece * es), src, a, (long long)(piece * es),
+         (long long)(k * piece * es), (long long)(piece * es), (long long)outer);
+    break;
+  default: cp_unreachable();
+  }
+}
+
 #define KL(...) EMIT("  kl_check(" __VA_ARGS__)
 
 static const char *kdt(const Cu *c) { return c->lpc == 1 ? "CPLAN_BF16" : c->lpc == 2 ? "CPLAN_F16" : "CPLAN_F32"; }
+
+/* The vocab-parallel cross entropy (kernels/cpu/vocab_parallel.h: the exchange sequence) on
+ * kernels/cuda vocab_parallel.cu: the global row max m and sum of exponentials s stay in aux (then
+ * the counted rows) for the backward; the result is this rank's part of the loss (P). */
+static void emit_vocab_ce(Cu *c, int i) {
+  const Node *n = nd(c, i), *lg = in(c, i, 0);
+  int a = (int)n->ia[0] - 1;
+  int64_t rows = cg_rows(lg), vl = cg_last_dim(lg), k = c->sp->axes[a].n;
+  const char *m = aux_ptr(c, i, 0), *sx = aux_ptr(c, i, rows), *cnt = aux_ptr(c, i, 2 * rows), *l = ptr(c, n->in[0]);
+  const char *tmp = scratch_ptr(c, i, "F");
+  KL("cplan_cuda_vp_ce_row_max(%s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), m, l, (long long)rows, (long long)vl, i);
+  EMIT("  coll_all_gather(run, %d, %s, %s, %lldLL, RT_NCCL_F32);\n", a, m, tmp, (long long)rows);
+  KL("cplan_cuda_vp_ce_max_combine(%s, %s, %lld, %lld, G.s), %d);\n", m, tmp, (long long)rows, (long long)k, i);
+  KL("cplan_cuda_vp_ce_row_sumexp(%s, %s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), sx, l, m, (long long)rows,
+     (long long)vl, i);
+  EMIT("  coll_all_reduce(run, %d, %s, %lldLL, RT_NCCL_F32);\n", a, sx, (long long)rows);
+  KL("cplan_cuda_vp_ce_forward_part(%s, %s, (int *)%s, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld, "
+     "run->axis_coord[%d] == 0, G.s), %d);\n", kdt(c), ptr(c, i), cnt, l, m, sx, ptr(c, n->in[1]), (long long)rows,
+     (long long)vl, a, (long long)vl, (long long)(vl * k), a, i);
+}
+
 
 /* kernels/cuda takes its tensors in one storage type: under bf16 / f16 the operands must be low */
 static bool hw_typed(Cu *c, int node, int n, const int *ops) {
@@ -592,10 +726,11 @@ static void emit_forward(Cu *c, int i) {
   case OP_MATMUL: {
     Mm mm;
     if (!mm_setup(c, n, i, &mm)) break;
-    int ad = bias_add_of(c, i, &mm);
+    int ad = c->ep_of[i];
     if (ad >= 0) {
       const Node *a = nd(c, ad);
       int b = a->in[0] == i ? a->in[1] : a->in[0];
+      cp_assert(!arena_overlap(c, ad, n->in[0]) && !arena_overlap(c, ad, n->in[1]) && !arena_overlap(c, ad, b));
       c->ep_done[ad] = true;
       EMIT("  /* with the bias add %%%d (cuBLASLt's bias epilogue) */\n", ad);
       EMIT("  gemm_bias(%s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d);\n", ptr(c, ad),
@@ -611,11 +746,14 @@ static void emit_forward(Cu *c, int i) {
   case OP_CONCAT: emit_concat(c, i); break;
   case OP_EMBEDDING: {
     const Node *t = in(c, i, 0);
-    if (n->ia[0] > 0) {
-      unsupported(c, i, "a vocab-parallel embedding");
+    if (!hw_typed(c, i, 2, (int[]){i, n->in[0]})) break;
+    if (n->ia[0] > 0) { /* vocab-parallel: this rank's rows, zeros elsewhere (P) */
+      int a = (int)n->ia[0] - 1;
+      KL("cplan_cuda_vp_embedding_forward(%s, %s, %s, %s, %lld, (int)run->axis_coord[%d] * %lld, %lld, %lld, %lld, G.s), %d);\n",
+         kdt(c), ptr(c, i), ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(in(c, i, 1)), a, (long long)t->shape.d[0],
+         (long long)t->shape.d[0], (long long)(t->shape.d[0] * c->sp->axes[a].n), (long long)t->shape.d[1], i);
       break;
     }
-    if (!hw_typed(c, i, 2, (int[]){i, n->in[0]})) break;
     KL("cplan_cuda_embedding_forward(%s, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", kdt(c), ptr(c, i),
        ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(in(c, i, 1)), (long long)t->shape.d[0],
        (long long)t->shape.d[1], i);
@@ -628,11 +766,11 @@ static void emit_forward(Cu *c, int i) {
   case OP_CROSS_ENTROPY: {
     const Node *lg = in(c, i, 0);
     int64_t rows = cg_rows(lg);
+    if (!hw_typed(c, i, 1, (int[]){n->in[0]})) break;
     if (n->ia[0] > 0) {
-      unsupported(c, i, "a vocab-parallel cross_entropy");
+      emit_vocab_ce(c, i);
       break;
     }
-    if (!hw_typed(c, i, 1, (int[]){n->in[0]})) break;
     KL("cplan_cuda_cross_entropy_forward(%s, %s, %s, %s, (int *)%s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c),
        aux_ptr(c, i, 0), aux_ptr(c, i, rows), ptr(c, i), aux_ptr(c, i, 2 * rows), ptr(c, n->in[0]), ptr(c, n->in[1]),
        (long long)rows, (long long)cg_last_dim(lg), i);
@@ -667,6 +805,7 @@ static void emit_forward(Cu *c, int i) {
     emit_lk(c, "cps_accum", numel(n), i, 4, args);
     break;
   }
+  case OP_ALL_REDUCE: case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_SHARD_SLICE: emit_collective(c, i); break;
   default: unsupported(c, i, cp_fmt("the op '%s'", ir_ops[n->op].name));
   }
 }
@@ -792,12 +931,16 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
   case OP_CROSS_ENTROPY: {
     const Node *lg = nd(c, f->in[0]);
     int64_t r = cg_rows(lg);
-    if (f->ia[0] > 0) {
-      unsupported(c, n->fwd, "a vocab-parallel cross_entropy");
-      break;
-    }
     if (!hw_typed(c, i, 2, (int[]){i, f->in[0]})) break;
     emit_zero(c, dx, bytes);
+    if (f->ia[0] > 0) { /* vocab-parallel: this rank's columns, from the forward's global m and s */
+      int a = (int)f->ia[0] - 1;
+      int64_t vl = cg_last_dim(lg);
+      KL("cplan_cuda_vp_ce_backward(%s, %s, %s, (const int *)%s, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, "
+         "%lld, G.s), %d);\n", kdt(c), dx, dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, r),
+         ptr(c, f->in[1]), (long long)r, (long long)vl, a, (long long)vl, (long long)(vl * c->sp->axes[a].n), i);
+      break;
+    }
     KL("cplan_cuda_cross_entropy_backward(%s, %s, %s, (const int *)%s, %s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), dx,
        dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)cg_last_dim(lg), i);
     break;
@@ -856,12 +999,15 @@ static void emit_grad_shape(Cu *c, int i, const Node *f) {
     break;
   }
   case OP_EMBEDDING:
-    if (f->ia[0] > 0) {
-      unsupported(c, n->fwd, "a vocab-parallel embedding");
-      break;
-    }
     if (!hw_typed(c, i, 1, (int[]){n->in[0]})) break;
     emit_zero(c, dx, bytes);
+    if (f->ia[0] > 0) { /* vocab-parallel: this rank's rows of the table's gradient */
+      int a = (int)f->ia[0] - 1;
+      KL("cplan_cuda_vp_embedding_backward(%s, %s, %s, %s, %lld, (int)run->axis_coord[%d] * %lld, %lld, %lld, %lld, G.s), %d);\n",
+         kdt(c), dx, dy, ptr(c, f->in[1]), (long long)numel(nd(c, f->in[1])), a, (long long)d[0], (long long)d[0],
+         (long long)(d[0] * c->sp->axes[a].n), (long long)d[1], i);
+      break;
+    }
     KL("cplan_cuda_embedding_backward(%s, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", kdt(c), dx, dy, ptr(c, f->in[1]),
        (long long)numel(nd(c, f->in[1])), (long long)d[0], (long long)d[1], i);
     break;
@@ -1011,7 +1157,8 @@ static void emit_fetch(Cu *c, const int *nodes, int n) {
  * graph's update nodes (one fused group or more per param). The other optimizers keep the nodes. */
 static bool fused_adamw(const Cu *c) {
   const char *e = getenv("CPLAN_FUSED_UPDATE");
-  return c->t->optimizer.kind == OPT_ADAMW && c->g->grad_norm >= 0 && !(e && strcmp(e, "0") == 0);
+  /* a lowered plan's norm sums shards over the axes: its graph has the collectives for that */
+  return c->t->optimizer.kind == OPT_ADAMW && c->g->grad_norm >= 0 && !c->sp && !(e && strcmp(e, "0") == 0);
 }
 
 /* The state node of param node p whose name ends in suffix (".exp_avg"), or the gradient
@@ -1110,7 +1257,7 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
     c->upd = true;
     if (c->seed >= 0)
       EMIT("  /* f16: an overflow in this step's gradients skips it (ls_check found it) */\n"
-           "  int skip = ls_step();\n  if (!skip) {\n");
+           "%s  int skip = ls_step();\n  if (!skip) {\n", c->sp ? "  overflow_agree(run); /* any rank's overflow skips the step */\n" : "");
     if (fused_adamw(c)) {
       EMIT("  adamw_fused(run);\n");
       if (c->lpc == 2) EMIT("  /* the forward reads the params in f16 (adamw_fused wrote the bf16 copy only under bf16) */\n  lp_refresh();\n");
@@ -1154,7 +1301,8 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
     EMIT("  metrics[%d] = (double)G.hout[%d]; /* %s */\n", k, k + 1, g->metrics.a[k].name);
   if (c->seed >= 0) {
     if (ph == CG_PH_TRAIN) EMIT("  ls_metrics(run, metrics, %d); /* loss_scale, skipped_steps */\n", g->metrics.n);
-    else EMIT("  metrics[%d] = G.scale;\n  metrics[%d] = (double)G.skipped;\n", g->metrics.n, g->metrics.n + 1);
+    else EMIT("  metrics[%d] = G.scale;\n  metrics[%d] = (double)G.skipped;\n  ls_share(metrics + %d);\n", g->metrics.n,
+              g->metrics.n + 1, g->metrics.n);
   }
   if (!g->metrics.n && c->seed < 0) EMIT("  (void)metrics;\n");
   EMIT("}\n");
@@ -1162,9 +1310,17 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
 
 
 
+/* The fifth column of a lowered plan's states table: the runtime reduces state k over dp (lower.h). */
+static int cu_state_reduce(const void *ctx, int k) {
+  const Cu *c = ctx;
+  return c->lw->runtime_reduced[c->sp->g->states.a[k]];
+}
+
 static void emit_tables(Cu *c) {
-  CgTables o = {.inputs_row0 = true, .more_metrics = c->seed >= 0 ? "\"loss_scale\", \"skipped_steps\"" : NULL};
+  CgTables o = {.inputs_row0 = true, .more_metrics = c->seed >= 0 ? "\"loss_scale\", \"skipped_steps\"" : NULL,
+                .state_reduce = c->sp ? cu_state_reduce : NULL, .ctx = c};
   cg_emit_tables(c->out, &c->pl, &o);
+  if (c->sp) cg_emit_global_tables(c->out, c->sp, c->lw, NULL, &c->gt);
 }
 
 /* The constants' bits (f32 or i32, one 4-byte slot each) for G.konst. */
@@ -1191,13 +1347,17 @@ static void emit_konst(Cu *c) {
 static void emit_plan(Cu *c, const char *hash) {
   const TrainConf *t = c->t;
   const MeshConf *m = t->mesh;
+  /* a lowered graph keeps the global micro-batch (dp ranks' samples) as its batch */
+  int64_t dp = c->sp ? c->sp->dp : train_dp(t);
   CgPlanHead h = {.hash = hash, .work_bytes = "0, /* the work arena is on the device: DEVICE_WORK_BYTES */",
-                  .micro = c->g->batch, .vocab = cg_vocab(c->g, NULL), .nmetrics = c->g->metrics.n + (c->seed >= 0 ? 2 : 0)};
+                  .micro = c->sp ? c->g->batch / c->sp->dp : c->g->batch, .vocab = cg_vocab(c->g, c->sp),
+                  .nmetrics = c->g->metrics.n + (c->seed >= 0 ? 2 : 0)};
   cg_emit_plan_head(c->out, &c->pl, t, &h);
   EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
-  cg_emit_plan_mesh(c->out, train_dp(t), m ? m->ndevices : 1, m);
+  cg_emit_plan_mesh(c->out, dp, m ? m->ndevices : 1, m);
+  if (c->sp) cg_emit_plan_lowered(c->out, c->sp, &c->gt);
   EMIT("    .to_device = to_device,\n    .to_host = to_host,\n    .reduce_grads = %s,\n    .loss_scaler = %s,\n",
-       train_dp(t) > 1 ? "reduce_grads" : "NULL", c->seed >= 0 ? "loss_scaler" : "NULL");
+       dp > 1 ? "reduce_grads" : "NULL", c->seed >= 0 ? "loss_scaler" : "NULL");
   EMIT("};\n");
   EMIT("\nint main(int argc, char **argv) {\n"
        "  if (!has_flag(argc, argv, \"--help\")) gpu_init(argc, argv);\n"
@@ -1228,15 +1388,25 @@ static void emit_source_string(Cu *c, const char *name, const char *src) {
 
 /* ---- entry ------------------------------------------------------------------------------------------ */
 
+/* One process per GPU: data, tensor and sequence parallelism and ZeRO over all of the mesh's
+ * devices (c->sp, once lowered: dp x tp = devices); no pipeline parallelism yet. */
 static bool check_conf(Cu *c) {
   const TrainConf *t = c->t;
   const StrategyConf *st = &t->strategy;
   int64_t devices = t->mesh ? t->mesh->ndevices : 1, dp = train_dp(t);
-  if (st->tp > 1 || st->pp > 1 || st->sp > 1 || st->zero > 0 || train_lowered(t)) {
-    diag_error(st->span, "the cuda backend runs data parallelism only yet (no tp, sp, pp or zero)");
-    diag_hint("use `strategy = { dp = %lld }`: one process per GPU", (long long)devices);
+  if (st->pp > 1) {
+    diag_error(st->span, "pipeline parallelism (pp = %lld) is not supported on the cuda backend yet", (long long)st->pp);
+    diag_hint("use dp, tp, sp and zero on GPUs, e.g. `strategy = { dp = %lld }`", (long long)devices);
     return false;
   }
+  if (c->sp && c->sp->dp * c->sp->tp != devices) {
+    diag_error(st->span.file >= 0 ? st->span : t->mesh->span,
+               "mesh '%s' has %lld CUDA devices, but the strategy runs dp %lld x tp %lld: the cuda backend runs one "
+               "process per GPU over all of them", t->mesh && t->mesh->name ? t->mesh->name : "?", (long long)devices,
+               (long long)c->sp->dp, (long long)c->sp->tp);
+    return false;
+  }
+  if (train_lowered(t)) return true; /* checked once lowered (c->sp) */
   if (dp != devices) {
     diag_error(st->span.file >= 0 ? st->span : t->mesh->span,
                "mesh '%s' has %lld CUDA devices, but the strategy runs dp = %lld: the cuda backend runs one process "
@@ -1308,8 +1478,9 @@ static void emit_loss_scaling(Cu *c) {
   EMIT("%s};\n#define NGRADS %d\n", n ? "" : "0, 0", n);
 }
 
-bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, const char *source_hash) {
-  Cu cs = {.g = g, .t = t, .ok = true}, *c = &cs;
+bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, const Lowered *lw, const TrainConf *t,
+                const char *source_hash) {
+  Cu cs = {.g = g, .t = t, .ok = true, .sp = sp, .lw = lw}, *c = &cs;
   if (!check_conf(c) || !cg_check_inputs(g, t, false)) return false;
   c->pl = (CgPlan){.g = g, .fu = cg_fusion_enabled() ? fusion_run(g) : cg_no_fusion(g), .sides = cu_sides,
                    .bytes = cu_bytes, .ctx = c};
@@ -1318,6 +1489,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   cg_plan_place(&c->pl);
   decide_storage(c);
   find_accums(c);
+  find_epilogues(c);
   if (!cg_check_sizes(g, "cuda")) return false;
   if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {
     diag_error(t->span, "precision f16 needs loss scaling, but the loss gradient of model '%s' has no constant seed outside fused kernels",
@@ -1385,7 +1557,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, c
   const char *src = t->span.file >= 0 ? src_path(t->span.file) : "?";
   EMIT("/* plan.c: the CUDA training program of model '%s' from %s, generated by cplanc %s. Do not edit.\n"
        " *\n"
-       " * One GPU. micro_step copies one micro-batch (%lld samples) to the device, runs the forward and\n"
+       " * One process per GPU. micro_step copies one micro-batch (%lld samples) to the device, runs the forward and\n"
        " * backward pass there and adds the gradients into the accumulators; update clips and applies\n"
        " * the %s update once per step; eval_step runs the forward pass only. Params live in G.params\n"
        " * (P), optimizer state and gradient accumulators in G.state (S), everything else at planned\n"
@@ -1481,7 +1653,10 @@ static bool write_file(const char *path, FILE **f) {
 
 bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o) {
   Cu probe = {.t = t};
-  if (!check_conf(&probe) || !train_graph(g, t)) return false;
+  const StratPlan *sp = NULL;
+  const Lowered *lw = NULL;
+  if (!check_conf(&probe)) return false;
+  if (train_lowered(t) ? !build_lower(g, t, &sp, &lw) : !train_graph(g, t)) return false;
   const char *tmp = getenv("TMPDIR");
   char *dir = cp_fmt("%s/cplan-build-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir)) {
@@ -1491,7 +1666,7 @@ bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o) {
   const char *pc = cp_fmt("%s/plan.c", dir), *pk = cp_fmt("%s/kernels.cu", dir);
   FILE *fc = NULL, *fk = NULL;
   bool ok = write_file(pc, &fc) && write_file(pk, &fk);
-  ok = ok && cg_emit_cu(fc, fk, g, t, o->hash ? o->hash : "");
+  ok = ok && cg_emit_cu(fc, fk, lw ? lw->g : g, sp, lw, t, o->hash ? o->hash : "");
   if (fc && fclose(fc) != 0) ok = false;
   if (fk && fclose(fk) != 0) ok = false;
   for (int k = 0; ok && o->keep_c && k < 2; k++) {

@@ -24,7 +24,11 @@
 bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o);
 
 /* The two files of a CUDA plan, for g after train_graph (plan.c to out_c, kernels.cu to
- * out_cu). False after a diagnostic. */
-bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const TrainConf *t, const char *source_hash);
+ * out_cu), or for the per-rank graph g = lw->g of a lowered plan (tp, sp, ZeRO: sp and lw from
+ * build_lower; NULL otherwise). False after a diagnostic. */
+struct StratPlan;
+struct Lowered;
+bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const struct StratPlan *sp, const struct Lowered *lw,
+                const TrainConf *t, const char *source_hash);
 
 #endif

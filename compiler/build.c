@@ -208,6 +208,17 @@ static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   return true;
 }
 
+bool build_lower(Graph *g, const TrainConf *t, const StratPlan **sp, const Lowered **lw) {
+  Spmd s;
+  if (!spmd_lower(g, t, &s)) return false;
+  if (s.pipe) {
+    diag_error(t->strategy.span, "internal error: build_lower does not take a pipeline-parallel strategy");
+    return false;
+  }
+  *sp = s.sp, *lw = s.lw;
+  return true;
+}
+
 /* The kernels of every stage of a pipeline (each stage's emission replaces cg_last_kernels'). */
 static VEC(CgKernel) stage_kernels;
 

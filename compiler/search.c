@@ -1050,9 +1050,10 @@ SrchResult *srch_run(Sema *s, const TrainConf *t, int topk) { return search(s, t
 
 bool srch_runnable(const SrchPlan *p, const TrainConf *t) {
   bool cpu = !t->mesh || t->mesh->device.kind == DEV_CPU;
-  (void)p; /* the CPU backend runs every strategy the search makes, the interleaved schedule included (its plans
-             * have L % (2 pp) = 0 layers and micro-batches a multiple of pp, as build.c's interleaved_ok wants) */
-  return cpu;
+  /* the CPU backend runs every strategy the search makes, the interleaved schedule included (its plans
+   * have L % (2 pp) = 0 layers and micro-batches a multiple of pp, as build.c's interleaved_ok wants);
+   * the CUDA backend (codegen/emit_cu.c) all but pipeline parallelism */
+  return cpu || p->pp == 1;
 }
 
 void srch_pin(const SrchPlan *p, StrategyConf *out) {

@@ -77,8 +77,8 @@ typedef struct SrchResult {
  * fields leave no configuration. */
 SrchResult *srch_run(Sema *s, const TrainConf *t, int topk);
 
-/* True when today's executor runs the plan: dp, tp or dp x tp on CPU devices, no pp, sp, ZeRO or
- * recompute. */
+/* True when today's executor runs the plan: every plan on CPU devices; on CUDA devices every plan
+ * without pipeline parallelism (pp = 1). */
 bool srch_runnable(const SrchPlan *p, const TrainConf *t);
 /* Writes the plan's choices into a StrategyConf (is_auto false, every field pinned). */
 void srch_pin(const SrchPlan *p, StrategyConf *out);

@@ -97,13 +97,15 @@ static ncclDataType_t nccl_type(RtNcclType t) {
   case RT_NCCL_I64: return ncclInt64;
   case RT_NCCL_U8: return ncclUint8;
   case RT_NCCL_BF16: return ncclBfloat16;
+  case RT_NCCL_F16: return ncclFloat16;
+  case RT_NCCL_I32: return ncclInt32;
   case RT_NCCL_TYPE_COUNT: break;
   }
   return ncclFloat32;
 }
 
 static size_t type_size(RtNcclType t) {
-  return t == RT_NCCL_U8 ? 1 : t == RT_NCCL_BF16 ? 2 : t == RT_NCCL_F32 ? 4 : 8;
+  return t == RT_NCCL_U8 ? 1 : t == RT_NCCL_BF16 || t == RT_NCCL_F16 ? 2 : t == RT_NCCL_F32 || t == RT_NCCL_I32 ? 4 : 8;
 }
 
 static void check_args(RtNccl *c, const char *op, int64_t count, RtNcclType t) {

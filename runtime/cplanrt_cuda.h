@@ -114,7 +114,9 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
  * the call and the group, aborts this rank's communicators and stops every rank (MPI_Abort).
  * Collectives return once enqueued; rt_nccl_sync waits for the stream under the same deadline.
  * NCCL has no tags: sends and receives between two ranks match in program order. */
-typedef enum RtNcclType { RT_NCCL_F32, RT_NCCL_F64, RT_NCCL_I64, RT_NCCL_U8, RT_NCCL_BF16, RT_NCCL_TYPE_COUNT } RtNcclType;
+typedef enum RtNcclType {
+  RT_NCCL_F32, RT_NCCL_F64, RT_NCCL_I64, RT_NCCL_U8, RT_NCCL_BF16, RT_NCCL_F16, RT_NCCL_I32, RT_NCCL_TYPE_COUNT
+} RtNcclType;
 
 typedef struct RtNccl RtNccl;
 

@@ -88,12 +88,21 @@ if [ $gpu -eq 0 ]; then
 fi
 echo "ok: two GPUs (dp 2): links NCCL, reduce_grads"
 
+# tensor parallelism on two GPUs: a lowered plan (whole-tensor tables for checkpoints) whose
+# collectives run on NCCL (coll_*), the vocab-parallel loss on kernels/cuda
+"$cplanc" build gpt_small.cplan -o tp2 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 --set train.strategy.tp=2 \
+  --keep-c keep-tp2 2>tp2.log || { cat tp2.log; fail "cplanc build for two GPUs (tp 2)"; }
+grep -q '^    .tp = 2,' keep-tp2/plan.c && grep -q '^    .gparams = gparams,' keep-tp2/plan.c &&
+  grep -q 'coll_all_reduce(run, 0' keep-tp2/plan.c && grep -q 'cplan_cuda_vp_ce_forward_part' keep-tp2/plan.c ||
+  fail "two GPUs: plan.c is not a tp 2 plan"
+echo "ok: two GPUs (tp 2): collectives on NCCL, vocab-parallel cross entropy"
+
 # not supported yet: diagnostics at the file, exit 1, no program
-out=$("$cplanc" build gpt_small.cplan -o tp2 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 \
-  --set train.strategy.tp=2 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "<--set>:1:7: error: the cuda backend runs data parallelism only" <<<"$out" ||
-  { echo "$out"; fail "tp 2 on the cuda backend: exit $rc"; }
-[ ! -e tp2 ] || fail "a refused build left a program"
+out=$("$cplanc" build gpt_small.cplan -o pp2 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 \
+  --set train.strategy.pp=2 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "<--set>:1:7: error: pipeline parallelism (pp = 2) is not supported on the cuda backend yet" <<<"$out" ||
+  { echo "$out"; fail "pp 2 on the cuda backend: exit $rc"; }
+[ ! -e pp2 ] || fail "a refused build left a program"
 out=$("$cplanc" build gpt_small.cplan -o dp1 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 \
   --set train.strategy.dp=1 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "error: mesh 'gpu1' has 2 CUDA devices, but the strategy runs dp = 1" <<<"$out" ||

@@ -17,6 +17,10 @@
 #                           the resumed steps' losses equal the straight run's)
 #   gpt_small-f16-overflow (plan.c's initial loss scale raised to 2^24: the overflowing steps are skipped,
 #                           each halves the scale, the others train)
+#   MODEL-PREC-STRAT-COMM  a lowered plan (compiler/lower.h) under mpirun, its collectives over the
+#                           emulated NCCL (nccl: a communicator per strategy axis on every rank) or MPI
+#                           (mpi: none): STRAT zero1, zero2, zero3 (dp 2 on 2 GPUs), tp2 (2 GPUs), tp2sp
+#                           (dp 2 x tp 2 with sequence parallelism, 4 GPUs); --save gathers whole tensors
 # Tolerances (gpt_gpu.sh's): relative 1e-3 on every step's loss and grad norm in f32, 2e-2 in bf16 and
 # f16; final params within 1e-3 in f32; f16 skips no step. Exit 0 when every case passes.
 set -u
@@ -24,13 +28,13 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-f16-resume gpt_small-f16-overflow}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl}
 steps=${CPLAN_EMU_STEPS:-8}
 env_file=$build/tests/cuda_emu/program.env
 [ -f "$env_file" ] || { echo "FAILED: no $env_file (build the cplan_emu_program target)"; exit 1; }
 . "$env_file"
 work=$(mktemp -d "${TMPDIR:-/tmp}/cplan-emu-program-XXXXXX")
-trap 'rm -rf "$work"' EXIT
+[ -n "${CPLAN_EMU_KEEP:-}" ] || trap 'rm -rf "$work"' EXIT
 cd "$work" || exit 1
 # the compiled kernels.cu (one per model and precision) are kept between runs in the build tree
 export CPLAN_NVRTC_CACHE=${CPLAN_NVRTC_CACHE:-$build/tests/cuda_emu/cache}
@@ -90,6 +94,27 @@ for c in $cases; do
     n=$(grep -c "cuemu: rt_nccl_init" "$c.run.log")
     { [ "$comm" = nccl ] && [ "$n" -eq 2 ]; } || { [ "$comm" = mpi ] && [ "$n" -eq 0 ]; } ||
       { note "$c: $n ranks made an NCCL communicator with CPLAN_COMM=$comm"; continue; }
+    compare "$c" "$p" "$m-cpu.jsonl" "$c.jsonl" "$m-cpu.st" "$c.st" || bad=1
+    ;;
+  *-zero1-* | *-zero2-* | *-zero3-* | *-tp2-* | *-tp2sp-*)
+    # a lowered plan (lower.h) on a mesh of 2 GPUs (4 for tp2sp: dp 2 x tp 2, sequence parallel):
+    # ZeRO or tensor parallelism, its collectives over the emulated NCCL or MPI (CPLAN_COMM)
+    strat=${rest#*-} comm=${rest##*-}
+    strat=${strat%-*}
+    case $strat in
+    zero*) np=2 sets=(--set train.strategy.zero="${strat#zero}") ;;
+    tp2) np=2 sets=(--set train.strategy.tp=2) ;;
+    tp2sp) np=4 sets=(--set train.strategy.dp=2 --set train.strategy.tp=2 --set train.strategy.sp=2) ;;
+    esac
+    emu "$m" "$p" "$c" --set mesh.gpu1.shape.gpu=$np "${sets[@]}" "${extra[@]}" ||
+      { note "$c: building the emulated program"; continue; }
+    grep -q '^    .gparams = gparams,' "keep-$c/plan.c" || { note "$c: plan.c is not a lowered plan"; continue; }
+    timeout 900 "${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CPLAN_COMM="$comm" -x CPLAN_NVRTC_CACHE "./$c" \
+      --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" >"$c.out" ||
+      { tail -8 "$c.run.log"; note "$c: mpirun of the emulated program exited with status $?"; continue; }
+    n=$(grep -c "cuemu: rt_nccl_init" "$c.run.log")
+    { [ "$comm" = nccl ] && [ "$n" -ge "$np" ]; } || { [ "$comm" = mpi ] && [ "$n" -eq 0 ]; } ||
+      { note "$c: $n NCCL communicators were made with CPLAN_COMM=$comm"; continue; }
     compare "$c" "$p" "$m-cpu.jsonl" "$c.jsonl" "$m-cpu.st" "$c.st" || bad=1
     ;;
   f16-resume)

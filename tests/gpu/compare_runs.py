@@ -7,7 +7,8 @@ tests/cuda/emu_program.sh. OTHER's steps are compared with the CPU run's steps F
 count). Tolerances, relative, on every step's loss and gradient norm: 1e-3 when PREC starts with
 f32, 2e-2 otherwise (bf16, f16: the issue's); final params within 1e-3 absolute in f32 (the low
 precisions' are printed, not checked: Adam turns bf16 rounding of tiny gradients into +-lr steps).
-An f16 run (PREC starts with f16) must skip no step (its skipped_steps metric). Prints the worst
+An f16 run (PREC starts with f16) must skip no step (its skipped_steps metric) and, under 1000 steps,
+report the starting loss scale 2^16 on every line (metrics summed over tp ranks). Prints the worst
 differences; exit 0 when within, else a FAILED line."""
 import json
 import struct
@@ -40,6 +41,10 @@ def main(argv):
         if skipped != 0:
             return "FAILED: %s %s: %d steps skipped (an overflow at loss scale %g)" % (label, prec, skipped,
                                                                                      B[-1]["loss_scale"])
+        # no skip and fewer than 1000 steps: the scale is still its start, 2^16, on every line
+        bad = [x["loss_scale"] for x in B if x.get("loss_scale") != 65536]
+        if len(B) < 1000 and bad:
+            return "FAILED: %s %s: loss_scale %g, expected 65536 (no step skipped)" % (label, prec, bad[0])
     worst = 0.0
     for s, (x, y) in enumerate(zip(A, B)):
         for what in ("loss", "grad_norm"):

@@ -379,11 +379,12 @@ static RtCommType comm_type(RtNcclType t) {
   case RT_NCCL_F32: return RT_COMM_F32;
   case RT_NCCL_F64: return RT_COMM_F64;
   case RT_NCCL_I64: return RT_COMM_I64;
+  case RT_NCCL_I32: return RT_COMM_I32;
   default: return RT_COMM_U8;
   }
 }
 static size_t nccl_size(RtNcclType t) {
-  static const size_t sz[RT_NCCL_TYPE_COUNT] = {4, 8, 8, 1, 2};
+  static const size_t sz[RT_NCCL_TYPE_COUNT] = {4, 8, 8, 1, 2, 2, 4};
   return t >= 0 && t < RT_NCCL_TYPE_COUNT ? sz[t] : 1;
 }
 
@@ -415,34 +416,43 @@ int rt_nccl_size(const RtNccl *c) { return rt_comm_size(c->comm); }
 const char *rt_nccl_name(const RtNccl *c) { return c->name; }
 uint64_t rt_nccl_bytes(const RtNccl *c) { return c->bytes; }
 
-void rt_nccl_all_reduce(RtNccl *c, void *buf, int64_t count, RtNcclType t, cudaStream_t s) {
-  (void)s;
-  c->bytes += (uint64_t)count * nccl_size(t);
-  if (t != RT_NCCL_BF16 && t != RT_NCCL_U8) {
-    rt_comm_all_reduce(c->comm, buf, count, comm_type(t));
-    return;
-  }
-  /* bf16 and u8 sums: gather every rank's bytes, add in rank order (in f32 for bf16) */
+/* NCCL's sums of the 2-byte floats and u8 are not rt_comm's: every rank's bytes are gathered and
+ * added in rank order (in f32 for bf16 and f16), for elements [lo, lo + count) of each rank's
+ * send buffer of `stride` elements, into out. */
+static void ordered_sum(RtNccl *c, const void *send, void *out, int64_t lo, int64_t count, int64_t stride, RtNcclType t) {
   int p = rt_comm_size(c->comm);
-  size_t es = nccl_size(t), bytes = (size_t)count * es;
+  size_t es = nccl_size(t), bytes = (size_t)stride * es;
   std::vector<unsigned char> all(bytes * (size_t)p);
-  rt_comm_all_gather(c->comm, buf, all.data(), (int64_t)bytes, RT_COMM_U8);
+  rt_comm_all_gather(c->comm, send, all.data(), (int64_t)bytes, RT_COMM_U8);
   for (int64_t i = 0; i < count; i++) {
     float sum = 0;
     for (int r = 0; r < p; r++) {
       const unsigned char *b = all.data() + (size_t)r * bytes;
-      sum += t == RT_NCCL_U8 ? (float)b[i] : __bfloat162float(((const __nv_bfloat16 *)b)[i]);
+      int64_t j = lo + i;
+      sum += t == RT_NCCL_U8 ? (float)b[j]
+             : t == RT_NCCL_F16 ? __half2float(((const __half *)b)[j])
+                                : __bfloat162float(((const __nv_bfloat16 *)b)[j]);
     }
-    if (t == RT_NCCL_U8) ((unsigned char *)buf)[i] = (unsigned char)sum;
-    else ((__nv_bfloat16 *)buf)[i] = __float2bfloat16_rn(sum);
+    if (t == RT_NCCL_U8) ((unsigned char *)out)[i] = (unsigned char)sum;
+    else if (t == RT_NCCL_F16) ((__half *)out)[i] = __float2half_rn(sum);
+    else ((__nv_bfloat16 *)out)[i] = __float2bfloat16_rn(sum);
   }
+}
+
+static bool small_float(RtNcclType t) { return t == RT_NCCL_BF16 || t == RT_NCCL_F16 || t == RT_NCCL_U8; }
+
+void rt_nccl_all_reduce(RtNccl *c, void *buf, int64_t count, RtNcclType t, cudaStream_t s) {
+  (void)s;
+  c->bytes += (uint64_t)count * nccl_size(t);
+  if (!small_float(t)) rt_comm_all_reduce(c->comm, buf, count, comm_type(t));
+  else ordered_sum(c, buf, buf, 0, count, count, t);
 }
 
 void rt_nccl_reduce_scatter(RtNccl *c, const void *send, void *recv, int64_t count, RtNcclType t, cudaStream_t s) {
   (void)s;
-  if (t == RT_NCCL_BF16 || t == RT_NCCL_U8) rt_nccl_abort(c, 1, "rt_nccl_reduce_scatter: bf16 / u8 not emulated");
   c->bytes += (uint64_t)count * nccl_size(t) * (uint64_t)rt_comm_size(c->comm);
-  rt_comm_reduce_scatter(c->comm, send, recv, count, comm_type(t));
+  if (!small_float(t)) rt_comm_reduce_scatter(c->comm, send, recv, count, comm_type(t));
+  else ordered_sum(c, send, recv, count * rt_comm_rank(c->comm), count, count * rt_comm_size(c->comm), t);
 }
 
 void rt_nccl_all_gather(RtNccl *c, const void *send, void *recv, int64_t count, RtNcclType t, cudaStream_t s) {

@@ -618,6 +618,17 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
   return copy(dst, src, n, kind);
 }
 
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t s) {
+  if (!cuemu::stream_ok(s)) return record(cudaErrorInvalidResourceHandle);
+  if (width > dpitch || width > spitch) return record(cudaErrorInvalidPitchValue);
+  for (size_t r = 0; r < height; r++) {
+    cudaError_t e = copy((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind);
+    if (e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t cudaMemset(void *p, int value, size_t n) {
   if (n == 0) return cudaSuccess;
   if (!is_device(p, n)) return record(cudaErrorInvalidValue);
