@@ -15,7 +15,8 @@
 # differences; exit 0 when within, 1 not. Data parallelism: each model is also built for a mesh of
 # two GPUs (dp 2, in the precisions of CPLAN_GPU_DP_PRECISIONS, default "f32 f16") and run by
 # `mpirun -np 2` against the same one-device CPU run and tolerances: with one GPU per rank the
-# gradients are summed by NCCL, two ranks on one GPU sum them through MPI (CPLAN_COMM=mpi).
+# gradients are summed by NCCL, two ranks on one GPU sum them through MPI (CPLAN_COMM=mpi). Tensor
+# parallelism (tp 2) and ZeRO 3 over two ranks run the same way, in bf16.
 # --prepare bundles a relocatable Open MPI (tests/gpu/ompi_bundle.sh) for a GPU machine without MPI. CPLAN_GPU_KEEP=DIR copies metrics, logs and generated
 # sources there.
 set -u
@@ -62,11 +63,20 @@ if [ $mode != check ]; then
       "$cplanc" build "$m.cplan" -o "$m-gpu-$p-dp2" --set train.steps=20 --set train.mesh=gpu1 \
         --set mesh.gpu1.shape.gpu=2 --set train.precision=$p 2>"$m-gpu-$p-dp2.log" ||
         { cat "$m-gpu-$p-dp2.log"; fail "build $m (cuda, $p, dp 2)"; }
-      echo "$m $p 2" >>runs.txt
+      echo "$m $p 2 dp2" >>runs.txt
+    done
+    # tensor parallelism and ZeRO 3 over two ranks in bf16: lowered plans, collectives on the device
+    for s in tp2 zero3; do
+      sset=train.strategy.tp=2
+      [ $s = zero3 ] && sset=train.strategy.zero=3
+      "$cplanc" build "$m.cplan" -o "$m-gpu-bf16-$s" --set train.steps=20 --set train.mesh=gpu1 \
+        --set mesh.gpu1.shape.gpu=2 --set train.precision=bf16 --set $sset 2>"$m-gpu-bf16-$s.log" ||
+        { cat "$m-gpu-bf16-$s.log"; fail "build $m (cuda, bf16, $s)"; }
+      echo "$m bf16 2 $s" >>runs.txt
     done
   done
   if [ $mode = prepare ]; then
-    for l in $(while read -r m p np; do ldd "./$m-gpu-$p$([ "$np" = 1 ] || echo "-dp$np")"; done <runs.txt | awk '/=> \/lib/ {print $3}' | sort -u | grep -E "cjson|mpi|open-rte|open-pal|hwloc|event|udev"); do
+    for l in $(while read -r m p np tag; do ldd "./$m-gpu-$p$([ "$np" = 1 ] || echo "-$tag")"; done <runs.txt | awk '/=> \/lib/ {print $3}' | sort -u | grep -E "cjson|mpi|open-rte|open-pal|hwloc|event|udev"); do
       cp -L "$l" lib/
     done
     cp "$self" gpt_gpu.sh
@@ -95,20 +105,20 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 
 # the GPU runs and the comparison
 bad=0
-while read -r m p np; do
+while read -r m p np tag; do
   run=$m-gpu-$p
   if [ "$np" = 1 ]; then
     timeout 300 "./$run" --data tokens.bin --init "$m-init.st" --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
       { tail -5 "$run.run.log"; echo "FAILED: $m $p: the CUDA program exited with status $?"; bad=1; continue; }
   else
     # NCCL needs a GPU per rank; ranks sharing one GPU sum the gradients through MPI
-    run=$m-gpu-$p-dp$np comm=nccl
+    run=$m-gpu-$p-$tag comm=nccl
     [ "$ngpu" -ge "$np" ] || comm=mpi
-    command -v mpirun >/dev/null || { echo "FAILED: $m $p dp $np: no mpirun (and no bundled Open MPI)"; bad=1; continue; }
+    command -v mpirun >/dev/null || { echo "FAILED: $m $p $tag: no mpirun (and no bundled Open MPI)"; bad=1; continue; }
     timeout 300 mpirun -np "$np" --oversubscribe -x CPLAN_COMM=$comm -x LD_LIBRARY_PATH "./$run" --data tokens.bin --init "$m-init.st" \
       --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
-      { tail -8 "$run.run.log"; echo "FAILED: $m $p dp $np: the CUDA program exited with status $?"; bad=1; continue; }
-    p="$p-dp$np-$comm"
+      { tail -8 "$run.run.log"; echo "FAILED: $m $p $tag: the CUDA program exited with status $?"; bad=1; continue; }
+    p="$p-$tag-$comm"
   fi
   python3 "$compare" GPU "$m" "$p" "$m-cpu.jsonl" "$run.jsonl" "$m-cpu.st" "$run.st" || bad=1
 done <runs.txt
