@@ -529,6 +529,7 @@ typedef struct Search {
   int64_t maxb;
   int g1n;              /* nodes of the graph at B = 1 */
   uint8_t *bmask;
+  int64_t big_per_b, big_fixed; /* the largest tensor's elements: per sample (batch dims), without */
   Layers ly;
   int64_t ilp_solves;
   int ilp_vars;
@@ -965,8 +966,11 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
   if (!S->ly.ok) { /* no usable layer structure: one segment of everything */
     S->ly.L = 0, S->ly.ncls = 0;
   }
-  for (int i = 0; i < g1->n; i++)
+  for (int i = 0; i < g1->n; i++) {
     if (g1->nodes[i].role == ROLE_FWD) S->flops_per_sample += ir_node_flops(g1, i);
+    int64_t e = shape_numel(&g1->nodes[i].shape), *big = S->bmask[i] ? &S->big_per_b : &S->big_fixed;
+    if (e > *big) *big = e;
+  }
   S->tokens_per_sample = 1;
   if (g1->inputs.n > 0 && g1->nodes[g1->inputs.a[0]].shape.rank >= 2)
     S->tokens_per_sample = (double)g1->nodes[g1->inputs.a[0]].shape.d[1];
@@ -983,6 +987,9 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
       int64_t per = S->B / dp;
       for (int64_t b = 1; b <= per; b++) {
         if (st->micro > 0 ? b != st->micro || per % b : !try_micro(b, per)) continue;
+        /* the kernels index a tensor with 32 bits (cg_check_sizes): the logits bound the micro-batch
+         * (the largest tensors, the logits and the MLP's hidden values, are split over tp) */
+        if (st->micro <= 0 && (S->big_per_b * b / tp > INT32_MAX || S->big_fixed > INT32_MAX)) continue;
         Solved *so = solved_at(S, tp, b);
         if (!so->ok) continue;
         for (int64_t zero = 0; zero <= 3; zero++) {
