@@ -97,6 +97,12 @@ grep -q '^    .tp = 2,' keep-tp2/plan.c && grep -q '^    .gparams = gparams,' ke
   fail "two GPUs: plan.c is not a tp 2 plan"
 echo "ok: two GPUs (tp 2): collectives on NCCL, vocab-parallel cross entropy"
 
+# the example GPT-2 on 8 H100s (strategy = auto): the search's plan builds (its micro-batch keeps the
+# logits under the kernels' 2^31 elements; a lowered plan when it picks ZeRO)
+"$cplanc" build "$src/examples/gpt2.cplan" -o gpt2ex --keep-c keep-gpt2 2>gpt2ex.log || { cat gpt2ex.log; fail "examples/gpt2.cplan"; }
+grep -q '^    .devices = 8,' keep-gpt2/plan.c || fail "examples/gpt2.cplan: not a plan for 8 GPUs"
+echo "ok: examples/gpt2.cplan builds ($(grep -o 'the search chose [^(]*' gpt2ex.log))"
+
 # not supported yet: diagnostics at the file, exit 1, no program
 out=$("$cplanc" build gpt_small.cplan -o pp2 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 \
   --set train.strategy.pp=2 2>&1); rc=$?
