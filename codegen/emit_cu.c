@@ -78,6 +78,10 @@ typedef struct Cu {
   int *reader;               /* per node: its only reader, -1 when none or several */
   bool *ep_done;             /* per node: an add of a bias that its matmul's GEMM did (the epilogue) */
   int *ep_of;                /* per matmul: that add (find_epilogues), or -1 */
+  int *qkv;                  /* per node: the cps_qkv launch it makes (find_qkv: 1 forward, 2 backward), */
+  int (*qkv_ops)[4];         /* else 0; qkv_ops[i]: its x and q, k, v (forward) or dx and dq, dk, dv */
+  bool *qkv_skip;            /* per node: computed by such a launch */
+  int64_t colsum_cols;       /* the widest bias gradient (colsum's workspace) */
   bool *acc_done;            /* per ACCUM node: its GEMM accumulates into the state (beta 1): no kernel */
   const StratPlan *sp;       /* a lowered plan (tp, sp, ZeRO): the placements and the lowering g came */
   const Lowered *lw;         /* from (NULL: one device or pure data parallelism) */
@@ -402,7 +406,7 @@ static void find_accums(Cu *c) {
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
     /* values a GRAD names but never reads: a matmul's output (its GRAD's last input); every input of
-     * an add or a sub but dy (their derivatives are constants: cps_dbin, cps_colsum) */
+     * an add or a sub but dy (their derivatives are constants: cps_dbin, colsum) */
     OpId fo = n->op == OP_GRAD ? nd(c, n->fwd)->op : OP_GRAD;
     int nin = fo == OP_MATMUL ? n->nin - 1 : fo == OP_ADD || fo == OP_SUB ? 1 : n->nin;
     for (int k = 0; k < nin; k++) {
@@ -441,6 +445,142 @@ static int bias_add_of(const Cu *c, int i, const Mm *mm) {
   int br = cg_root(&c->pl, b);
   if (c->pl.nc[br].kind == CG_L_WORK && c->pl.nc[br].leader > i) return -1;
   return j;
+}
+
+/* Node v's readers (nodes with v among their inputs) are all in set[0..n). */
+static bool read_only_by(const Cu *c, int v, const int *set, int n) {
+  for (int r = 0; r < c->g->n; r++) {
+    const Node *m = nd(c, r);
+    bool reads = false, in_set = false;
+    for (int k = 0; k < m->nin && !reads; k++) reads = m->in[k] == v;
+    for (int k = 0; k < n && reads; k++) in_set |= set[k] == r;
+    if (reads && !in_set) return false;
+  }
+  return true;
+}
+
+/* The GRAD of forward node f for its input k, if exactly one; else -1. */
+static int grad_of(const Cu *c, int f, int k) {
+  int found = -1;
+  for (int i = 0; i < c->g->n; i++) {
+    const Node *n = nd(c, i);
+    if (n->op == OP_GRAD && n->fwd == f && n->ia[0] == k) {
+      if (found >= 0) return -1;
+      found = i;
+    }
+  }
+  return found;
+}
+
+/* The adds of a tree rooted at r whose leaves are l[0..3), each once: marks them in in_tree. */
+static bool add_tree(const Cu *c, int r, const int *l, int *seen, bool *in_tree) {
+  for (int k = 0; k < 3; k++)
+    if (r == l[k]) return !seen[k]++;
+  const Node *n = nd(c, r);
+  if (n->op != OP_ADD || n->nin != 2 || !shape_eq(&nd(c, n->in[0])->shape, &n->shape) ||
+      !shape_eq(&nd(c, n->in[1])->shape, &n->shape))
+    return false;
+  in_tree[r] = true;
+  return add_tree(c, n->in[0], l, seen, in_tree) && add_tree(c, n->in[1], l, seen, in_tree);
+}
+
+/* GPT-2's attention input, x @ W_qkv + b split into q, k and v heads: three slices of x's last
+ * axis into its thirds, each read only by a split_heads with the same h, run as one cps_qkv launch
+ * at the first slice; in the backward, the sum of the three slices' gradients (an add tree) runs
+ * as one cps_qkv launch from the heads' gradients (llm.c's permute and unpermute), in place of
+ * three slices, three split_heads, and, backward, three merges, three zeroed scatters and two adds.
+ * The nodes it computes get the launching node as leader, so the memory plan keeps their inputs
+ * alive until it. Decided before the memory plan. */
+static void find_qkv(Cu *c) {
+  const Graph *g = c->g;
+  c->qkv = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  c->qkv_ops = cp_alloc(sizeof(int[4]) * (size_t)(g->n + 1));
+  c->qkv_skip = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  bool *in_tree = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  for (int x = 0; x < g->n; x++) {
+    const Node *xn = nd(c, x);
+    if (xn->shape.rank != 3 || xn->dtype != DT_F32 || xn->shape.d[2] % 3) continue;
+    int64_t cc = xn->shape.d[2] / 3;
+    int sl[3] = {-1, -1, -1}, q[3], ns = 0;
+    bool ok = true;
+    for (int i = 0; i < g->n && ok; i++) {
+      const Node *n = nd(c, i);
+      if (n->op != OP_SLICE || n->in[0] != x || n->role != ROLE_FWD || !cg_executed(n)) continue;
+      int p = (int)(n->ia[1] / cc);
+      ok = n->ia[0] == 2 && n->ia[1] == p * cc && n->ia[2] == (p + 1) * cc && sl[p] < 0;
+      if (ok) sl[p] = i, ns++;
+    }
+    if (!ok || ns != 3) continue;
+    int64_t h = 0;
+    for (int p = 0; p < 3 && ok; p++) {
+      q[p] = c->reader[sl[p]] >= 0 ? c->reader[sl[p]] : -1;
+      for (int i = 0; i < g->n && q[p] < 0; i++)
+        if (nd(c, i)->op == OP_SPLIT_HEADS && nd(c, i)->in[0] == sl[p]) q[p] = i;
+      ok = q[p] >= 0 && nd(c, q[p])->op == OP_SPLIT_HEADS && (p == 0 || nd(c, q[p])->ia[0] == h) &&
+           c->pl.fu->group[q[p]] < 0 && c->pl.fu->group[sl[p]] < 0 && scode(c, q[p]) == scode(c, q[0]);
+      if (!ok) break;
+      h = nd(c, q[p])->ia[0];
+      /* the slice's value is never computed: only its split_heads and gradients that do not read it name it */
+      int allowed[3] = {q[p], grad_of(c, q[p], 0), grad_of(c, sl[p], 0)};
+      ok = h > 0 && cc % h == 0 && read_only_by(c, sl[p], allowed, 3);
+    }
+    if (!ok) continue;
+    int first = sl[0] < sl[1] ? (sl[0] < sl[2] ? sl[0] : sl[2]) : (sl[1] < sl[2] ? sl[1] : sl[2]);
+    c->qkv[first] = 1;
+    c->qkv_ops[first][0] = x;
+    for (int p = 0; p < 3; p++) {
+      c->qkv_ops[first][p + 1] = q[p];
+      c->qkv_skip[q[p]] = true, c->pl.nc[q[p]].leader = first;
+      if (sl[p] != first) c->qkv_skip[sl[p]] = true, c->pl.nc[sl[p]].leader = first;
+    }
+    /* the backward: g_p = GRAD(slice p) of dy h_p = GRAD(split_heads p) of dy d_p, summed by adds */
+    int hg[3], gs[3], d[3];
+    for (int p = 0; p < 3 && ok; p++) {
+      hg[p] = grad_of(c, q[p], 0), gs[p] = grad_of(c, sl[p], 0);
+      ok = hg[p] >= 0 && gs[p] >= 0 && nd(c, gs[p])->in[0] == hg[p] && c->reader[hg[p]] == gs[p] && c->reader[gs[p]] >= 0 &&
+           c->pl.nc[hg[p]].leader == hg[p] && c->pl.nc[gs[p]].leader == gs[p] && c->pl.fu->group[hg[p]] < 0 &&
+           c->pl.fu->group[gs[p]] < 0;
+      if (ok) d[p] = nd(c, hg[p])->in[0], ok = scode(c, d[p]) == scode(c, d[0]);
+    }
+    if (!ok) continue;
+    int r = gs[0];
+    while (c->reader[r] >= 0 && nd(c, c->reader[r])->op == OP_ADD) r = c->reader[r];
+    int seen[3] = {0, 0, 0};
+    memset(in_tree, 0, sizeof(bool) * (size_t)g->n);
+    ok = r != gs[0] && add_tree(c, r, gs, seen, in_tree) && seen[0] == 1 && seen[1] == 1 && seen[2] == 1 &&
+         scode(c, r) == scode(c, x) && c->pl.nc[r].kind == CG_L_WORK;
+    /* a fused tree: its group must be the tree's adds */
+    for (int i = 0; i < g->n && ok; i++) {
+      int gi = c->pl.fu->group[i];
+      if (in_tree[i] && gi >= 0) ok = c->pl.fu->groups[gi].root == r;
+      if (!in_tree[i] && gi >= 0 && gi == c->pl.fu->group[r]) ok = false;
+      if (in_tree[i] && i != r && c->reader[i] < 0) ok = false;
+    }
+    if (!ok) continue;
+    c->qkv[r] = 2;
+    c->qkv_ops[r][0] = r;
+    for (int p = 0; p < 3; p++) {
+      c->qkv_ops[r][p + 1] = d[p];
+      c->qkv_skip[hg[p]] = c->qkv_skip[gs[p]] = true;
+      c->pl.nc[hg[p]].leader = c->pl.nc[gs[p]].leader = r;
+    }
+    for (int i = 0; i < g->n; i++)
+      if (in_tree[i] && i != r) c->qkv_skip[i] = true, c->pl.nc[i].leader = r;
+  }
+}
+
+/* The launch find_qkv decided at node i. */
+static void emit_qkv(Cu *c, int i) {
+  const int *o = c->qkv_ops[i];
+  bool bwd = c->qkv[i] == 2;
+  const Node *x = nd(c, bwd ? i : o[0]), *q = nd(c, bwd ? o[1] : o[1]);
+  int64_t h = bwd ? q->shape.d[1] : nd(c, o[1])->ia[0];
+  int tt = scode(c, o[0]) | scode(c, o[1]) << 2;
+  EMIT("  /* %s: %%%d <-> q, k, v %%%d %%%d %%%d in heads (cps_qkv) */\n", bwd ? "the three slices' gradients summed"
+       : "three slices and split_heads", o[0], o[1], o[2], o[3]);
+  const char *args[10] = {ai(bwd), ai(tt), ap(ptr(c, o[0])), ap(ptr(c, o[1])), ap(ptr(c, o[2])), ap(ptr(c, o[3])),
+                          al(x->shape.d[0]), al(x->shape.d[1]), al(x->shape.d[2] / 3), al(h)};
+  emit_lk(c, "cps_qkv", numel(x), i, 10, args);
 }
 
 /* Whether the work buffers of nodes x and y share arena bytes in the phase being emitted. */
@@ -855,10 +995,9 @@ static void emit_grad_binary(Cu *c, int i, const Node *f) {
     if (strcmp(d[w], "NULL") == 0) continue;
     const Node *x = w ? b : a;
     if ((f->op == OP_ADD || f->op == OP_SUB) && trailing_of(&x->shape, &f->shape)) { /* a bias: column sums */
-      const char *args[6] = {ai(tcodes(c, 2, (int[]){ids[w], dyn})), ap(d[w]), ap(dy), al(numel(f) / numel(x)),
-                             al(numel(x)), af(f->op == OP_SUB && w ? -1.0 : 1.0)};
-      EMIT("  lcol(%d, %lldLL, (void *[]){%s, %s, %s, %s, %s, %s}, %d); /* cps_colsum */\n", kid(c, "cps_colsum"),
-           (long long)numel(x), args[0], args[1], args[2], args[3], args[4], args[5], i);
+      EMIT("  colsum(%d, %s, %s, %lldLL, %lldLL, %s, %d);\n", tcodes(c, 2, (int[]){ids[w], dyn}), d[w], dy,
+           (long long)(numel(f) / numel(x)), (long long)numel(x), f->op == OP_SUB && w ? "-1.0f" : "1.0f", i);
+      if (numel(x) > c->colsum_cols) c->colsum_cols = numel(x);
       continue;
     }
     const char *args[10] = {ai((int)(f->op - OP_ADD)), ai(w), ai(tcodes(c, 4, (int[]){ids[w], dyn, f->in[0], f->in[1]})),
@@ -1117,6 +1256,17 @@ static const char *prof_class(const Cu *c, int i) {
 }
 
 static void emit_node(Cu *c, int i) {
+  if (c->qkv[i]) {
+    cg_comment(c->out, c->g, c->irline, i);
+    EMIT("  PROF(%d);\n", i);
+    emit_qkv(c, i);
+    return;
+  }
+  if (c->qkv_skip[i]) {
+    cg_comment(c->out, c->g, c->irline, i);
+    EMIT("  /* (computed by the cps_qkv launch at %%%d) */\n", c->pl.nc[i].leader);
+    return;
+  }
   if (c->ep_done[i]) {
     cg_comment(c->out, c->g, c->irline, i);
     EMIT("  /* (done by its matmul's GEMM) */\n");
@@ -1490,6 +1640,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   decide_storage(c);
   find_accums(c);
   find_epilogues(c);
+  find_qkv(c);
   if (!cg_check_sizes(g, "cuda")) return false;
   if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {
     diag_error(t->span, "precision f16 needs loss scaling, but the loss gradient of model '%s' has no constant seed outside fused kernels",
@@ -1579,6 +1730,8 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
        "#define PRECISION_TEXT \"%s\"\n",
        c->lpc, precision_name(t->precision), ptext[c->lpc]);
   emit_loss_scaling(c);
+  EMIT("#define COLSUM_PARTS 64 /* row chunks of a bias gradient's column sums */\n#define COLSUM_MAX_COLS %lldLL\n",
+       (long long)(c->colsum_cols ? c->colsum_cols : 1));
   EMIT("#define PROF_MAX 16384 /* events per phase (CPLAN_PROFILE=1) */\n#define PROF_NODES %d\n"
        "static const char *const prof_class[PROF_NODES + 1] = {\n", g->n);
   for (int i = 0; i < g->n; i++) EMIT("    %s,\n", cg_executed(nd(c, i)) ? cg_c_string(prof_class(c, i)) : "NULL");
