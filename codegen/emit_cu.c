@@ -955,8 +955,14 @@ static void emit_forward(Cu *c, int i) {
 /* The gradient buffers a group's launch writes, by forward input ("NULL" when not wanted or a
  * view of dy); zeroed first, as the kernels accumulate. A param gradient whose only reader is its
  * accumulator (acc_of) is the accumulator itself: the kernel adds into it, the accum launches
- * nothing. */
-static void group_outputs(Cu *c, int lead, const char **dst, int nmax, int *ids) {
+ * nothing. With `write` (a kernel that can write instead of add), nothing is zeroed unless one of
+ * them is an accumulator; returns whether one is (the launch must then accumulate). */
+static bool group_outputs_w(Cu *c, int lead, const char **dst, int nmax, int *ids, bool write) {
+  bool any_acc = false;
+  for (int j = lead; j < c->g->n; j++) {
+    const Node *m = nd(c, j);
+    if (m->op == OP_GRAD && c->pl.nc[j].leader == lead && c->pl.nc[j].kind != CG_L_ALIAS && c->acc_of[j] >= 0) any_acc = true;
+  }
   for (int k = 0; k < nmax; k++) dst[k] = "NULL";
   if (ids)
     for (int k = 0; k < nmax; k++) ids[k] = -1;
@@ -973,8 +979,13 @@ static void group_outputs(Cu *c, int lead, const char **dst, int nmax, int *ids)
       continue;
     }
     dst[m->ia[0]] = ptr(c, j);
-    emit_zero(c, dst[m->ia[0]], sbytes(c, j));
+    if (!write || any_acc) emit_zero(c, dst[m->ia[0]], sbytes(c, j));
   }
+  return any_acc;
+}
+
+static void group_outputs(Cu *c, int lead, const char **dst, int nmax, int *ids) {
+  group_outputs_w(c, lead, dst, nmax, ids, false);
 }
 
 /* x is out's trailing dims (no 1s among them) and smaller: broadcast along the leading dims only */
@@ -1047,14 +1058,13 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
     break;
   case OP_SDPA: {
     const int64_t *q = nd(c, f->in[0])->shape.d;
-    {
-      int ids[3];
-      group_outputs(c, i, d, 3, ids);
-      if (!hw_typed(c, i, 8, (int[]){ids[0], ids[1], ids[2], n->in[0], n->fwd, f->in[0], f->in[1], f->in[2]})) return;
-    }
-    KL("cplan_cuda_attention_backward(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, G.s), "
+    int ids[3];
+    /* the kernels write every row of dq, dk and dv: no zeroing unless one is an accumulator */
+    bool acc = group_outputs_w(c, i, d, 3, ids, true);
+    if (!hw_typed(c, i, 8, (int[]){ids[0], ids[1], ids[2], n->in[0], n->fwd, f->in[0], f->in[1], f->in[2]})) return;
+    KL("cplan_cuda_attention_backward_ex(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, %d, G.s), "
        "%d);\n", kdt(c), d[0], d[1], d[2], scratch_ptr(c, i, "F"), dy, ptr(c, n->fwd), aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]),
-       ptr(c, f->in[2]), (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3], (int)f->ia[0], i);
+       ptr(c, f->in[2]), (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3], (int)f->ia[0], acc, i);
     break;
   }
   case OP_DROPOUT: {
@@ -1071,8 +1081,8 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
     const Node *lg = nd(c, f->in[0]);
     int64_t r = cg_rows(lg);
     if (!hw_typed(c, i, 2, (int[]){i, f->in[0]})) break;
-    emit_zero(c, dx, bytes);
     if (f->ia[0] > 0) { /* vocab-parallel: this rank's columns, from the forward's global m and s */
+      emit_zero(c, dx, bytes);
       int a = (int)f->ia[0] - 1;
       int64_t vl = cg_last_dim(lg);
       KL("cplan_cuda_vp_ce_backward(%s, %s, %s, (const int *)%s, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, "
@@ -1080,8 +1090,9 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
          ptr(c, f->in[1]), (long long)r, (long long)vl, a, (long long)vl, (long long)(vl * c->sp->axes[a].n), i);
       break;
     }
-    KL("cplan_cuda_cross_entropy_backward(%s, %s, %s, (const int *)%s, %s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), dx,
-       dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)cg_last_dim(lg), i);
+    /* written, not added: no zeroing (the logits' gradient is never an accumulator) */
+    KL("cplan_cuda_cross_entropy_backward_ex(%s, %s, %s, (const int *)%s, %s, %s, %s, %lld, %lld, 0, G.s), %d);\n", kdt(c),
+       dx, dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)cg_last_dim(lg), i);
     break;
   }
   default: cp_unreachable();

@@ -107,10 +107,11 @@ __device__ __forceinline__ void att_delta(float *delta, const T *dout, const T *
   }
 }
 
-/* one thread per key row j: dv_j += sum_i p_ij dout_i, dk_j += scale sum_i ds_ij q_i */
+/* one thread per key row j: dv_j += sum_i p_ij dout_i, dk_j += scale sum_i ds_ij q_i (acc = 0: = instead
+ * of +=, the rows' old values never read) */
 template <typename T, int DMAX>
 __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                             const T *q, const T *k, const T *v, int t, int d, int causal) {
+                                             const T *q, const T *k, const T *v, int t, int d, int causal, int acc) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float qs[BC][DMAX], dos[BC][DMAX], ls[BC], ds_[BC];
   long long z = blockIdx.y;
@@ -154,15 +155,15 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
     if (c < d) {
-      if (dk) dkr[c] = st<T>(ld(dkr[c]) + gk[c] * scale);
-      if (dv) dvr[c] = st<T>(ld(dvr[c]) + gv[c]);
+      if (dk) dkr[c] = st<T>((acc ? ld(dkr[c]) : 0.0f) + gk[c] * scale);
+      if (dv) dvr[c] = st<T>((acc ? ld(dvr[c]) : 0.0f) + gv[c]);
     }
 }
 
 /* one thread per query row i: dq_i += scale sum_j ds_ij k_j */
 template <typename T, int DMAX>
 __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                           const T *k, const T *v, int t, int d, int causal) {
+                                           const T *k, const T *v, int t, int d, int causal, int acc) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float ks[BC][DMAX], vs[BC][DMAX];
   long long z = blockIdx.y;
@@ -199,7 +200,7 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
   T *dqr = dq + (z * t + i) * d;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
-    if (c < d) dqr[c] = st<T>(ld(dqr[c]) + g[c] * scale);
+    if (c < d) dqr[c] = st<T>((acc ? ld(dqr[c]) : 0.0f) + g[c] * scale);
 }
 
 /* The extern "C" entries of one kernel set: NAME_forward_S_dDM, NAME_backward_dkdv_S_dDM and
@@ -211,13 +212,13 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dkdv_##S##_d##DM(                  \
       T *dk, T *dv, const T *dout, const float *lse, const float *delta, const T *q, const T *k,          \
-      const T *v, int t, int d, int causal) {                                                             \
-    DKDV<T, DM>(dk, dv, dout, lse, delta, q, k, v, t, d, causal);                                         \
+      const T *v, int t, int d, int causal, int acc) {                                                    \
+    DKDV<T, DM>(dk, dv, dout, lse, delta, q, k, v, t, d, causal, acc);                                    \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dq_##S##_d##DM(                    \
       T *dq, const T *dout, const float *lse, const float *delta, const T *q, const T *k, const T *v,     \
-      int t, int d, int causal) {                                                                         \
-    DQ<T, DM>(dq, dout, lse, delta, q, k, v, t, d, causal);                                               \
+      int t, int d, int causal, int acc) {                                                                \
+    DQ<T, DM>(dq, dout, lse, delta, q, k, v, t, d, causal, acc);                                          \
   }
 #define ATT_ENTRIES(T, S, DM) ATT_ENTRY_SET(attention, att_fwd, att_bwd_dkdv, att_bwd_dq, ATT_BR, T, S, DM)
 
@@ -392,10 +393,10 @@ __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *
 }
 
 /* the warp's 16 accumulated rows (rows row0.. of g, this batch-head's [t, d] gradient; NULL: not
- * wanted): g += mul * acc, through buf (16 x LO f32) */
+ * wanted): g += mul * acc (add = 0: g = mul * acc, g's old values never read), through buf (16 x LO f32) */
 template <typename T, int TD>
 __device__ __forceinline__ void tc_add_rows(T *g, const nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> *acc,
-                                            float *buf, int row0, int t, int d, float mul) {
+                                            float *buf, int row0, int t, int d, float mul, int add) {
   using namespace nvcuda;
   const int LO = TcDims<T, TD>::LO;
   int lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
@@ -406,7 +407,7 @@ __device__ __forceinline__ void tc_add_rows(T *g, const nvcuda::wmma::fragment<n
   if (g && row0 + r < t)
     for (int c = h; c < d; c += 2) {
       T *x = g + (long long)(row0 + r) * d + c;
-      *x = st<T>(ld(*x) + mul * buf[r * LO + c]);
+      *x = st<T>((add ? ld(*x) : 0.0f) + mul * buf[r * LO + c]);
     }
   __syncwarp();
 }
@@ -414,7 +415,7 @@ __device__ __forceinline__ void tc_add_rows(T *g, const nvcuda::wmma::fragment<n
 /* dk/dv: the block owns 64 keys (16 per warp) and walks the query tiles */
 template <typename T, int TD>
 __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                            const T *q, const T *k, const T *v, int t, int d, int causal) {
+                                            const T *q, const T *k, const T *v, int t, int d, int causal, int acc) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -457,14 +458,14 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
     tc_pb<T, TD>(gv, pw, dos); /* dv += P^T dO */
     tc_pb<T, TD>(gk, dsw, qs); /* dk += dS^T Q (times scale at the end) */
   }
-  tc_add_rows<T, TD>(dv ? dv + z * t * d : dv, gv, sw, j0 + w * 16, t, d, 1.0f);
-  tc_add_rows<T, TD>(dk ? dk + z * t * d : dk, gk, sw, j0 + w * 16, t, d, scale);
+  tc_add_rows<T, TD>(dv ? dv + z * t * d : dv, gv, sw, j0 + w * 16, t, d, 1.0f, acc);
+  tc_add_rows<T, TD>(dk ? dk + z * t * d : dk, gk, sw, j0 + w * 16, t, d, scale, acc);
 }
 
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
 template <typename T, int TD>
 __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                          const T *k, const T *v, int t, int d, int causal) {
+                                          const T *k, const T *v, int t, int d, int causal, int acc) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -502,7 +503,7 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
     __syncwarp();
     tc_pb<T, TD>(g, dsw, ks); /* dq += dS K (times scale at the end) */
   }
-  tc_add_rows<T, TD>(dq + z * t * d, g, sw, i0 + w * 16, t, d, scale);
+  tc_add_rows<T, TD>(dq + z * t * d, g, sw, i0 + w * 16, t, d, scale, acc);
 }
 
 #define ATT_TC_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_tc, tc_fwd, tc_bwd_dkdv, tc_bwd_dq, TC_W * 32, T, S, TD)
@@ -597,13 +598,13 @@ extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse
 template <typename T>
 static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,
                            const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d,
-                           int causal, cudaStream_t stream, bool d64);
+                           int causal, int acc, cudaStream_t stream, bool d64);
 
 #define ATT_BWD(T, S)                                                                                       \
   template <>                                                                                               \
   void att_bwd_launch<T>(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,    \
                          const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d, \
-                         int causal, cudaStream_t stream, bool d64) {                                      \
+                         int causal, int acc, cudaStream_t stream, bool d64) {                             \
     long long rows = (long long)nb * t;                                                                     \
     attention_backward_delta_##S<<<cplan_blocks(rows, 256, 65535u), 256, 0, stream>>>(                      \
         delta, (const T *)dout, (const T *)out, rows, d);                                                   \
@@ -611,17 +612,17 @@ static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const voi
     if (d64) {                                                                                              \
       if (dk || dv)                                                                                         \
         attention_backward_dkdv_##S##_d64<<<grid, ATT_BR, 0, stream>>>((T *)dk, (T *)dv, (const T *)dout,   \
-            lse, delta, (const T *)q, (const T *)k, (const T *)v, t, d, causal);                            \
+            lse, delta, (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc);                       \
       if (dq)                                                                                               \
         attention_backward_dq_##S##_d64<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta,  \
-            (const T *)q, (const T *)k, (const T *)v, t, d, causal);                                        \
+            (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc);                                   \
     } else {                                                                                                \
       if (dk || dv)                                                                                         \
         attention_backward_dkdv_##S##_d128<<<grid, ATT_BR, 0, stream>>>((T *)dk, (T *)dv, (const T *)dout,  \
-            lse, delta, (const T *)q, (const T *)k, (const T *)v, t, d, causal);                            \
+            lse, delta, (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc);                       \
       if (dq)                                                                                               \
         attention_backward_dq_##S##_d128<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta, \
-            (const T *)q, (const T *)k, (const T *)v, t, d, causal);                                        \
+            (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc);                                   \
     }                                                                                                       \
   }
 ATT_BWD(float, f32)
@@ -632,22 +633,49 @@ ATT_BWD(fp16, f16)
 template <typename T, int TD>
 static int att_tc_backward(const char *me,
                            void (*dkdv)(T *, T *, const T *, const float *, const float *, const T *, const T *,
-                                        const T *, int, int, int),
+                                        const T *, int, int, int, int),
                            void (*dqk)(T *, const T *, const float *, const float *, const T *, const T *, const T *,
-                                       int, int, int),
+                                       int, int, int, int),
                            void (*dlt)(float *, const T *, const T *, long long, int), void *dq, void *dk, void *dv,
                            float *delta, const void *dout, const void *out, const float *lse, const void *q,
-                           const void *k, const void *v, int nb, int t, int d, int causal, cudaStream_t stream) {
+                           const void *k, const void *v, int nb, int t, int d, int causal, int acc,
+                           cudaStream_t stream) {
   long long rows = (long long)nb * t;
   dlt<<<cplan_blocks(rows, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, d);
   dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
   const int bytes = TcDims<T, TD>::BWD;
   if (dk || dv)
     ATT_TC_GO(me, dkdv, grid, bytes, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
-              (const T *)k, (const T *)v, t, d, causal);
+              (const T *)k, (const T *)v, t, d, causal, acc);
   if (dq)
     ATT_TC_GO(me, dqk, grid, bytes, (T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,
-              (const T *)v, t, d, causal);
+              (const T *)v, t, d, causal, acc);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
+                                                const void *dout, const void *out, const float *lse, const void *q,
+                                                const void *k, const void *v, int nb, int t, int d, int causal,
+                                                int accumulate, cudaStream_t stream) {
+  const char *me = "cplan_cuda_attention_backward";
+  const char *bad = att_shape(me, nb, t, d);
+  CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
+  CPLAN_REQUIRE(me, delta && dout && out && lse && q && k && v, "delta, dout, out, lse, q, k and v must not be NULL");
+  if (nb == 0 || (!dq && !dk && !dv)) return 0;
+  int acc = accumulate != 0;
+  if (att_tc(dt)) {
+#define ATT_TC_BWD(T, S, TD)                                                                                  \
+  att_tc_backward<T, TD>(me, attention_tc_backward_dkdv_##S##_d##TD, attention_tc_backward_dq_##S##_d##TD,    \
+                         attention_backward_delta_##S, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, \
+                         acc, stream)
+    if (dt == CPLAN_BF16) return d <= 64 ? ATT_TC_BWD(bf16, bf16, 64) : ATT_TC_BWD(bf16, bf16, 128);
+    return d <= 64 ? ATT_TC_BWD(fp16, f16, 64) : ATT_TC_BWD(fp16, f16, 128);
+#undef ATT_TC_BWD
+  }
+  if (dt == CPLAN_F32) att_bwd_launch<float>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, stream, d <= 64);
+  else if (dt == CPLAN_BF16) att_bwd_launch<bf16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, stream, d <= 64);
+  else if (dt == CPLAN_F16) att_bwd_launch<fp16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, stream, d <= 64);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }
 
@@ -655,24 +683,6 @@ extern "C" int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, 
                                              const void *dout, const void *out, const float *lse, const void *q,
                                              const void *k, const void *v, int nb, int t, int d, int causal,
                                              cudaStream_t stream) {
-  const char *me = "cplan_cuda_attention_backward";
-  const char *bad = att_shape(me, nb, t, d);
-  CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
-  CPLAN_REQUIRE(me, delta && dout && out && lse && q && k && v, "delta, dout, out, lse, q, k and v must not be NULL");
-  if (nb == 0 || (!dq && !dk && !dv)) return 0;
-  if (att_tc(dt)) {
-#define ATT_TC_BWD(T, S, TD)                                                                                  \
-  att_tc_backward<T, TD>(me, attention_tc_backward_dkdv_##S##_d##TD, attention_tc_backward_dq_##S##_d##TD,    \
-                         attention_backward_delta_##S, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, \
-                         stream)
-    if (dt == CPLAN_BF16) return d <= 64 ? ATT_TC_BWD(bf16, bf16, 64) : ATT_TC_BWD(bf16, bf16, 128);
-    return d <= 64 ? ATT_TC_BWD(fp16, f16, 64) : ATT_TC_BWD(fp16, f16, 128);
-#undef ATT_TC_BWD
-  }
-  if (dt == CPLAN_F32) att_bwd_launch<float>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, stream, d <= 64);
-  else if (dt == CPLAN_BF16) att_bwd_launch<bf16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, stream, d <= 64);
-  else if (dt == CPLAN_F16) att_bwd_launch<fp16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, stream, d <= 64);
-  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
-  return cplan_cuda_launched(me);
+  return cplan_cuda_attention_backward_ex(dt, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, 1, stream);
 }
 #endif

@@ -3,7 +3,8 @@
  *  - forward: one block per row computes max and sum exp in f32, saves lse = max + log sum and
  *    the row's loss lse - logit[target]; then one block adds the losses up in f64, in a fixed
  *    order, into the mean over the counted rows and the count;
- *  - backward: one block per row adds (dloss / count) (exp(logit - lse) - onehot) to dlogits.
+ *  - backward: one block per row adds (dloss / count) (exp(logit - lse) - onehot) to dlogits (or,
+ *    _ex with accumulate 0, writes it, and zeros on ignored rows).
  * dloss and count are device scalars, so a step needs no host sync between the two. */
 #include "cuda_common.h"
 
@@ -44,20 +45,25 @@ __device__ __forceinline__ void ce_mean(float *loss, int *count, const float *lo
   }
 }
 
+/* acc 1: dlogits +=; acc 0: dlogits = (its old values never read; ignored rows get zeros) */
 template <typename T>
 __device__ __forceinline__ void ce_bwd(T *dlogits, const float *dloss, const int *count, const T *logits,
-                                       const float *lse, const int *targets, int rows, int v) {
-  if (*count <= 0) return;
-  float g = *dloss / (float)*count;
+                                       const float *lse, const int *targets, int rows, int v, int acc) {
+  if (*count <= 0 && acc) return;
+  float g = *count > 0 ? *dloss / (float)*count : 0.0f;
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     int tg = targets[r];
-    if (tg == -1) continue; /* an ignored row gets no gradient at all */
-    const T *x = logits + (long long)r * v;
     T *dx = dlogits + (long long)r * v;
+    if (tg == -1 || *count <= 0) { /* an ignored row gets no gradient at all */
+      if (!acc)
+        for (int j = threadIdx.x; j < v; j += blockDim.x) dx[j] = st<T>(0.0f);
+      continue;
+    }
+    const T *x = logits + (long long)r * v;
     float l = lse[r];
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
       float p = expf(ld(x[j]) - l);
-      dx[j] = st<T>(ld(dx[j]) + g * (p - (j == tg ? 1.0f : 0.0f)));
+      dx[j] = st<T>((acc ? ld(dx[j]) : 0.0f) + g * (p - (j == tg ? 1.0f : 0.0f)));
     }
   }
 }
@@ -69,8 +75,8 @@ __device__ __forceinline__ void ce_bwd(T *dlogits, const float *dloss, const int
   }                                                                                                        \
   extern "C" __global__ void cross_entropy_backward_##S(T *dlogits, const float *dloss, const int *count,  \
                                                         const T *logits, const float *lse,                 \
-                                                        const int *targets, int rows, int v) {             \
-    ce_bwd<T>(dlogits, dloss, count, logits, lse, targets, rows, v);                                       \
+                                                        const int *targets, int rows, int v, int acc) {    \
+    ce_bwd<T>(dlogits, dloss, count, logits, lse, targets, rows, v, acc);                                  \
   }
 
 CE_ENTRIES(float, f32)
@@ -108,26 +114,32 @@ extern "C" int cplan_cuda_cross_entropy_forward(CplanDtype dt, float *losses, fl
   return cplan_cuda_launched(me);
 }
 
-extern "C" int cplan_cuda_cross_entropy_backward(CplanDtype dt, void *dlogits, const float *dloss, const int *count,
-                                                 const void *logits, const float *lse, const int32_t *targets,
-                                                 int rows, int v, cudaStream_t stream) {
+extern "C" int cplan_cuda_cross_entropy_backward_ex(CplanDtype dt, void *dlogits, const float *dloss, const int *count,
+                                                    const void *logits, const float *lse, const int32_t *targets,
+                                                    int rows, int v, int accumulate, cudaStream_t stream) {
   const char *me = "cplan_cuda_cross_entropy_backward";
   CPLAN_REQUIRE(me, rows >= 0 && v > 0, "bad shape [%d, %d]", rows, v);
   CPLAN_REQUIRE(me, dlogits && dloss && count && logits && lse && targets,
                 "dlogits, dloss, count, logits, lse and targets must not be NULL");
   if (rows == 0) return 0;
   unsigned grid = rows > (int)CPLAN_MAX_GRID ? CPLAN_MAX_GRID : (unsigned)rows;
-  int th = cplan_row_threads(v);
+  int th = cplan_row_threads(v), acc = accumulate != 0;
   if (dt == CPLAN_F32)
     cross_entropy_backward_f32<<<grid, th, 0, stream>>>((float *)dlogits, dloss, count, (const float *)logits, lse,
-                                                        targets, rows, v);
+                                                        targets, rows, v, acc);
   else if (dt == CPLAN_BF16)
     cross_entropy_backward_bf16<<<grid, th, 0, stream>>>((bf16 *)dlogits, dloss, count, (const bf16 *)logits, lse,
-                                                         targets, rows, v);
+                                                         targets, rows, v, acc);
   else if (dt == CPLAN_F16)
     cross_entropy_backward_f16<<<grid, th, 0, stream>>>((fp16 *)dlogits, dloss, count, (const fp16 *)logits, lse,
-                                                         targets, rows, v);
+                                                         targets, rows, v, acc);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_cross_entropy_backward(CplanDtype dt, void *dlogits, const float *dloss, const int *count,
+                                                 const void *logits, const float *lse, const int32_t *targets,
+                                                 int rows, int v, cudaStream_t stream) {
+  return cplan_cuda_cross_entropy_backward_ex(dt, dlogits, dloss, count, logits, lse, targets, rows, v, 1, stream);
 }
 #endif

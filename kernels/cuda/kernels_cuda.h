@@ -66,6 +66,13 @@ int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, void *dv, f
                                   const void *k, const void *v, int nb, int t, int d, int causal,
                                   cudaStream_t stream);
 
+/* accumulate 0: dq, dk and dv are written (=), their old values never read (no zeroing first);
+ * 1: cplan_cuda_attention_backward's += */
+int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
+                                     const void *dout, const void *out, const float *lse, const void *q,
+                                     const void *k, const void *v, int nb, int t, int d, int causal,
+                                     int accumulate, cudaStream_t stream);
+
 /* ---- activations.cu: k_unary_* K_GELU (tanh form) and K_SILU over n elements ------------------ */
 int cplan_cuda_gelu_forward(CplanDtype dt, void *out, const void *x, int64_t n, cudaStream_t stream);
 int cplan_cuda_gelu_backward(CplanDtype dt, void *dx, const void *dout, const void *x, int64_t n,
@@ -86,6 +93,11 @@ int cplan_cuda_cross_entropy_forward(CplanDtype dt, float *losses, float *lse, f
 int cplan_cuda_cross_entropy_backward(CplanDtype dt, void *dlogits, const float *dloss,
                                       const int *count, const void *logits, const float *lse,
                                       const int32_t *targets, int rows, int v, cudaStream_t stream);
+/* accumulate 0: dlogits is written (=), zeros on ignored rows, its old values never read */
+int cplan_cuda_cross_entropy_backward_ex(CplanDtype dt, void *dlogits, const float *dloss,
+                                         const int *count, const void *logits, const float *lse,
+                                         const int32_t *targets, int rows, int v, int accumulate,
+                                         cudaStream_t stream);
 
 /* ---- embedding.cu: k_embedding_* ---------------------------------------------------------------
  * out [n, c] = table [v, c] rows at idx [n] (an index outside [0, v) gives a NaN row). The
