@@ -1,4 +1,5 @@
-/* embedding.cu: embedding lookup, forward and backward (kernels_cuda.h; reference
+/* embedding.cu: embedding lookup, forward and backward, of the whole table or (vp_*, tensor
+ * parallelism) of one rank's rows of it (kernels_cuda.h; reference
  * k_embedding_* in kernels/cpu/ref.c).
  *
  * The backward is deterministic without sorting and without atomics: thread (p, col) owns
@@ -13,18 +14,21 @@
 #define EMB_COLS 128 /* threads per block: columns */
 #define EMB_P 64     /* row classes: blocks along y */
 
+/* rows [v0, v0 + vl) of a vocabulary of v (the whole table: 0, v; tensor parallelism: one rank's rows) */
 template <typename T>
-__device__ __forceinline__ void emb_fwd(T *out, const T *table, const int *idx, int n, int v, int c) {
+__device__ __forceinline__ void emb_fwd(T *out, const T *table, const int *idx, int n, int v0, int vl, int v, int c) {
   long long total = (long long)n * c;
   for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
     long long i = e / c;
     int j = (int)(e % c), r = idx[i];
-    out[e] = r >= 0 && r < v ? table[(long long)r * c + j] : st<T>(CPLAN_NAN);
+    if (r < 0 || r >= v) out[e] = st<T>(CPLAN_NAN);
+    else if (r >= v0 && r - v0 < vl) out[e] = table[(long long)(r - v0) * c + j];
+    else out[e] = st<T>(0.0f); /* another rank's row: the all-reduce adds it */
   }
 }
 
 template <typename T>
-__device__ __forceinline__ void emb_bwd(float *dtable, const T *dout, const int *idx, int n, int v, int c) {
+__device__ __forceinline__ void emb_bwd(float *dtable, const T *dout, const int *idx, int n, int v0, int vl, int c) {
   __shared__ int tile[EMB_TILE];
   int col = blockIdx.x * EMB_COLS + threadIdx.x, p = blockIdx.y, np = gridDim.y;
   for (int i0 = 0; i0 < n; i0 += EMB_TILE) {
@@ -35,8 +39,8 @@ __device__ __forceinline__ void emb_bwd(float *dtable, const T *dout, const int 
     if (col >= c) continue;
     for (int e = 0; e < len; e++) {
       int r = tile[e];
-      if (r < 0 || r >= v || r % np != p) continue; /* an index out of range adds nothing */
-      dtable[(long long)r * c + col] += ld(dout[(long long)(i0 + e) * c + col]);
+      if (r < v0 || r - v0 >= vl || (r - v0) % np != p) continue; /* not these rows (or out of range): nothing */
+      dtable[(long long)(r - v0) * c + col] += ld(dout[(long long)(i0 + e) * c + col]);
     }
   }
 }
@@ -44,11 +48,19 @@ __device__ __forceinline__ void emb_bwd(float *dtable, const T *dout, const int 
 #define EMB_ENTRIES(T, S)                                                                                  \
   extern "C" __global__ void embedding_forward_##S(T *out, const T *table, const int *idx, int n, int v,   \
                                                    int c) {                                                \
-    emb_fwd<T>(out, table, idx, n, v, c);                                                                  \
+    emb_fwd<T>(out, table, idx, n, 0, v, v, c);                                                            \
   }                                                                                                        \
   extern "C" __global__ void embedding_backward_##S(float *dtable, const T *dout, const int *idx, int n,    \
                                                     int v, int c) {                                        \
-    emb_bwd<T>(dtable, dout, idx, n, v, c);                                                                \
+    emb_bwd<T>(dtable, dout, idx, n, 0, v, c);                                                             \
+  }                                                                                                        \
+  extern "C" __global__ void vp_embedding_forward_##S(T *out, const T *table, const int *idx, int n, int v0, \
+                                                      int vl, int v, int c) {                              \
+    emb_fwd<T>(out, table, idx, n, v0, vl, v, c);                                                          \
+  }                                                                                                        \
+  extern "C" __global__ void vp_embedding_backward_##S(float *dtable, const T *dout, const int *idx, int n, \
+                                                       int v0, int vl, int c) {                            \
+    emb_bwd<T>(dtable, dout, idx, n, v0, vl, c);                                                           \
   }
 
 EMB_ENTRIES(float, f32)
@@ -85,6 +97,45 @@ extern "C" int cplan_cuda_embedding_backward(CplanDtype dt, float *dtable, const
   if (dt == CPLAN_F32) embedding_backward_f32<<<grid, EMB_COLS, 0, stream>>>(dtable, (const float *)dout, idx, n, v, c);
   else if (dt == CPLAN_BF16) embedding_backward_bf16<<<grid, EMB_COLS, 0, stream>>>(dtable, (const bf16 *)dout, idx, n, v, c);
   else if (dt == CPLAN_F16) embedding_backward_f16<<<grid, EMB_COLS, 0, stream>>>(dtable, (const fp16 *)dout, idx, n, v, c);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+/* rows [v0, v0 + vl) of a vocabulary of v, with vl > 0 */
+static int emb_range_ok(int v0, int vl, int v) { return vl > 0 && v0 >= 0 && (long long)v0 + vl <= v; }
+
+extern "C" int cplan_cuda_vp_embedding_forward(CplanDtype dt, void *out, const void *table, const int32_t *idx, int n,
+                                               int v0, int vl, int v, int c, cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_embedding_forward";
+  CPLAN_REQUIRE(me, n >= 0 && c > 0 && emb_range_ok(v0, vl, v),
+                "bad shape: n %d, rows [%d, %d + %d) of a [%d, %d] table", n, v0, v0, vl, v, c);
+  CPLAN_REQUIRE(me, n == 0 || (out && table && idx), "out, table and idx must not be NULL");
+  if (n == 0) return 0;
+  unsigned g = cplan_blocks((int64_t)n * c, 256, 65535u * 4);
+  if (dt == CPLAN_F32)
+    vp_embedding_forward_f32<<<g, 256, 0, stream>>>((float *)out, (const float *)table, idx, n, v0, vl, v, c);
+  else if (dt == CPLAN_BF16)
+    vp_embedding_forward_bf16<<<g, 256, 0, stream>>>((bf16 *)out, (const bf16 *)table, idx, n, v0, vl, v, c);
+  else if (dt == CPLAN_F16)
+    vp_embedding_forward_f16<<<g, 256, 0, stream>>>((fp16 *)out, (const fp16 *)table, idx, n, v0, vl, v, c);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_vp_embedding_backward(CplanDtype dt, float *dtable, const void *dout, const int32_t *idx,
+                                                int n, int v0, int vl, int v, int c, cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_embedding_backward";
+  CPLAN_REQUIRE(me, n >= 0 && c > 0 && emb_range_ok(v0, vl, v),
+                "bad shape: n %d, rows [%d, %d + %d) of a [%d, %d] table", n, v0, v0, vl, v, c);
+  CPLAN_REQUIRE(me, n == 0 || (dtable && dout && idx), "dtable, dout and idx must not be NULL");
+  if (n == 0) return 0;
+  dim3 grid((unsigned)((c + EMB_COLS - 1) / EMB_COLS), (unsigned)(vl < EMB_P ? vl : EMB_P));
+  if (dt == CPLAN_F32)
+    vp_embedding_backward_f32<<<grid, EMB_COLS, 0, stream>>>(dtable, (const float *)dout, idx, n, v0, vl, c);
+  else if (dt == CPLAN_BF16)
+    vp_embedding_backward_bf16<<<grid, EMB_COLS, 0, stream>>>(dtable, (const bf16 *)dout, idx, n, v0, vl, c);
+  else if (dt == CPLAN_F16)
+    vp_embedding_backward_f16<<<grid, EMB_COLS, 0, stream>>>(dtable, (const fp16 *)dout, idx, n, v0, vl, c);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }

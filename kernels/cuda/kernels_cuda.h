@@ -108,7 +108,7 @@ int cplan_cuda_embedding_forward(CplanDtype dt, void *out, const void *table, co
 int cplan_cuda_embedding_backward(CplanDtype dt, float *dtable, const void *dout, const int32_t *idx,
                                   int n, int v, int c, cudaStream_t stream);
 
-/* ---- vocab_parallel.cu: kvp_* (kernels/cpu/vocab_parallel.h), tensor parallelism -------------------
+/* ---- vocab_parallel.cu (and embedding.cu: vp_embedding_*): kvp_* (kernels/cpu/vocab_parallel.h), tp --
  * This rank holds vocabulary rows [v0, v0 + vl) of v (v0 >= 0, vl > 0, v0 + vl <= v); the plan
  * runs the collectives between the kernels as vocab_parallel.h says. table, out, dout, logits,
  * dlogits are dt; m, s [rows], gathered [n, rows], loss, dloss are f32 and count an int, all in

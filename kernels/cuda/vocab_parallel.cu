@@ -2,9 +2,7 @@
  * (kernels_cuda.h; reference kvp_* in kernels/cpu/vocab_parallel.c, whose header describes the
  * collectives the plan runs between the kernels). A rank holds vocabulary rows [v0, v0 + vl) of
  * the global vocabulary v; the kernels never communicate.
- *  - embedding forward: a thread per output element, 0 for another rank's rows; backward: the
- *    scheme of embedding.cu (thread (p, col) owns column col of the local rows lr with
- *    lr % P == p and walks the indices in order), so the f32 sums are the reference's bit for bit;
+ *  - the embedding's part is embedding.cu's (vp_embedding_*: the same kernels on a range of rows);
  *  - row max and row sum of exp: one block per row (grid-stride over rows), a block reduction;
  *  - max combine: a thread per row over the n gathered maxima;
  *  - forward part: one block adds the rows' parts up in f64 in a fixed order (deterministic);
@@ -13,41 +11,6 @@
  * of bounds, as cross_entropy.cu and embedding.cu do; the CPU reference asserts instead. */
 #include "cuda_common.h"
 
-#define VP_TILE 1024
-#define VP_COLS 128 /* threads per block of the embedding backward: columns */
-#define VP_P 64     /* row classes of the embedding backward: blocks along y */
-
-template <typename T>
-__device__ __forceinline__ void vp_emb_fwd(T *out, const T *table, const int *idx, int n, int v0, int vl, int v,
-                                           int c) {
-  long long total = (long long)n * c;
-  for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += (long long)gridDim.x * blockDim.x) {
-    long long i = e / c;
-    int j = (int)(e % c), r = idx[i];
-    if (r < 0 || r >= v) out[e] = st<T>(CPLAN_NAN);
-    else if (r >= v0 && r - v0 < vl) out[e] = table[(long long)(r - v0) * c + j];
-    else out[e] = st<T>(0.0f); /* another rank's row: the all-reduce adds it */
-  }
-}
-
-template <typename T>
-__device__ __forceinline__ void vp_emb_bwd(float *dtable, const T *dout, const int *idx, int n, int v0, int vl,
-                                           int c) {
-  __shared__ int tile[VP_TILE];
-  int col = blockIdx.x * VP_COLS + threadIdx.x, p = blockIdx.y, np = gridDim.y;
-  for (int i0 = 0; i0 < n; i0 += VP_TILE) {
-    int len = min(VP_TILE, n - i0);
-    __syncthreads();
-    for (int e = threadIdx.x; e < len; e += blockDim.x) tile[e] = idx[i0 + e];
-    __syncthreads();
-    if (col >= c) continue;
-    for (int e = 0; e < len; e++) {
-      int r = tile[e];
-      if (r < v0 || r - v0 >= vl || (r - v0) % np != p) continue; /* not this rank's (or out of range) */
-      dtable[(long long)(r - v0) * c + col] += ld(dout[(long long)(i0 + e) * c + col]);
-    }
-  }
-}
 
 template <typename T>
 __device__ __forceinline__ void vp_row_max(float *m, const T *logits, int rows, int vl) {
@@ -127,14 +90,6 @@ __device__ __forceinline__ void vp_ce_bwd(T *dlogits, const float *dloss, const 
 }
 
 #define VP_ENTRIES(T, S)                                                                                   \
-  extern "C" __global__ void vp_embedding_forward_##S(T *out, const T *table, const int *idx, int n, int v0, \
-                                                      int vl, int v, int c) {                              \
-    vp_emb_fwd<T>(out, table, idx, n, v0, vl, v, c);                                                       \
-  }                                                                                                        \
-  extern "C" __global__ void vp_embedding_backward_##S(float *dtable, const T *dout, const int *idx, int n, \
-                                                       int v0, int vl, int c) {                            \
-    vp_emb_bwd<T>(dtable, dout, idx, n, v0, vl, c);                                                        \
-  }                                                                                                        \
   extern "C" __global__ void vp_ce_row_max_##S(float *m, const T *logits, int rows, int vl) {              \
     vp_row_max<T>(m, logits, rows, vl);                                                                    \
   }                                                                                                        \
@@ -170,42 +125,6 @@ static int vp_range_ok(int v0, int vl, int v) { return vl > 0 && v0 >= 0 && (lon
 /* one block per row, at most CPLAN_MAX_GRID (the kernels stride over the rest) */
 static unsigned vp_row_grid(int rows) {
   return rows < 1 ? 1u : rows > (int)CPLAN_MAX_GRID ? CPLAN_MAX_GRID : (unsigned)rows;
-}
-
-extern "C" int cplan_cuda_vp_embedding_forward(CplanDtype dt, void *out, const void *table, const int32_t *idx, int n,
-                                               int v0, int vl, int v, int c, cudaStream_t stream) {
-  const char *me = "cplan_cuda_vp_embedding_forward";
-  CPLAN_REQUIRE(me, n >= 0 && c > 0 && vp_range_ok(v0, vl, v),
-                "bad shape: n %d, rows [%d, %d + %d) of a [%d, %d] table", n, v0, v0, vl, v, c);
-  CPLAN_REQUIRE(me, n == 0 || (out && table && idx), "out, table and idx must not be NULL");
-  if (n == 0) return 0;
-  unsigned g = cplan_blocks((int64_t)n * c, 256, 65535u * 4);
-  if (dt == CPLAN_F32)
-    vp_embedding_forward_f32<<<g, 256, 0, stream>>>((float *)out, (const float *)table, idx, n, v0, vl, v, c);
-  else if (dt == CPLAN_BF16)
-    vp_embedding_forward_bf16<<<g, 256, 0, stream>>>((bf16 *)out, (const bf16 *)table, idx, n, v0, vl, v, c);
-  else if (dt == CPLAN_F16)
-    vp_embedding_forward_f16<<<g, 256, 0, stream>>>((fp16 *)out, (const fp16 *)table, idx, n, v0, vl, v, c);
-  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
-  return cplan_cuda_launched(me);
-}
-
-extern "C" int cplan_cuda_vp_embedding_backward(CplanDtype dt, float *dtable, const void *dout, const int32_t *idx,
-                                                int n, int v0, int vl, int v, int c, cudaStream_t stream) {
-  const char *me = "cplan_cuda_vp_embedding_backward";
-  CPLAN_REQUIRE(me, n >= 0 && c > 0 && vp_range_ok(v0, vl, v),
-                "bad shape: n %d, rows [%d, %d + %d) of a [%d, %d] table", n, v0, v0, vl, v, c);
-  CPLAN_REQUIRE(me, n == 0 || (dtable && dout && idx), "dtable, dout and idx must not be NULL");
-  if (n == 0) return 0;
-  dim3 grid((unsigned)((c + VP_COLS - 1) / VP_COLS), (unsigned)(vl < VP_P ? vl : VP_P));
-  if (dt == CPLAN_F32)
-    vp_embedding_backward_f32<<<grid, VP_COLS, 0, stream>>>(dtable, (const float *)dout, idx, n, v0, vl, c);
-  else if (dt == CPLAN_BF16)
-    vp_embedding_backward_bf16<<<grid, VP_COLS, 0, stream>>>(dtable, (const bf16 *)dout, idx, n, v0, vl, c);
-  else if (dt == CPLAN_F16)
-    vp_embedding_backward_f16<<<grid, VP_COLS, 0, stream>>>(dtable, (const fp16 *)dout, idx, n, v0, vl, c);
-  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
-  return cplan_cuda_launched(me);
 }
 
 extern "C" int cplan_cuda_vp_ce_row_max(CplanDtype dt, float *m, const void *logits, int rows, int vl,
