@@ -82,6 +82,7 @@ typedef struct Cu {
   int (*qkv_ops)[4];         /* else 0; qkv_ops[i]: its x and q, k, v (forward) or dx and dq, dk, dv */
   bool *qkv_skip;            /* per node: computed by such a launch */
   int64_t colsum_cols;       /* the widest bias gradient (colsum's workspace) */
+  VEC(int64_t) norm_shapes;  /* rows, c of each norm backward (its dw/db workspace, sized at start) */
   bool *acc_done;            /* per ACCUM node: its GEMM accumulates into the state (beta 1): no kernel */
   const StratPlan *sp;       /* a lowered plan (tp, sp, ZeRO): the placements and the lowering g came */
   const Lowered *lw;         /* from (NULL: one device or pure data parallelism) */
@@ -1018,6 +1019,15 @@ static void emit_grad_binary(Cu *c, int i, const Node *f) {
   }
 }
 
+/* A norm backward of [rows, cc]: gpu_init sizes the shared dw/db workspace for the largest need
+ * (cplan_cuda_norm_backward_work of each shape). */
+static void norm_shape(Cu *c, int64_t rows, int64_t cc) {
+  for (int k = 0; k + 1 < c->norm_shapes.n; k += 2)
+    if (c->norm_shapes.a[k] == rows && c->norm_shapes.a[k + 1] == cc) return;
+  VEC_PUSH(c->norm_shapes, rows);
+  VEC_PUSH(c->norm_shapes, cc);
+}
+
 static void emit_grad_nn(Cu *c, int i, const Node *f) {
   const Node *n = nd(c, i);
   const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[0]);
@@ -1040,13 +1050,17 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
   case OP_LAYER_NORM:
     group_outputs(c, i, d, 3, NULL);
     if (!hw_typed(c, i, 3, (int[]){n->in[0], f->in[0], f->in[1]})) return;
-    KL("cplan_cuda_layernorm_backward(%s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), d[0], d[1],
-       d[2], dy, x, ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, rows), (long long)rows, (long long)cc, i);
+    norm_shape(c, rows, cc);
+    KL("cplan_cuda_layernorm_backward_ws(%s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, G.normwork, G.normwork_n, G.s), "
+       "%d);\n", kdt(c), d[0], d[1], d[2], dy, x, ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, rows),
+       (long long)rows, (long long)cc, i);
     break;
   case OP_RMS_NORM:
     group_outputs(c, i, d, 2, NULL);
     if (!hw_typed(c, i, 3, (int[]){n->in[0], f->in[0], f->in[1]})) return;
-    KL("cplan_cuda_rmsnorm_backward(%s, %s, %s, %s, %s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), d[0], d[1], dy, x,
+    norm_shape(c, rows, cc);
+    KL("cplan_cuda_rmsnorm_backward_ws(%s, %s, %s, %s, %s, %s, %s, %lld, %lld, G.normwork, G.normwork_n, G.s), %d);\n",
+       kdt(c), d[0], d[1], dy, x,
        ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), (long long)rows, (long long)cc, i);
     break;
   case OP_ROPE:
@@ -1743,6 +1757,10 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   emit_loss_scaling(c);
   EMIT("#define COLSUM_PARTS 64 /* row chunks of a bias gradient's column sums */\n#define COLSUM_MAX_COLS %lldLL\n",
        (long long)(c->colsum_cols ? c->colsum_cols : 1));
+  EMIT("#define NNORM %d /* the norm backwards' shapes: rows, c (their dw/db workspace) */\nstatic const int norm_shapes[] = {",
+       c->norm_shapes.n / 2);
+  for (int k = 0; k < c->norm_shapes.n; k++) EMIT("%s%lld", k ? ", " : "", (long long)c->norm_shapes.a[k]);
+  EMIT("%s};\n", c->norm_shapes.n ? "" : "0");
   EMIT("#define PROF_MAX 16384 /* events per phase (CPLAN_PROFILE=1) */\n#define PROF_NODES %d\n"
        "static const char *const prof_class[PROF_NODES + 1] = {\n", g->n);
   for (int i = 0; i < g->n; i++) EMIT("    %s,\n", cg_executed(nd(c, i)) ? cg_c_string(prof_class(c, i)) : "NULL");

@@ -47,6 +47,20 @@ int cplan_cuda_rmsnorm_forward(CplanDtype dt, void *out, float *rstd, const void
                                int rows, int c, float eps, cudaStream_t stream);
 int cplan_cuda_rmsnorm_backward(CplanDtype dt, void *dx, float *dw, const void *dout, const void *x,
                                 const void *w, const float *rstd, int rows, int c, cudaStream_t stream);
+/* The same backwards with dw (db) in two passes over a device workspace `work` of at least
+ * cplan_cuda_norm_backward_work(rows, c) floats (a function of rows and c only; overwritten, no
+ * need to clear it): the rows are cut into up to 128 chunks, enough for ~2048 blocks, each
+ * block writing one chunk's f32 partial sums of a column tile, then each column's partials are
+ * added in chunk order and accumulated into dw (db). Deterministic; a different sum order than
+ * the launchers above (f32 results differ by rounding). Less workspace (or a NULL work when dw
+ * or db is wanted) is refused. dx as above. */
+size_t cplan_cuda_norm_backward_work(int rows, int c);
+int cplan_cuda_layernorm_backward_ws(CplanDtype dt, void *dx, float *dw, float *db, const void *dout,
+                                     const void *x, const void *w, const float *mean, const float *rstd,
+                                     int rows, int c, float *work, size_t work_floats, cudaStream_t stream);
+int cplan_cuda_rmsnorm_backward_ws(CplanDtype dt, void *dx, float *dw, const void *dout, const void *x,
+                                   const void *w, const float *rstd, int rows, int c, float *work,
+                                   size_t work_floats, cudaStream_t stream);
 
 /* ---- softmax.cu: k_softmax_* over the last axis of [rows, n] --------------------------------- */
 int cplan_cuda_softmax_forward(CplanDtype dt, void *out, const void *x, int rows, int n,
@@ -65,7 +79,6 @@ int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, void *dv, f
                                   const void *dout, const void *out, const float *lse, const void *q,
                                   const void *k, const void *v, int nb, int t, int d, int causal,
                                   cudaStream_t stream);
-
 /* accumulate 0: dq, dk and dv are written (=), their old values never read (no zeroing first);
  * 1: cplan_cuda_attention_backward's += */
 int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,

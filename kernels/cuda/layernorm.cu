@@ -5,7 +5,11 @@
  * statistics by block reductions, in f32, two passes for the variance as the reference does.
  * dw and db sum over all rows: a second kernel gives each column to one thread column of a
  * 32 x 32 block, which walks the rows in a fixed order, so the sums are deterministic without
- * atomics. RMS is the same code without the mean (and without b, db). */
+ * atomics. That is only ceil(c / 32) blocks (24 for c = 768: latency-bound on a GPU of 132 SMs),
+ * so the _ws launchers split the rows into chunks instead (norm_backward_dw_part below): one
+ * block per (column tile, chunk) writes the chunk's partial sums to a workspace, and a third
+ * kernel adds each column's partials in chunk order. Also deterministic, with no atomics.
+ * RMS is the same code without the mean (and without b, db). */
 #include "cuda_common.h"
 
 template <typename T, bool RMS>
@@ -119,6 +123,112 @@ NORM_ENTRIES(float, f32)
 NORM_ENTRIES(bf16, bf16)
 NORM_ENTRIES(fp16, f16)
 
+/* The workspace path, pass 1. Block (32, 8); blockIdx.x: a tile of 32 V columns (V = 2 for the
+ * 2-byte types: each lane reads one 4-byte pair per row when `vec`, so a warp reads 128
+ * contiguous bytes of a row in every dtype); blockIdx.y = k: rows [k chunk, (k + 1) chunk).
+ * Thread row y sums rows k chunk + y, + 8, ... in order; the 8 sums are added in y order and
+ * written to pw[k c + j] (and pb[k c + j]). Every column of every chunk is written. */
+template <typename T> struct alignas(2 * sizeof(T)) norm_pair {
+  T a, b;
+};
+
+/* thread row y's sums over rows r0 + y, + 8, ... < r1 of columns j, j + V - 1 (PAIRS: one
+ * 4-byte load of both; else two loads each, the second of j itself when j + 1 = c, counted as
+ * zero). The bodies have no branch, so the unrolled iterations' loads overlap. */
+template <typename T, bool RMS, int V, bool PAIRS>
+__device__ __forceinline__ void norm_dw_rows(float *aw, float *ab, const T *dout, const T *x, const float *mean,
+                                             const float *rstd, int c, int j, int r0, int r1) {
+  const int j1 = j + 1 < c ? j + 1 : j;
+  const float keep = j + 1 < c ? 1.0f : 0.0f;
+#pragma unroll 4
+  for (int r = r0 + (int)threadIdx.y; r < r1; r += 8) {
+    const long long o = (long long)r * c;
+    const float m = RMS ? 0.0f : mean[r], rs = rstd[r];
+    float dy[V], xv[V];
+    if (V == 1) {
+      dy[0] = ld(dout[o + j]), xv[0] = ld(x[o + j]);
+    } else if (PAIRS) {
+      norm_pair<T> p = *reinterpret_cast<const norm_pair<T> *>(dout + o + j);
+      norm_pair<T> q = *reinterpret_cast<const norm_pair<T> *>(x + o + j);
+      dy[0] = ld(p.a), dy[V - 1] = ld(p.b), xv[0] = ld(q.a), xv[V - 1] = ld(q.b);
+    } else {
+      dy[0] = ld(dout[o + j]), xv[0] = ld(x[o + j]);
+      dy[V - 1] = keep * ld(dout[o + j1]), xv[V - 1] = ld(x[o + j1]);
+    }
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+      aw[v] += dy[v] * (xv[v] - m) * rs;
+      ab[v] += dy[v];
+    }
+  }
+}
+
+template <typename T, bool RMS, int V>
+__device__ __forceinline__ void norm_backward_dw_part(float *pw, float *pb, const T *dout, const T *x,
+                                                      const float *mean, const float *rstd, int rows, int c,
+                                                      int chunk, int vec) {
+  __shared__ float sw[8][32 * V + 1], sb[8][32 * V + 1];
+  const int k = blockIdx.y, j = (blockIdx.x * 32 + threadIdx.x) * V;
+  const int r0 = k * chunk, r1 = rows - r0 < chunk ? rows : r0 + chunk;
+  float aw[V], ab[V];
+#pragma unroll
+  for (int v = 0; v < V; v++) aw[v] = 0.0f, ab[v] = 0.0f;
+  if (j < c) {
+    if (V == 2 && vec && j + 1 < c) norm_dw_rows<T, RMS, V, true>(aw, ab, dout, x, mean, rstd, c, j, r0, r1);
+    else norm_dw_rows<T, RMS, V, false>(aw, ab, dout, x, mean, rstd, c, j, r0, r1);
+  }
+#pragma unroll
+  for (int v = 0; v < V; v++) sw[threadIdx.y][threadIdx.x * V + v] = aw[v], sb[threadIdx.y][threadIdx.x * V + v] = ab[v];
+  __syncthreads();
+  if (threadIdx.y == 0) {
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+      if (j + v >= c) break;
+      float tw = 0.0f, tb = 0.0f;
+      for (int y = 0; y < 8; y++) tw += sw[y][threadIdx.x * V + v], tb += sb[y][threadIdx.x * V + v];
+      pw[(long long)k * c + j + v] = tw;
+      if (!RMS) pb[(long long)k * c + j + v] = tb;
+    }
+  }
+}
+
+/* Pass 2: column j of blockIdx.y's output (0: dw from pw, 1: db from pb) += the sum of its
+ * nchunks partials, added in chunk order (loaded 16 at a time, so the loads overlap). */
+extern "C" __global__ void norm_backward_dw_sum(float *dw, float *db, const float *pw, const float *pb, int c,
+                                                int nchunks) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  float *out = blockIdx.y == 0 ? dw : db;
+  const float *p = blockIdx.y == 0 ? pw : pb;
+  if (j >= c || !out) return;
+  float s = 0.0f;
+  for (int k = 0; k < nchunks; k += 16) {
+    float v[16];
+#pragma unroll
+    for (int i = 0; i < 16; i++) v[i] = k + i < nchunks ? p[(long long)(k + i) * c + j] : 0.0f;
+#pragma unroll
+    for (int i = 0; i < 16; i++)
+      if (k + i < nchunks) s += v[i];
+  }
+  out[j] += s;
+}
+
+#define NORM_PART_ENTRIES(T, S, V)                                                                      \
+  extern "C" __global__ void layernorm_backward_dw_part_##S(float *pw, float *pb, const T *dout,         \
+                                                            const T *x, const float *mean,              \
+                                                            const float *rstd, int rows, int c,         \
+                                                            int chunk, int vec) {                       \
+    norm_backward_dw_part<T, false, V>(pw, pb, dout, x, mean, rstd, rows, c, chunk, vec);               \
+  }                                                                                                     \
+  extern "C" __global__ void rmsnorm_backward_dw_part_##S(float *pw, const T *dout, const T *x,          \
+                                                          const float *rstd, int rows, int c, int chunk, \
+                                                          int vec) {                                    \
+    norm_backward_dw_part<T, true, V>(pw, nullptr, dout, x, nullptr, rstd, rows, c, chunk, vec);        \
+  }
+
+NORM_PART_ENTRIES(float, f32, 1)
+NORM_PART_ENTRIES(bf16, bf16, 2)
+NORM_PART_ENTRIES(fp16, f16, 2)
+
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
 
@@ -167,6 +277,37 @@ extern "C" int cplan_cuda_rmsnorm_forward(CplanDtype dt, void *out, float *rstd,
   return cplan_cuda_launched(me);
 }
 
+/* the dx kernels, shared by both backward launchers of each norm (w != NULL: checked) */
+static int layernorm_dx(const char *me, CplanDtype dt, void *dx, const void *dout, const void *x, const void *w,
+                        const float *mean, const float *rstd, int rows, int c, cudaStream_t stream) {
+  int th = cplan_row_threads(c);
+  if (dt == CPLAN_F32)
+    layernorm_backward_dx_f32<<<row_blocks(rows), th, 0, stream>>>((float *)dx, (const float *)dout,
+                                                                  (const float *)x, (const float *)w, mean, rstd, rows, c);
+  else if (dt == CPLAN_BF16)
+    layernorm_backward_dx_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
+                                                                   (const bf16 *)x, (const bf16 *)w, mean, rstd, rows, c);
+  else if (dt == CPLAN_F16)
+    layernorm_backward_dx_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
+                                                                   (const fp16 *)x, (const fp16 *)w, mean, rstd, rows, c);
+  return cplan_cuda_launched(me);
+}
+
+static int rmsnorm_dx(const char *me, CplanDtype dt, void *dx, const void *dout, const void *x, const void *w,
+                      const float *rstd, int rows, int c, cudaStream_t stream) {
+  int th = cplan_row_threads(c);
+  if (dt == CPLAN_F32)
+    rmsnorm_backward_dx_f32<<<row_blocks(rows), th, 0, stream>>>((float *)dx, (const float *)dout,
+                                                                (const float *)x, (const float *)w, rstd, rows, c);
+  else if (dt == CPLAN_BF16)
+    rmsnorm_backward_dx_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
+                                                                 (const bf16 *)x, (const bf16 *)w, rstd, rows, c);
+  else if (dt == CPLAN_F16)
+    rmsnorm_backward_dx_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
+                                                                 (const fp16 *)x, (const fp16 *)w, rstd, rows, c);
+  return cplan_cuda_launched(me);
+}
+
 extern "C" int cplan_cuda_layernorm_backward(CplanDtype dt, void *dx, float *dw, float *db, const void *dout,
                                              const void *x, const void *w, const float *mean,
                                              const float *rstd, int rows, int c, cudaStream_t stream) {
@@ -176,19 +317,7 @@ extern "C" int cplan_cuda_layernorm_backward(CplanDtype dt, void *dx, float *dw,
   CPLAN_REQUIRE(me, !dx || w, "dx needs w");
   CPLAN_REQUIRE(me, dt == CPLAN_F32 || dt == CPLAN_BF16 || dt == CPLAN_F16, "unknown dtype %d", (int)dt);
   if (rows == 0) return 0;
-  if (dx) {
-    int th = cplan_row_threads(c);
-    if (dt == CPLAN_F32)
-      layernorm_backward_dx_f32<<<row_blocks(rows), th, 0, stream>>>((float *)dx, (const float *)dout,
-                                                                    (const float *)x, (const float *)w, mean, rstd, rows, c);
-    else if (dt == CPLAN_BF16)
-      layernorm_backward_dx_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
-                                                                     (const bf16 *)x, (const bf16 *)w, mean, rstd, rows, c);
-    else if (dt == CPLAN_F16)
-      layernorm_backward_dx_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
-                                                                     (const fp16 *)x, (const fp16 *)w, mean, rstd, rows, c);
-    if (cplan_cuda_launched(me)) return -1;
-  }
+  if (dx && layernorm_dx(me, dt, dx, dout, x, w, mean, rstd, rows, c, stream)) return -1;
   if (dw || db) {
     dim3 blk(32, 32);
     unsigned grid = (unsigned)((c + 31) / 32);
@@ -211,19 +340,7 @@ extern "C" int cplan_cuda_rmsnorm_backward(CplanDtype dt, void *dx, float *dw, c
   CPLAN_REQUIRE(me, !dx || w, "dx needs w");
   CPLAN_REQUIRE(me, dt == CPLAN_F32 || dt == CPLAN_BF16 || dt == CPLAN_F16, "unknown dtype %d", (int)dt);
   if (rows == 0) return 0;
-  if (dx) {
-    int th = cplan_row_threads(c);
-    if (dt == CPLAN_F32)
-      rmsnorm_backward_dx_f32<<<row_blocks(rows), th, 0, stream>>>((float *)dx, (const float *)dout,
-                                                                  (const float *)x, (const float *)w, rstd, rows, c);
-    else if (dt == CPLAN_BF16)
-      rmsnorm_backward_dx_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
-                                                                   (const bf16 *)x, (const bf16 *)w, rstd, rows, c);
-    else if (dt == CPLAN_F16)
-      rmsnorm_backward_dx_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
-                                                                   (const fp16 *)x, (const fp16 *)w, rstd, rows, c);
-    if (cplan_cuda_launched(me)) return -1;
-  }
+  if (dx && rmsnorm_dx(me, dt, dx, dout, x, w, rstd, rows, c, stream)) return -1;
   if (dw) {
     dim3 blk(32, 32);
     unsigned grid = (unsigned)((c + 31) / 32);
@@ -235,6 +352,101 @@ extern "C" int cplan_cuda_rmsnorm_backward(CplanDtype dt, void *dx, float *dw, c
       rmsnorm_backward_dw_f16<<<grid, blk, 0, stream>>>(dw, (const fp16 *)dout, (const fp16 *)x, rstd, rows, c);
     if (cplan_cuda_launched(me)) return -1;
   }
+  return 0;
+}
+
+/* ---- the workspace path (kernels_cuda.h): chunks of rows ---------------------------------------
+ * R, the number of chunks, depends on rows and c only (so does the workspace): enough chunks
+ * that ceil(c / 32) tiles x R >= 2048 (f32 blocks; half as many of the 2-byte types, whose
+ * tiles are 64 columns wide), at most 128, and chunks of at least 64 rows (8 per thread row).
+ * Rows [0, rows) are cut into chunks of ceil(rows / R) rounded up to a multiple of 8; the last
+ * ones may be empty, so nchunks = ceil(rows / chunk) <= R are launched. */
+enum { NORM_TARGET_TILES = 2048, NORM_MAX_CHUNKS = 128, NORM_MIN_CHUNK_ROWS = 64 };
+
+static int norm_chunks(int rows, int c) {
+  long long tiles = ((long long)c + 31) / 32, r = (NORM_TARGET_TILES + tiles - 1) / tiles;
+  long long most = ((long long)rows + NORM_MIN_CHUNK_ROWS - 1) / NORM_MIN_CHUNK_ROWS;
+  if (r > most) r = most;
+  if (r > NORM_MAX_CHUNKS) r = NORM_MAX_CHUNKS;
+  return r < 1 ? 1 : (int)r;
+}
+
+extern "C" size_t cplan_cuda_norm_backward_work(int rows, int c) {
+  if (rows < 0 || c <= 0) return 0;
+  return 2 * (size_t)norm_chunks(rows, c) * (size_t)c;
+}
+
+/* passes 1 and 2 into dw (and db unless rms; either may be NULL, not both) */
+static int norm_dw_ws(const char *me, CplanDtype dt, int rms, float *dw, float *db, const void *dout, const void *x,
+                      const float *mean, const float *rstd, int rows, int c, float *work, cudaStream_t stream) {
+  const int nr = norm_chunks(rows, c);
+  long long chunk = ((long long)rows + nr - 1) / nr;
+  chunk = (chunk + 7) / 8 * 8;
+  const int nchunks = (int)(((long long)rows + chunk - 1) / chunk);
+  float *pw = work, *pb = work + (size_t)nr * (size_t)c;
+  const int v = dt == CPLAN_F32 ? 1 : 2;
+  const int vec = v == 2 && c % 2 == 0 && (uintptr_t)dout % 4 == 0 && (uintptr_t)x % 4 == 0;
+  dim3 blk(32, 8), grid((unsigned)(((long long)c + 32 * v - 1) / (32 * v)), (unsigned)nchunks);
+  const int ch = (int)chunk;
+  if (rms) {
+    if (dt == CPLAN_F32)
+      rmsnorm_backward_dw_part_f32<<<grid, blk, 0, stream>>>(pw, (const float *)dout, (const float *)x, rstd, rows, c, ch, vec);
+    else if (dt == CPLAN_BF16)
+      rmsnorm_backward_dw_part_bf16<<<grid, blk, 0, stream>>>(pw, (const bf16 *)dout, (const bf16 *)x, rstd, rows, c, ch, vec);
+    else
+      rmsnorm_backward_dw_part_f16<<<grid, blk, 0, stream>>>(pw, (const fp16 *)dout, (const fp16 *)x, rstd, rows, c, ch, vec);
+  } else {
+    if (dt == CPLAN_F32)
+      layernorm_backward_dw_part_f32<<<grid, blk, 0, stream>>>(pw, pb, (const float *)dout, (const float *)x, mean, rstd,
+                                                               rows, c, ch, vec);
+    else if (dt == CPLAN_BF16)
+      layernorm_backward_dw_part_bf16<<<grid, blk, 0, stream>>>(pw, pb, (const bf16 *)dout, (const bf16 *)x, mean, rstd,
+                                                                rows, c, ch, vec);
+    else
+      layernorm_backward_dw_part_f16<<<grid, blk, 0, stream>>>(pw, pb, (const fp16 *)dout, (const fp16 *)x, mean, rstd,
+                                                               rows, c, ch, vec);
+  }
+  if (cplan_cuda_launched(me)) return -1;
+  dim3 grid2((unsigned)(((long long)c + 127) / 128), rms || !db ? 1u : 2u);
+  if (!dw) grid2.y = 1, pw = pb, dw = db; /* db only */
+  norm_backward_dw_sum<<<grid2, 128, 0, stream>>>(dw, rms ? nullptr : db, pw, pb, c, nchunks);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_layernorm_backward_ws(CplanDtype dt, void *dx, float *dw, float *db, const void *dout,
+                                                const void *x, const void *w, const float *mean, const float *rstd,
+                                                int rows, int c, float *work, size_t work_floats,
+                                                cudaStream_t stream) {
+  const char *me = "cplan_cuda_layernorm_backward_ws";
+  CPLAN_REQUIRE(me, rows >= 0 && c > 0, "bad shape [%d, %d]", rows, c);
+  CPLAN_REQUIRE(me, dout && x && mean && rstd, "dout, x, mean and rstd must not be NULL");
+  CPLAN_REQUIRE(me, !dx || w, "dx needs w");
+  CPLAN_REQUIRE(me, dt == CPLAN_F32 || dt == CPLAN_BF16 || dt == CPLAN_F16, "unknown dtype %d", (int)dt);
+  size_t need = cplan_cuda_norm_backward_work(rows, c);
+  CPLAN_REQUIRE(me, !(dw || db) || work_floats >= need, "workspace of %zu floats, %zu needed for [%d, %d]",
+                work_floats, need, rows, c);
+  CPLAN_REQUIRE(me, !(dw || db) || work, "work must not be NULL");
+  if (rows == 0) return 0;
+  if (dx && layernorm_dx(me, dt, dx, dout, x, w, mean, rstd, rows, c, stream)) return -1;
+  if ((dw || db) && norm_dw_ws(me, dt, 0, dw, db, dout, x, mean, rstd, rows, c, work, stream)) return -1;
+  return 0;
+}
+
+extern "C" int cplan_cuda_rmsnorm_backward_ws(CplanDtype dt, void *dx, float *dw, const void *dout, const void *x,
+                                              const void *w, const float *rstd, int rows, int c, float *work,
+                                              size_t work_floats, cudaStream_t stream) {
+  const char *me = "cplan_cuda_rmsnorm_backward_ws";
+  CPLAN_REQUIRE(me, rows >= 0 && c > 0, "bad shape [%d, %d]", rows, c);
+  CPLAN_REQUIRE(me, dout && x && rstd, "dout, x and rstd must not be NULL");
+  CPLAN_REQUIRE(me, !dx || w, "dx needs w");
+  CPLAN_REQUIRE(me, dt == CPLAN_F32 || dt == CPLAN_BF16 || dt == CPLAN_F16, "unknown dtype %d", (int)dt);
+  size_t need = cplan_cuda_norm_backward_work(rows, c);
+  CPLAN_REQUIRE(me, !dw || work_floats >= need, "workspace of %zu floats, %zu needed for [%d, %d]", work_floats, need,
+                rows, c);
+  CPLAN_REQUIRE(me, !dw || work, "work must not be NULL");
+  if (rows == 0) return 0;
+  if (dx && rmsnorm_dx(me, dt, dx, dout, x, w, rstd, rows, c, stream)) return -1;
+  if (dw && norm_dw_ws(me, dt, 1, dw, nullptr, dout, x, nullptr, rstd, rows, c, work, stream)) return -1;
   return 0;
 }
 #endif

@@ -13,7 +13,10 @@
  * (tensor parallelism) are checked rank by rank against kernels/cpu/vocab_parallel.c, and their
  * parts combined against the whole-vocabulary reference: row max and embedding exact, per-rank
  * sums of exp within 1e-6 + 1e-5 |ref| (f32 in every dtype), the loss parts within 1e-5 + 1e-5 |ref|
- * and the gradients as cross_entropy's. */
+ * and the gradients as cross_entropy's. The norms' _ws launchers (dw, db through a workspace, in
+ * chunks of rows) have the plain launchers' tolerances (dw 1e-3 + 1e-4 |ref| in f32, 2e-2 + 1e-4
+ * |ref| in bf16/f16; db 1e-3 + 1e-4 |ref|), run-twice bit checks, and dw alone / db alone must
+ * give the bits of dw and db together. */
 #include "kernels_cuda.h"
 #include "ref.h"
 #include "ref_extra.h"
@@ -233,6 +236,102 @@ static void test_norm(CplanDtype dt, int rms) {
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
 }
 
+/* the _ws launchers (dw, db in chunks of rows through a workspace) on [rows, c]; off: dout and
+ * x start one element into their allocations (not 4-byte aligned in bf16/f16: the scalar path).
+ * dx (the kernel of test_norm) only on shapes under 1024 rows, to keep the emulator fast. */
+static void test_norm_ws(CplanDtype dt, int rms, int rows, int c, int off) {
+  const float eps = 1e-5f;
+  char k[40];
+  snprintf(k, sizeof k, "%s_ws %dx%d%s", rms ? "rmsnorm" : "layernorm", rows, c, off ? "+1" : "");
+  long n = (long)rows * c;
+  float *x = randv(n, 2.0f, dt), *w = randv(c, 1.0f, dt), *b = randv(c, 0.5f, dt);
+  for (long i = 0; i < n; i++) x[i] += 0.3f;
+  lp_round(x, n, dt);
+  float *out = malloc(4 * (size_t)n), *mean = malloc(4 * (size_t)rows), *rstd = malloc(4 * (size_t)rows);
+  if (rms) k_rms_norm_forward(out, rstd, x, w, rows, c, eps);
+  else k_layer_norm_forward(out, mean, rstd, x, w, b, rows, c, eps);
+  float *dy = randv(n, 1.0f, dt), *gx = randv(n, 0.5f, dt), *gw = randv(c, 0.5f, CPLAN_F32), *gb = randv(c, 0.5f, CPLAN_F32);
+  float *xp = malloc(4 * (size_t)(n + 1)), *dyp = malloc(4 * (size_t)(n + 1));
+  xp[0] = dyp[0] = 0.0f;
+  memcpy(xp + 1, x, 4 * (size_t)n), memcpy(dyp + 1, dy, 4 * (size_t)n);
+  void *dxa = up(off ? xp : x, n + off, dt), *dya = up(off ? dyp : dy, n + off, dt), *dw_ = up(w, c, dt);
+  void *dx_ = (char *)dxa + off * esize(dt), *ddy = (char *)dya + off * esize(dt);
+  float *dmean = up(rms ? rstd : mean, rows, CPLAN_F32), *drstd = up(rstd, rows, CPLAN_F32);
+  void *dgx = up(gx, n, dt), *dgx2 = up(gx, n, dt);
+  float *dgw = up(gw, c, CPLAN_F32), *dgw2 = up(gw, c, CPLAN_F32), *dgw3 = up(gw, c, CPLAN_F32);
+  float *dgb = up(gb, c, CPLAN_F32), *dgb2 = up(gb, c, CPLAN_F32), *dgb3 = up(gb, c, CPLAN_F32);
+  size_t need = cplan_cuda_norm_backward_work(rows, c);
+  const int with_dx = rows < 1024;
+  void *gx_ = with_dx ? dgx : NULL, *gx2_ = with_dx ? dgx2 : NULL;
+  float *work;
+  CUDA_OK(cudaMalloc((void **)&work, 4 * need)); /* not cleared: the launchers overwrite it */
+  if (rms) {
+    k_rms_norm_backward(gx, gw, dy, x, w, rstd, rows, c);
+    LAUNCH_OK(cplan_cuda_rmsnorm_backward_ws(dt, gx_, dgw, ddy, dx_, dw_, drstd, rows, c, work, need, stream));
+    LAUNCH_OK(cplan_cuda_rmsnorm_backward_ws(dt, gx2_, dgw2, ddy, dx_, dw_, drstd, rows, c, work, need, stream));
+  } else {
+    k_layer_norm_backward(gx, gw, gb, dy, x, w, mean, rstd, rows, c);
+    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, gx_, dgw, dgb, ddy, dx_, dw_, dmean, drstd, rows, c, work, need, stream));
+    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, gx2_, dgw2, dgb2, ddy, dx_, dw_, dmean, drstd, rows, c, work, need,
+                                               stream));
+    /* dw alone and db alone: the same sums */
+    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, NULL, dgw3, NULL, ddy, dx_, NULL, dmean, drstd, rows, c, work, need,
+                                               stream));
+    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, NULL, NULL, dgb3, ddy, dx_, NULL, dmean, drstd, rows, c, work, need,
+                                               stream));
+    compare(k, "bwd db", dt, down(dgb, c, CPLAN_F32), gb, c, 1e-3, 1e-4);
+  }
+  if (with_dx) compare_dt(k, "bwd dx", dt, down(dgx, n, dt), gx, n);
+  compare(k, "bwd dw", dt, down(dgw, c, CPLAN_F32), gw, c, dt != CPLAN_F32 ? 2e-2 : 1e-3, 1e-4);
+  if (with_dx) same_bits(k, "bwd dx", dt, dgx, dgx2, esize(dt) * (size_t)n);
+  same_bits(k, "bwd dw", dt, dgw, dgw2, 4 * (size_t)c);
+  if (!rms) {
+    same_bits(k, "bwd db", dt, dgb, dgb2, 4 * (size_t)c);
+    same_bits(k, "dw alone", dt, dgw, dgw3, 4 * (size_t)c);
+    same_bits(k, "db alone", dt, dgb, dgb3, 4 * (size_t)c);
+  }
+  if (rows >= 1024) { /* a shape meant to cover several chunks must get them */
+    long chunks = (long)(need / (2 * (size_t)c));
+    checks++;
+    failures += chunks < 8;
+    printf("%-22s %-10s %-5s %8ld  %-39s  %s\n", k, "chunks", cplan_dtype_name(dt), chunks, "at least 8",
+           chunks < 8 ? "FAIL" : "ok");
+  }
+  free(x), free(w), free(b), free(out), free(mean), free(rstd), free(dy), free(gx), free(gw), free(gb), free(xp), free(dyp);
+  void *bufs[] = {dxa, dya, dw_, dmean, drstd, dgx, dgx2, dgw, dgw2, dgw3, dgb, dgb2, dgb3, work};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+}
+
+static void norm_ws_refused(const char *launcher, int rc, const char *want) {
+  const char *m = cplan_cuda_error();
+  int ok = rc == -1 && strstr(m, launcher) && strstr(m, want);
+  checks++;
+  failures += !ok;
+  printf("%-22s %-10s %-5s %8s  %-39s  %s\n", launcher + 11, "refused", "-", "-", want, ok ? "ok" : "FAIL");
+  if (!ok) printf("  (rc %d, message \"%s\")\n", rc, m);
+}
+
+static void test_norm_ws_refusals(void) {
+  const int rows = 4099, c = 96;
+  size_t need = cplan_cuda_norm_backward_work(rows, c);
+  float *p = zeros((long)rows * c, 4), *work = zeros((long)need, 4);
+  norm_ws_refused("cplan_cuda_layernorm_backward_ws",
+                  cplan_cuda_layernorm_backward_ws(CPLAN_F32, NULL, p, p, p, p, NULL, p, p, rows, c, work, need - 1,
+                                                   stream),
+                  "workspace of");
+  norm_ws_refused("cplan_cuda_layernorm_backward_ws",
+                  cplan_cuda_layernorm_backward_ws(CPLAN_BF16, NULL, NULL, p, p, p, NULL, p, p, rows, c, NULL, need,
+                                                   stream),
+                  "work must not be NULL");
+  norm_ws_refused("cplan_cuda_rmsnorm_backward_ws",
+                  cplan_cuda_rmsnorm_backward_ws(CPLAN_F16, NULL, p, p, p, NULL, p, rows, c, work, need / 2, stream),
+                  "workspace of");
+  norm_ws_refused("cplan_cuda_rmsnorm_backward_ws",
+                  cplan_cuda_rmsnorm_backward_ws(CPLAN_F32, p, p, p, p, NULL, p, rows, c, work, need, stream),
+                  "dx needs w");
+  cudaFree(p), cudaFree(work);
+}
+
 static void test_softmax(CplanDtype dt) {
   const int rows = 29, n = 1000;
   long e = (long)rows * n;
@@ -274,6 +373,18 @@ static void test_attention(CplanDtype dt, int d, int causal) {
   compare_dt(name, "bwd dv", dt, down(dgv, e, dt), gv, e);
   same_bits(name, "bwd dq", dt, dgq, dgq2, esize(dt) * (size_t)e);
   same_bits(name, "bwd dk", dt, dgk, dgk2, esize(dt) * (size_t)e);
+  /* accumulate 0 (_ex): the gradients are written over NaN-filled buffers, their old values never read */
+  float *zq = calloc((size_t)e, 4), *zk = calloc((size_t)e, 4), *zv = calloc((size_t)e, 4);
+  k_sdpa_backward(zq, zk, zv, dy, att, q, k, v, nb, t, d);
+  CUDA_OK(cudaMemset(dgq2, 0xff, esize(dt) * (size_t)e));
+  CUDA_OK(cudaMemset(dgk2, 0xff, esize(dt) * (size_t)e));
+  CUDA_OK(cudaMemset(dgv2, 0xff, esize(dt) * (size_t)e));
+  LAUNCH_OK(cplan_cuda_attention_backward_ex(dt, dgq2, dgk2, dgv2, delta, ddy, dout_, lse, dq_, dk_, dv_, nb, t, d, causal,
+                                             0, stream));
+  compare_dt(name, "bwd dq (written)", dt, down(dgq2, e, dt), zq, e);
+  compare_dt(name, "bwd dk (written)", dt, down(dgk2, e, dt), zk, e);
+  compare_dt(name, "bwd dv (written)", dt, down(dgv2, e, dt), zv, e);
+  free(zq), free(zk), free(zv);
   free(q), free(k), free(v), free(out), free(att), free(dy), free(gq), free(gk), free(gv);
   void *bufs[] = {dq_, dk_, dv_, dout_, lse, delta, ddy, dgq, dgk, dgv, dgq2, dgk2, dgv2};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
@@ -323,6 +434,13 @@ static void test_cross_entropy(CplanDtype dt) {
   LAUNCH_OK(cplan_cuda_cross_entropy_backward(dt, g, dloss, dcount, dx, lse, dtg, rows, v, stream));
   compare("cross_entropy", "bwd dlogits", dt, down(g, e, dt), gx, e, dt != CPLAN_F32 ? 1e-3 : 1e-6,
           atol_of(dt));
+  /* accumulate 0 (_ex): written over a NaN-filled buffer; the ignored rows (target -1) get zeros */
+  float *zx = calloc((size_t)e, 4);
+  k_cross_entropy_backward(zx, dl, x, tg, rows, v);
+  CUDA_OK(cudaMemset(g, 0xff, esize(dt) * (size_t)e));
+  LAUNCH_OK(cplan_cuda_cross_entropy_backward_ex(dt, g, dloss, dcount, dx, lse, dtg, rows, v, 0, stream));
+  compare("cross_entropy", "bwd dlogits (written)", dt, down(g, e, dt), zx, e, dt != CPLAN_F32 ? 1e-3 : 1e-6, atol_of(dt));
+  free(zx);
   free(x), free(gx), free(tg);
   cudaFree(dx), cudaFree(g), cudaFree(dtg), cudaFree(losses), cudaFree(lse), cudaFree(dloss), cudaFree(dcount);
 }
@@ -637,6 +755,13 @@ int main(void) {
     CplanDtype dt = dts[i];
     test_norm(dt, 0);
     test_norm(dt, 1);
+    for (int rms = 0; rms < 2; rms++) {
+      test_norm_ws(dt, rms, 37, 771, 0);
+      test_norm_ws(dt, rms, 1, 771, 0);
+      test_norm_ws(dt, rms, 4099, 96, 0); /* several chunks, the last one short */
+      test_norm_ws(dt, rms, 517, 45, 0);  /* c odd: the last column pair is half */
+      test_norm_ws(dt, rms, 1029, 130, 1);
+    }
     test_softmax(dt);
     test_attention(dt, 64, 1);
     test_attention(dt, 40, 1);
@@ -659,6 +784,7 @@ int main(void) {
     test_global_norm(dt);
   }
   test_vp_refusals();
+  test_norm_ws_refusals();
   printf("\n%d checks, %d failed\n", checks, failures);
   cudaStreamDestroy(stream);
   return failures ? 1 : 0;
