@@ -78,6 +78,8 @@ typedef struct Cu {
   int *reader;               /* per node: its only reader, -1 when none or several */
   bool *ep_done;             /* per node: an add of a bias that its matmul's GEMM did (the epilogue) */
   int *ep_of;                /* per matmul: that add (find_epilogues), or -1 */
+  int *gelu_of;              /* per matmul with ep_of: the gelu of the add it computes too (GELU_AUX_BIAS), or -1;
+                                per GRAD of a matmul's input: the gelu GRAD its GEMM computes (DGELU), or -1 */
   int *qkv;                  /* per node: the cps_qkv launch it makes (find_qkv: 1 forward, 2 backward), */
   int (*qkv_ops)[4];         /* else 0; qkv_ops[i]: its x and q, k, v (forward) or dx and dq, dk, dv */
   bool *qkv_skip;            /* per node: computed by such a launch */
@@ -595,15 +597,44 @@ static bool arena_overlap(const Cu *c, int x, int y) {
 /* Decides the bias epilogues before the memory plan: the add's result is written by the matmul's
  * GEMM, so its buffer is live from the matmul on (its leader), and never shares memory with the
  * GEMM's operands, which die there. */
+/* node i has a launch of its own: no fusion group, or a group of just itself */
+static bool alone(const Cu *c, int i) {
+  int gi = c->pl.fu->group[i];
+  return gi < 0 || c->pl.fu->groups[gi].nodes.n == 1;
+}
+
 static void find_epilogues(Cu *c) {
-  c->ep_of = cp_alloc(sizeof(int) * (size_t)(c->g->n + 1));
-  for (int i = 0; i < c->g->n; i++) {
+  const Graph *g = c->g;
+  c->ep_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  c->gelu_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) c->ep_of[i] = c->gelu_of[i] = -1;
+  for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
     Mm mm = {0};
-    c->ep_of[i] = -1;
     if (n->op != OP_MATMUL || !cg_executed(n) || c->pl.fu->group[i] >= 0 || !cg_mm_dims(c->g, n, &mm.d)) continue;
     int j = bias_add_of(c, i, &mm);
-    if (j >= 0) c->ep_of[i] = j, c->pl.nc[j].leader = i;
+    if (j < 0) continue;
+    c->ep_of[i] = j, c->pl.nc[j].leader = i;
+    /* gelu(x @ W + b): the GEMM writes the gelu too, and the add's value (the pre-activation) as its aux */
+    int k = -1;
+    for (int r = 0; r < g->n && k < 0; r++)
+      if (nd(c, r)->op == OP_GELU && nd(c, r)->in[0] == j && nd(c, r)->role == n->role) k = r;
+    if (k < 0 || !alone(c, k)) continue;
+    /* the add's value: read by the gelu and its gradient; named (not read) by the add's own gradients */
+    int gk = grad_of(c, k, 0), allowed[4] = {k, gk, grad_of(c, j, 0), grad_of(c, j, 1)};
+    if (!read_only_by(c, j, allowed, 4) || scode(c, k) != scode(c, j) || c->pl.nc[k].kind != CG_L_WORK ||
+        nd(c, j)->shape.d[nd(c, j)->shape.rank - 1] % 8 != 0)
+      continue;
+    c->gelu_of[i] = k, c->ep_done[k] = true, c->pl.nc[k].leader = i;
+    /* its gradient: dh = dy @ W2^T (the GRAD of the matmul that reads the gelu) times gelu'(pre) */
+    if (gk < 0 || !alone(c, gk)) continue;
+    int dh = nd(c, gk)->in[0];
+    const Node *dn = nd(c, dh);
+    if (dn->op != OP_GRAD || nd(c, dn->fwd)->op != OP_MATMUL || dn->ia[0] != 0 || c->reader[dh] != gk ||
+        c->acc_of[dh] >= 0 || c->pl.fu->group[dh] >= 0 || c->pl.nc[dh].leader != dh || scode(c, dh) != scode(c, gk) ||
+        c->pl.nc[gk].kind != CG_L_WORK)
+      continue;
+    c->gelu_of[dh] = gk, c->ep_done[gk] = true, c->pl.nc[gk].leader = dh;
   }
 }
 
@@ -870,9 +901,19 @@ static void emit_forward(Cu *c, int i) {
     int ad = c->ep_of[i];
     if (ad >= 0) {
       const Node *a = nd(c, ad);
-      int b = a->in[0] == i ? a->in[1] : a->in[0];
+      int b = a->in[0] == i ? a->in[1] : a->in[0], gl = c->gelu_of[i];
       cp_assert(!arena_overlap(c, ad, n->in[0]) && !arena_overlap(c, ad, n->in[1]) && !arena_overlap(c, ad, b));
       c->ep_done[ad] = true;
+      if (gl >= 0) {
+        cp_assert(!arena_overlap(c, gl, n->in[0]) && !arena_overlap(c, gl, n->in[1]) && !arena_overlap(c, gl, ad));
+        EMIT("  /* with the bias add %%%d and the gelu %%%d (cuBLASLt's GELU_AUX_BIAS epilogue: the add's value as aux) */\n",
+             ad, gl);
+        EMIT("  gemm_gelu(%s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d);\n",
+             ptr(c, gl), ptr(c, ad), mm.a, mm.b, ptr(c, b), (long long)mm.d.nb, (long long)mm.d.m, (long long)mm.d.n,
+             (long long)mm.d.k, mm.ta, mm.tb, (long long)mm.d.sa, (long long)mm.d.sb, (long long)mm.d.sc, i, mm.abt,
+             scode(c, gl));
+        break;
+      }
       EMIT("  /* with the bias add %%%d (cuBLASLt's bias epilogue) */\n", ad);
       EMIT("  gemm_bias(%s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d);\n", ptr(c, ad),
            mm.a, mm.b, ptr(c, b), (long long)mm.d.nb, (long long)mm.d.m, (long long)mm.d.n, (long long)mm.d.k, mm.ta,
@@ -1229,7 +1270,15 @@ static void emit_grad(Cu *c, int i) {
       c->acc_done[a] = true;
       EMIT("  /* into the accumulator %s (the accum %%%d) */\n", nd(c, nd(c, a)->in[0])->name, a);
     }
-    if (n->ia[0] == 0) /* dA = dY @ B^T */
+    int gg = c->gelu_of[i];
+    if (gg >= 0) { /* dA = dY @ B^T, then the gelu's gradient: DGELU with the pre-activation as aux */
+      int pre = nd(c, nd(c, gg)->fwd)->in[0];
+      cp_assert(!arena_overlap(c, gg, n->in[0]) && !arena_overlap(c, gg, pre));
+      EMIT("  /* with the gelu gradient %%%d (cuBLASLt's DGELU epilogue, aux: %%%d) */\n", gg, pre);
+      EMIT("  gemm_dgelu(%s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d);\n",
+           ptr(c, gg), ptr(c, pre), dy, mm.b, (long long)mm.d.nb, (long long)mm.d.m, (long long)mm.d.k, (long long)mm.d.n,
+           0, !mm.tb, (long long)mm.d.sc, (long long)mm.d.sb, (long long)mm.d.sa, i, mm.abt, scode(c, gg));
+    } else if (n->ia[0] == 0) /* dA = dY @ B^T */
       emit_gemm(c, dx, dy, mm.b, mm.d.nb, mm.d.m, mm.d.k, mm.d.n, false, !mm.tb, mm.d.sc, mm.d.sb, mm.d.sa, i, mm.abt,
                 scode(c, i), a >= 0);
     else /* dB = A^T @ dY */

@@ -9,7 +9,8 @@
 # (CPLAN_EMU_STEPS, default 8) from the CPU program's initial params on the same data.
 # Cases (default: all), MODEL-PREC or MODEL-PREC-dp2-COMM or MODEL-f16-resume, each optionally with
 # -micro1 (strategy.micro = 1: the batch as micro-batches of one sample, gradient accumulation) and
-# -simt (CPLAN_ATTENTION=simt: bf16 / f16 attention on the CUDA-core kernels, not the tensor cores):
+# -simt (CPLAN_ATTENTION=simt: bf16 / f16 attention on the CUDA-core kernels, not the tensor cores) and
+# -noep (CPLAN_GELU_EPILOGUE=0: gelu(x @ W + b) and its gradient without cuBLASLt's gelu epilogues):
 #   gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16
 #   gpt_small-{f32,f16}-dp2-{mpi,nccl}  (mesh of 2 GPUs, mpirun -np 2, CPLAN_COMM=mpi or nccl: the
 #                           emulated NCCL must have been made on both ranks, or on none)
@@ -28,7 +29,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl}
 steps=${CPLAN_EMU_STEPS:-8}
 env_file=$build/tests/cuda_emu/program.env
 [ -f "$env_file" ] || { echo "FAILED: no $env_file (build the cplan_emu_program target)"; exit 1; }
@@ -74,12 +75,15 @@ for c in $cases; do
   case $rest in *-micro1) rest=${rest%-micro1} extra=(--set train.strategy.micro=1) ;; esac
   # -simt: bf16 / f16 attention on the CUDA-core kernels instead of the tensor cores (CPLAN_ATTENTION)
   case $rest in *-simt) rest=${rest%-simt} attn=simt ;; esac
+  # -noep: the gelu epilogues' fallback (CPLAN_GELU_EPILOGUE=0: a bias GEMM, then the gelu kernels)
+  noep=
+  case $rest in *-noep) rest=${rest%-noep} noep=0 ;; esac
   p=${rest%%-*}
   cpu "$m" || { note "$c: the CPU reference"; continue; }
   case $rest in
   f32 | bf16 | f16)
     emu "$m" "$p" "$c" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
-    CPLAN_ATTENTION=$attn timeout 600 "./$c" --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" ||
+    CPLAN_GELU_EPILOGUE=$noep CPLAN_ATTENTION=$attn timeout 600 "./$c" --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" ||
       { tail -8 "$c.run.log"; note "$c: the emulated program exited with status $?"; continue; }
     compare "$c" "$p" "$m-cpu.jsonl" "$c.jsonl" "$m-cpu.st" "$c.st" || bad=1
     ;;
