@@ -302,7 +302,8 @@ static void test_norm_ws(CplanDtype dt, int rms, int rows, int c, int off) {
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
 }
 
-static void norm_ws_refused(const char *launcher, int rc, const char *want) {
+/* a launcher's refusal: rc -1 and a message naming it and containing want */
+static void refused(const char *launcher, int rc, const char *want) {
   const char *m = cplan_cuda_error();
   int ok = rc == -1 && strstr(m, launcher) && strstr(m, want);
   checks++;
@@ -315,18 +316,18 @@ static void test_norm_ws_refusals(void) {
   const int rows = 4099, c = 96;
   size_t need = cplan_cuda_norm_backward_work(rows, c);
   float *p = zeros((long)rows * c, 4), *work = zeros((long)need, 4);
-  norm_ws_refused("cplan_cuda_layernorm_backward_ws",
+  refused("cplan_cuda_layernorm_backward_ws",
                   cplan_cuda_layernorm_backward_ws(CPLAN_F32, NULL, p, p, p, p, NULL, p, p, rows, c, work, need - 1,
                                                    stream),
                   "workspace of");
-  norm_ws_refused("cplan_cuda_layernorm_backward_ws",
+  refused("cplan_cuda_layernorm_backward_ws",
                   cplan_cuda_layernorm_backward_ws(CPLAN_BF16, NULL, NULL, p, p, p, NULL, p, p, rows, c, NULL, need,
                                                    stream),
                   "work must not be NULL");
-  norm_ws_refused("cplan_cuda_rmsnorm_backward_ws",
+  refused("cplan_cuda_rmsnorm_backward_ws",
                   cplan_cuda_rmsnorm_backward_ws(CPLAN_F16, NULL, p, p, p, NULL, p, rows, c, work, need / 2, stream),
                   "workspace of");
-  norm_ws_refused("cplan_cuda_rmsnorm_backward_ws",
+  refused("cplan_cuda_rmsnorm_backward_ws",
                   cplan_cuda_rmsnorm_backward_ws(CPLAN_F32, p, p, p, p, NULL, p, rows, c, work, need, stream),
                   "dx needs w");
   cudaFree(p), cudaFree(work);
@@ -707,30 +708,20 @@ static void test_vp_embedding(CplanDtype dt, int v, int nr) {
   cudaFree(ddy), cudaFree(dout), cudaFree(didx);
 }
 
-/* a launcher's refusal: rc -1 and a message naming it and containing want */
-static void vp_refused(const char *launcher, int rc, const char *want) {
-  const char *m = cplan_cuda_error();
-  int ok = rc == -1 && strstr(m, launcher) && strstr(m, want);
-  checks++;
-  failures += !ok;
-  printf("%-22s %-10s %-5s %8s  %-39s  %s\n", launcher + 11, "refused", "-", "-", want, ok ? "ok" : "FAIL");
-  if (!ok) printf("  (rc %d, message \"%s\")\n", rc, m);
-}
-
 static void test_vp_refusals(void) {
   float *p = zeros(64, 4);
   int32_t *ip = zeros(64, 4);
-  vp_refused("cplan_cuda_vp_embedding_forward",
+  refused("cplan_cuda_vp_embedding_forward",
              cplan_cuda_vp_embedding_forward(CPLAN_F32, p, p, ip, 4, 8, 4, 11, 2, stream), "bad shape");
-  vp_refused("cplan_cuda_vp_embedding_backward",
+  refused("cplan_cuda_vp_embedding_backward",
              cplan_cuda_vp_embedding_backward(CPLAN_F32, p, p, NULL, 4, 0, 4, 11, 2, stream), "must not be NULL");
-  vp_refused("cplan_cuda_vp_ce_row_max", cplan_cuda_vp_ce_row_max(CPLAN_F32, p, p, 4, 0, stream), "bad shape");
-  vp_refused("cplan_cuda_vp_ce_max_combine", cplan_cuda_vp_ce_max_combine(p, p + 8, 4, 0, stream), "bad shape");
-  vp_refused("cplan_cuda_vp_ce_row_sumexp", cplan_cuda_vp_ce_row_sumexp((CplanDtype)7, p, p, p, 2, 4, stream),
+  refused("cplan_cuda_vp_ce_row_max", cplan_cuda_vp_ce_row_max(CPLAN_F32, p, p, 4, 0, stream), "bad shape");
+  refused("cplan_cuda_vp_ce_max_combine", cplan_cuda_vp_ce_max_combine(p, p + 8, 4, 0, stream), "bad shape");
+  refused("cplan_cuda_vp_ce_row_sumexp", cplan_cuda_vp_ce_row_sumexp((CplanDtype)7, p, p, p, 2, 4, stream),
              "unknown dtype 7");
-  vp_refused("cplan_cuda_vp_ce_forward_part",
+  refused("cplan_cuda_vp_ce_forward_part",
              cplan_cuda_vp_ce_forward_part(CPLAN_F32, p, NULL, p, p, p, ip, 2, 4, -1, 11, 1, stream), "bad shape");
-  vp_refused("cplan_cuda_vp_ce_backward",
+  refused("cplan_cuda_vp_ce_backward",
              cplan_cuda_vp_ce_backward(CPLAN_BF16, p, p, NULL, p, p, p, ip, 2, 4, 0, 11, stream), "must not be NULL");
   cudaFree(p), cudaFree(ip);
 }
