@@ -997,13 +997,16 @@ static void emit_forward(Cu *c, int i) {
 /* The gradient buffers a group's launch writes, by forward input ("NULL" when not wanted or a
  * view of dy); zeroed first, as the kernels accumulate. A param gradient whose only reader is its
  * accumulator (acc_of) is the accumulator itself: the kernel adds into it, the accum launches
- * nothing. With `write` (a kernel that can write instead of add), nothing is zeroed unless one of
- * them is an accumulator; returns whether one is (the launch must then accumulate). */
-static bool group_outputs_w(Cu *c, int lead, const char **dst, int nmax, int *ids, bool write) {
+ * nothing. `writes` (bit k: the gradient of forward input k) names those the kernel can write
+ * instead of add: they are not zeroed unless one of them is an accumulator; returns whether one is
+ * (the launch must then add to them). */
+static bool group_outputs_w(Cu *c, int lead, const char **dst, int nmax, int *ids, unsigned writes) {
   bool any_acc = false;
   for (int j = lead; j < c->g->n; j++) {
     const Node *m = nd(c, j);
-    if (m->op == OP_GRAD && c->pl.nc[j].leader == lead && c->pl.nc[j].kind != CG_L_ALIAS && c->acc_of[j] >= 0) any_acc = true;
+    if (m->op == OP_GRAD && c->pl.nc[j].leader == lead && c->pl.nc[j].kind != CG_L_ALIAS && c->acc_of[j] >= 0 &&
+        (writes >> m->ia[0] & 1))
+      any_acc = true;
   }
   for (int k = 0; k < nmax; k++) dst[k] = "NULL";
   if (ids)
@@ -1021,13 +1024,13 @@ static bool group_outputs_w(Cu *c, int lead, const char **dst, int nmax, int *id
       continue;
     }
     dst[m->ia[0]] = ptr(c, j);
-    if (!write || any_acc) emit_zero(c, dst[m->ia[0]], sbytes(c, j));
+    if (!(writes >> m->ia[0] & 1) || any_acc) emit_zero(c, dst[m->ia[0]], sbytes(c, j));
   }
   return any_acc;
 }
 
 static void group_outputs(Cu *c, int lead, const char **dst, int nmax, int *ids) {
-  group_outputs_w(c, lead, dst, nmax, ids, false);
+  group_outputs_w(c, lead, dst, nmax, ids, 0);
 }
 
 /* x is out's trailing dims (no 1s among them) and smaller: broadcast along the leading dims only */
@@ -1088,22 +1091,24 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
     emit_lrow(c, "cps_log_softmax_bwd", rows, i, 6, args);
     break;
   }
-  case OP_LAYER_NORM:
-    group_outputs(c, i, d, 3, NULL);
+  case OP_LAYER_NORM: {
+    bool acc = group_outputs_w(c, i, d, 3, NULL, 1); /* dx written (dw, db added) */
     if (!hw_typed(c, i, 3, (int[]){n->in[0], f->in[0], f->in[1]})) return;
     norm_shape(c, rows, cc);
-    KL("cplan_cuda_layernorm_backward_ws(%s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, G.normwork, G.normwork_n, G.s), "
-       "%d);\n", kdt(c), d[0], d[1], d[2], dy, x, ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, rows),
-       (long long)rows, (long long)cc, i);
+    KL("cplan_cuda_layernorm_backward_ws(%s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %d, G.normwork, G.normwork_n, "
+       "G.s), %d);\n", kdt(c), d[0], d[1], d[2], dy, x, ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, rows),
+       (long long)rows, (long long)cc, acc, i);
     break;
-  case OP_RMS_NORM:
-    group_outputs(c, i, d, 2, NULL);
+  }
+    break;
+  case OP_RMS_NORM: {
+    bool acc = group_outputs_w(c, i, d, 2, NULL, 1); /* dx written (dw added) */
     if (!hw_typed(c, i, 3, (int[]){n->in[0], f->in[0], f->in[1]})) return;
     norm_shape(c, rows, cc);
-    KL("cplan_cuda_rmsnorm_backward_ws(%s, %s, %s, %s, %s, %s, %s, %lld, %lld, G.normwork, G.normwork_n, G.s), %d);\n",
-       kdt(c), d[0], d[1], dy, x,
-       ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), (long long)rows, (long long)cc, i);
+    KL("cplan_cuda_rmsnorm_backward_ws(%s, %s, %s, %s, %s, %s, %s, %lld, %lld, %d, G.normwork, G.normwork_n, G.s), %d);\n",
+       kdt(c), d[0], d[1], dy, x, ptr(c, f->in[1]), aux_ptr(c, n->fwd, 0), (long long)rows, (long long)cc, acc, i);
     break;
+  }
   case OP_ROPE:
     if (!hw_typed(c, i, 2, (int[]){i, n->in[0]})) return;
     emit_zero(c, dx, bytes);
@@ -1115,7 +1120,7 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
     const int64_t *q = nd(c, f->in[0])->shape.d;
     int ids[3];
     /* the kernels write every row of dq, dk and dv: no zeroing unless one is an accumulator */
-    bool acc = group_outputs_w(c, i, d, 3, ids, true);
+    bool acc = group_outputs_w(c, i, d, 3, ids, 7);
     if (!hw_typed(c, i, 8, (int[]){ids[0], ids[1], ids[2], n->in[0], n->fwd, f->in[0], f->in[1], f->in[2]})) return;
     KL("cplan_cuda_attention_backward_ex(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, %d, G.s), "
        "%d);\n", kdt(c), d[0], d[1], d[2], scratch_ptr(c, i, "F"), dy, ptr(c, n->fwd), aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]),

@@ -53,14 +53,16 @@ int cplan_cuda_rmsnorm_backward(CplanDtype dt, void *dx, float *dw, const void *
  * block writing one chunk's f32 partial sums of a column tile, then each column's partials are
  * added in chunk order and accumulated into dw (db). Deterministic; a different sum order than
  * the launchers above (f32 results differ by rounding). Less workspace (or a NULL work when dw
- * or db is wanted) is refused. dx as above. */
+ * or db is wanted) is refused. dx as above when accumulate_dx is 1; with 0 it is written (=), its old
+ * values never read (no zeroing first). */
 size_t cplan_cuda_norm_backward_work(int rows, int c);
 int cplan_cuda_layernorm_backward_ws(CplanDtype dt, void *dx, float *dw, float *db, const void *dout,
                                      const void *x, const void *w, const float *mean, const float *rstd,
-                                     int rows, int c, float *work, size_t work_floats, cudaStream_t stream);
+                                     int rows, int c, int accumulate_dx, float *work, size_t work_floats,
+                                     cudaStream_t stream);
 int cplan_cuda_rmsnorm_backward_ws(CplanDtype dt, void *dx, float *dw, const void *dout, const void *x,
-                                   const void *w, const float *rstd, int rows, int c, float *work,
-                                   size_t work_floats, cudaStream_t stream);
+                                   const void *w, const float *rstd, int rows, int c, int accumulate_dx,
+                                   float *work, size_t work_floats, cudaStream_t stream);
 
 /* ---- softmax.cu: k_softmax_* over the last axis of [rows, n] --------------------------------- */
 int cplan_cuda_softmax_forward(CplanDtype dt, void *out, const void *x, int rows, int n,

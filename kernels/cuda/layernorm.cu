@@ -42,10 +42,11 @@ __device__ __forceinline__ void norm_forward(T *out, float *mean, float *rstd, c
   }
 }
 
-/* dx += rs (g - mean(g) - xhat mean(g xhat)), g = w dy (rms: without the mean(g) term) */
+/* dx += rs (g - mean(g) - xhat mean(g xhat)), g = w dy (rms: without the mean(g) term); acc 0: dx =
+ * (its old values never read) */
 template <typename T, bool RMS>
 __device__ __forceinline__ void norm_backward_dx(T *dx, const T *dout, const T *x, const T *w,
-                                                 const float *mean, const float *rstd, int rows, int c) {
+                                                 const float *mean, const float *rstd, int rows, int c, int acc) {
   __shared__ float sh[33];
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     const T *xr = x + (long long)r * c, *dy = dout + (long long)r * c;
@@ -61,7 +62,7 @@ __device__ __forceinline__ void norm_backward_dx(T *dx, const T *dout, const T *
     for (int j = threadIdx.x; j < c; j += blockDim.x) {
       float xhat = (ld(xr[j]) - m) * rs;
       float g = ld(w[j]) * ld(dy[j]);
-      dxr[j] = st<T>(ld(dxr[j]) + rs * (g - gm - xhat * gxm));
+      dxr[j] = st<T>((acc ? ld(dxr[j]) : 0.0f) + rs * (g - gm - xhat * gxm));
     }
   }
 }
@@ -102,12 +103,12 @@ __device__ __forceinline__ void norm_backward_dw(float *dw, float *db, const T *
   }                                                                                                     \
   extern "C" __global__ void layernorm_backward_dx_##S(T *dx, const T *dout, const T *x, const T *w,    \
                                                        const float *mean, const float *rstd, int rows,  \
-                                                       int c) {                                         \
-    norm_backward_dx<T, false>(dx, dout, x, w, mean, rstd, rows, c);                                    \
+                                                       int c, int acc) {                                \
+    norm_backward_dx<T, false>(dx, dout, x, w, mean, rstd, rows, c, acc);                               \
   }                                                                                                     \
   extern "C" __global__ void rmsnorm_backward_dx_##S(T *dx, const T *dout, const T *x, const T *w,      \
-                                                     const float *rstd, int rows, int c) {              \
-    norm_backward_dx<T, true>(dx, dout, x, w, nullptr, rstd, rows, c);                                  \
+                                                     const float *rstd, int rows, int c, int acc) {     \
+    norm_backward_dx<T, true>(dx, dout, x, w, nullptr, rstd, rows, c, acc);                             \
   }                                                                                                     \
   extern "C" __global__ void layernorm_backward_dw_##S(float *dw, float *db, const T *dout, const T *x, \
                                                        const float *mean, const float *rstd, int rows,  \
@@ -279,32 +280,32 @@ extern "C" int cplan_cuda_rmsnorm_forward(CplanDtype dt, void *out, float *rstd,
 
 /* the dx kernels, shared by both backward launchers of each norm (w != NULL: checked) */
 static int layernorm_dx(const char *me, CplanDtype dt, void *dx, const void *dout, const void *x, const void *w,
-                        const float *mean, const float *rstd, int rows, int c, cudaStream_t stream) {
+                        const float *mean, const float *rstd, int rows, int c, int acc, cudaStream_t stream) {
   int th = cplan_row_threads(c);
   if (dt == CPLAN_F32)
     layernorm_backward_dx_f32<<<row_blocks(rows), th, 0, stream>>>((float *)dx, (const float *)dout,
-                                                                  (const float *)x, (const float *)w, mean, rstd, rows, c);
+                                                                  (const float *)x, (const float *)w, mean, rstd, rows, c, acc);
   else if (dt == CPLAN_BF16)
     layernorm_backward_dx_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
-                                                                   (const bf16 *)x, (const bf16 *)w, mean, rstd, rows, c);
+                                                                   (const bf16 *)x, (const bf16 *)w, mean, rstd, rows, c, acc);
   else if (dt == CPLAN_F16)
     layernorm_backward_dx_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
-                                                                   (const fp16 *)x, (const fp16 *)w, mean, rstd, rows, c);
+                                                                   (const fp16 *)x, (const fp16 *)w, mean, rstd, rows, c, acc);
   return cplan_cuda_launched(me);
 }
 
 static int rmsnorm_dx(const char *me, CplanDtype dt, void *dx, const void *dout, const void *x, const void *w,
-                      const float *rstd, int rows, int c, cudaStream_t stream) {
+                      const float *rstd, int rows, int c, int acc, cudaStream_t stream) {
   int th = cplan_row_threads(c);
   if (dt == CPLAN_F32)
     rmsnorm_backward_dx_f32<<<row_blocks(rows), th, 0, stream>>>((float *)dx, (const float *)dout,
-                                                                (const float *)x, (const float *)w, rstd, rows, c);
+                                                                (const float *)x, (const float *)w, rstd, rows, c, acc);
   else if (dt == CPLAN_BF16)
     rmsnorm_backward_dx_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
-                                                                 (const bf16 *)x, (const bf16 *)w, rstd, rows, c);
+                                                                 (const bf16 *)x, (const bf16 *)w, rstd, rows, c, acc);
   else if (dt == CPLAN_F16)
     rmsnorm_backward_dx_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
-                                                                 (const fp16 *)x, (const fp16 *)w, rstd, rows, c);
+                                                                 (const fp16 *)x, (const fp16 *)w, rstd, rows, c, acc);
   return cplan_cuda_launched(me);
 }
 
@@ -317,7 +318,7 @@ extern "C" int cplan_cuda_layernorm_backward(CplanDtype dt, void *dx, float *dw,
   CPLAN_REQUIRE(me, !dx || w, "dx needs w");
   CPLAN_REQUIRE(me, dt == CPLAN_F32 || dt == CPLAN_BF16 || dt == CPLAN_F16, "unknown dtype %d", (int)dt);
   if (rows == 0) return 0;
-  if (dx && layernorm_dx(me, dt, dx, dout, x, w, mean, rstd, rows, c, stream)) return -1;
+  if (dx && layernorm_dx(me, dt, dx, dout, x, w, mean, rstd, rows, c, 1, stream)) return -1;
   if (dw || db) {
     dim3 blk(32, 32);
     unsigned grid = (unsigned)((c + 31) / 32);
@@ -340,7 +341,7 @@ extern "C" int cplan_cuda_rmsnorm_backward(CplanDtype dt, void *dx, float *dw, c
   CPLAN_REQUIRE(me, !dx || w, "dx needs w");
   CPLAN_REQUIRE(me, dt == CPLAN_F32 || dt == CPLAN_BF16 || dt == CPLAN_F16, "unknown dtype %d", (int)dt);
   if (rows == 0) return 0;
-  if (dx && rmsnorm_dx(me, dt, dx, dout, x, w, rstd, rows, c, stream)) return -1;
+  if (dx && rmsnorm_dx(me, dt, dx, dout, x, w, rstd, rows, c, 1, stream)) return -1;
   if (dw) {
     dim3 blk(32, 32);
     unsigned grid = (unsigned)((c + 31) / 32);
@@ -415,8 +416,8 @@ static int norm_dw_ws(const char *me, CplanDtype dt, int rms, float *dw, float *
 
 extern "C" int cplan_cuda_layernorm_backward_ws(CplanDtype dt, void *dx, float *dw, float *db, const void *dout,
                                                 const void *x, const void *w, const float *mean, const float *rstd,
-                                                int rows, int c, float *work, size_t work_floats,
-                                                cudaStream_t stream) {
+                                                int rows, int c, int accumulate_dx, float *work,
+                                                size_t work_floats, cudaStream_t stream) {
   const char *me = "cplan_cuda_layernorm_backward_ws";
   CPLAN_REQUIRE(me, rows >= 0 && c > 0, "bad shape [%d, %d]", rows, c);
   CPLAN_REQUIRE(me, dout && x && mean && rstd, "dout, x, mean and rstd must not be NULL");
@@ -427,14 +428,14 @@ extern "C" int cplan_cuda_layernorm_backward_ws(CplanDtype dt, void *dx, float *
                 work_floats, need, rows, c);
   CPLAN_REQUIRE(me, !(dw || db) || work, "work must not be NULL");
   if (rows == 0) return 0;
-  if (dx && layernorm_dx(me, dt, dx, dout, x, w, mean, rstd, rows, c, stream)) return -1;
+  if (dx && layernorm_dx(me, dt, dx, dout, x, w, mean, rstd, rows, c, accumulate_dx != 0, stream)) return -1;
   if ((dw || db) && norm_dw_ws(me, dt, 0, dw, db, dout, x, mean, rstd, rows, c, work, stream)) return -1;
   return 0;
 }
 
 extern "C" int cplan_cuda_rmsnorm_backward_ws(CplanDtype dt, void *dx, float *dw, const void *dout, const void *x,
-                                              const void *w, const float *rstd, int rows, int c, float *work,
-                                              size_t work_floats, cudaStream_t stream) {
+                                              const void *w, const float *rstd, int rows, int c, int accumulate_dx,
+                                              float *work, size_t work_floats, cudaStream_t stream) {
   const char *me = "cplan_cuda_rmsnorm_backward_ws";
   CPLAN_REQUIRE(me, rows >= 0 && c > 0, "bad shape [%d, %d]", rows, c);
   CPLAN_REQUIRE(me, dout && x && rstd, "dout, x and rstd must not be NULL");
@@ -445,7 +446,7 @@ extern "C" int cplan_cuda_rmsnorm_backward_ws(CplanDtype dt, void *dx, float *dw
                 rows, c);
   CPLAN_REQUIRE(me, !dw || work, "work must not be NULL");
   if (rows == 0) return 0;
-  if (dx && rmsnorm_dx(me, dt, dx, dout, x, w, rstd, rows, c, stream)) return -1;
+  if (dx && rmsnorm_dx(me, dt, dx, dout, x, w, rstd, rows, c, accumulate_dx != 0, stream)) return -1;
   if (dw && norm_dw_ws(me, dt, 1, dw, nullptr, dout, x, nullptr, rstd, rows, c, work, stream)) return -1;
   return 0;
 }

@@ -267,17 +267,17 @@ static void test_norm_ws(CplanDtype dt, int rms, int rows, int c, int off) {
   CUDA_OK(cudaMalloc((void **)&work, 4 * need)); /* not cleared: the launchers overwrite it */
   if (rms) {
     k_rms_norm_backward(gx, gw, dy, x, w, rstd, rows, c);
-    LAUNCH_OK(cplan_cuda_rmsnorm_backward_ws(dt, gx_, dgw, ddy, dx_, dw_, drstd, rows, c, work, need, stream));
-    LAUNCH_OK(cplan_cuda_rmsnorm_backward_ws(dt, gx2_, dgw2, ddy, dx_, dw_, drstd, rows, c, work, need, stream));
+    LAUNCH_OK(cplan_cuda_rmsnorm_backward_ws(dt, gx_, dgw, ddy, dx_, dw_, drstd, rows, c, 1, work, need, stream));
+    LAUNCH_OK(cplan_cuda_rmsnorm_backward_ws(dt, gx2_, dgw2, ddy, dx_, dw_, drstd, rows, c, 1, work, need, stream));
   } else {
     k_layer_norm_backward(gx, gw, gb, dy, x, w, mean, rstd, rows, c);
-    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, gx_, dgw, dgb, ddy, dx_, dw_, dmean, drstd, rows, c, work, need, stream));
-    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, gx2_, dgw2, dgb2, ddy, dx_, dw_, dmean, drstd, rows, c, work, need,
+    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, gx_, dgw, dgb, ddy, dx_, dw_, dmean, drstd, rows, c, 1, work, need, stream));
+    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, gx2_, dgw2, dgb2, ddy, dx_, dw_, dmean, drstd, rows, c, 1, work, need,
                                                stream));
     /* dw alone and db alone: the same sums */
-    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, NULL, dgw3, NULL, ddy, dx_, NULL, dmean, drstd, rows, c, work, need,
+    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, NULL, dgw3, NULL, ddy, dx_, NULL, dmean, drstd, rows, c, 1, work, need,
                                                stream));
-    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, NULL, NULL, dgb3, ddy, dx_, NULL, dmean, drstd, rows, c, work, need,
+    LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, NULL, NULL, dgb3, ddy, dx_, NULL, dmean, drstd, rows, c, 1, work, need,
                                                stream));
     compare(k, "bwd db", dt, down(dgb, c, CPLAN_F32), gb, c, 1e-3, 1e-4);
   }
@@ -289,6 +289,18 @@ static void test_norm_ws(CplanDtype dt, int rms, int rows, int c, int off) {
     same_bits(k, "bwd db", dt, dgb, dgb2, 4 * (size_t)c);
     same_bits(k, "dw alone", dt, dgw, dgw3, 4 * (size_t)c);
     same_bits(k, "db alone", dt, dgb, dgb3, 4 * (size_t)c);
+  }
+  if (with_dx) { /* accumulate_dx 0: dx written over a NaN-filled buffer, its old values never read */
+    float *zx = calloc((size_t)n, 4), *zw = calloc((size_t)c, 4), *zb = calloc((size_t)c, 4);
+    if (rms) k_rms_norm_backward(zx, zw, dy, x, w, rstd, rows, c);
+    else k_layer_norm_backward(zx, zw, zb, dy, x, w, mean, rstd, rows, c);
+    CUDA_OK(cudaMemset(dgx2, 0xff, esize(dt) * (size_t)n));
+    if (rms) LAUNCH_OK(cplan_cuda_rmsnorm_backward_ws(dt, dgx2, NULL, ddy, dx_, dw_, drstd, rows, c, 0, work, need, stream));
+    else
+      LAUNCH_OK(cplan_cuda_layernorm_backward_ws(dt, dgx2, NULL, NULL, ddy, dx_, dw_, dmean, drstd, rows, c, 0, work, need,
+                                                 stream));
+    compare_dt(k, "bwd dx (written)", dt, down(dgx2, n, dt), zx, n);
+    free(zx), free(zw), free(zb);
   }
   if (rows >= 1024) { /* a shape meant to cover several chunks must get them */
     long chunks = (long)(need / (2 * (size_t)c));
@@ -317,18 +329,18 @@ static void test_norm_ws_refusals(void) {
   size_t need = cplan_cuda_norm_backward_work(rows, c);
   float *p = zeros((long)rows * c, 4), *work = zeros((long)need, 4);
   refused("cplan_cuda_layernorm_backward_ws",
-                  cplan_cuda_layernorm_backward_ws(CPLAN_F32, NULL, p, p, p, p, NULL, p, p, rows, c, work, need - 1,
+                  cplan_cuda_layernorm_backward_ws(CPLAN_F32, NULL, p, p, p, p, NULL, p, p, rows, c, 1, work, need - 1,
                                                    stream),
                   "workspace of");
   refused("cplan_cuda_layernorm_backward_ws",
-                  cplan_cuda_layernorm_backward_ws(CPLAN_BF16, NULL, NULL, p, p, p, NULL, p, p, rows, c, NULL, need,
+                  cplan_cuda_layernorm_backward_ws(CPLAN_BF16, NULL, NULL, p, p, p, NULL, p, p, rows, c, 1, NULL, need,
                                                    stream),
                   "work must not be NULL");
   refused("cplan_cuda_rmsnorm_backward_ws",
-                  cplan_cuda_rmsnorm_backward_ws(CPLAN_F16, NULL, p, p, p, NULL, p, rows, c, work, need / 2, stream),
+                  cplan_cuda_rmsnorm_backward_ws(CPLAN_F16, NULL, p, p, p, NULL, p, rows, c, 1, work, need / 2, stream),
                   "workspace of");
   refused("cplan_cuda_rmsnorm_backward_ws",
-                  cplan_cuda_rmsnorm_backward_ws(CPLAN_F32, p, p, p, p, NULL, p, rows, c, work, need, stream),
+                  cplan_cuda_rmsnorm_backward_ws(CPLAN_F32, p, p, p, p, NULL, p, rows, c, 1, work, need, stream),
                   "dx needs w");
   cudaFree(p), cudaFree(work);
 }
