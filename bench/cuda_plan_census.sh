@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# cuda_plan_census.sh CPLANC [CPLAN_FILE] [--set ...]: what one micro-step of a CUDA training program
+# launches, read from its generated plan.c (no GPU needed): the GEMMs by epilogue, the kernels/cuda
+# launchers, the generated kernels (cps_*: kernels.cu's support kernels, k_ew_*: fused elementwise
+# groups) and the memsets with their bytes. Default: bench/gpu_gpt2.cplan (GPT-2 124M, T 1024,
+# micro-batch 16) in bf16 on one H100. A census, not a timing: it shows what the emitter's
+# fusions removed (fewer launches, fewer bytes zeroed); the GPU's times come from bench/gpu_gpt2.sh.
+set -eu
+cplanc=$1
+shift
+here=$(cd "$(dirname "$0")" && pwd)
+file=${1:-$here/gpu_gpt2.cplan}
+[ $# -gt 0 ] && shift
+work=$(mktemp -d "${TMPDIR:-/tmp}/cplan-census-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+"$cplanc" build "$file" -o "$work/prog" --keep-c "$work/keep" --set train.precision=bf16 "$@" >"$work/build.log" 2>&1 ||
+  { cat "$work/build.log"; exit 1; }
+python3 - "$work/keep/plan.c" "$file" <<'PY'
+import re, sys
+src = open(sys.argv[1]).read()
+body = src[src.index("static void micro_step("):]
+body = body[:body.index("\n}\n")]
+count = {}
+def add(k, n=1):
+    count[k] = count.get(k, 0) + n
+for m in re.finditer(r"^  (gemm|gemm_bias|gemm_gelu|gemm_dgelu)\(", body, re.M):
+    add("GEMM " + {"gemm": "plain (or beta 1)", "gemm_bias": "+ bias", "gemm_gelu": "+ bias + gelu (GELU_AUX_BIAS)",
+                   "gemm_dgelu": "+ gelu gradient (DGELU)"}[m.group(1)])
+for m in re.finditer(r"kl_check\(cplan_cuda_([a-z0-9_]+)\(", body):
+    add("kernels/cuda " + m.group(1))
+for m in re.finditer(r"/\* (cps_[a-z_]+|k_ew)_?[0-9]* \*/", body):
+    add("generated " + (m.group(1) if m.group(1).startswith("cps") else "fused elementwise (k_ew_*)"))
+for m in re.finditer(r"^  colsum\(", body, re.M):
+    add("generated colsum (2 launches: bias gradient)")
+for m in re.finditer(r"^  coll_([a-z_]+)\(", body, re.M):
+    add("collective " + m.group(1))
+memsets = [int(b) for b in re.findall(r"cudaMemsetAsync\([^,]+, 0, (\d+), G\.s\)", body)]
+print("census of one micro-step of %s (bf16 CUDA plan.c)" % sys.argv[2])
+print("%6s  %s" % ("count", "launch"))
+for k in sorted(count, key=lambda k: (-count[k], k)):
+    print("%6d  %s" % (count[k], k))
+launches = sum(count.values()) + sum(1 for k in count if k.startswith("generated colsum") for _ in range(count[k]))
+print("%6d  memsets, %.1f MB zeroed" % (len(memsets), sum(memsets) / 1e6))
+print("total: %d launches (GEMMs, kernels and colsum's second pass counted, memsets not)" % launches)
+PY
