@@ -4,11 +4,11 @@
 # THERE in one call (one H200: a few minutes; device time is short, so it is one script):
 #   1. test_gpu_kernels (BUILD_DIR/tests, nvcc-built): every kernels/cuda kernel against its CPU
 #      reference in f32, bf16 and f16 (tests/gpu/test_kernels.c's tolerances);
-#   2. tests/gpu/gpt_gpu.sh --check: the small GPT and LLaMA, 20 steps on the GPU against the CPU
-#      backend in f32, bf16 and f16, and dp 2 (two ranks; on one GPU through MPI) with a bundled
-#      Open MPI (tests/gpu/ompi_bundle.sh);
-#   3. bench/gpu_gpt2.sh: GPT-2 124M in bf16 (step ms, tokens/s, MFU against 989 TFLOP/s, the
-#      per-node-class profile).
+#   2. bench/gpu_gpt2.sh: GPT-2 124M in bf16 (step ms, tokens/s, MFU against 989 TFLOP/s, the
+#      per-node-class profile);
+#   3. tests/gpu/gpt_gpu.sh --check: the small GPT and LLaMA, 20 steps on the GPU against the CPU
+#      backend in f32, bf16 and f16, and dp 2, tp 2 and ZeRO 3 (two ranks; on one GPU through MPI)
+#      with a bundled Open MPI (tests/gpu/ompi_bundle.sh).
 # The 10 small-model programs each embed the kernels' fatbins (~4 MB), so the tree (~67 MB) goes
 # as OUT/gpu.tar.xz (~8 MB: xz finds the repeats) with OUT/run.sh, which unpacks it there (Python's
 # lzma: no xz binary needed) and runs run_all.sh. A device call carries 64 MiB at most: use
@@ -34,18 +34,21 @@ find "$out" -type f -perm -u+x -exec sh -c 'file -b "$1" | grep -q "^ELF.*execut
 cat >"$out/run_all.sh" <<'RUN'
 #!/usr/bin/env bash
 # run_all.sh: issue 6's GPU checks, prepared by tests/gpu/prepare.sh; prints a summary, exit 1 if any failed.
+set -o pipefail # a failing test_gpu_kernels fails its stage, not its `tail`
 cd "$(dirname "$0")" || exit 1
 here=$PWD
 export LD_LIBRARY_PATH=$here/gpt/lib:$here/gpt2/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 nvidia-smi -L || { echo "run_all.sh: no GPU visible: nothing ran"; exit 1; }
 fail=0
 t0=$(date +%s)
+# a device call runs 600 s at most: the timeouts add up to less, and the GPT-2 figure comes before the
+# longest part
 echo "==== 1. CUDA kernels against the CPU references"
-timeout 300 ./test_gpu_kernels | tail -25 || { echo "FAILED: test_gpu_kernels"; fail=1; }
-echo "==== 2. small GPT / LLaMA on the GPU against the CPU backend (f32, bf16, f16; dp 2)"
-timeout 600 ./gpt/gpt_gpu.sh --check "$here/gpt" || { echo "FAILED: gpt_gpu.sh"; fail=1; }
-echo "==== 3. GPT-2 124M, bf16 (a benchmark: printed)"
-OUT=$here timeout 600 ./gpt2/run_gpu.sh 12 || { echo "FAILED: gpu_gpt2"; fail=1; }
+timeout 120 ./test_gpu_kernels | tail -25 || { echo "FAILED: test_gpu_kernels"; fail=1; }
+echo "==== 2. GPT-2 124M, bf16 (a benchmark: printed)"
+OUT=$here timeout 240 ./gpt2/run_gpu.sh 12 || { echo "FAILED: gpu_gpt2"; fail=1; }
+echo "==== 3. small GPT / LLaMA on the GPU against the CPU backend (f32, bf16, f16; dp 2, tp 2, ZeRO 3)"
+timeout 230 ./gpt/gpt_gpu.sh --check "$here/gpt" || { echo "FAILED: gpt_gpu.sh"; fail=1; }
 echo "==== run_all.sh: $(( $(date +%s) - t0 )) s, $([ $fail -eq 0 ] && echo "all passed" || echo "FAILURES above")"
 exit $fail
 RUN
