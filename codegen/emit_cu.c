@@ -516,7 +516,7 @@ static void find_qkv(Cu *c) {
     if (!ok || ns != 3) continue;
     int64_t h = 0;
     for (int p = 0; p < 3 && ok; p++) {
-      q[p] = c->reader[sl[p]] >= 0 ? c->reader[sl[p]] : -1;
+      q[p] = c->reader[sl[p]];
       for (int i = 0; i < g->n && q[p] < 0; i++)
         if (nd(c, i)->op == OP_SPLIT_HEADS && nd(c, i)->in[0] == sl[p]) q[p] = i;
       ok = q[p] >= 0 && nd(c, q[p])->op == OP_SPLIT_HEADS && (p == 0 || nd(c, q[p])->ia[0] == h) &&
@@ -576,8 +576,8 @@ static void find_qkv(Cu *c) {
 static void emit_qkv(Cu *c, int i) {
   const int *o = c->qkv_ops[i];
   bool bwd = c->qkv[i] == 2;
-  const Node *x = nd(c, bwd ? i : o[0]), *q = nd(c, bwd ? o[1] : o[1]);
-  int64_t h = bwd ? q->shape.d[1] : nd(c, o[1])->ia[0];
+  const Node *x = nd(c, o[0]), *q = nd(c, o[1]); /* backward: o[0] is i, q dq [b, h, t, dh] */
+  int64_t h = bwd ? q->shape.d[1] : q->ia[0];
   int tt = scode(c, o[0]) | scode(c, o[1]) << 2;
   EMIT("  /* %s: %%%d <-> q, k, v %%%d %%%d %%%d in heads (cps_qkv) */\n", bwd ? "the three slices' gradients summed"
        : "three slices and split_heads", o[0], o[1], o[2], o[3]);
@@ -594,15 +594,16 @@ static bool arena_overlap(const Cu *c, int x, int y) {
   return ax < ay + sbytes(c, ry) && ay < ax + sbytes(c, rx);
 }
 
-/* Decides the bias epilogues before the memory plan: the add's result is written by the matmul's
- * GEMM, so its buffer is live from the matmul on (its leader), and never shares memory with the
- * GEMM's operands, which die there. */
 /* node i has a launch of its own: no fusion group, or a group of just itself */
 static bool alone(const Cu *c, int i) {
   int gi = c->pl.fu->group[i];
   return gi < 0 || c->pl.fu->groups[gi].nodes.n == 1;
 }
 
+/* Decides the GEMM epilogues before the memory plan: the bias add's result (and a gelu's) is
+ * written by the matmul's GEMM, so its buffer is live from the matmul on (its leader), and never
+ * shares memory with the GEMM's operands, which die there; likewise a gelu's gradient computed by
+ * the GEMM of its dy (DGELU). */
 static void find_epilogues(Cu *c) {
   const Graph *g = c->g;
   c->ep_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
@@ -813,7 +814,6 @@ static void emit_vocab_ce(Cu *c, int i) {
      "run->axis_coord[%d] == 0, G.s), %d);\n", kdt(c), ptr(c, i), cnt, l, m, sx, ptr(c, n->in[1]), (long long)rows,
      (long long)vl, a, (long long)vl, (long long)(vl * k), a, i);
 }
-
 
 /* kernels/cuda takes its tensors in one storage type: under bf16 / f16 the operands must be low */
 static bool hw_typed(Cu *c, int node, int n, const int *ops) {
