@@ -84,6 +84,8 @@ typedef struct Cu {
   int (*qkv_ops)[4];         /* else 0; qkv_ops[i]: its x and q, k, v (forward) or dx and dq, dk, dv */
   bool *qkv_skip;            /* per node: computed by such a launch */
   int64_t colsum_cols;       /* the widest bias gradient (colsum's workspace) */
+  int *add_into;             /* per norm GRAD (dx): the buffer its kernel adds into in place of an add, or -1 */
+  bool *add_skip;            /* per add node: done in place by such a kernel (find_inplace_adds) */
   VEC(int64_t) norm_shapes;  /* rows, c of each norm backward (its dw/db workspace, sized at start) */
   bool *acc_done;            /* per ACCUM node: its GEMM accumulates into the state (beta 1): no kernel */
   const StratPlan *sp;       /* a lowered plan (tp, sp, ZeRO): the placements and the lowering g came */
@@ -450,6 +452,12 @@ static int bias_add_of(const Cu *c, int i, const Mm *mm) {
   return j;
 }
 
+/* node i has a launch of its own: no fusion group, or a group of just itself */
+static bool alone(const Cu *c, int i) {
+  int gi = c->pl.fu->group[i];
+  return gi < 0 || c->pl.fu->groups[gi].nodes.n == 1;
+}
+
 /* Node v's readers (nodes with v among their inputs) are all in set[0..n). */
 static bool read_only_by(const Cu *c, int v, const int *set, int n) {
   for (int r = 0; r < c->g->n; r++) {
@@ -586,18 +594,51 @@ static void emit_qkv(Cu *c, int i) {
   emit_lk(c, "cps_qkv", numel(x), i, 10, args);
 }
 
+/* The backward's residual sums: add(r, dx) where dx is a layer/rms norm's input gradient and r a
+ * work buffer every other reader of which runs before the norm's backward: the norm's kernel adds
+ * dx into r's buffer (accumulate_dx 1) and the add becomes a view of r, in place of writing dx and
+ * then a pass that reads both. Decided before the memory plan (the add's readers keep r alive). */
+static void find_inplace_adds(Cu *c) {
+  const Graph *g = c->g;
+  c->add_into = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  c->add_skip = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) c->add_into[i] = -1;
+  for (int a = 0; a < g->n; a++) {
+    const Node *an = nd(c, a);
+    if (an->op != OP_ADD || an->role != ROLE_BWD || !cg_executed(an) || !alone(c, a) || c->pl.nc[a].kind != CG_L_WORK ||
+        an->in[0] == an->in[1] || c->qkv_skip[a] || c->qkv[a] || c->ep_done[a])
+      continue;
+    for (int side = 0; side < 2; side++) {
+      int j = an->in[side], r = an->in[1 - side], rr = cg_root(&c->pl, r);
+      const Node *jn = nd(c, j);
+      if (jn->op != OP_GRAD || jn->ia[0] != 0 || (nd(c, jn->fwd)->op != OP_LAYER_NORM && nd(c, jn->fwd)->op != OP_RMS_NORM))
+        continue;
+      int lead = c->pl.nc[j].leader;
+      if (c->pl.nc[j].kind != CG_L_WORK || c->reader[j] != a || c->acc_of[j] >= 0 || c->pl.nc[rr].kind != CG_L_WORK ||
+          c->pl.nc[rr].leader >= lead || numel(nd(c, rr)) != numel(an) || !shape_eq(&jn->shape, &an->shape) ||
+          scode(c, rr) != scode(c, j) || scode(c, a) != scode(c, j) || nd(c, rr)->dtype != DT_F32)
+        continue;
+      bool ok = true; /* r's buffer changes at the norm's launch: nothing else may read it from then on */
+      for (int m = 0; m < g->n && ok; m++) {
+        const Node *mn = nd(c, m);
+        if (m == a || !cg_executed(mn)) continue;
+        for (int k = 0; k < mn->nin && ok; k++)
+          if (cg_root(&c->pl, mn->in[k]) == rr && c->pl.nc[m].leader >= lead) ok = false;
+      }
+      if (!ok) continue;
+      c->add_into[j] = rr, c->add_skip[a] = true;
+      c->pl.nc[a].kind = CG_L_ALIAS, c->pl.nc[a].alias = rr;
+      break;
+    }
+  }
+}
+
 /* Whether the work buffers of nodes x and y share arena bytes in the phase being emitted. */
 static bool arena_overlap(const Cu *c, int x, int y) {
   int rx = cg_root(&c->pl, x), ry = cg_root(&c->pl, y);
   if (c->pl.nc[rx].kind != CG_L_WORK || c->pl.nc[ry].kind != CG_L_WORK) return false;
   int64_t ax = c->pl.nc[rx].woff[c->ph], ay = c->pl.nc[ry].woff[c->ph];
   return ax < ay + sbytes(c, ry) && ay < ax + sbytes(c, rx);
-}
-
-/* node i has a launch of its own: no fusion group, or a group of just itself */
-static bool alone(const Cu *c, int i) {
-  int gi = c->pl.fu->group[i];
-  return gi < 0 || c->pl.fu->groups[gi].nodes.n == 1;
 }
 
 /* Decides the GEMM epilogues before the memory plan: the bias add's result (and a gelu's) is
@@ -1004,8 +1045,8 @@ static bool group_outputs_w(Cu *c, int lead, const char **dst, int nmax, int *id
   bool any_acc = false;
   for (int j = lead; j < c->g->n; j++) {
     const Node *m = nd(c, j);
-    if (m->op == OP_GRAD && c->pl.nc[j].leader == lead && c->pl.nc[j].kind != CG_L_ALIAS && c->acc_of[j] >= 0 &&
-        (writes >> m->ia[0] & 1))
+    if (m->op == OP_GRAD && c->pl.nc[j].leader == lead && c->pl.nc[j].kind != CG_L_ALIAS &&
+        (c->acc_of[j] >= 0 || c->add_into[j] >= 0) && (writes >> m->ia[0] & 1))
       any_acc = true;
   }
   for (int k = 0; k < nmax; k++) dst[k] = "NULL";
@@ -1016,6 +1057,11 @@ static bool group_outputs_w(Cu *c, int lead, const char **dst, int nmax, int *id
     if (m->op != OP_GRAD || c->pl.nc[j].leader != lead || c->pl.nc[j].kind == CG_L_ALIAS) continue;
     cp_assert(m->ia[0] < nmax);
     if (ids) ids[m->ia[0]] = j;
+    if (c->add_into[j] >= 0) { /* added in place into the other addend of its only reader */
+      dst[m->ia[0]] = ptr(c, c->add_into[j]);
+      EMIT("  /* %%%d added into %%%d's buffer (the add %%%d, in place) */\n", j, c->add_into[j], c->reader[j]);
+      continue;
+    }
     int a = c->acc_of[j];
     if (a >= 0) {
       dst[m->ia[0]] = ptr(c, nd(c, a)->in[0]);
@@ -1339,6 +1385,11 @@ static void emit_node(Cu *c, int i) {
     cg_comment(c->out, c->g, c->irline, i);
     EMIT("  PROF(%d);\n", i);
     emit_qkv(c, i);
+    return;
+  }
+  if (c->add_skip[i]) {
+    cg_comment(c->out, c->g, c->irline, i);
+    EMIT("  /* (in place: a norm's backward added its dx into %%%d) */\n", c->pl.nc[i].alias);
     return;
   }
   if (c->qkv_skip[i]) {
@@ -1720,6 +1771,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   find_accums(c);
   find_epilogues(c);
   find_qkv(c);
+  find_inplace_adds(c);
   if (!cg_check_sizes(g, "cuda")) return false;
   if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {
     diag_error(t->span, "precision f16 needs loss scaling, but the loss gradient of model '%s' has no constant seed outside fused kernels",
