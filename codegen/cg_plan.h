@@ -104,5 +104,10 @@ void cg_emit_global_tables(FILE *out, const struct StratPlan *sp, const struct L
                            CgGlobal *o);
 /* the RtPlan fields .tp to .split_dim of a lowered plan */
 void cg_emit_plan_lowered(FILE *out, const struct StratPlan *sp, const CgGlobal *gt);
+/* the RtPlan fields .pp to .grad_sumsq of pipeline stage `stage` (its file defines param_global,
+ * state_global, param_owned and update_grad_sumsq); ppa: the pp axis's index in RtRun.axis_comm */
+struct Pipeline;
+void cg_emit_plan_pipeline(FILE *out, const struct StratPlan *sp, const struct Pipeline *pipe, int stage, int ppa,
+                           const TrainConf *t);
 
 #endif

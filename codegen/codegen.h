@@ -34,12 +34,15 @@ bool cg_emit_c_spmd(FILE *out, const struct StratPlan *sp, const struct Lowered 
 
 /* The arena bytes the last successful cg_emit_c planned (its peak over the phases). */
 /* Pipeline parallelism (compiler/pipeline.h): stage `stage`'s file plan_sN.c of a program that
- * links every stage's file and cg_emit_c_pipeline_main's plan.c (the stage table and main). Its
+ * links every stage's file and cg_emit_pipeline_main's plan.c (the stage table and main). Its
  * kernels' symbols carry the prefix "sN_" (cg_last_kernels lists this stage's). */
 struct Pipeline;
 bool cg_emit_c_stage(FILE *out, const struct StratPlan *sp, const struct Lowered *lw, const struct Pipeline *pipe,
                      int stage, const TrainConf *t, const char *source_hash);
-bool cg_emit_c_pipeline_main(FILE *out, int pp);
+/* plan.c of a pipeline-parallel program: the stage table cplan_stages and main, which runs stage
+ * 0's plan (rt_main picks the rank's stage). cuda: the stage files are CUDA plans (emit_cu.c),
+ * whose cplan_gpu_init_sN main calls first for each stage. */
+void cg_emit_pipeline_main(FILE *out, int pp, bool cuda);
 
 int64_t cg_last_work_bytes(void);
 

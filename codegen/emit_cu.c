@@ -35,13 +35,18 @@
  * steps); the metrics loss_scale and skipped_steps report it, so the runtime needs nothing new.
  * Meshes: one process per GPU, with data parallelism (RtPlan.reduce_grads), or the per-rank graph
  * of a lowered plan (tp, sp, ZeRO; compiler/lower.h), whose collectives run as coll_* calls on
- * the axis groups (NCCL, or MPI through the host). Not yet: pipeline parallelism. Anything
- * unsupported is a diagnostic at its .cplan line. */
+ * the axis groups (NCCL, or MPI through the host). Pipeline parallelism (compiler/pipeline.h):
+ * one file per stage (plan_sN.c, each with its own device state G and kernels.cu) linked with
+ * cg_emit_pipeline_main's plan.c; a stage's forward and backward run on the device arena of the
+ * micro-batch's slot (RtRun.slot), its values cross to other stages through pinned host memory
+ * and MPI on the pp group (pp_send, pp_recv). Anything unsupported is a diagnostic at its .cplan
+ * line. */
 #include "emit_cu.h"
 
 #include "../compiler/fusion.h"
 #include "../compiler/lower.h"
 #include "../compiler/memplan.h"
+#include "../compiler/pipeline.h"
 #include "../compiler/train.h"
 #include "codegen.h"
 #include "cg_common.h"
@@ -73,6 +78,8 @@ typedef struct Cu {
   bool *pg;                  /* per node: part of a param gradient (kept f32) */
   int **ftypes;              /* per fusion group: the storage codes of its output and leaves */
   int seed;                  /* f16: the constant seed of the loss gradient (times the scale), or -1 */
+  bool ls;                   /* f16 loss scaling: the seed's graph, and under pp every stage (each unscales its
+                                gradients and skips the steps every stage skips); the seed's stage reports it */
   double seed_val;
   int *acc_of;               /* per node: the ACCUM that is its only reader (a weight gradient), or -1 */
   int *reader;               /* per node: its only reader, -1 when none or several */
@@ -91,6 +98,10 @@ typedef struct Cu {
   const StratPlan *sp;       /* a lowered plan (tp, sp, ZeRO): the placements and the lowering g came */
   const Lowered *lw;         /* from (NULL: one device or pure data parallelism) */
   CgGlobal gt;               /* the lowered plan's whole tensors (cg_emit_global_tables) */
+  const Pipeline *pipe;      /* pipeline parallelism: the stages (NULL: none); g is stage `stage`'s */
+  int stage;
+  int ppa;                   /* the pp axis's index in RtRun.axis_comm (after the strategy axes) */
+  int only_role;             /* a stage's forward (ROLE_FWD) or backward (ROLE_BWD) function, else -1 */
 } Cu;
 
 #define EMIT(...) fprintf(c->out, __VA_ARGS__)
@@ -832,6 +843,23 @@ static void emit_collective(Cu *c, int i) {
   }
 }
 
+/* A crossing between pipeline stages (pipeline.h) on the pp group, whose rank is the stage mod
+ * the pp degree: pp_send / pp_recv of emit_cu_support.h (through pinned host memory and MPI; the
+ * send does not wait for the receiver, the receive does). The wire carries f32 or i32, so the two
+ * stages may store the value in different types. */
+static void emit_pp(Cu *c, int i) {
+  const Node *n = nd(c, i);
+  int x = n->op == OP_PP_SEND ? n->in[0] : i;
+  if (nd(c, x)->dtype != DT_F32 && nd(c, x)->dtype != DT_I32) {
+    unsupported(c, i, "a pipeline crossing of this dtype");
+    return;
+  }
+  int peer = (int)n->ia[0] % c->pipe->devices; /* the device of that stage */
+  EMIT("  pp_%s(run, %d, %s, %lldLL, %s, %d, %d); /* %s stage %d */\n", n->op == OP_PP_SEND ? "send" : "recv", c->ppa,
+       ptr(c, x), (long long)numel(nd(c, x)), coll_type(c, x), peer, (int)n->ia[1], n->op == OP_PP_SEND ? "to" : "from",
+       (int)n->ia[0]);
+}
+
 #define KL(...) EMIT("  kl_check(" __VA_ARGS__)
 
 static const char *kdt(const Cu *c) { return c->lpc == 1 ? "CPLAN_BF16" : c->lpc == 2 ? "CPLAN_F16" : "CPLAN_F32"; }
@@ -1029,6 +1057,7 @@ static void emit_forward(Cu *c, int i) {
     break;
   }
   case OP_ALL_REDUCE: case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_SHARD_SLICE: emit_collective(c, i); break;
+  case OP_PP_SEND: case OP_PP_RECV: emit_pp(c, i); break;
   default: unsupported(c, i, cp_fmt("the op '%s'", ir_ops[n->op].name));
   }
 }
@@ -1418,6 +1447,7 @@ static void emit_scalar_ins(Cu *c) {
     const Node *n = nd(c, i);
     if (n->op != OP_SCALAR_IN) continue;
     const char *v = cg_scalar_in(o, n);
+    if (!v && strcmp(n->name, "grad_sumsq") == 0) v = "run->grad_sumsq"; /* a pipeline stage's (pipeline.h) */
     if (!v) cp_panic(__FILE__, __LINE__, "unknown scalar input '%s'", n->name);
     EMIT("  G.hsc[%lld] = (float)(%s); /* %s */\n", (long long)c->pl.nc[i].off, v, n->name);
   }
@@ -1533,21 +1563,37 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   const Graph *g = c->g;
   c->ph = ph;
   EMIT("\n/* %s */\n%s {\n  ensure_device(run);\n", why, sig);
+  /* a pipeline stage: update_grad_sumsq runs the update nodes before norm_split, update the rest */
+  const PipeStage *ps = c->pipe ? &c->pipe->stages[c->stage] : NULL;
+  if (ps && strstr(sig, "grad_sumsq")) {
+    c->upd = true;
+    emit_scalar_ins(c);
+    for (int i = 0; i < ps->norm_split; i++)
+      if (nd(c, i)->role == ROLE_UPD && cg_executed(nd(c, i))) emit_node(c, i);
+    c->upd = false;
+    if (ps->norm_part >= 0) emit_fetch(c, &ps->norm_part, 1);
+    EMIT("  prof_flush(run);\n  return %s;\n}\n", ps->norm_part >= 0 ? "(double)G.hout[0]" : "0.0");
+    return;
+  }
   if (ph == CG_PH_TRAIN && strstr(sig, "update")) {
     c->upd = true;
-    if (c->seed >= 0)
-      EMIT("  /* f16: an overflow in this step's gradients skips it (ls_check found it) */\n"
-           "%s  int skip = ls_step();\n  if (!skip) {\n", c->sp ? "  overflow_agree(run); /* any rank's overflow skips the step */\n" : "");
+    if (c->ls && ps) /* the squared norm is the sum over every stage's gradients: the same on all of them */
+      EMIT("  /* f16: an overflow in any stage's gradients makes the step's squared gradient norm inf or NaN */\n"
+           "  G.overflow = !isfinite(run->grad_sumsq);\n");
+    if (c->ls)
+      EMIT("  /* f16: an overflow in this step's gradients skips it%s */\n"
+           "%s  int skip = ls_step();\n  if (!skip) {\n", ps ? "" : " (ls_check found it)",
+           c->sp ? "  overflow_agree(run); /* any rank's overflow skips the step */\n" : "");
     if (fused_adamw(c)) {
       EMIT("  adamw_fused(run);\n");
       if (c->lpc == 2) EMIT("  /* the forward reads the params in f16 (adamw_fused wrote the bf16 copy only under bf16) */\n  lp_refresh();\n");
     } else {
       emit_scalar_ins(c);
-      for (int i = 0; i < g->n; i++)
+      for (int i = ps ? ps->norm_split : 0; i < g->n; i++)
         if (nd(c, i)->role == ROLE_UPD && cg_executed(nd(c, i))) emit_node(c, i);
       if (c->lpc) EMIT("  /* the forward reads the params in %s */\n  lp_refresh();\n", c->lpc == 1 ? "bf16" : "f16");
     }
-    if (c->seed >= 0) EMIT("  }\n");
+    if (c->ls) EMIT("  }\n");
     c->upd = false;
     EMIT("  /* the gradient accumulators start the next step at zero */\n");
     emit_zero_grads(c);
@@ -1556,16 +1602,23 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
     EMIT("  prof_flush(run);\n");
     EMIT("  /* without the runtime's to_host hook, the host mirrors follow every update */\n"
          "  if (!G.hooked) download(run);\n");
-    if (c->seed >= 0) EMIT("  if (skip) return NAN; /* a skipped step has no gradient norm */\n");
-    EMIT("  return %s;\n}\n", g->grad_norm >= 0 ? "(double)G.hout[0]" : "0.0");
+    if (c->ls) EMIT("  if (skip) return NAN; /* a skipped step has no gradient norm */\n");
+    /* every pipeline stage computes the norm (pipeline.h); -1 only in one without any gradient */
+    EMIT("  return %s;\n}\n", g->grad_norm >= 0 ? "(double)G.hout[0]" : ps ? "-1.0" : "0.0");
     return;
   }
-  EMIT("  put_inputs(inputs);\n");
+  /* a stage's backward reads the inputs its forward put in this slot */
+  EMIT("%s", c->only_role == ROLE_BWD ? "  (void)inputs;\n" : "  put_inputs(inputs);\n");
   if (c->seed >= 0 && ph == CG_PH_TRAIN) EMIT("  ls_seed(); /* the loss gradient's seed times the loss scale */\n");
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
-    if (!cg_in_phase(n, ph) || n->role == ROLE_UPD) continue;
+    if (!cg_in_phase(n, ph) || n->role == ROLE_UPD || (c->only_role >= 0 && (int)n->role != c->only_role)) continue;
     emit_node(c, i);
+  }
+  if (!strstr(sig, "double *loss")) { /* a pipeline stage's backward */
+    if (c->ls) EMIT("  ls_check(run);\n");
+    EMIT("  prof_flush(run);\n}\n");
+    return;
   }
   int *outs = cp_alloc(sizeof(int) * (size_t)(g->metrics.n + 1));
   outs[0] = g->loss;
@@ -1573,14 +1626,15 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   if (g->loss < 0) { /* no loss: a zero in its place */
     EMIT("  G.hout[0] = 0.0f;\n");
   }
-  if (c->seed >= 0 && ph == CG_PH_TRAIN) EMIT("  ls_check(run);\n");
+  if (c->ls && ph == CG_PH_TRAIN && !c->pipe) EMIT("  ls_check(run);\n");
   emit_fetch(c, outs, g->metrics.n + 1);
   EMIT("  prof_flush(run);\n");
   EMIT("  *loss = %s;\n", g->loss >= 0 ? "(double)G.hout[0]" : "0.0");
   for (int k = 0; k < g->metrics.n; k++)
     EMIT("  metrics[%d] = (double)G.hout[%d]; /* %s */\n", k, k + 1, g->metrics.a[k].name);
   if (c->seed >= 0) {
-    if (ph == CG_PH_TRAIN) EMIT("  ls_metrics(run, metrics, %d); /* loss_scale, skipped_steps */\n", g->metrics.n);
+    /* a pipeline stage's forward runs before the step's backwards: the scale and count at the step's start */
+    if (ph == CG_PH_TRAIN && !c->pipe) EMIT("  ls_metrics(run, metrics, %d); /* loss_scale, skipped_steps */\n", g->metrics.n);
     else EMIT("  metrics[%d] = G.scale;\n  metrics[%d] = (double)G.skipped;\n  ls_share(metrics + %d);\n", g->metrics.n,
               g->metrics.n + 1, g->metrics.n);
   }
@@ -1593,14 +1647,15 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
 /* The fifth column of a lowered plan's states table: the runtime reduces state k over dp (lower.h). */
 static int cu_state_reduce(const void *ctx, int k) {
   const Cu *c = ctx;
-  return c->lw->runtime_reduced[c->sp->g->states.a[k]];
+  int gk = c->pipe ? c->pipe->stages[c->stage].gstate[k] : k;
+  return c->lw->runtime_reduced[c->sp->g->states.a[gk]];
 }
 
 static void emit_tables(Cu *c) {
   CgTables o = {.inputs_row0 = true, .more_metrics = c->seed >= 0 ? "\"loss_scale\", \"skipped_steps\"" : NULL,
                 .state_reduce = c->sp ? cu_state_reduce : NULL, .ctx = c};
   cg_emit_tables(c->out, &c->pl, &o);
-  if (c->sp) cg_emit_global_tables(c->out, c->sp, c->lw, NULL, &c->gt);
+  if (c->sp) cg_emit_global_tables(c->out, c->sp, c->lw, c->pipe ? &c->pipe->stages[c->stage] : NULL, &c->gt);
 }
 
 /* The constants' bits (f32 or i32, one 4-byte slot each) for G.konst. */
@@ -1633,15 +1688,22 @@ static void emit_plan(Cu *c, const char *hash) {
                   .micro = c->sp ? c->g->batch / c->sp->dp : c->g->batch, .vocab = cg_vocab(c->g, c->sp),
                   .nmetrics = c->g->metrics.n + (c->seed >= 0 ? 2 : 0)};
   cg_emit_plan_head(c->out, &c->pl, t, &h);
-  EMIT("    .lr_at = lr_at,\n    .micro_step = micro_step,\n    .update = update,\n    .eval_step = eval_step,\n");
+  EMIT("    .lr_at = lr_at,\n    %s,\n    .update = update,\n    .eval_step = eval_step,\n",
+       c->pipe ? ".forward = pp_forward,\n    .backward = pp_backward" : ".micro_step = micro_step");
   cg_emit_plan_mesh(c->out, dp, m ? m->ndevices : 1, m);
   if (c->sp) cg_emit_plan_lowered(c->out, c->sp, &c->gt);
+  if (c->pipe) cg_emit_plan_pipeline(c->out, c->sp, c->pipe, c->stage, c->ppa, t);
   EMIT("    .to_device = to_device,\n    .to_host = to_host,\n    .reduce_grads = %s,\n    .loss_scaler = %s,\n",
-       dp > 1 ? "reduce_grads" : "NULL", c->seed >= 0 ? "loss_scaler" : "NULL");
+       dp > 1 ? "reduce_grads" : "NULL", c->ls ? "loss_scaler" : "NULL");
+  if (c->pipe) EMIT("    .param_copy = param_copy,\n");
   EMIT("};\n");
-  EMIT("\nint main(int argc, char **argv) {\n"
-       "  if (!has_flag(argc, argv, \"--help\")) gpu_init(argc, argv);\n"
-       "  return rt_main(argc, argv, &cplan_plan);\n}\n");
+  if (c->pipe) /* plan.c's main (cg_emit_pipeline_main) calls each stage's */
+    EMIT("\nvoid cplan_gpu_init_s%d(int argc, char **argv);\nvoid cplan_gpu_init_s%d(int argc, char **argv) { gpu_init(argc, argv); }\n",
+         c->stage, c->stage);
+  else
+    EMIT("\nint main(int argc, char **argv) {\n"
+         "  if (!has_flag(argc, argv, \"--help\")) gpu_init(argc, argv);\n"
+         "  return rt_main(argc, argv, &cplan_plan);\n}\n");
 }
 
 /* kernels.cu as a C string literal, one source line per line. */
@@ -1668,22 +1730,17 @@ static void emit_source_string(Cu *c, const char *name, const char *src) {
 
 /* ---- entry ------------------------------------------------------------------------------------------ */
 
-/* One process per GPU: data, tensor and sequence parallelism and ZeRO over all of the mesh's
- * devices (c->sp, once lowered: dp x tp = devices); no pipeline parallelism yet. */
+/* One process per GPU: data, tensor, sequence and pipeline parallelism and ZeRO over all of the
+ * mesh's devices (c->sp, once lowered: dp x tp x pp = devices). */
 static bool check_conf(Cu *c) {
   const TrainConf *t = c->t;
   const StrategyConf *st = &t->strategy;
   int64_t devices = t->mesh ? t->mesh->ndevices : 1, dp = train_dp(t);
-  if (st->pp > 1) {
-    diag_error(st->span, "pipeline parallelism (pp = %lld) is not supported on the cuda backend yet", (long long)st->pp);
-    diag_hint("use dp, tp, sp and zero on GPUs, e.g. `strategy = { dp = %lld }`", (long long)devices);
-    return false;
-  }
-  if (c->sp && c->sp->dp * c->sp->tp != devices) {
+  if (c->sp && c->sp->dp * c->sp->tp * c->sp->pp != devices) {
     diag_error(st->span.file >= 0 ? st->span : t->mesh->span,
-               "mesh '%s' has %lld CUDA devices, but the strategy runs dp %lld x tp %lld: the cuda backend runs one "
-               "process per GPU over all of them", t->mesh && t->mesh->name ? t->mesh->name : "?", (long long)devices,
-               (long long)c->sp->dp, (long long)c->sp->tp);
+               "mesh '%s' has %lld CUDA devices, but the strategy runs dp %lld x tp %lld x pp %lld: the cuda backend runs "
+               "one process per GPU over all of them", t->mesh && t->mesh->name ? t->mesh->name : "?", (long long)devices,
+               (long long)c->sp->dp, (long long)c->sp->tp, (long long)c->sp->pp);
     return false;
   }
   if (train_lowered(t)) return true; /* checked once lowered (c->sp) */
@@ -1748,22 +1805,25 @@ static char *typed_kernels(const Cu *c, char *src, char *err, size_t errlen, boo
 static void emit_loss_scaling(Cu *c) {
   const Graph *g = c->g;
   int n = 0;
-  EMIT("#define LOSS_SCALING %d\n#define SEED_VALUE %.17g\nstatic const long long grad_tab[] = {", c->seed >= 0,
+  EMIT("#define LOSS_SCALING %d\n#define SEED_VALUE %.17g\nstatic const long long grad_tab[] = {", c->ls,
        c->seed >= 0 ? c->seed_val : 1.0);
   for (int k = 0; k < g->states.n; k++) {
     const Node *s = nd(c, g->states.a[k]);
-    if (s->ia[1] || c->seed < 0) continue;
+    if (s->ia[1] || !c->ls) continue;
     EMIT("%s%lldLL, %lldLL", n++ ? ", " : "", (long long)c->pl.nc[g->states.a[k]].off, (long long)numel(s));
   }
   EMIT("%s};\n#define NGRADS %d\n", n ? "" : "0, 0", n);
 }
 
-bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, const Lowered *lw, const TrainConf *t,
-                const char *source_hash) {
-  Cu cs = {.g = g, .t = t, .ok = true, .sp = sp, .lw = lw}, *c = &cs;
+bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, const Lowered *lw, const Pipeline *pipe,
+                int stage, const TrainConf *t, const char *source_hash) {
+  Cu cs = {.g = pipe ? pipe->stages[stage].g : g, .t = t, .ok = true, .sp = sp, .lw = lw, .pipe = pipe, .stage = stage,
+           .ppa = sp ? sp->naxes : 0, .only_role = -1}, *c = &cs;
+  g = c->g;
   if (!check_conf(c) || !cg_check_inputs(g, t, false)) return false;
   c->pl = (CgPlan){.g = g, .fu = cg_fusion_enabled() ? fusion_run(g) : cg_no_fusion(g), .sides = cu_sides,
                    .bytes = cu_bytes, .ctx = c};
+  if (pipe) c->pl.keep = &pipe->stages[stage].norm_part, c->pl.nkeep = 1; /* update_grad_sumsq's */
   c->lpc = t->precision == PREC_BF16 ? 1 : t->precision == PREC_F16 ? 2 : 0;
   c->ftypes = cp_alloc(sizeof(int *) * (size_t)(c->pl.fu->ngroups + 1));
   cg_plan_place(&c->pl);
@@ -1772,6 +1832,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   find_epilogues(c);
   find_qkv(c);
   find_inplace_adds(c);
+  c->ls = c->seed >= 0 || (pipe && c->lpc == 2);
   if (!cg_check_sizes(g, "cuda")) return false;
   if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {
     diag_error(t->span, "precision f16 needs loss scaling, but the loss gradient of model '%s' has no constant seed outside fused kernels",
@@ -1796,8 +1857,20 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   c->out = body;
   emit_tables(c);
   cg_emit_lr(c->out, t);
-  emit_phase_fn(c, CG_PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
-                "one micro-batch: the inputs to the device, the forward pass, the backward pass, gradient accumulation");
+  if (pipe) {
+    c->only_role = ROLE_FWD;
+    emit_phase_fn(c, CG_PH_TRAIN, "static void pp_forward(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                  "one micro-batch: the inputs to this slot's device buffers, this stage's forward pass (what the backward "
+                  "reads stays in this slot's arena)");
+    c->only_role = ROLE_BWD;
+    emit_phase_fn(c, CG_PH_TRAIN, "static void pp_backward(RtRun *run, const void *const *inputs)",
+                  "the same micro-batch (the same arena), this stage's backward pass and gradient accumulation");
+    c->only_role = -1;
+    emit_phase_fn(c, CG_PH_TRAIN, "static double update_grad_sumsq(RtRun *run)",
+                  "once per step, before update: this stage's part of the squared gradient norm (its gradients')");
+  } else
+    emit_phase_fn(c, CG_PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                  "one micro-batch: the inputs to the device, the forward pass, the backward pass, gradient accumulation");
   if (fused_adamw(c)) emit_adamw_fused(c);
   emit_phase_fn(c, CG_PH_TRAIN, "static double update(RtRun *run)",
                 "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
@@ -1850,7 +1923,11 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
        g->model_name, src, CPLAN_VERSION, (long long)g->batch, optimizer_name(t->optimizer.kind));
   EMIT("#include \"cplanrt.h\"\n#include \"cplanrt_cuda.h\"\n#include \"kernels_cuda.h\"\n\n#include <math.h>\n"
        "#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
+  if (pipe) /* one of several stage files linked into one program: the names stay apart */
+    EMIT("#define cplan_plan cplan_plan_s%d\nextern const RtPlan *const cplan_stages[];\n", stage);
   EMIT("extern const RtPlan cplan_plan;\n\n");
+  EMIT("#define PP_STAGE %d /* pipeline parallelism: %s */\n", pipe ? stage : -1,
+       pipe ? "this stage's device memory is made when the rank first runs it" : "none");
   EMIT("#define NKERNELS %d\n#define NINPUTS %d\n#define DEVICE_WORK_BYTES %lldLL /* training %s, evaluation %s */\n"
        "#define GEMM_WORKSPACE ((size_t)32 << 20) /* cuBLASLt's workspace */\n",
        c->knames.n, g->inputs.n, (long long)(work ? work : MP_ALIGN), cp_bytes_str((double)c->pl.work[CG_PH_TRAIN]),
@@ -1887,8 +1964,9 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
 #if CPLAN_HAVE_CUDA
 typedef CpArgv Argv;
 
-/* cc plan.c with the runtime, the CUDA runtime part and kernels, and the CUDA libraries. */
-static bool compile_cu(const char *dir, const char *out) {
+/* cc plan.c (and a pipeline's stage files plan_s0.c ...) with the runtime, the CUDA runtime part
+ * and kernels, and the CUDA libraries. */
+static bool compile_cu(const char *dir, int stages, const char *out) {
   const char *home = getenv("CPLAN_HOME"), *cc = getenv("CPLAN_CC");
   const char *lib_rt, *lib_rtcu, *lib_kcu;
   Argv a = {0};
@@ -1915,6 +1993,7 @@ static bool compile_cu(const char *dir, const char *out) {
   cp_argv_words(&a, CPLAN_MPI_CFLAGS);
   cp_argv_words(&a, CPLAN_SANITIZE_CFLAGS);
   VEC_PUSH(a, cp_fmt("%s/plan.c", dir));
+  for (int k = 0; k < stages; k++) VEC_PUSH(a, cp_fmt("%s/plan_s%d.c", dir, k));
   VEC_PUSH(a, "-o");
   VEC_PUSH(a, out);
   for (int k = 0; k < 3; k++) VEC_PUSH(a, libs[k]);
@@ -1939,37 +2018,70 @@ static bool write_file(const char *path, FILE **f) {
   return false;
 }
 
+/* plan.c and kernels.cu into dir, or under pp each stage's plan_sN.c and kernels_sN.cu and the
+ * pipeline's plan.c; the stage files' count to *stages */
+static bool emit_files(const char *dir, Graph *g, const StratPlan *sp, const Lowered *lw, const Pipeline *pipe,
+                       const TrainConf *t, const char *hash, int *stages) {
+  *stages = pipe ? pipe->pp : 0;
+  int64_t most = 0;
+  bool ok = true;
+  for (int k = 0; k < (pipe ? pipe->pp : 1) && ok; k++) {
+    const char *pc = pipe ? cp_fmt("%s/plan_s%d.c", dir, k) : cp_fmt("%s/plan.c", dir);
+    const char *pk = pipe ? cp_fmt("%s/kernels_s%d.cu", dir, k) : cp_fmt("%s/kernels.cu", dir);
+    FILE *fc = NULL, *fk = NULL;
+    ok = write_file(pc, &fc) && write_file(pk, &fk);
+    ok = ok && cg_emit_cu(fc, fk, lw ? lw->g : g, sp, lw, pipe, k, t, hash);
+    if (fc && fclose(fc) != 0) ok = false;
+    if (fk && fclose(fk) != 0) ok = false;
+    most = last_device_work > most ? last_device_work : most;
+  }
+  last_device_work = most;
+  if (!ok || !pipe) return ok;
+  FILE *f = NULL;
+  if (!write_file(cp_fmt("%s/plan.c", dir), &f)) return false;
+  cg_emit_pipeline_main(f, pipe->pp, true);
+  return fclose(f) == 0;
+}
+
 bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o) {
   Cu probe = {.t = t};
   const StratPlan *sp = NULL;
   const Lowered *lw = NULL;
+  const Pipeline *pipe = NULL;
   if (!check_conf(&probe)) return false;
-  if (train_lowered(t) ? !build_lower(g, t, &sp, &lw) : !train_graph(g, t)) return false;
+  if (train_lowered(t) ? !build_lower(g, t, &sp, &lw, &pipe) : !train_graph(g, t)) return false;
   const char *tmp = getenv("TMPDIR");
   char *dir = cp_fmt("%s/cplan-build-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir)) {
     diag_error(SPAN_NONE, "cannot create a temporary directory %s: %s", dir, strerror(errno));
     return false;
   }
-  const char *pc = cp_fmt("%s/plan.c", dir), *pk = cp_fmt("%s/kernels.cu", dir);
-  FILE *fc = NULL, *fk = NULL;
-  bool ok = write_file(pc, &fc) && write_file(pk, &fk);
-  ok = ok && cg_emit_cu(fc, fk, lw ? lw->g : g, sp, lw, t, o->hash ? o->hash : "");
-  if (fc && fclose(fc) != 0) ok = false;
-  if (fk && fclose(fk) != 0) ok = false;
-  for (int k = 0; ok && o->keep_c && k < 2; k++) {
-    const char *name = k ? "kernels.cu" : "plan.c", *to = cp_fmt("%s/%s", o->keep_c, name);
-    if ((mkdir(o->keep_c, 0755) != 0 && errno != EEXIST) || !cp_copy_file(cp_fmt("%s/%s", dir, name), to)) {
+  int stages = 0;
+  bool ok = emit_files(dir, g, sp, lw, pipe, t, o->hash ? o->hash : "", &stages);
+  VEC(const char *) files = {0};
+  VEC_PUSH(files, "plan.c");
+  VEC_PUSH(files, stages ? "" : "kernels.cu");
+  for (int k = 0; k < stages; k++) {
+    VEC_PUSH(files, cp_fmt("plan_s%d.c", k));
+    VEC_PUSH(files, cp_fmt("kernels_s%d.cu", k));
+  }
+  for (int k = 0; ok && o->keep_c && k < files.n; k++) {
+    const char *to = cp_fmt("%s/%s", o->keep_c, files.a[k]);
+    if (!*files.a[k]) continue;
+    if ((mkdir(o->keep_c, 0755) != 0 && errno != EEXIST) || !cp_copy_file(cp_fmt("%s/%s", dir, files.a[k]), to)) {
       diag_error(SPAN_NONE, "--keep-c: cannot write %s: %s", to, strerror(errno));
       ok = false;
     }
   }
-  ok = ok && compile_cu(dir, o->out);
-  unlink(pc), unlink(pk), unlink(cp_fmt("%s/cc.log", dir));
+  ok = ok && compile_cu(dir, stages, o->out);
+  for (int k = 0; k < files.n; k++)
+    if (*files.a[k]) unlink(cp_fmt("%s/%s", dir, files.a[k]));
+  unlink(cp_fmt("%s/cc.log", dir));
   rmdir(dir);
   if (ok && !o->quiet)
-    fprintf(stderr, "cplanc: built %s (model %s, %d param tensors, CUDA, device work arena %s)\n", o->out, g->model_name,
-            g->params.n, cp_bytes_str((double)last_device_work));
+    fprintf(stderr, "cplanc: built %s (model %s, %d param tensors, CUDA%s, device work arena %s%s)\n", o->out, g->model_name,
+            g->params.n, stages ? cp_fmt(", %d pipeline stages", stages) : "", cp_bytes_str((double)last_device_work),
+            stages ? " per slot of the largest stage" : "");
   return ok;
 }
 #else

@@ -25,10 +25,13 @@ bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o);
 
 /* The two files of a CUDA plan, for g after train_graph (plan.c to out_c, kernels.cu to
  * out_cu), or for the per-rank graph g = lw->g of a lowered plan (tp, sp, ZeRO: sp and lw from
- * build_lower; NULL otherwise). False after a diagnostic. */
+ * build_lower; NULL otherwise), or for stage `stage` of a pipeline (pipe non-NULL: g is ignored,
+ * out_c gets plan_sN.c, which links with cg_emit_pipeline_main's plan.c). False after a
+ * diagnostic. */
 struct StratPlan;
 struct Lowered;
+struct Pipeline;
 bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const struct StratPlan *sp, const struct Lowered *lw,
-                const TrainConf *t, const char *source_hash);
+                const struct Pipeline *pipe, int stage, const TrainConf *t, const char *source_hash);
 
 #endif

@@ -208,10 +208,11 @@ static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   return true;
 }
 
-bool build_lower(Graph *g, const TrainConf *t, const StratPlan **sp, const Lowered **lw) {
+bool build_lower(Graph *g, const TrainConf *t, const StratPlan **sp, const Lowered **lw, const Pipeline **pipe) {
   Spmd s;
   if (!spmd_lower(g, t, &s)) return false;
-  if (s.pipe) {
+  if (pipe) *pipe = s.pipe;
+  else if (s.pipe) {
     diag_error(t->strategy.span, "internal error: build_lower does not take a pipeline-parallel strategy");
     return false;
   }
@@ -248,7 +249,8 @@ static bool emit_pipeline(FILE *f, const char *dir, const Spmd *s, const TrainCo
     }
   }
   if (!dir) fprintf(f, "/* ==== plan.c ==== */\n");
-  return ok && cg_emit_c_pipeline_main(f, s->pipe->pp);
+  cg_emit_pipeline_main(f, s->pipe->pp, false);
+  return ok;
 }
 
 /* plan.c of g: the training graph lowered per rank under tp or zero (then g must not have been

@@ -19,12 +19,15 @@ typedef struct BuildOpts {
  * diagnostic; a failing C compile is an internal error that shows the compiler's output. */
 bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o);
 
-/* A lowered strategy (tensor or sequence parallelism, ZeRO; no pipeline): g to a training graph,
- * placed (strat_pin) and lowered to the graph one rank runs, *lw->g (lower.h). False after a
- * diagnostic. The CUDA backend's way in (codegen/emit_cu.c). */
+/* A lowered strategy (tensor or sequence parallelism, ZeRO, pipeline parallelism): g to a
+ * training graph, placed (strat_pin) and lowered to the graph one rank runs, *lw->g (lower.h),
+ * and under pp cut into stages, *pipe (pipeline.h; NULL without pp). pipe NULL: a pipeline is
+ * refused. False after a diagnostic. The CUDA backend's way in (codegen/emit_cu.c). */
 struct StratPlan;
 struct Lowered;
-bool build_lower(Graph *g, const TrainConf *t, const struct StratPlan **sp, const struct Lowered **lw);
+struct Pipeline;
+bool build_lower(Graph *g, const TrainConf *t, const struct StratPlan **sp, const struct Lowered **lw,
+                 const struct Pipeline **pipe);
 
 /* Lowers g to a training graph and prints plan.c (`cplanc emit --stage=c`). */
 bool build_emit_c(FILE *out, Graph *g, const TrainConf *t);

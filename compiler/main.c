@@ -280,14 +280,14 @@ static int cmd_check(Options *o) {
 
 /* The train block's model, elaborated; NULL after a diagnostic (also when there is no train
  * block: build, run and `emit --stage=c` need one). */
-/* `strategy = auto` on a mesh of several devices: the search's best plan, when the executor runs
- * it (search_best_runnable), else pure data parallelism (train_dp). One line on stderr says which. */
+/* `strategy = auto` on a mesh of several devices: the search's best plan (search_best_runnable),
+ * else, when it finds none, pure data parallelism (train_dp). One line on stderr says which. */
 static void use_search(Sema *s, TrainConf *t) {
   const StrategyConf *st = &t->strategy;
   if (!st->is_auto || !t->mesh || t->mesh->ndevices <= 1) return;
   StrategyConf best = *st;
   if (!search_best_runnable(s, t, &best)) {
-    fprintf(stderr, "cplanc: strategy = auto: the search found no plan this version runs; pure data parallelism\n");
+    fprintf(stderr, "cplanc: strategy = auto: the search found no plan; pure data parallelism\n");
     return;
   }
   static const char *const rc[] = {"none", "selective", "full"}, *const ps[] = {"1f1b", "gpipe", "interleaved"};

@@ -1055,14 +1055,6 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
 
 SrchResult *srch_run(Sema *s, const TrainConf *t, int topk) { return search(s, t, topk, true); }
 
-bool srch_runnable(const SrchPlan *p, const TrainConf *t) {
-  bool cpu = !t->mesh || t->mesh->device.kind == DEV_CPU;
-  /* the CPU backend runs every strategy the search makes, the interleaved schedule included (its plans
-   * have L % (2 pp) = 0 layers and micro-batches a multiple of pp, as build.c's interleaved_ok wants);
-   * the CUDA backend (codegen/emit_cu.c) all but pipeline parallelism */
-  return cpu || p->pp == 1;
-}
-
 void srch_pin(const SrchPlan *p, StrategyConf *out) {
   Span at = out->span;
   *out = (StrategyConf){.is_auto = false, .dp = p->dp, .tp = p->tp, .pp = p->pp, .sp = p->sp, .micro = p->micro,
@@ -1071,7 +1063,7 @@ void srch_pin(const SrchPlan *p, StrategyConf *out) {
 
 bool search_best_runnable(Sema *s, const TrainConf *t, StrategyConf *out) {
   SrchResult *r = search(s, t, 1, false);
-  if (!r || r->n == 0 || !srch_runnable(&r->plans[0], t)) return false;
+  if (!r || r->n == 0) return false;
   srch_pin(&r->plans[0], out);
   return true;
 }

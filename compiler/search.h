@@ -77,15 +77,12 @@ typedef struct SrchResult {
  * fields leave no configuration. */
 SrchResult *srch_run(Sema *s, const TrainConf *t, int topk);
 
-/* True when today's executor runs the plan: every plan on CPU devices; on CUDA devices every plan
- * without pipeline parallelism (pp = 1). */
-bool srch_runnable(const SrchPlan *p, const TrainConf *t);
 /* Writes the plan's choices into a StrategyConf (is_auto false, every field pinned). */
 void srch_pin(const SrchPlan *p, StrategyConf *out);
 
-/* For `cplanc build` under `strategy = auto`: runs the search quietly and, when its best plan is
- * one the executor runs (srch_runnable), writes it to *out and returns true. Otherwise returns
- * false and leaves *out alone (the caller keeps today's default, train_dp). */
+/* For `cplanc build` under `strategy = auto`: runs the search quietly and writes its best plan to
+ * *out (both backends run every plan the search makes). Returns false, leaving *out alone, when
+ * there is none (the caller keeps today's default, train_dp). */
 bool search_best_runnable(Sema *s, const TrainConf *t, StrategyConf *out);
 
 #endif

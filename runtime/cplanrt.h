@@ -338,6 +338,12 @@ typedef struct RtPlan {
    * change, steps skipped} is read (set = 0) into each checkpoint's state.json and restored
    * (set = 1) by --resume, as PyTorch's GradScaler.state_dict(). */
   void (*loss_scaler)(double st[3], int set);
+  /* Pipeline parallelism on the device (NULL: the params live in run->params): copies param k of
+   * this stage plan between the device and `host` (its numel floats; to_device 1: host to device,
+   * 0: back). The runtime sends a param several stages hold (a tied embedding) from its owner's
+   * host mirror after each update (sync_shared_params): it copies it out of the owner's device
+   * first and into each holder's device after. */
+  void (*param_copy)(int k, float *host, int to_device);
 } RtPlan;
 
 /* What the generated code reads and writes while it runs. */
@@ -354,6 +360,9 @@ struct RtRun {
   RtComm *axis_comm[3];
   int64_t axis_coord[3];
   double grad_sumsq;            /* pipeline stages: the squared gradient norm update reads */
+  int slot;                     /* pipeline stages: the arena slot of the micro-batch being run, 0
+                                   otherwise (work is that slot's host arena; a GPU plan keeps one
+                                   device arena per slot) */
 };
 
 /* Parses the program's flags (--help lists them), trains, and returns the exit status:

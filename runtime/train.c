@@ -727,6 +727,25 @@ static int alloc_slots(Trainer *t, size_t work, RtError *err) {
   return 0;
 }
 
+/* A GPU plan's to_device (to_dev 1) or to_host hook, for each of the rank's pipeline stages (each
+ * keeps its own device state); 0, or -1 with the error. */
+static int device_hook(Trainer *t, int to_dev, RtError *err) {
+  int rc = 0;
+  for (int k = 0; k < nstages(t) && rc == 0; k++) {
+    stage_use(t, k);
+    int (*f)(RtRun *, RtError *) = to_dev ? t->p->to_device : t->p->to_host;
+    if (f) rc = f(&t->run, err);
+  }
+  stage_use(t, 0);
+  return rc;
+}
+
+/* The f16 loss scaler's state (RtPlan.loss_scaler): read from the rank's first stage, set in each. */
+static void scaler_hook(Trainer *t, double st[3], int set) {
+  for (int k = 0; k < (set ? nstages(t) : 1); k++)
+    if (stage_view(t, k).p->loss_scaler) stage_view(t, k).p->loss_scaler(st, set);
+}
+
 /* The params, states, arenas and input buffers of stage cur. */
 static int alloc_stage(Trainer *t, RtError *err) {
   const RtPlan *p = t->p;
@@ -846,7 +865,7 @@ static int load_or_init(Trainer *t, RtError *err) {
                      (long long)info.seed, (long long)p->seed);
     t->start = info.step;
     t->last_ckpt = info.step;
-    if (p->loss_scaler && info.scaler[0] > 0) p->loss_scaler(info.scaler, 1);
+    if (info.scaler[0] > 0) scaler_hook(t, info.scaler, 1);
     say(t, "resumed from %s at step %lld", dir, (long long)info.step);
     return 0;
   }
@@ -1049,7 +1068,8 @@ static void sync_shared_params(Trainer *t) {
     }
     if (owner < 0 || holders < 2) continue;
     /* stage q is the rank's stage q / P when q mod P is its pp coordinate */
-    const float *src = owner % P == me ? stage_view(t, owner / P).params + sp[owner]->params[at[owner]].offset : NULL;
+    float *src = owner % P == me ? stage_view(t, owner / P).params + sp[owner]->params[at[owner]].offset : NULL;
+    if (src && sp[owner]->param_copy) sp[owner]->param_copy(at[owner], src, 0); /* a GPU plan's, from the device */
     for (int q = 0; q < n; q++) {
       if (q == owner || at[q] < 0) continue;
       int64_t numel = sp[q]->params[at[q]].numel;
@@ -1058,6 +1078,7 @@ static void sync_shared_params(Trainer *t) {
       if (src && dst) memcpy(dst, src, (size_t)numel * sizeof *dst);
       else if (src) rt_comm_isend(g, src, numel, RT_COMM_F32, q % P, tag);
       else if (dst) rt_comm_recv(g, dst, numel, RT_COMM_F32, owner % P, tag);
+      if (dst && sp[q]->param_copy) sp[q]->param_copy(at[q], dst, 1); /* a GPU plan's, to the device */
     }
   }
   free(at);
@@ -1072,6 +1093,7 @@ static void pp_run(Trainer *t, int64_t s, PpOp o, double *lsum, RtError *err) {
   int64_t m = o.mb;
   int q = (int)(m % t->nslots);
   t->run.work = t->slot_work[q];
+  t->run.slot = q;
   t->run.micro_index = m;
   double t0 = rt_trace_now(), loss = 0;
   if (o.fwd) {
@@ -1096,6 +1118,7 @@ static void pp_micro_batches(Trainer *t, int64_t s, double *lsum, RtError *err) 
   for (int k = nstages(t) - 1; k >= 0; k--) {
     stage_use(t, k);
     t->run.work = t->slot_work[0];
+    t->run.slot = 0;
     t->bufs = t->slot_bufs[0];
   }
   rt_comm_wait_sends(t->run.axis_comm[t->p->pp_axis]);
@@ -1120,7 +1143,7 @@ static double pp_update(Trainer *t) {
   }
   rt_comm_wait_sends(g);
   sync_shared_params(t);
-  return gn > 0 ? gn : 0;
+  return gn < 0 ? 0 : gn; /* NaN: an f16 step skipped on an overflow */
 }
 
 /* One optimizer step: accum micro-batches, then the update.  The loss and metrics are the means
@@ -1170,11 +1193,11 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
 }
 
 static int write_checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
-  if (t->p->to_host && t->p->to_host(&t->run, err) != 0) return -1; /* a GPU plan's params and state */
+  if (device_hook(t, 0, err) != 0) return -1; /* a GPU plan's params and state */
   RtCkptInfo info = {.step = done, .seed = t->p->seed, .loss = t->loss, .data_offset = -1};
   const char *hash = t->p->resume_hash ? t->p->resume_hash : t->p->source_hash;
   snprintf(info.plan_hash, sizeof info.plan_hash, "%s", hash ? hash : "");
-  if (t->p->loss_scaler) t->p->loss_scaler(info.scaler, 0);
+  scaler_hook(t, info.scaler, 0);
   if (t->p->data_kind == RT_DATA_TOKENS) {
     int64_t S = rt_tokens_steps(t->tok, t->p->batch, t->p->seq_len, NULL);
     info.data_offset = S > 0 ? done % S * t->p->batch * t->p->seq_len : -1;
@@ -1292,7 +1315,7 @@ static int setup(Trainer *t, RtError *err) {
       load_or_init(t, err) != 0)
     return -1;
   /* a GPU plan: the params and state (initialized or loaded here) go to the device once */
-  if (t->p->to_device && t->p->to_device(&t->run, err) != 0) return -1;
+  if (device_hook(t, 1, err) != 0) return -1;
   if (t->o.save_init && save_params(t, t->o.save_init, err) != 0) return -1;
   if (open_metrics(t, err) != 0) return -1;
   if (t->o.trace && rt_trace_open(t->o.trace, t->rank, err) != 0) return -1;
@@ -1312,7 +1335,7 @@ static int run_all(Trainer *t) {
     return 0;
   }
   if (t->o.save) {
-    int bad = (t->p->to_host && t->p->to_host(&t->run, &err) != 0) || check_replicas(t, &err) != 0 ||
+    int bad = device_hook(t, 0, &err) != 0 || check_replicas(t, &err) != 0 ||
               save_params(t, t->o.save, &err) != 0;
     if (agree(t, bad ? -1 : 0, &err) != 0) return fail(t, err.msg);
     say(t, "saved the params to %s", t->o.save);

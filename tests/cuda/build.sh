@@ -103,12 +103,20 @@ echo "ok: two GPUs (tp 2): collectives on NCCL, vocab-parallel cross entropy"
 grep -q '^    .devices = 8,' keep-gpt2/plan.c || fail "examples/gpt2.cplan: not a plan for 8 GPUs"
 echo "ok: examples/gpt2.cplan builds ($(grep -o 'the search chose [^(]*' gpt2ex.log))"
 
-# not supported yet: diagnostics at the file, exit 1, no program
-out=$("$cplanc" build gpt_small.cplan -o pp2 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 \
-  --set train.strategy.pp=2 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "<--set>:1:7: error: pipeline parallelism (pp = 2) is not supported on the cuda backend yet" <<<"$out" ||
-  { echo "$out"; fail "pp 2 on the cuda backend: exit $rc"; }
-[ ! -e pp2 ] || fail "a refused build left a program"
+# pipeline parallelism on two GPUs: one file per stage (plan_s0.c, plan_s1.c) and plan.c's main,
+# which checks the device before MPI starts; crossings through host memory (pp_send, pp_recv)
+"$cplanc" build gpt_small.cplan -o pp2 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 --set train.strategy.pp=2 \
+  --set train.precision=bf16 --keep-c keep-pp2 2>pp2.log || { cat pp2.log; fail "cplanc build for two GPUs (pp 2)"; }
+grep -q '^    .pp = 2,' keep-pp2/plan_s0.c && grep -q '^    .stage = 1,' keep-pp2/plan_s1.c &&
+  grep -q '  pp_send(run, 0, ' keep-pp2/plan_s0.c && grep -q '  pp_recv(run, 0, ' keep-pp2/plan_s1.c &&
+  grep -q 'cplan_gpu_init_s1(argc, argv);' keep-pp2/plan.c || fail "two GPUs: not a pp 2 program"
+if [ $gpu -eq 0 ]; then
+  out=$(timeout 60 ./pp2 --steps 2 --data tokens.bin 2>&1); rc=$?
+  [ $rc -eq 1 ] && grep -q "no CUDA device was found" <<<"$out" || { echo "$out"; fail "pp 2: exit $rc without a GPU"; }
+fi
+echo "ok: two GPUs (pp 2): a file per stage, crossings through host memory"
+
+# not supported: diagnostics at the file, exit 1, no program
 out=$("$cplanc" build gpt_small.cplan -o dp1 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 \
   --set train.strategy.dp=1 2>&1); rc=$?
 [ $rc -eq 1 ] && grep -q "error: mesh 'gpu1' has 2 CUDA devices, but the strategy runs dp = 1" <<<"$out" ||

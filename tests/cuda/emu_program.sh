@@ -17,11 +17,16 @@
 #   gpt_small-f16-resume   (an f16 run checkpointed half way, resumed: state.json has loss_scale,
 #                           the resumed steps' losses equal the straight run's)
 #   gpt_small-f16-overflow (plan.c's initial loss scale raised to 2^24: the overflowing steps are skipped,
-#                           each halves the scale, the others train)
+#                           each halves the scale, the others train); gpt_small-f16-pp2overflow: the same
+#                           with pp 2 (every stage's scale raised; the stages skip the same steps)
 #   MODEL-PREC-STRAT-COMM  a lowered plan (compiler/lower.h) under mpirun, its collectives over the
 #                           emulated NCCL (nccl: a communicator per strategy axis on every rank) or MPI
 #                           (mpi: none): STRAT zero1, zero2, zero3 (dp 2 on 2 GPUs), tp2 (2 GPUs), tp2sp
-#                           (dp 2 x tp 2 with sequence parallelism, 4 GPUs); --save gathers whole tensors
+#                           (dp 2 x tp 2 with sequence parallelism, 4 GPUs); --save gathers whole tensors;
+#                           pipeline parallelism (one plan_sN.c per stage, micro-batches of one sample,
+#                           crossings through host memory and MPI whatever COMM): pp2 (1F1B, 2 GPUs),
+#                           pp2gpipe (GPipe), pp2i (interleaved: 2 stages per GPU, MODEL gpt_small4 or
+#                           llama_small4, the model with 4 layers), dp2pp2 and tp2pp2 (4 GPUs)
 # Tolerances (gpt_gpu.sh's): relative 1e-3 on every step's loss and grad norm in f32, 2e-2 in bf16 and
 # f16; final params within 1e-3 in f32; f16 skips no step. Exit 0 when every case passes.
 set -u
@@ -29,7 +34,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow}
 steps=${CPLAN_EMU_STEPS:-8}
 env_file=$build/tests/cuda_emu/program.env
 [ -f "$env_file" ] || { echo "FAILED: no $env_file (build the cplan_emu_program target)"; exit 1; }
@@ -49,7 +54,9 @@ for i in $(seq 300); do printf '%d+%d=%d; ' "$i" $((i * 7 % 13)) $((i + i * 7 % 
 # the CPU reference of a model: STEPS steps, its initial params
 cpu() {
   [ -f "$1-cpu.jsonl" ] && return 0
-  { cat "$src/tests/e2e/$1.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$1.cplan"
+  local layers=2 # MODEL4: MODEL with 4 layers (the model keeps its name)
+  case $1 in *4) layers=4 ;; esac
+  { sed "s/L: int = 2,/L: int = $layers,/" "$src/tests/e2e/${1%4}.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$1.cplan"
   "$cplanc" build "$1.cplan" -o "$1-cpu" --set train.steps="$steps" 2>"$1-cpu.log" || { cat "$1-cpu.log"; return 1; }
   timeout 120 "./$1-cpu" --quiet --save-init "$1-init.st" --save "$1-cpu.st" --metrics "$1-cpu.jsonl" ||
     { echo "$1: the CPU program failed"; return 1; }
@@ -62,7 +69,7 @@ emu() {
   "$cplanc" build "$m.cplan" -o "$name-real" --set train.steps="$steps" --set train.mesh=gpu1 --set train.precision="$p" \
     --keep-c "keep-$name" "$@" 2>"$name.log" || { cat "$name.log"; return 1; }
   # shellcheck disable=SC2086
-  $EMU_CC $EMU_CFLAGS "keep-$name/plan.c" -o "$name" $EMU_LIBS 2>"$name.cc.log" || { head -30 "$name.cc.log"; return 1; }
+  $EMU_CC $EMU_CFLAGS "keep-$name"/plan*.c -o "$name" $EMU_LIBS 2>"$name.cc.log" || { head -30 "$name.cc.log"; return 1; }
 }
 
 # compare LABEL PREC CPU.jsonl EMU.jsonl CPU.st EMU.st [FIRST]: gpt_gpu.sh's checks (steps FIRST.. of the CPU
@@ -100,7 +107,7 @@ for c in $cases; do
       { note "$c: $n ranks made an NCCL communicator with CPLAN_COMM=$comm"; continue; }
     compare "$c" "$p" "$m-cpu.jsonl" "$c.jsonl" "$m-cpu.st" "$c.st" || bad=1
     ;;
-  *-zero1-* | *-zero2-* | *-zero3-* | *-tp2-* | *-tp2sp-*)
+  *-zero1-* | *-zero2-* | *-zero3-* | *-tp2-* | *-tp2sp-* | *pp2*-*)
     # a lowered plan (lower.h) on a mesh of 2 GPUs (4 for tp2sp: dp 2 x tp 2, sequence parallel):
     # ZeRO or tensor parallelism, its collectives over the emulated NCCL or MPI (CPLAN_COMM)
     strat=${rest#*-} comm=${rest##*-}
@@ -109,10 +116,19 @@ for c in $cases; do
     zero*) np=2 sets=(--set train.strategy.zero="${strat#zero}") ;;
     tp2) np=2 sets=(--set train.strategy.tp=2) ;;
     tp2sp) np=4 sets=(--set train.strategy.dp=2 --set train.strategy.tp=2 --set train.strategy.sp=2) ;;
+    pp2) np=2 sets=(--set train.strategy.pp=2 --set train.strategy.micro=1) ;;
+    pp2i) np=2 sets=(--set train.strategy.pp=2 --set train.strategy.micro=1 --set 'train.strategy.pipeline="interleaved"') ;;
+    pp2gpipe) np=2 sets=(--set train.strategy.pp=2 --set train.strategy.micro=1 --set 'train.strategy.pipeline="gpipe"') ;;
+    dp2pp2) np=4 sets=(--set train.strategy.dp=2 --set train.strategy.pp=2 --set train.strategy.micro=1) ;;
+    tp2pp2) np=4 sets=(--set train.strategy.tp=2 --set train.strategy.pp=2 --set train.strategy.micro=1) ;;
+    *) note "$c: unknown strategy $strat"; continue ;;
     esac
     emu "$m" "$p" "$c" --set mesh.gpu1.shape.gpu=$np "${sets[@]}" "${extra[@]}" ||
       { note "$c: building the emulated program"; continue; }
-    grep -q '^    .gparams = gparams,' "keep-$c/plan.c" || { note "$c: plan.c is not a lowered plan"; continue; }
+    plan=keep-$c/plan.c
+    case $strat in *pp2*) plan=keep-$c/plan_s0.c ;; esac
+    grep -q '^    .gparams = gparams,' "$plan" || { note "$c: $plan is not a lowered plan"; continue; }
+    case $strat in *pp2*) grep -q '^    .pp = 2,' "$plan" || { note "$c: $plan is not a pipeline stage"; continue; } ;; esac
     timeout 900 "${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CPLAN_COMM="$comm" -x CPLAN_NVRTC_CACHE "./$c" \
       --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" >"$c.out" ||
       { tail -8 "$c.run.log"; note "$c: mpirun of the emulated program exited with status $?"; continue; }
@@ -145,28 +161,36 @@ for x, y in zip(A[half:], B):
 print("ok: %s: steps %d..%d (from 0) resumed from the checkpoint equal the straight f16 run (loss_scale %g)" % (label, half, len(A) - 1, A[-1]["loss_scale"]))
 PY
     ;;
-  f16-overflow)
+  f16-overflow | f16-pp2overflow)
     # the skip path of the loss scaling: plan.c's initial scale 2^16 raised to 2^24 (the only edit
     # of a generated file here), so the first steps overflow: each overflowing step is skipped
     # (gradient norm NaN, no update), halves the scale and counts in skipped_steps; the others train
-    # (finite losses and gradient norms) and keep the scale
-    emu "$m" f16 "$c" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
-    sed 's/^    G.scale = 65536.0;$/    G.scale = 16777216.0;/' "keep-$c/plan.c" >"keep-$c/overflow.c"
-    grep -q '^    G.scale = 16777216.0;$' "keep-$c/overflow.c" || { note "$c: plan.c does not start the scale at 65536.0"; continue; }
+    # (finite losses and gradient norms) and keep the scale. pp 2: every stage file's scale is raised
+    # and the program runs on 2 ranks; its skipped_steps is the count at the step's start (lag 1)
+    np=1 lag=0 sets=() files=plan.c
+    if [ "$rest" = f16-pp2overflow ]; then
+      np=2 lag=1 sets=(--set mesh.gpu1.shape.gpu=2 --set train.strategy.pp=2 --set train.strategy.micro=1) files="plan_s0.c plan_s1.c"
+    fi
+    emu "$m" f16 "$c" "${sets[@]}" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
+    mkdir -p "ovf-$c" && cp "keep-$c"/plan*.c "ovf-$c"/
+    for f in $files; do
+      sed 's/^    G.scale = 65536.0;$/    G.scale = 16777216.0;/' "keep-$c/$f" >"ovf-$c/$f"
+      grep -q '^    G.scale = 16777216.0;$' "ovf-$c/$f" || { note "$c: $f does not start the scale at 65536.0"; continue 2; }
+    done
     # shellcheck disable=SC2086
-    $EMU_CC $EMU_CFLAGS "keep-$c/overflow.c" -o "$c" $EMU_LIBS 2>"$c.cc.log" || { head -30 "$c.cc.log"; note "$c: cc"; continue; }
-    timeout 600 "./$c" --init "$m-init.st" --metrics "$c.jsonl" --quiet 2>"$c.run.log" ||
-      { tail -8 "$c.run.log"; note "$c: the emulated program exited with status $?"; continue; }
-    python3 - "$c" "$c.jsonl" <<'PY' || bad=1
+    $EMU_CC $EMU_CFLAGS "ovf-$c"/plan*.c -o "$c" $EMU_LIBS 2>"$c.cc.log" || { head -30 "$c.cc.log"; note "$c: cc"; continue; }
+    timeout 600 "${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CPLAN_NVRTC_CACHE "./$c" --init "$m-init.st" --metrics "$c.jsonl" \
+      --quiet 2>"$c.run.log" >"$c.out" || { tail -8 "$c.run.log"; note "$c: the emulated program exited with status $?"; continue; }
+    python3 - "$c" "$c.jsonl" "$lag" <<'PY' || bad=1
 import json, math, sys
-label, path = sys.argv[1:]
+label, path, lag = sys.argv[1], sys.argv[2], int(sys.argv[3])
 L = [json.loads(l) for l in open(path)]
 scale, skipped, trained = 2.0 ** 24, 0, 0
 for x in L:
     skip = x["grad_norm"] is None
     skipped += skip
-    if x["loss_scale"] != scale or x["skipped_steps"] != skipped or not math.isfinite(x["loss"]):
-        sys.exit("FAILED: %s: step %d: loss_scale %r skipped_steps %r loss %r, expected %g, %d" % (label, x["step"], x["loss_scale"], x["skipped_steps"], x["loss"], scale, skipped))
+    if x["loss_scale"] != scale or x["skipped_steps"] != skipped - (skip if lag else 0) or not math.isfinite(x["loss"]):
+        sys.exit("FAILED: %s: step %d: loss_scale %r skipped_steps %r loss %r, expected %g, %d" % (label, x["step"], x["loss_scale"], x["skipped_steps"], x["loss"], scale, skipped - (skip if lag else 0)))
     if skip:
         scale /= 2
     else:

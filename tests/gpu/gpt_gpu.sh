@@ -16,7 +16,8 @@
 # two GPUs (dp 2, in the precisions of CPLAN_GPU_DP_PRECISIONS, default "f32 f16") and run by
 # `mpirun -np 2` against the same one-device CPU run and tolerances: with one GPU per rank the
 # gradients are summed by NCCL, two ranks on one GPU sum them through MPI (CPLAN_COMM=mpi). Tensor
-# parallelism (tp 2) and ZeRO 3 over two ranks run the same way, in bf16.
+# parallelism (tp 2), ZeRO 3 and pipeline parallelism (pp 2, 1F1B) over two ranks run the same way,
+# in bf16.
 # --prepare bundles a relocatable Open MPI (tests/gpu/ompi_bundle.sh) for a GPU machine without MPI. CPLAN_GPU_KEEP=DIR copies metrics, logs and generated
 # sources there.
 set -u
@@ -65,12 +66,14 @@ if [ $mode != check ]; then
         { cat "$m-gpu-$p-dp2.log"; fail "build $m (cuda, $p, dp 2)"; }
       echo "$m $p 2 dp2" >>runs.txt
     done
-    # tensor parallelism and ZeRO 3 over two ranks in bf16: lowered plans, collectives on the device
-    for s in tp2 zero3; do
-      sset=train.strategy.tp=2
-      [ $s = zero3 ] && sset=train.strategy.zero=3
+    # tensor parallelism, ZeRO 3 and pipeline parallelism (1F1B, a sample per micro-batch) over two
+    # ranks in bf16: lowered plans, collectives on the device, pipeline crossings through the host
+    for s in tp2 zero3 pp2; do
+      sset=(--set train.strategy.tp=2)
+      [ $s = zero3 ] && sset=(--set train.strategy.zero=3)
+      [ $s = pp2 ] && sset=(--set train.strategy.pp=2 --set train.strategy.micro=1)
       "$cplanc" build "$m.cplan" -o "$m-gpu-bf16-$s" --set train.steps=20 --set train.mesh=gpu1 \
-        --set mesh.gpu1.shape.gpu=2 --set train.precision=bf16 --set $sset 2>"$m-gpu-bf16-$s.log" ||
+        --set mesh.gpu1.shape.gpu=2 --set train.precision=bf16 "${sset[@]}" 2>"$m-gpu-bf16-$s.log" ||
         { cat "$m-gpu-bf16-$s.log"; fail "build $m (cuda, bf16, $s)"; }
       echo "$m bf16 2 $s" >>runs.txt
     done
