@@ -15,7 +15,8 @@
 #   gpt_small-{f32,f16}-dp2-{mpi,nccl}  (mesh of 2 GPUs, mpirun -np 2, CPLAN_COMM=mpi or nccl: the
 #                           emulated NCCL must have been made on both ranks, or on none)
 #   gpt_small-f16-resume   (an f16 run checkpointed half way, resumed: state.json has loss_scale,
-#                           the resumed steps' losses equal the straight run's)
+#                           the resumed steps' losses equal the straight run's); gpt_small-f16-pp2resume:
+#                           the same with pp 2 on 2 ranks
 #   gpt_small-f16-overflow (plan.c's initial loss scale raised to 2^24: the overflowing steps are skipped,
 #                           each halves the scale, the others train); gpt_small-f16-pp2overflow: the same
 #                           with pp 2 (every stage's scale raised; the stages skip the same steps)
@@ -26,7 +27,7 @@
 #                           pipeline parallelism (one plan_sN.c per stage, micro-batches of one sample,
 #                           crossings through host memory and MPI whatever COMM): pp2 (1F1B, 2 GPUs),
 #                           pp2gpipe (GPipe), pp2i (interleaved: 2 stages per GPU, MODEL gpt_small4 or
-#                           llama_small4, the model with 4 layers), dp2pp2 and tp2pp2 (4 GPUs)
+#                           llama_small4, the model with 4 layers), dp2pp2, dp2pp2zero2 and tp2pp2 (4 GPUs)
 # Tolerances (gpt_gpu.sh's): relative 1e-3 on every step's loss and grad norm in f32, 2e-2 in bf16 and
 # f16; final params within 1e-3 in f32; f16 skips no step. Exit 0 when every case passes.
 set -u
@@ -34,7 +35,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
 env_file=$build/tests/cuda_emu/program.env
 [ -f "$env_file" ] || { echo "FAILED: no $env_file (build the cplan_emu_program target)"; exit 1; }
@@ -120,6 +121,7 @@ for c in $cases; do
     pp2i) np=2 sets=(--set train.strategy.pp=2 --set train.strategy.micro=1 --set 'train.strategy.pipeline="interleaved"') ;;
     pp2gpipe) np=2 sets=(--set train.strategy.pp=2 --set train.strategy.micro=1 --set 'train.strategy.pipeline="gpipe"') ;;
     dp2pp2) np=4 sets=(--set train.strategy.dp=2 --set train.strategy.pp=2 --set train.strategy.micro=1) ;;
+    dp2pp2zero2) np=4 sets=(--set train.strategy.dp=2 --set train.strategy.pp=2 --set train.strategy.micro=1 --set train.strategy.zero=2) ;;
     tp2pp2) np=4 sets=(--set train.strategy.tp=2 --set train.strategy.pp=2 --set train.strategy.micro=1) ;;
     *) note "$c: unknown strategy $strat"; continue ;;
     esac
@@ -137,16 +139,20 @@ for c in $cases; do
       { note "$c: $n NCCL communicators were made with CPLAN_COMM=$comm"; continue; }
     compare "$c" "$p" "$m-cpu.jsonl" "$c.jsonl" "$m-cpu.st" "$c.st" || bad=1
     ;;
-  f16-resume)
-    emu "$m" f16 "$c" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
+  f16-resume | f16-pp2resume)
+    # pp2resume: the same with pp 2 on 2 ranks (each stage's device state to and from the checkpoint)
+    np=1 sets=()
+    [ "$rest" = f16-pp2resume ] && np=2 sets=(--set mesh.gpu1.shape.gpu=2 --set train.strategy.pp=2 --set train.strategy.micro=1)
+    emu "$m" f16 "$c" "${sets[@]}" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
     half=$((steps / 2))
-    timeout 600 "./$c" --init "$m-init.st" --metrics "$c-straight.jsonl" --quiet 2>"$c.run.log" ||
+    run=("${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CPLAN_NVRTC_CACHE "./$c")
+    timeout 600 "${run[@]}" --init "$m-init.st" --metrics "$c-straight.jsonl" --quiet 2>"$c.run.log" >"$c.out" ||
       { tail -8 "$c.run.log"; note "$c: the straight run exited with status $?"; continue; }
-    timeout 600 "./$c" --init "$m-init.st" --steps "$half" --checkpoint-dir ck --quiet 2>>"$c.run.log" ||
+    timeout 600 "${run[@]}" --init "$m-init.st" --steps "$half" --checkpoint-dir "ck-$c" --quiet 2>>"$c.run.log" >>"$c.out" ||
       { tail -8 "$c.run.log"; note "$c: the first half exited with status $?"; continue; }
-    st=$(find ck -name state.json | head -1)
+    st=$(find "ck-$c" -name state.json | head -1)
     [ -n "$st" ] && grep -q '"loss_scale"' "$st" || { note "$c: the checkpoint's state.json has no loss_scale"; continue; }
-    timeout 600 "./$c" --resume ck --metrics "$c-resumed.jsonl" --quiet 2>>"$c.run.log" ||
+    timeout 600 "${run[@]}" --resume "ck-$c" --metrics "$c-resumed.jsonl" --quiet 2>>"$c.run.log" >>"$c.out" ||
       { tail -8 "$c.run.log"; note "$c: the resumed run exited with status $?"; continue; }
     python3 - "$c" "$c-straight.jsonl" "$c-resumed.jsonl" "$half" <<'PY' || bad=1
 import json, sys
