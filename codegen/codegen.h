@@ -29,6 +29,7 @@ struct Lowered;
 /* The hash checkpoints of the next plans record and accept (RtPlan.resume_hash): the build's
  * without the strategy and mesh, so a checkpoint resumes under another strategy. */
 void cg_set_resume_hash(const char *hash);
+const char *cg_resume_hash(void); /* NULL: none set */
 bool cg_emit_c_spmd(FILE *out, const struct StratPlan *sp, const struct Lowered *lw, const TrainConf *t,
                     const char *source_hash);
 

@@ -44,6 +44,7 @@ typedef struct Cg {
 static int64_t last_work_bytes;
 static const char *resume_hash_; /* cg_set_resume_hash's */
 void cg_set_resume_hash(const char *hash) { resume_hash_ = hash; }
+const char *cg_resume_hash(void) { return resume_hash_; }
 static const Fusion *last_fusion;
 /* the LLVM kernels of the last cg_emit_c: the fused groups' kernels, then the row kernels
  * (softmax, norms, last-axis sums), one per distinct (op, rows, n, eps) */

@@ -1691,6 +1691,7 @@ static void emit_plan(Cu *c, const char *hash) {
   EMIT("    .lr_at = lr_at,\n    %s,\n    .update = update,\n    .eval_step = eval_step,\n",
        c->pipe ? ".forward = pp_forward,\n    .backward = pp_backward" : ".micro_step = micro_step");
   cg_emit_plan_mesh(c->out, dp, m ? m->ndevices : 1, m);
+  if (cg_resume_hash()) EMIT("    .resume_hash = %s,\n", cg_c_string(cg_resume_hash()));
   if (c->sp) cg_emit_plan_lowered(c->out, c->sp, &c->gt);
   if (c->pipe) cg_emit_plan_pipeline(c->out, c->sp, c->pipe, c->stage, c->ppa, t);
   EMIT("    .to_device = to_device,\n    .to_host = to_host,\n    .reduce_grads = %s,\n    .loss_scaler = %s,\n",

@@ -16,7 +16,7 @@
 #                           emulated NCCL must have been made on both ranks, or on none)
 #   gpt_small-f16-resume   (an f16 run checkpointed half way, resumed: state.json has loss_scale,
 #                           the resumed steps' losses equal the straight run's); gpt_small-f16-pp2resume:
-#                           the same with pp 2 on 2 ranks
+#                           the same with pp 2 on 2 ranks, and its checkpoint resumed on one GPU
 #   gpt_small-f16-overflow (plan.c's initial loss scale raised to 2^24: the overflowing steps are skipped,
 #                           each halves the scale, the others train); gpt_small-f16-pp2overflow: the same
 #                           with pp 2 (every stage's scale raised; the stages skip the same steps)
@@ -165,6 +165,22 @@ for x, y in zip(A[half:], B):
     if x["loss"] != y["loss"] or x.get("loss_scale") != y.get("loss_scale"):
         sys.exit("FAILED: %s: resumed loss %r (scale %r) vs straight %r (scale %r)" % (label, y["loss"], y.get("loss_scale"), x["loss"], x.get("loss_scale")))
 print("ok: %s: steps %d..%d (from 0) resumed from the checkpoint equal the straight f16 run (loss_scale %g)" % (label, half, len(A) - 1, A[-1]["loss_scale"]))
+PY
+    [ $np -gt 1 ] || continue
+    # the same checkpoint resumed on one GPU (RtPlan.resume_hash leaves the strategy out): within the
+    # f16 tolerance of the straight pp run
+    emu "$m" f16 "$c-one" "${extra[@]}" || { note "$c: building the one-GPU program"; continue; }
+    timeout 600 "./$c-one" --resume "ck-$c" --metrics "$c-one.jsonl" --quiet 2>>"$c.run.log" ||
+      { tail -8 "$c.run.log"; note "$c: the one-GPU resume exited with status $?"; continue; }
+    python3 - "$c" "$c-straight.jsonl" "$c-one.jsonl" "$half" <<'PY' || bad=1
+import json, sys
+label, a, b, half = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+A = [json.loads(l) for l in open(a)][half:]
+B = [json.loads(l) for l in open(b)]
+worst = max(abs(y["loss"] - x["loss"]) / abs(x["loss"]) for x, y in zip(A, B)) if len(A) == len(B) else None
+if worst is None or worst > 2e-2:
+    sys.exit("FAILED: %s: the pp checkpoint resumed on one GPU: %d steps, worst relative loss difference %r" % (label, len(B), worst))
+print("ok: %s: its checkpoint resumed on one GPU: steps %d.. within %.2e of the pp run" % (label, half, worst))
 PY
     ;;
   f16-overflow | f16-pp2overflow)
