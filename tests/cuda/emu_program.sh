@@ -50,14 +50,18 @@ bad=0
 note() { echo "FAILED: $*"; bad=1; }
 
 for i in $(seq 300); do printf '%d+%d=%d; ' "$i" $((i * 7 % 13)) $((i + i * 7 % 13)); done >tokens.txt
-"$cplanc" data text tokens.txt -o tokens.bin >/dev/null 2>&1 || { echo "FAILED: cplanc data text"; exit 1; }
+"$cplanc" data text tokens.txt -o tokens.bin --val 0.2 >/dev/null 2>&1 || { echo "FAILED: cplanc data text"; exit 1; }
 
 # the CPU reference of a model: STEPS steps, its initial params
 cpu() {
   [ -f "$1-cpu.jsonl" ] && return 0
   local layers=2 # MODEL4: MODEL with 4 layers (the model keeps its name)
   case $1 in *4) layers=4 ;; esac
-  { sed "s/L: int = 2,/L: int = $layers,/" "$src/tests/e2e/${1%4}.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$1.cplan"
+  # every run evaluates (eval_step: the forward pass of each strategy) at steps 4 and 8 on 2 held-out batches
+  { sed -e "s/L: int = 2,/L: int = $layers,/" \
+      -e 's|^  data      = tokens("tokens.bin")$|  data      = tokens("tokens.bin", val = "tokens_val.bin")\n  eval      = { every = 4, batches = 2 }|' \
+      "$src/tests/e2e/${1%4}.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$1.cplan"
+  grep -q 'val = "tokens_val.bin"' "$1.cplan" || { echo "$1: no evaluation data in $1.cplan"; return 1; }
   "$cplanc" build "$1.cplan" -o "$1-cpu" --set train.steps="$steps" 2>"$1-cpu.log" || { cat "$1-cpu.log"; return 1; }
   timeout 120 "./$1-cpu" --quiet --save-init "$1-init.st" --save "$1-cpu.st" --metrics "$1-cpu.jsonl" ||
     { echo "$1: the CPU program failed"; return 1; }

@@ -9,7 +9,8 @@ f32, 2e-2 otherwise (bf16, f16: the issue's); final params within 1e-3 absolute 
 precisions' are printed, not checked: Adam turns bf16 rounding of tiny gradients into +-lr steps).
 An f16 run (PREC starts with f16) must skip no step (its skipped_steps metric) and, under 1000 steps,
 report the starting loss scale 2^16 on every line (metrics summed over tp ranks). Prints the worst
-differences; exit 0 when within, else a FAILED line."""
+differences; exit 0 when within, else a FAILED line. Steps that evaluated (val_loss) must have done so
+in both runs, and their val_loss is held to the same tolerance."""
 import json
 import struct
 import sys
@@ -47,7 +48,12 @@ def main(argv):
             return "FAILED: %s %s: loss_scale %g, expected 65536 (no step skipped)" % (label, prec, bad[0])
     worst = 0.0
     for s, (x, y) in enumerate(zip(A, B)):
-        for what in ("loss", "grad_norm"):
+        if ("val_loss" in x) != ("val_loss" in y):
+            return "FAILED: %s %s: step %d: %s evaluated, %s did not" % (
+                label, prec, first + s, *(("CPU", device) if "val_loss" in x else (device, "CPU")))
+        for what in ("loss", "grad_norm", "val_loss"):
+            if what not in x:
+                continue
             u, v = x[what], y[what]
             r = abs(u - v) / max(abs(u), 1e-12)
             worst = max(worst, r)
