@@ -153,7 +153,7 @@ static int64_t accum_steps(const TrainConf *t) {
   if (micro <= 0 || t->batch % (micro * dp) != 0) {
     diag_error(t->span, "batch %lld is not divisible by dp*micro = %lld*%lld", (long long)t->batch,
                (long long)dp, (long long)micro);
-    diag_hint("with `strategy = auto` on a mesh of CPU devices, dp is the device count");
+    diag_hint("with `strategy = auto` on a mesh where the search finds no plan, dp is the device count");
     return -1;
   }
   return t->batch / (micro * dp);

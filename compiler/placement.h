@@ -135,5 +135,8 @@ bool strat_degrees(const Program *prog, const TrainConf *t, int64_t *dp, int64_t
  * global micro-batch dp·micro) and lists the collectives. NULL after diagnostics. */
 StratPlan *strat_pin(const Program *prog, const Graph *g, const TrainConf *t);
 const char *strat_axis_name(AxisRole r); /* "dp" */
+/* The first split_heads of g whose head count tp does not divide (tensor parallelism splits the
+ * heads), or -1: strat_pin refuses such a tp, and the search does not consider it. */
+int strat_heads_misfit(const Graph *g, int64_t tp);
 
 #endif

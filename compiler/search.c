@@ -979,7 +979,8 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
   int L = S->ly.L;
   int64_t considered = 0;
   for (int64_t tp = 1; tp <= S->N; tp++) {
-    if (S->N % tp || !pinned_ok(st->tp, tp) || (st->sp > 1 && st->sp != tp)) continue;
+    /* the lowering splits the heads over tp (strat_pin refuses a tp that does not divide them) */
+    if (S->N % tp || !pinned_ok(st->tp, tp) || (st->sp > 1 && st->sp != tp) || strat_heads_misfit(g1, tp) >= 0) continue;
     for (int64_t pp = 1; pp * tp <= S->N; pp++) {
       if ((S->N / tp) % pp || !pinned_ok(st->pp, pp) || (pp > 1 && pp > L)) continue;
       int64_t dp = S->N / (tp * pp);
@@ -1026,8 +1027,8 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
     if (report) {
       diag_error(st->span, "no configuration satisfies the pinned strategy on %lld devices and batch %lld",
                  (long long)S->N, (long long)S->B);
-      diag_hint("dp·tp·pp must be the device count, dp must divide the batch, pp must not exceed the %d layers, "
-                "and micro must divide batch / dp", L);
+      diag_hint("dp·tp·pp must be the device count, dp must divide the batch, tp the attention heads, pp must not "
+                "exceed the %d layers, and micro must divide batch / dp", L);
     }
     return NULL;
   }

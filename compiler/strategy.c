@@ -290,6 +290,12 @@ static void assign_stages(StratPlan *sp) {
 
 /* ---- the entry point ------------------------------------------------------------------------- */
 
+int strat_heads_misfit(const Graph *g, int64_t tp) {
+  for (int i = 0; i < g->n && tp > 1; i++)
+    if (g->nodes[i].op == OP_SPLIT_HEADS && g->nodes[i].ia[0] % tp != 0) return i;
+  return -1;
+}
+
 /* Checks that need the graph: heads and layers. */
 static bool graph_checks(const Program *prog, const Graph *g, const TrainConf *t, const StratPlan *sp) {
   bool ok = true;
@@ -298,12 +304,11 @@ static bool graph_checks(const Program *prog, const Graph *g, const TrainConf *t
                (long long)sp->pp, g->layer_names.n, g->layer_names.n == 1 ? "" : "s");
     ok = false;
   }
-  for (int i = 0; i < g->n && sp->tp > 1; i++) {
-    const Node *n = &g->nodes[i];
-    if (n->op != OP_SPLIT_HEADS || n->ia[0] % sp->tp == 0) continue;
+  int h = strat_heads_misfit(g, sp->tp);
+  if (h >= 0) {
     diag_error(field_span(prog, t, "tp"), "tp = %lld does not divide the %lld attention heads", (long long)sp->tp,
-               (long long)n->ia[0]);
-    diag_note(n->span, "the heads are split here");
+               (long long)g->nodes[h].ia[0]);
+    diag_note(g->nodes[h].span, "the heads are split here");
     return false;
   }
   if (sp->sp > 1 && g->inputs.n > 0) {

@@ -53,6 +53,16 @@ PY
 "$cplanc" build m.cplan --plan tp.json -o prog_tp --keep-c c 2>build.err || { cat build.err; fail "build --plan tp.json"; }
 grep -q "\.tp = 2," c/plan.c || fail "the program built from tp.json is not tensor-parallel"
 
+# tp splits the heads: on 6 devices (batch 12) the 4-head model gets no plan with tp 3 or 6, which
+# the build would refuse; tp 2 is among the candidates
+"$cplanc" plan m.cplan --set mesh.box.shape.cpu=6 --set train.batch=12 --top 100 --json >h.json 2>h.err ||
+  { cat h.err; fail "plan on 6 devices"; }
+python3 - <<'PY' || fail "a candidate's tp does not divide the 4 heads"
+import json
+tps = sorted(set(c["tp"] for c in json.load(open("h.json"))["candidates"]))
+assert 2 in tps and all(4 % t == 0 for t in tps), tps
+PY
+
 # errors
 echo '{"format": "other"}' >bad.json
 "$cplanc" build m.cplan --plan bad.json -o x 2>err.txt && fail "a file that is not a plan was accepted"
