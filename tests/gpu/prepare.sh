@@ -7,9 +7,9 @@
 #   2. bench/gpu_gpt2.sh: GPT-2 124M in bf16 (step ms, tokens/s, MFU against 989 TFLOP/s, the
 #      per-node-class profile);
 #   3. tests/gpu/gpt_gpu.sh --check: the small GPT and LLaMA, 20 steps on the GPU against the CPU
-#      backend in f32, bf16 and f16, and dp 2, tp 2 and ZeRO 3 (two ranks; on one GPU through MPI)
+#      backend in f32, bf16 and f16, and dp 2, tp 2, ZeRO 3 and pp 2 (two ranks; on one GPU through MPI)
 #      with a bundled Open MPI (tests/gpu/ompi_bundle.sh).
-# The 10 small-model programs each embed the kernels' fatbins (~4 MB), so the tree (~67 MB) goes
+# The 16 small-model programs each embed the kernels' fatbins (~4 MB), so the tree (~67 MB) goes
 # as OUT/gpu.tar.xz (~8 MB: xz finds the repeats) with OUT/run.sh, which unpacks it there (Python's
 # lzma: no xz binary needed) and runs run_all.sh. A device call carries 64 MiB at most: use
 #   run(command = "OUT/run.sh", carry = [OUT])   with OUT an ignored build-* directory of the
