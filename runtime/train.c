@@ -1421,10 +1421,15 @@ static int join_ranks(Trainer *t, int *argc, char ***argv) {
     fprintf(stderr, "%s: rank %d: error: this program was built for 1 device (%s%s); run it "
             "without mpirun (or with -np 1), not -np %d\n", t->prog, t->rank,
             p->mesh ? "mesh " : "the default mesh", p->mesh ? p->mesh : "", t->nranks);
-  else
-    fprintf(stderr, "%s: rank %d: error: this program was built for %lld devices (mesh %s, dp=%lld); "
+  else {
+    char deg[96]; /* the strategy's degrees */
+    int k = snprintf(deg, sizeof deg, "dp=%lld", (long long)plan_dp(p));
+    if (plan_tp(p) > 1) k += snprintf(deg + k, sizeof deg - (size_t)k, ", tp=%lld", (long long)plan_tp(p));
+    if (plan_pp(p) > 1) snprintf(deg + k, sizeof deg - (size_t)k, ", pp=%lld", (long long)plan_pp(p));
+    fprintf(stderr, "%s: rank %d: error: this program was built for %lld devices (mesh %s, %s); "
             "run it with mpirun -np %lld, not %d\n", t->prog, t->rank, (long long)devices,
-            p->mesh ? p->mesh : "?", (long long)plan_dp(p), (long long)devices, t->nranks);
+            p->mesh ? p->mesh : "?", deg, (long long)devices, t->nranks);
+  }
   rt_comm_finalize(t->world);
   t->world = NULL;
   return -1;

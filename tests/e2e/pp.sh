@@ -49,6 +49,12 @@ PY
     --save "$m-init.st.out" --metrics "$m-init.jsonl"
   cmp -s "$m-init.st" "$m-init2.st" || fail "$m: pp --save-init of the loaded params differs from the file loaded"
   e2e_close "$m pp=2 --init" "$m-1.jsonl" "$m-init.jsonl" "$m-1.st" "$m-init.st.out"
+  # a wrong rank count: every rank says how the program runs, the degrees included
+  if [ $m = gpt_small ]; then
+    timeout 60 "$mpirun" --oversubscribe -np 3 "./$m-tp2" 2>wrong.err && fail "-np 3 of a tp=2 x pp=2 program succeeded"
+    [ "$(grep -c 'built for 4 devices (mesh laptop, dp=1, tp=2, pp=2); run it with mpirun -np 4, not 3' wrong.err)" = 3 ] ||
+      { cat wrong.err; fail "-np 3: every rank should say how to run it"; }
+  fi
   # the pp checkpoint after 3 steps holds whole tensors: one device resumes it
   e2e_prog 0 "$m-resume" "./$m-1" --resume "ck-$m-1f1b/step_000003" --metrics "$m-res.jsonl"
   e2e_tail_close "$m pp=2 checkpoint -> 1 device" "$m-1.jsonl" "$m-res.jsonl" 3
