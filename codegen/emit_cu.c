@@ -161,6 +161,12 @@ static void mark_pg(Cu *c, int j) {
   if (n->op == OP_REDUCE_SCATTER || n->op == OP_ALL_REDUCE) mark_pg(c, n->in[0]);
 }
 
+/* Pipeline parallelism, per crossing (its tag), from emit_files' passes over every stage before it
+ * emits any: whether its receiver keeps it f32 (part of a param gradient there: a tied embedding's),
+ * so that its sender does too; and the RtNcclType its sender stores it in, which is what crosses. */
+static VEC(bool) wire_f32;
+static VEC(const char *) wire_type;
+
 /* Which work buffers hold the low type (c->wlp). f32 stay: the update; the loss, metrics and
  * reductions (sum, mean, max); what kernels/cuda writes in f32 (norm weight and bias gradients,
  * an embedding table's gradient); param gradients (mark_pg). The rest (activations and their
@@ -174,6 +180,7 @@ static void decide_storage(Cu *c) {
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
     if (n->op == OP_ACCUM && n->role != ROLE_UPD && c->pl.nc[cg_root(&c->pl, n->in[0])].kind == CG_L_STATE) mark_pg(c, n->in[1]);
+    if (n->op == OP_PP_SEND && n->ia[1] < wire_f32.n && wire_f32.a[n->ia[1]]) mark_pg(c, n->in[0]);
     if (c->lpc == 2 && n->op == OP_GRAD && n->fwd == g->loss && nd(c, n->in[0])->op == OP_CONST &&
         c->pl.nc[n->in[0]].kind == CG_L_CONST)
       c->seed = n->in[0], c->seed_val = nd(c, n->in[0])->fa[0];
@@ -845,19 +852,38 @@ static void emit_collective(Cu *c, int i) {
 
 /* A crossing between pipeline stages (pipeline.h) on the pp group, whose rank is the stage mod
  * the pp degree: pp_send / pp_recv of emit_cu_support.h (through pinned host memory and MPI; the
- * send does not wait for the receiver, the receive does). The wire carries f32 or i32, so the two
- * stages may store the value in different types. */
+ * send does not wait for the receiver, the receive does). The value crosses in its sender's
+ * storage type; a receiver that stores it in another casts it. */
 static void emit_pp(Cu *c, int i) {
   const Node *n = nd(c, i);
-  int x = n->op == OP_PP_SEND ? n->in[0] : i;
+  int x = n->op == OP_PP_SEND ? n->in[0] : i, tag = (int)n->ia[1];
   if (nd(c, x)->dtype != DT_F32 && nd(c, x)->dtype != DT_I32) {
     unsupported(c, i, "a pipeline crossing of this dtype");
     return;
   }
+  if (tag >= wire_type.n || !wire_type.a[tag] || (n->op == OP_PP_SEND && strcmp(wire_type.a[tag], coll_type(c, x)) != 0))
+    cp_panic(__FILE__, __LINE__, "crossing %d: the sender's type is not the one recorded", tag);
   int peer = (int)n->ia[0] % c->pipe->devices; /* the device of that stage */
-  EMIT("  pp_%s(run, %d, %s, %lldLL, %s, %d, %d); /* %s stage %d */\n", n->op == OP_PP_SEND ? "send" : "recv", c->ppa,
-       ptr(c, x), (long long)numel(nd(c, x)), coll_type(c, x), peer, (int)n->ia[1], n->op == OP_PP_SEND ? "to" : "from",
-       (int)n->ia[0]);
+  if (n->op == OP_PP_SEND)
+    EMIT("  pp_send(run, %d, %s, %lldLL, %s, %d, %d); /* to stage %d */\n", c->ppa, ptr(c, x), (long long)numel(nd(c, x)),
+         coll_type(c, x), peer, tag, (int)n->ia[0]);
+  else
+    EMIT("  pp_recv(run, %d, %s, %lldLL, %s, %s, %d, %d); /* from stage %d */\n", c->ppa, ptr(c, x),
+         (long long)numel(nd(c, x)), coll_type(c, x), wire_type.a[tag], peer, tag, (int)n->ia[0]);
+}
+
+/* Records which crossings c's stage receives as part of a param gradient (wire_f32) and the type
+ * each of its PP_SENDs sends in (wire_type). */
+static void record_wire_types(const Cu *c) {
+  for (int i = 0; i < c->g->n; i++) {
+    const Node *n = nd(c, i);
+    if (n->op != OP_PP_SEND && n->op != OP_PP_RECV) continue;
+    int tag = (int)n->ia[1];
+    while (wire_type.n <= tag) VEC_PUSH(wire_type, (const char *)NULL);
+    while (wire_f32.n <= tag) VEC_PUSH(wire_f32, false);
+    if (n->op == OP_PP_SEND) wire_type.a[tag] = coll_type(c, n->in[0]);
+    else if (c->pg[i]) wire_f32.a[tag] = true;
+  }
 }
 
 #define KL(...) EMIT("  kl_check(" __VA_ARGS__)
@@ -1816,6 +1842,7 @@ static void emit_loss_scaling(Cu *c) {
   EMIT("%s};\n#define NGRADS %d\n", n ? "" : "0, 0", n);
 }
 
+/* out_c NULL (a pipeline stage): decide only, and record the types its crossings send in. */
 bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, const Lowered *lw, const Pipeline *pipe,
                 int stage, const TrainConf *t, const char *source_hash) {
   Cu cs = {.g = pipe ? pipe->stages[stage].g : g, .t = t, .ok = true, .sp = sp, .lw = lw, .pipe = pipe, .stage = stage,
@@ -1843,6 +1870,10 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   if (g->metrics.n + 3 > 63) {
     diag_error(t->span, "more than 63 metrics are not supported on the cuda backend yet");
     return false;
+  }
+  if (!out_c) {
+    record_wire_types(c);
+    return true;
   }
   cg_plan_phase(&c->pl, CG_PH_TRAIN);
   cg_plan_phase(&c->pl, CG_PH_EVAL);
@@ -2026,6 +2057,11 @@ static bool emit_files(const char *dir, Graph *g, const StratPlan *sp, const Low
   *stages = pipe ? pipe->pp : 0;
   int64_t most = 0;
   bool ok = true;
+  /* the crossings' types before any stage is emitted: which ones a receiver keeps f32, then (the
+   * senders keeping those f32 too) what each sends in */
+  wire_type.n = 0, wire_f32.n = 0;
+  for (int pass = 0; pass < 2; pass++)
+    for (int k = 0; pipe && k < pipe->pp && ok; k++) ok = cg_emit_cu(NULL, NULL, lw->g, sp, lw, pipe, k, t, hash);
   for (int k = 0; k < (pipe ? pipe->pp : 1) && ok; k++) {
     const char *pc = pipe ? cp_fmt("%s/plan_s%d.c", dir, k) : cp_fmt("%s/plan.c", dir);
     const char *pk = pipe ? cp_fmt("%s/kernels_s%d.cu", dir, k) : cp_fmt("%s/kernels.cu", dir);

@@ -26,7 +26,8 @@ bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o);
 /* The two files of a CUDA plan, for g after train_graph (plan.c to out_c, kernels.cu to
  * out_cu), or for the per-rank graph g = lw->g of a lowered plan (tp, sp, ZeRO: sp and lw from
  * build_lower; NULL otherwise), or for stage `stage` of a pipeline (pipe non-NULL: g is ignored,
- * out_c gets plan_sN.c, which links with cg_emit_pipeline_main's plan.c). False after a
+ * out_c gets plan_sN.c, which links with cg_emit_pipeline_main's plan.c; each stage is first
+ * called with out_c NULL, which records the types its crossings send in). False after a
  * diagnostic. */
 struct StratPlan;
 struct Lowered;
