@@ -23,9 +23,13 @@ body = body[:body.index("\n}\n")]
 count = {}
 def add(k, n=1):
     count[k] = count.get(k, 0) + n
-for m in re.finditer(r"^  (gemm|gemm_bias|gemm_gelu|gemm_dgelu)\(", body, re.M):
+for m in re.finditer(r"^  (gemm|gemm_bias|gemm_gelu|gemm_dgelu|gemm_bgrad|gemm_dgelu_bgrad)\(", body, re.M):
     add("GEMM " + {"gemm": "plain (or beta 1)", "gemm_bias": "+ bias", "gemm_gelu": "+ bias + gelu (GELU_AUX_BIAS)",
-                   "gemm_dgelu": "+ gelu gradient (DGELU)"}[m.group(1)])
+                   "gemm_dgelu": "+ gelu gradient (DGELU)",
+                   "gemm_bgrad": "+ bias gradient (BGRAD_B), beta 1",
+                   "gemm_dgelu_bgrad": "+ gelu and bias gradients (DGELU_BGRAD)"}[m.group(1)])
+    if m.group(1).endswith("_bgrad"):
+        add("generated cps_colsum_finish (1 launch: a bias gradient into its accumulator)")
 for m in re.finditer(r"kl_check\(cplan_cuda_([a-z0-9_]+)\(", body):
     add("kernels/cuda " + m.group(1))
 for m in re.finditer(r"/\* (cps_[a-z_]+|k_ew)_?[0-9]* \*/", body):

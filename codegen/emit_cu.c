@@ -91,6 +91,8 @@ typedef struct Cu {
   int (*qkv_ops)[4];         /* else 0; qkv_ops[i]: its x and q, k, v (forward) or dx and dq, dk, dv */
   bool *qkv_skip;            /* per node: computed by such a launch */
   int64_t colsum_cols;       /* the widest bias gradient (colsum's workspace) */
+  int *bgrad_of;             /* per GEMM GRAD (find_bgrads): the bias gradient its epilogue computes, or -1 */
+  int *bgrad_host;           /* per bias gradient: the GEMM GRAD that computes it, or -1 */
   int *add_into;             /* per norm GRAD (dx): the buffer its kernel adds into in place of an add, or -1 */
   bool *add_skip;            /* per add node: done in place by such a kernel (find_inplace_adds) */
   VEC(int64_t) norm_shapes;  /* rows, c of each norm backward (its dw/db workspace, sized at start) */
@@ -698,6 +700,69 @@ static void find_epilogues(Cu *c) {
   }
 }
 
+/* x is out's trailing dims (no 1s among them) and smaller: broadcast along the leading dims only */
+static bool trailing_of(const Shape *x, const Shape *out) {
+  if (x->rank < 1 || x->rank > out->rank || shape_numel(x) >= shape_numel(out)) return false;
+  for (int k = 0; k < x->rank; k++)
+    if (x->d[k] != out->d[out->rank - x->rank + k] || x->d[k] == 1) return false;
+  return true;
+}
+
+/* The bias gradients a GEMM computes in its epilogue (cuBLASLt's bias-gradient epilogues, decided
+ * after the other fusions). The gradient db of a vector b added along the last dim (x @ W + b) is
+ * the column sums of dy; when db's only reader is its f32 accumulator and it is computed alone, the
+ * GEMM reading dy computes them: the gelu gradient's GEMM when dy is one (DGELU_BGRAD, the sums of
+ * its own result), else the weight gradient dW = x^T @ dy of the matmul that is the add's other input
+ * (BGRAD_B: the sums of its b operand). That GEMM adds them into the accumulator (gemm_bgrad,
+ * gemm_dgelu_bgrad), so db's node and its ACCUM launch nothing; db's buffer is left unused. */
+static void find_bgrads(Cu *c) {
+  const Graph *g = c->g;
+  c->bgrad_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  c->bgrad_host = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) c->bgrad_of[i] = c->bgrad_host[i] = -1;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(c, i);
+    if (n->op != OP_GRAD || !cg_executed(n) || !alone(c, i) || c->pl.fu->group[i] >= 0 ||
+        c->pl.nc[i].kind == CG_L_ALIAS || c->pl.nc[i].leader != i || c->acc_of[i] < 0)
+      continue;
+    const Node *f = nd(c, n->fwd);
+    int w = (int)n->ia[0];
+    if ((f->op != OP_ADD && f->op != OP_SUB) || f->in[0] == f->in[1] || w > 1) continue;
+    const Node *x = nd(c, f->in[w]);
+    if (x->shape.rank != 1 || !trailing_of(&x->shape, &f->shape)) continue;
+    bool solo = true; /* no other gradient computed with it (group_outputs) */
+    for (int j = 0; j < g->n && solo; j++)
+      solo = j == i || nd(c, j)->op != OP_GRAD || c->pl.nc[j].leader != i || c->pl.nc[j].kind == CG_L_ALIAS;
+    if (!solo) continue;
+    int dy = cg_root(&c->pl, n->in[0]), host = -1;
+    for (int h = 0; h < g->n && host < 0; h++)
+      if (nd(c, h)->op == OP_GRAD && c->gelu_of[h] >= 0 && cg_root(&c->pl, c->gelu_of[h]) == dy && c->bgrad_of[h] < 0)
+        host = h;
+    int mi = f->in[1 - w];
+    if (host < 0 && nd(c, mi)->op == OP_MATMUL) {
+      int gw = grad_of(c, mi, 1);
+      if (gw >= 0 && cg_executed(nd(c, gw)) && alone(c, gw) && c->pl.fu->group[gw] < 0 &&
+          c->pl.nc[gw].kind != CG_L_ALIAS && c->pl.nc[gw].leader == gw && !scode(c, gw) && c->gelu_of[gw] < 0 &&
+          c->bgrad_of[gw] < 0 && cg_root(&c->pl, nd(c, gw)->in[0]) == dy && scode(c, nd(c, gw)->in[0]) == scode(c, n->in[0]))
+        host = gw;
+    }
+    if (host < 0) continue;
+    c->bgrad_of[host] = i, c->bgrad_host[i] = host, c->acc_done[c->acc_of[i]] = true;
+    if (numel(x) > c->colsum_cols) c->colsum_cols = numel(x);
+  }
+}
+
+/* The arguments the bias-gradient GEMMs add to theirs: the accumulator of bias gradient db, its
+ * storage codes (it, dy), dy's rows and the sign (a sub's second input: -1). */
+static const char *bgrad_args(Cu *c, int db) {
+  const Node *n = nd(c, db), *f = nd(c, n->fwd), *x = nd(c, f->in[n->ia[0]]);
+  int a = c->acc_of[db];
+  EMIT("  /* and the bias gradient %%%d into the accumulator %s (the accum %%%d): cuBLASLt's bias-gradient epilogue */\n",
+       db, nd(c, nd(c, a)->in[0])->name, a);
+  return cp_fmt("%s, %d, %lldLL, %s", ptr(c, nd(c, a)->in[0]), tcodes(c, 2, (int[]){db, n->in[0]}),
+                (long long)(numel(f) / numel(x)), f->op == OP_SUB && n->ia[0] == 1 ? "-1.0f" : "1.0f");
+}
+
 /* keep mask of dropout node f (the stream emit_c.c's dropout_mask draws) into mask */
 static void emit_mask(Cu *c, int f, const char *mask, int node) {
   const Node *n = nd(c, f);
@@ -1134,14 +1199,6 @@ static void group_outputs(Cu *c, int lead, const char **dst, int nmax, int *ids)
   group_outputs_w(c, lead, dst, nmax, ids, 0);
 }
 
-/* x is out's trailing dims (no 1s among them) and smaller: broadcast along the leading dims only */
-static bool trailing_of(const Shape *x, const Shape *out) {
-  if (x->rank < 1 || x->rank > out->rank || shape_numel(x) >= shape_numel(out)) return false;
-  for (int k = 0; k < x->rank; k++)
-    if (x->d[k] != out->d[out->rank - x->rank + k] || x->d[k] == 1) return false;
-  return true;
-}
-
 static void emit_grad_binary(Cu *c, int i, const Node *f) {
   const Node *a = nd(c, f->in[0]), *b = nd(c, f->in[1]);
   const char *d[2];
@@ -1376,18 +1433,25 @@ static void emit_grad(Cu *c, int i) {
       c->acc_done[a] = true;
       EMIT("  /* into the accumulator %s (the accum %%%d) */\n", nd(c, nd(c, a)->in[0])->name, a);
     }
-    int gg = c->gelu_of[i];
+    int gg = c->gelu_of[i], bg = c->bgrad_of[i];
     if (gg >= 0) { /* dA = dY @ B^T, then the gelu's gradient: DGELU with the pre-activation as aux */
       int pre = nd(c, nd(c, gg)->fwd)->in[0];
       cp_assert(!arena_overlap(c, gg, n->in[0]) && !arena_overlap(c, gg, pre));
       EMIT("  /* with the gelu gradient %%%d (cuBLASLt's DGELU epilogue, aux: %%%d) */\n", gg, pre);
-      EMIT("  gemm_dgelu(%s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d);\n",
-           ptr(c, gg), ptr(c, pre), dy, mm.b, (long long)mm.d.nb, (long long)mm.d.m, (long long)mm.d.k, (long long)mm.d.n,
-           0, !mm.tb, (long long)mm.d.sc, (long long)mm.d.sb, (long long)mm.d.sa, i, mm.abt, scode(c, gg));
+      const char *bga = bg >= 0 ? bgrad_args(c, bg) : NULL;
+      EMIT("  gemm_dgelu%s(%s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d%s%s);\n",
+           bga ? "_bgrad" : "", ptr(c, gg), ptr(c, pre), dy, mm.b, (long long)mm.d.nb, (long long)mm.d.m,
+           (long long)mm.d.k, (long long)mm.d.n, 0, !mm.tb, (long long)mm.d.sc, (long long)mm.d.sb, (long long)mm.d.sa, i,
+           mm.abt, scode(c, gg), bga ? ", " : "", bga ? bga : "");
     } else if (n->ia[0] == 0) /* dA = dY @ B^T */
       emit_gemm(c, dx, dy, mm.b, mm.d.nb, mm.d.m, mm.d.k, mm.d.n, false, !mm.tb, mm.d.sc, mm.d.sb, mm.d.sa, i, mm.abt,
                 scode(c, i), a >= 0);
-    else /* dB = A^T @ dY */
+    else if (bg >= 0) { /* dB = A^T @ dY, and the bias gradient: dY's column sums */
+      const char *bga = bgrad_args(c, bg);
+      EMIT("  gemm_bgrad(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d, %d, %s);\n", dx,
+           mm.a, dy, (long long)mm.d.nb, (long long)mm.d.k, (long long)mm.d.n, (long long)mm.d.m, !mm.ta, 0,
+           (long long)mm.d.sa, (long long)mm.d.sc, (long long)mm.d.sb, i, mm.abt, scode(c, i), a >= 0, bga);
+    } else /* dB = A^T @ dY */
       emit_gemm(c, dx, mm.a, dy, mm.d.nb, mm.d.k, mm.d.n, mm.d.m, !mm.ta, false, mm.d.sa, mm.d.sc, mm.d.sb, i, mm.abt,
                 scode(c, i), a >= 0);
     break;
@@ -1455,6 +1519,11 @@ static void emit_node(Cu *c, int i) {
   if (c->ep_done[i]) {
     cg_comment(c->out, c->g, c->irline, i);
     EMIT("  /* (done by its matmul's GEMM) */\n");
+    return;
+  }
+  if (c->bgrad_host[i] >= 0) {
+    cg_comment(c->out, c->g, c->irline, i);
+    EMIT("  /* (the column sums of its dy: by the GEMM of %%%d, into the accumulator) */\n", c->bgrad_host[i]);
     return;
   }
   if (c->pl.fu->group[i] >= 0) {
@@ -1860,6 +1929,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   find_epilogues(c);
   find_qkv(c);
   find_inplace_adds(c);
+  find_bgrads(c);
   c->ls = c->seed >= 0 || (pipe && c->lpc == 2);
   if (!cg_check_sizes(g, "cuda")) return false;
   if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {

@@ -74,11 +74,15 @@ int rt_cuda_library_kernel(cudaLibrary_t lib, const char *name, cudaKernel_t *k,
  *   DGELU      d = ab * gelu'(aux)                 DGELU_BGRAD  as DGELU, and bias_grad [n] =
  *              the column sums of d (the bias gradient of the layer before the gelu)
  *   BGRAD_A    bias_grad [m] = the row sums of op(a) over k (dout's sums when a is dout^T: the
- *              bias gradient of a weight-gradient GEMM)
+ *              bias gradient of the weight-gradient GEMM dW^T = dout^T x)
+ *   BGRAD_B    bias_grad [n] = the column sums of op(b) over k (dout's sums when b is dout: the
+ *              bias gradient of the weight-gradient GEMM dW = x^T dout)
+ * bias_grad is f32 whatever d's type (cuBLASLt's BIAS_DATA_TYPE), and written, never added to. A
+ * bias-gradient epilogue needs batch 1.
  * The workspace comes from the caller's arena (cuBLASLt picks no algorithm that needs more). */
 typedef enum RtGemmEpilogue {
   RT_GEMM_NONE, RT_GEMM_BIAS, RT_GEMM_GELU, RT_GEMM_GELU_BIAS, RT_GEMM_GELU_AUX_BIAS, RT_GEMM_DGELU,
-  RT_GEMM_DGELU_BGRAD, RT_GEMM_BGRAD_A
+  RT_GEMM_DGELU_BGRAD, RT_GEMM_BGRAD_A, RT_GEMM_BGRAD_B
 } RtGemmEpilogue;
 
 typedef struct RtGemm {
@@ -95,7 +99,7 @@ typedef struct RtGemm {
   RtGemmEpilogue epilogue;
   const void *bias;             /* BIAS, GELU_BIAS, GELU_AUX_BIAS */
   void *aux;                    /* GELU_AUX_BIAS (written), DGELU, DGELU_BGRAD (read): [m, n] in d_type */
-  void *bias_grad;              /* DGELU_BGRAD, BGRAD_A (written) */
+  void *bias_grad;              /* DGELU_BGRAD, BGRAD_A, BGRAD_B (written): f32 */
 } RtGemm;
 
 typedef struct RtCublasLt RtCublasLt;

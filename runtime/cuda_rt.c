@@ -218,8 +218,8 @@ void rt_cublaslt_destroy(RtCublasLt *lt) {
 }
 
 static cublasLtEpilogue_t lt_epilogue(RtGemmEpilogue e) {
-  /* Checklist: one case per RtGemmEpilogue. BGRAD_A is cuBLASLt's BGRADB: the row-major call
-   * swaps the operands (see rt_cublaslt_matmul). */
+  /* Checklist: one case per RtGemmEpilogue. BGRAD_A is cuBLASLt's BGRADB and BGRAD_B its BGRADA:
+   * the row-major call swaps the operands (see rt_cublaslt_matmul). */
   switch (e) {
   case RT_GEMM_NONE: return CUBLASLT_EPILOGUE_DEFAULT;
   case RT_GEMM_BIAS: return CUBLASLT_EPILOGUE_BIAS;
@@ -229,6 +229,7 @@ static cublasLtEpilogue_t lt_epilogue(RtGemmEpilogue e) {
   case RT_GEMM_DGELU: return CUBLASLT_EPILOGUE_DGELU;
   case RT_GEMM_DGELU_BGRAD: return CUBLASLT_EPILOGUE_DGELU_BGRAD;
   case RT_GEMM_BGRAD_A: return CUBLASLT_EPILOGUE_BGRADB;
+  case RT_GEMM_BGRAD_B: return CUBLASLT_EPILOGUE_BGRADA;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -260,9 +261,11 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
     return rt_errf(err, "rt_cublaslt_matmul: operands must be f32, bf16 or f16, and d f32 or the operands' type");
   int needs_bias = g->epilogue == RT_GEMM_BIAS || g->epilogue == RT_GEMM_GELU_BIAS || g->epilogue == RT_GEMM_GELU_AUX_BIAS;
   int needs_aux = g->epilogue == RT_GEMM_GELU_AUX_BIAS || g->epilogue == RT_GEMM_DGELU || g->epilogue == RT_GEMM_DGELU_BGRAD;
-  int needs_bgrad = g->epilogue == RT_GEMM_DGELU_BGRAD || g->epilogue == RT_GEMM_BGRAD_A;
+  int needs_bgrad = g->epilogue == RT_GEMM_DGELU_BGRAD || g->epilogue == RT_GEMM_BGRAD_A || g->epilogue == RT_GEMM_BGRAD_B;
   if ((needs_bias && !g->bias) || (needs_aux && !g->aux) || (needs_bgrad && !g->bias_grad))
     return rt_errf(err, "rt_cublaslt_matmul: epilogue %d needs its bias, aux or bias_grad pointer", (int)g->epilogue);
+  if (needs_bgrad && g->batch != 1)
+    return rt_errf(err, "rt_cublaslt_matmul: a bias-gradient epilogue needs batch 1 (got %d)", g->batch);
   if (needs_aux && g->n % 8 != 0)
     return rt_errf(err, "rt_cublaslt_matmul: a gelu aux epilogue needs n (%d) to be a multiple of 8", g->n);
 
@@ -278,8 +281,11 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
   cublasLtEpilogue_t epi = lt_epilogue(g->epilogue);
   LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
   if (needs_bias) LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias, sizeof g->bias));
-  if (needs_bgrad)
+  if (needs_bgrad) {
+    int32_t bt = CUDA_R_32F; /* the bias gradient in f32, also under a bf16 / f16 d */
     LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g->bias_grad, sizeof g->bias_grad));
+    LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt));
+  }
   if (needs_aux) {
     int64_t ldaux = g->n;
     LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &g->aux, sizeof g->aux));

@@ -10,7 +10,10 @@
 # Cases (default: all), MODEL-PREC or MODEL-PREC-dp2-COMM or MODEL-f16-resume, each optionally with
 # -micro1 (strategy.micro = 1: the batch as micro-batches of one sample, gradient accumulation) and
 # -simt (CPLAN_ATTENTION=simt: bf16 / f16 attention on the CUDA-core kernels, not the tensor cores) and
-# -noep (CPLAN_GELU_EPILOGUE=0: gelu(x @ W + b) and its gradient without cuBLASLt's gelu epilogues):
+# -noep (CPLAN_GELU_EPILOGUE=0: gelu(x @ W + b) and its gradient without cuBLASLt's gelu epilogues) and
+# -nobg (CPLAN_BGRAD_EPILOGUE=0: the bias gradients by colsum, not by the GEMMs' bias-gradient epilogues)
+# and -refuse (the emulated cuBLASLt refuses DGELU_BGRAD and BGRAD_B, CUEMU_REFUSE_EPILOGUES: the program
+# says so once each and takes the fallbacks; DGELU still runs):
 #   gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16
 #   gpt_small-{f32,f16}-dp2-{mpi,nccl}  (mesh of 2 GPUs, mpirun -np 2, CPLAN_COMM=mpi or nccl: the
 #                           emulated NCCL must have been made on both ranks, or on none)
@@ -35,7 +38,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
 env_file=$build/tests/cuda_emu/program.env
 [ -f "$env_file" ] || { echo "FAILED: no $env_file (build the cplan_emu_program target)"; exit 1; }
@@ -88,15 +91,32 @@ for c in $cases; do
   # -simt: bf16 / f16 attention on the CUDA-core kernels instead of the tensor cores (CPLAN_ATTENTION)
   case $rest in *-simt) rest=${rest%-simt} attn=simt ;; esac
   # -noep: the gelu epilogues' fallback (CPLAN_GELU_EPILOGUE=0: a bias GEMM, then the gelu kernels)
-  noep=
+  noep= nobg= refuse=
   case $rest in *-noep) rest=${rest%-noep} noep=0 ;; esac
+  # -nobg: the bias gradients' colsum (CPLAN_BGRAD_EPILOGUE=0); -refuse: the emulated cuBLASLt refuses
+  # the bias-gradient epilogues DGELU_BGRAD (6) and BGRAD_B (8) (RtGemmEpilogue in cplanrt_cuda.h)
+  case $rest in *-nobg) rest=${rest%-nobg} nobg=0 ;; esac
+  case $rest in *-refuse) rest=${rest%-refuse} refuse=6,8 ;; esac
   p=${rest%%-*}
   cpu "$m" || { note "$c: the CPU reference"; continue; }
   case $rest in
   f32 | bf16 | f16)
     emu "$m" "$p" "$c" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
-    CPLAN_GELU_EPILOGUE=$noep CPLAN_ATTENTION=$attn timeout 600 "./$c" --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" ||
+    # a GPT's bias gradients are computed by the GEMMs reading their dy (emit_cu.c, find_bgrads)
+    case $m in gpt*)
+      grep -q '^  gemm_bgrad(' "keep-$c/plan.c" && grep -q '^  gemm_dgelu_bgrad(' "keep-$c/plan.c" ||
+        { note "$c: plan.c has no bias-gradient GEMM (gemm_bgrad, gemm_dgelu_bgrad)"; continue; } ;;
+    esac
+    CPLAN_GELU_EPILOGUE=$noep CPLAN_BGRAD_EPILOGUE=$nobg CUEMU_REFUSE_EPILOGUES=$refuse CPLAN_ATTENTION=$attn timeout 600 \
+      "./$c" --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" ||
       { tail -8 "$c.run.log"; note "$c: the emulated program exited with status $?"; continue; }
+    if [ -n "$refuse" ]; then
+      for e in DGELU_BGRAD BGRADA; do
+        [ "$(grep -c "note: cuBLASLt refused the $e epilogue" "$c.run.log")" -eq 1 ] ||
+          { note "$c: the refusal of $e is not said once"; cat "$c.run.log"; }
+      done
+      ! grep -q "refused the DGELU epilogue" "$c.run.log" || note "$c: DGELU was given up with DGELU_BGRAD"
+    fi
     compare "$c" "$p" "$m-cpu.jsonl" "$c.jsonl" "$m-cpu.st" "$c.st" || bad=1
     ;;
   *-dp2-mpi | *-dp2-nccl)

@@ -315,15 +315,29 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
   RtGemmEpilogue ep = g->epilogue;
   int needs_bias = ep == RT_GEMM_BIAS || ep == RT_GEMM_GELU_BIAS || ep == RT_GEMM_GELU_AUX_BIAS;
   int needs_aux = ep == RT_GEMM_GELU_AUX_BIAS || ep == RT_GEMM_DGELU || ep == RT_GEMM_DGELU_BGRAD;
-  int needs_bgrad = ep == RT_GEMM_DGELU_BGRAD || ep == RT_GEMM_BGRAD_A;
+  int needs_bgrad = ep == RT_GEMM_DGELU_BGRAD || ep == RT_GEMM_BGRAD_A || ep == RT_GEMM_BGRAD_B;
   if ((needs_bias && !g->bias) || (needs_aux && !g->aux) || (needs_bgrad && !g->bias_grad))
     return rt_errf(err, "rt_cublaslt_matmul: epilogue %d needs its bias, aux or bias_grad pointer", (int)ep);
+  if (needs_bgrad && g->batch != 1)
+    return rt_errf(err, "rt_cublaslt_matmul: a bias-gradient epilogue needs batch 1 (got %d)", g->batch);
   if (needs_aux && g->n % 8 != 0)
     return rt_errf(err, "rt_cublaslt_matmul: a gelu aux epilogue needs n (%d) to be a multiple of 8", g->n);
+  /* CUEMU_REFUSE_EPILOGUES: RtGemmEpilogue numbers, comma-separated, that this cuBLASLt finds no
+   * algorithm for, as a real one may (the program's fallbacks are then taken) */
+  if (const char *r = getenv("CUEMU_REFUSE_EPILOGUES"))
+    for (const char *q = r; *q;) {
+      char *end;
+      long v = strtol(q, &end, 10);
+      if (end == q) break;
+      if (v == (long)ep)
+        return rt_errf(err, "cuBLASLt has no algorithm for m %d n %d k %d (epilogue %d: CUEMU_REFUSE_EPILOGUES)", g->m,
+                       g->n, g->k, (int)ep);
+      q = *end == ',' ? end + 1 : end;
+    }
   const int m = g->m, n = g->n, k = g->k;
   const cudaDataType_t at = g->ab_type, dt = g->d_type;
   std::vector<double> acc((size_t)m * n), bsum;
-  if (ep == RT_GEMM_DGELU_BGRAD) bsum.assign((size_t)n, 0.0);
+  if (ep == RT_GEMM_DGELU_BGRAD || ep == RT_GEMM_BGRAD_B) bsum.assign((size_t)n, 0.0);
   if (ep == RT_GEMM_BGRAD_A) bsum.assign((size_t)m, 0.0);
   for (int z = 0; z < g->batch; z++) {
     const char *a = (const char *)g->a, *b = (const char *)g->b;
@@ -347,6 +361,9 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
     if (ep == RT_GEMM_BGRAD_A)
       for (int i = 0; i < m; i++)
         for (int l = 0; l < k; l++) bsum[(size_t)i] += load(a, at, g->trans_a ? (int64_t)l * m + i : (int64_t)i * k + l);
+    if (ep == RT_GEMM_BGRAD_B)
+      for (int l = 0; l < k; l++)
+        for (int j = 0; j < n; j++) bsum[(size_t)j] += load(b, at, g->trans_b ? (int64_t)j * k + l : (int64_t)l * n + j);
     for (int i = 0; i < m; i++)
       for (int j = 0; j < n; j++) {
         int64_t o = (int64_t)i * n + j;
@@ -366,10 +383,11 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
         store(d, dt, o, v);
       }
   }
-  if (ep == RT_GEMM_DGELU_BGRAD)
-    for (int j = 0; j < n; j++) store(g->bias_grad, dt, j, bsum[(size_t)j]);
+  /* the bias gradient in f32 (BIAS_DATA_TYPE), whatever d's type */
+  if (ep == RT_GEMM_DGELU_BGRAD || ep == RT_GEMM_BGRAD_B)
+    for (int j = 0; j < n; j++) store(g->bias_grad, CUDA_R_32F, j, (float)bsum[(size_t)j]);
   if (ep == RT_GEMM_BGRAD_A)
-    for (int i = 0; i < m; i++) store(g->bias_grad, dt, i, bsum[(size_t)i]);
+    for (int i = 0; i < m; i++) store(g->bias_grad, CUDA_R_32F, i, (float)bsum[(size_t)i]);
   return 0;
 }
 

@@ -2,8 +2,9 @@
  * contract, computed here independently in double: row-major d [m, n] = alpha op(a) op(b) + beta d,
  * every transpose pair, a strided batch, f32 and bf16 / f16 operands (f32 or low-precision d), and
  * every epilogue: BIAS, GELU, GELU_BIAS, GELU_AUX_BIAS (aux = the pre-activation), DGELU,
- * DGELU_BGRAD (bias_grad = d's column sums), BGRAD_A (bias_grad = op(a)'s row sums); gelu' is
- * checked against a central difference of gelu. Exit 0 when every check holds. */
+ * DGELU_BGRAD (bias_grad = d's column sums), BGRAD_A (bias_grad = op(a)'s row sums), BGRAD_B
+ * (bias_grad = op(b)'s column sums), the bias gradient always f32; gelu' is checked against a
+ * central difference of gelu. Exit 0 when every check holds. */
 #include "cplanrt_cuda.h"
 
 #include <math.h>
@@ -52,16 +53,18 @@ static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, in
   unsigned seed = (unsigned)(ta * 7 + tb * 13 + batch * 31 + (int)ep * 101 + (int)at * 3 + (int)dt);
   void *a = calloc((size_t)batch * m * k, es), *b = calloc((size_t)batch * k * n, es);
   void *d = calloc((size_t)batch * m * n, ds), *aux = calloc((size_t)m * n, ds);
-  void *bias = calloc(n, ds), *bg = calloc(m > n ? m : n, ds);
+  void *bias = calloc(n, ds), *bg = calloc(m > n ? m : n, sizeof(float));
   for (int i = 0; i < batch * m * k; i++) put(a, at, i, rnd(&seed));
   for (int i = 0; i < batch * k * n; i++) put(b, at, i, rnd(&seed));
+  for (int i = 0; i < (m > n ? m : n); i++) ((float *)bg)[i] = 100.0f; /* written, not added to */
   for (int i = 0; i < batch * m * n; i++) put(d, dt, i, rnd(&seed));
   for (int i = 0; i < n; i++) put(bias, dt, i, rnd(&seed));
   for (int i = 0; i < m * n; i++) put(aux, dt, i, 2 * rnd(&seed));
   double *d0 = malloc(sizeof(double) * (size_t)batch * m * n), *aux0 = malloc(sizeof(double) * (size_t)m * n);
   for (int i = 0; i < batch * m * n; i++) d0[i] = get(d, dt, i);
   for (int i = 0; i < m * n; i++) aux0[i] = get(aux, dt, i);
-  float alpha = 0.75f, beta = ep == RT_GEMM_NONE ? 0.5f : 0.0f;
+  /* beta 1 with BGRAD_B: a weight gradient added into its accumulator, its bias gradient written */
+  float alpha = ep == RT_GEMM_BGRAD_B ? 1.0f : 0.75f, beta = ep == RT_GEMM_NONE ? 0.5f : ep == RT_GEMM_BGRAD_B ? 1.0f : 0.0f;
   RtGemm g = {.m = m, .n = n, .k = k, .trans_a = ta, .trans_b = tb, .batch = batch, .stride_a = m * k,
               .stride_b = k * n, .stride_d = m * n, .ab_type = at, .d_type = dt, .a = a, .b = b, .d = d,
               .alpha = alpha, .beta = beta, .epilogue = ep, .bias = bias, .aux = aux, .bias_grad = bg};
@@ -98,12 +101,18 @@ static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, in
         check(what, get(d, dt, z * m * n + i * n + j), want, tol);
       }
     if (ep == RT_GEMM_DGELU_BGRAD && batch == 1)
-      for (int j = 0; j < n; j++) check("DGELU_BGRAD bias_grad", get(bg, dt, j), colsum[j], tol * k);
+      for (int j = 0; j < n; j++) check("DGELU_BGRAD bias_grad", get(bg, CUDA_R_32F, j), colsum[j], tol * k);
     if (ep == RT_GEMM_BGRAD_A && batch == 1)
       for (int i = 0; i < m; i++) {
         double s = 0;
         for (int l = 0; l < k; l++) s += get(a, at, ta ? l * m + i : i * k + l);
-        check("BGRAD_A bias_grad", get(bg, dt, i), s, tol * k);
+        check("BGRAD_A bias_grad", get(bg, CUDA_R_32F, i), s, tol * k);
+      }
+    if (ep == RT_GEMM_BGRAD_B && batch == 1)
+      for (int j = 0; j < n; j++) {
+        double s = 0;
+        for (int l = 0; l < k; l++) s += get(b, at, tb ? j * k + l : l * n + j);
+        check("BGRAD_B bias_grad", get(bg, CUDA_R_32F, j), s, tol * k);
       }
   }
   free(a), free(b), free(d), free(aux), free(bias), free(bg), free(d0), free(aux0);
@@ -119,7 +128,7 @@ int main(void) {
     for (int lowd = 0; lowd < (t ? 2 : 1); lowd++)
       for (int ta = 0; ta < 2; ta++)
         for (int tb = 0; tb < 2; tb++)
-          for (int ep = RT_GEMM_NONE; ep <= RT_GEMM_BGRAD_A; ep++) {
+          for (int ep = RT_GEMM_NONE; ep <= RT_GEMM_BGRAD_B; ep++) {
             one(lt, types[t], lowd ? types[t] : CUDA_R_32F, ta, tb, 1, (RtGemmEpilogue)ep);
             runs++;
           }
@@ -129,9 +138,12 @@ int main(void) {
   if (rt_cublaslt_matmul(lt, &g, NULL, 0, 0, &err) == 0) fprintf(stderr, "FAILED: f32 operands with a bf16 d accepted\n"), bad++;
   g.d_type = CUDA_R_32F, g.epilogue = RT_GEMM_DGELU;
   if (rt_cublaslt_matmul(lt, &g, NULL, 0, 0, &err) == 0) fprintf(stderr, "FAILED: DGELU without aux accepted\n"), bad++;
+  float bgv[4];
+  g.epilogue = RT_GEMM_BGRAD_B, g.bias_grad = bgv, g.batch = 2;
+  if (rt_cublaslt_matmul(lt, &g, NULL, 0, 0, &err) == 0) fprintf(stderr, "FAILED: BGRAD_B with batch 2 accepted\n"), bad++;
   rt_cublaslt_destroy(lt);
   if (bad) return fprintf(stderr, "test_emu_gemm: %d checks failed\n", bad), 1;
-  printf("test_emu_gemm: ok (%d GEMMs: f32, bf16, f16 operands; f32 and low-precision d; 4 transposes; 8 epilogues; batch 3)\n",
+  printf("test_emu_gemm: ok (%d GEMMs: f32, bf16, f16 operands; f32 and low-precision d; 4 transposes; 9 epilogues; batch 3)\n",
          runs);
   return 0;
 }
