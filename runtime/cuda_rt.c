@@ -7,6 +7,7 @@
 
 #include <cublasLt.h>
 #include <nvrtc.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -184,8 +185,27 @@ int rt_cuda_library_kernel(cudaLibrary_t lib, const char *name, cudaKernel_t *k,
 
 /* ---- cuBLASLt ----------------------------------------------------------------------------------- */
 
+/* The algorithm cuBLASLt's heuristic chose, per GEMM configuration: a training step runs the same
+ * few dozen GEMMs every micro-batch, and the heuristic query costs far more host time than the
+ * launch. The key holds everything the query sees: shapes, strides, types, transposes, epilogue,
+ * the workspace limit and the operands' alignments (declared to the query, see lt_align). An open
+ * addressing table; when it is full, the query runs every time (correct, only slower). */
+typedef struct LtKey {
+  int64_t m, n, k, batch, stride_a, stride_b, stride_d, ab_type, d_type, trans_a, trans_b, epilogue, tf32;
+  int64_t workspace, align_a, align_b, align_d;
+} LtKey;
+
+typedef struct LtSlot {
+  int used;
+  LtKey key;
+  cublasLtMatmulAlgo_t algo;
+} LtSlot;
+
+#define LT_SLOTS 1024
+
 struct RtCublasLt {
   cublasLtHandle_t h;
+  LtSlot slot[LT_SLOTS];
 };
 
 static int lt_fail(RtError *err, const char *call, cublasStatus_t s) {
@@ -247,6 +267,39 @@ done:
   return rc;
 }
 
+/* The alignment in bytes (256 at most) that every matrix of a strided batch has: the base
+ * pointer's and the batch stride's. The heuristic assumes 256 for every operand unless told
+ * (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*), and an algorithm picked for 256 may refuse or misread a
+ * less aligned operand; arena buffers are 64-byte aligned, views into them (a head's columns)
+ * less. */
+static uint32_t lt_align(const void *p, int batch, int64_t stride, cudaDataType_t t) {
+  uint64_t a = (uint64_t)(uintptr_t)p;
+  if (batch > 1) a |= (uint64_t)stride * (t == CUDA_R_32F ? 4u : 2u);
+  uint32_t al = 256;
+  while (al > 1 && a % al) al /= 2;
+  return al;
+}
+
+static uint64_t lt_hash(const LtKey *k) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  fnv(&h, k, sizeof *k);
+  return h;
+}
+
+/* The cached algorithm for key, or NULL (*slot: where to store it, NULL when the table is full). */
+static const cublasLtMatmulAlgo_t *lt_cached(RtCublasLt *lt, const LtKey *key, LtSlot **slot) {
+  *slot = NULL;
+  for (uint64_t i = lt_hash(key) % LT_SLOTS, n = 0; n < LT_SLOTS; i = (i + 1) % LT_SLOTS, n++) {
+    LtSlot *s = &lt->slot[i];
+    if (!s->used) {
+      *slot = s;
+      return NULL;
+    }
+    if (memcmp(&s->key, key, sizeof *key) == 0) return &s->algo;
+  }
+  return NULL;
+}
+
 /* cuBLASLt is column-major, and a row-major X [r, c] is the column-major X^T [c, r]; so the
  * row-major d = op(a) op(b) runs as the column-major d^T = op(b)^T op(a)^T: cuBLASLt's first
  * operand is b, its second is a, and its d is [n rows, m cols] with leading dim n. */
@@ -300,19 +353,40 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
                 g->batch, g->stride_a, err))
     goto fail;
   if (lt_layout(&ld, g->d_type, g->n, g->m, g->n, g->batch, g->stride_d, err)) goto fail;
-  LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-  LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
-                                                sizeof workspace_bytes));
+  /* cuBLASLt's A is our b, its B our a; C is d */
+  uint32_t al_a = lt_align(g->b, g->batch, g->stride_b, g->ab_type), al_b = lt_align(g->a, g->batch, g->stride_a, g->ab_type);
+  uint32_t al_d = lt_align(g->d, g->batch, g->stride_d, g->d_type);
+  LtKey key;
+  memset(&key, 0, sizeof key);
+  key = (LtKey){g->m, g->n, g->k, g->batch, g->stride_a, g->stride_b, g->stride_d, g->ab_type, g->d_type, g->trans_a,
+                g->trans_b, g->epilogue, g->tf32 && g->ab_type == CUDA_R_32F, (int64_t)workspace_bytes, al_a, al_b, al_d};
+  LtSlot *slot;
+  const cublasLtMatmulAlgo_t *algo = lt_cached(lt, &key, &slot);
   cublasLtMatmulHeuristicResult_t heur;
-  int found = 0;
-  LT_CHECK(cublasLtMatmulAlgoGetHeuristic(lt->h, op, la, lb, ld, ld, pref, 1, &heur, &found));
-  if (found == 0) {
-    rc = rt_errf(err, "cuBLASLt has no algorithm for m %d n %d k %d (epilogue %d) within %zu bytes of workspace",
-                 g->m, g->n, g->k, (int)g->epilogue, workspace_bytes);
-    goto done;
+  if (!algo) {
+    LT_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                                  sizeof workspace_bytes));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof al_b));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof al_d));
+    LT_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d));
+    int found = 0;
+    LT_CHECK(cublasLtMatmulAlgoGetHeuristic(lt->h, op, la, lb, ld, ld, pref, 1, &heur, &found));
+    if (found == 0) {
+      rc = rt_errf(err, "cuBLASLt has no algorithm for m %d n %d k %d (epilogue %d) within %zu bytes of workspace",
+                   g->m, g->n, g->k, (int)g->epilogue, workspace_bytes);
+      goto done;
+    }
+    algo = &heur.algo;
   }
-  LT_CHECK(cublasLtMatmul(lt->h, op, &g->alpha, g->b, la, g->a, lb, &g->beta, g->d, ld, g->d, ld, &heur.algo,
-                          workspace, workspace_bytes, stream));
+  LT_CHECK(cublasLtMatmul(lt->h, op, &g->alpha, g->b, la, g->a, lb, &g->beta, g->d, ld, g->d, ld, algo, workspace,
+                          workspace_bytes, stream));
+  if (slot) { /* only an algorithm that ran is kept */
+    slot->used = 1;
+    slot->key = key;
+    slot->algo = heur.algo;
+  }
   goto done;
 fail:
   rc = -1;

@@ -4,14 +4,24 @@
  * every epilogue: BIAS, GELU, GELU_BIAS, GELU_AUX_BIAS (aux = the pre-activation), DGELU,
  * DGELU_BGRAD (bias_grad = d's column sums), BGRAD_A (bias_grad = op(a)'s row sums), BGRAD_B
  * (bias_grad = op(b)'s column sums), the bias gradient always f32; gelu' is checked against a
- * central difference of gelu. Exit 0 when every check holds. */
+ * central difference of gelu. Exit 0 when every check holds.
+ *
+ * Built twice: cuda.emu_gemm links the emulator's GEMM (emu_cuda_rt.cpp); cuda.lt_model
+ * (-DCPLAN_LT_MODEL) links runtime/cuda_rt.c, the real one, with tests/cuda/lt_model.c, a host
+ * model of cuBLASLt's API in place of the library, and also checks that cuda_rt.c declares the
+ * operands' alignment (each GEMM runs 256-byte aligned and at an offset of one element) and asks
+ * the heuristic once per configuration. */
 #include "cplanrt_cuda.h"
+#include "../host_types.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef CPLAN_LT_MODEL
+#include "lt_model.h"
+#endif
 
 static int bad;
 
@@ -22,37 +32,30 @@ static float rnd(unsigned *s) {
   return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
 }
 
-/* storage of v in type t at p[i] and back (bf16: round to nearest even; f16: the compiler's _Float16) */
-static void put(void *p, cudaDataType_t t, int i, float v) {
-  if (t == CUDA_R_16BF) {
-    uint32_t u;
-    memcpy(&u, &v, 4);
-    ((uint16_t *)p)[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  } else if (t == CUDA_R_16F) ((_Float16 *)p)[i] = (_Float16)v;
-  else ((float *)p)[i] = v;
-}
-static double get(const void *p, cudaDataType_t t, int i) {
-  if (t == CUDA_R_16BF) {
-    uint32_t u = (uint32_t)((const uint16_t *)p)[i] << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-  }
-  if (t == CUDA_R_16F) return (double)((const _Float16 *)p)[i];
-  return ((const float *)p)[i];
-}
+static void put(void *p, cudaDataType_t t, int i, float v) { ht_put(p, t, i, v); }
+static double get(const void *p, cudaDataType_t t, int i) { return ht_get(p, t, i); }
 
 static void check(const char *what, double got, double want, double tol) {
   if (fabs(got - want) <= tol * (1.0 + fabs(want))) return;
   if (bad++ < 10) fprintf(stderr, "FAILED: %s: %.8g, expected %.8g\n", what, got, want);
 }
 
-static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, int tb, int batch, RtGemmEpilogue ep) {
+/* count elements of size es, 256-byte aligned, at an offset of off elements */
+static void *buf(size_t count, size_t es, int off, void **base) {
+  size_t bytes = ((count + (size_t)off) * es + 255) / 256 * 256;
+  *base = aligned_alloc(256, bytes);
+  memset(*base, 0, bytes);
+  return (char *)*base + (size_t)off * es;
+}
+
+static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, int tb, int batch, RtGemmEpilogue ep,
+                int off) {
   const int m = 5, n = 8, k = 7;
   const size_t es = at == CUDA_R_32F ? 4 : 2, ds = dt == CUDA_R_32F ? 4 : 2;
-  unsigned seed = (unsigned)(ta * 7 + tb * 13 + batch * 31 + (int)ep * 101 + (int)at * 3 + (int)dt);
-  void *a = calloc((size_t)batch * m * k, es), *b = calloc((size_t)batch * k * n, es);
-  void *d = calloc((size_t)batch * m * n, ds), *aux = calloc((size_t)m * n, ds);
+  unsigned seed = (unsigned)(ta * 7 + tb * 13 + batch * 31 + (int)ep * 101 + (int)at * 3 + (int)dt + off);
+  void *base[3];
+  void *a = buf((size_t)batch * m * k, es, off, &base[0]), *b = buf((size_t)batch * k * n, es, off, &base[1]);
+  void *d = buf((size_t)batch * m * n, ds, off, &base[2]), *aux = calloc((size_t)m * n, ds);
   void *bias = calloc(n, ds), *bg = calloc(m > n ? m : n, sizeof(float));
   for (int i = 0; i < batch * m * k; i++) put(a, at, i, rnd(&seed));
   for (int i = 0; i < batch * k * n; i++) put(b, at, i, rnd(&seed));
@@ -115,7 +118,7 @@ static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, in
         check("BGRAD_B bias_grad", get(bg, CUDA_R_32F, j), s, tol * k);
       }
   }
-  free(a), free(b), free(d), free(aux), free(bias), free(bg), free(d0), free(aux0);
+  free(base[0]), free(base[1]), free(base[2]), free(aux), free(bias), free(bg), free(d0), free(aux0);
 }
 
 int main(void) {
@@ -124,15 +127,32 @@ int main(void) {
   if (!lt) return fprintf(stderr, "FAILED: rt_cublaslt_create: %s\n", err.msg), 1;
   const cudaDataType_t types[3] = {CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F};
   int runs = 0;
-  for (int t = 0; t < 3; t++)
-    for (int lowd = 0; lowd < (t ? 2 : 1); lowd++)
-      for (int ta = 0; ta < 2; ta++)
-        for (int tb = 0; tb < 2; tb++)
-          for (int ep = RT_GEMM_NONE; ep <= RT_GEMM_BGRAD_B; ep++) {
-            one(lt, types[t], lowd ? types[t] : CUDA_R_32F, ta, tb, 1, (RtGemmEpilogue)ep);
-            runs++;
-          }
-  for (int ta = 0; ta < 2; ta++) one(lt, CUDA_R_32F, CUDA_R_32F, ta, 1 - ta, 3, RT_GEMM_NONE), runs++;
+  /* pass 0 and 1 alike (256-byte aligned operands), pass 2 at an offset of one element */
+  long long queries[3] = {0};
+  for (int pass = 0; pass < 3; pass++) {
+    for (int t = 0; t < 3; t++)
+      for (int lowd = 0; lowd < (t ? 2 : 1); lowd++)
+        for (int ta = 0; ta < 2; ta++)
+          for (int tb = 0; tb < 2; tb++)
+            for (int ep = RT_GEMM_NONE; ep <= RT_GEMM_BGRAD_B; ep++) {
+              one(lt, types[t], lowd ? types[t] : CUDA_R_32F, ta, tb, 1, (RtGemmEpilogue)ep, pass == 2);
+              runs++;
+            }
+    for (int ta = 0; ta < 2; ta++) one(lt, CUDA_R_32F, CUDA_R_32F, ta, 1 - ta, 3, RT_GEMM_NONE, pass == 2), runs++;
+#ifdef CPLAN_LT_MODEL
+    queries[pass] = lt_model_heuristics();
+#endif
+  }
+#ifdef CPLAN_LT_MODEL
+  /* one query per configuration: the second pass (the same GEMMs) asks none; the third asks again
+   * for every GEMM (their operands now 4- or 2-byte aligned: other configurations) */
+  int per_pass = runs / 3;
+  if (queries[0] != per_pass || queries[1] != queries[0] || queries[2] != queries[1] + per_pass)
+    fprintf(stderr, "FAILED: heuristic queries after each pass %lld, %lld, %lld; expected %d, %d, %d\n", queries[0],
+            queries[1], queries[2], per_pass, per_pass, 2 * per_pass), bad++;
+#else
+  (void)queries;
+#endif
   /* the contract's refusals */
   RtGemm g = {.m = 2, .n = 4, .k = 2, .batch = 1, .ab_type = CUDA_R_32F, .d_type = CUDA_R_16BF, .a = &g, .b = &g, .d = &g};
   if (rt_cublaslt_matmul(lt, &g, NULL, 0, 0, &err) == 0) fprintf(stderr, "FAILED: f32 operands with a bf16 d accepted\n"), bad++;
@@ -143,7 +163,13 @@ int main(void) {
   if (rt_cublaslt_matmul(lt, &g, NULL, 0, 0, &err) == 0) fprintf(stderr, "FAILED: BGRAD_B with batch 2 accepted\n"), bad++;
   rt_cublaslt_destroy(lt);
   if (bad) return fprintf(stderr, "test_emu_gemm: %d checks failed\n", bad), 1;
-  printf("test_emu_gemm: ok (%d GEMMs: f32, bf16, f16 operands; f32 and low-precision d; 4 transposes; 9 epilogues; batch 3)\n",
-         runs);
+#ifdef CPLAN_LT_MODEL
+  printf("test_lt_model: ok: runtime/cuda_rt.c on the cuBLASLt model (%d GEMMs: f32, bf16, f16 operands; f32 and "
+         "low-precision d; 4 transposes; 9 epilogues; batch 3; 256-byte aligned and at an offset; %lld heuristic "
+         "queries)\n", runs, queries[2]);
+#else
+  printf("test_emu_gemm: ok (%d GEMMs: f32, bf16, f16 operands; f32 and low-precision d; 4 transposes; 9 epilogues; batch 3;"
+         " 256-byte aligned and at an offset)\n", runs);
+#endif
   return 0;
 }
