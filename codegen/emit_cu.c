@@ -1782,6 +1782,16 @@ static void emit_plan(Cu *c, const char *hash) {
   CgPlanHead h = {.hash = hash, .work_bytes = "0, /* the work arena is on the device: DEVICE_WORK_BYTES */",
                   .micro = c->sp ? c->g->batch / c->sp->dp : c->g->batch, .vocab = cg_vocab(c->g, c->sp),
                   .nmetrics = c->g->metrics.n + (c->seed >= 0 ? 2 : 0)};
+  if (c->seed >= 0 && c->ls)
+    EMIT("/* RtPlan.step_metrics: the micro-batches reported skipped_steps before the step's update decided\n"
+         " * whether it overflowed (on every dp, tp or pp rank, overflow_agree); the count after it, as a\n"
+         " * sum over the micro-batches whose mean is the count */\n"
+         "static void ls_step_metrics(RtRun *run, double *sums) {\n"
+         "  (void)run;\n"
+         "  double m[2] = {G.scale, (double)G.skipped};\n"
+         "  ls_share(m);\n"
+         "  sums[%d] = (double)cplan_plan.accum * m[1];\n"
+         "}\n\n", c->g->metrics.n + 1);
   cg_emit_plan_head(c->out, &c->pl, t, &h);
   EMIT("    .lr_at = lr_at,\n    %s,\n    .update = update,\n    .eval_step = eval_step,\n",
        c->pipe ? ".forward = pp_forward,\n    .backward = pp_backward" : ".micro_step = micro_step");
@@ -1791,6 +1801,7 @@ static void emit_plan(Cu *c, const char *hash) {
   if (c->pipe) cg_emit_plan_pipeline(c->out, c->sp, c->pipe, c->stage, c->ppa, t);
   EMIT("    .to_device = to_device,\n    .to_host = to_host,\n    .reduce_grads = %s,\n    .loss_scaler = %s,\n",
        dp > 1 ? "reduce_grads" : "NULL", c->ls ? "loss_scaler" : "NULL");
+  if (c->seed >= 0 && c->ls) EMIT("    .step_metrics = ls_step_metrics,\n");
   if (c->pipe) EMIT("    .param_copy = param_copy,\n");
   EMIT("};\n");
   if (c->pipe) /* plan.c's main (cg_emit_pipeline_main) calls each stage's */

@@ -176,6 +176,25 @@ static bool interleaved_ok(const StratPlan *sp, const TrainConf *t, int64_t dp, 
   return true;
 }
 
+/* The name of a param the forward reads both before its first layer and after its last (a tied
+ * embedding: the first and the last pipeline stage read it), else NULL. */
+static const char *param_read_at_both_ends(const Graph *g) {
+  int first = -1, last = -1;
+  for (int j = 0; j < g->n; j++)
+    if (g->nodes[j].role == ROLE_FWD && g->nodes[j].layer >= 0) last = j, first = first < 0 ? j : first;
+  for (int i = 0; i < g->n && first >= 0; i++) {
+    if (g->nodes[i].op != OP_PARAM) continue;
+    bool before = false, after = false;
+    for (int j = 0; j < g->n; j++) {
+      const Node *r = &g->nodes[j];
+      for (int k = 0; k < r->nin && r->role == ROLE_FWD; k++)
+        if (r->in[k] == i) before |= j < first, after |= j > last;
+    }
+    if (before && after) return g->nodes[i].name ? g->nodes[i].name : "a param";
+  }
+  return NULL;
+}
+
 static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   int64_t dp, tp, pp, micro;
   if (!strat_degrees(NULL, t, &dp, &tp, &pp, &micro)) return false;
@@ -202,7 +221,13 @@ static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   int chunks = pp > 1 && t->strategy.pipeline == PS_INTERLEAVED ? 2 : 1;
   if (chunks > 1 && !interleaved_ok(out->sp, t, dp, pp)) return false;
   if (pp > 1 && !(out->pipe = pp_partition(out->sp, out->lw, chunks, err, sizeof err))) {
-    diag_error(t->strategy.span, "this strategy cannot be cut into pipeline stages yet: %s", err);
+    const char *tied = out->sp->zero >= 3 && dp > 1 ? param_read_at_both_ends(g) : NULL;
+    if (tied)
+      diag_error(t->strategy.span, "zero = 3 with pp = %lld is not supported for a param that several pipeline "
+                 "stages read ('%s', read before the first layer and after the last: a tied embedding); use zero = 1 or 2 "
+                 "(%s)", (long long)pp,
+                 tied, err);
+    else diag_error(t->strategy.span, "this strategy cannot be cut into pipeline stages yet: %s", err);
     return false;
   }
   return true;

@@ -344,6 +344,11 @@ typedef struct RtPlan {
    * host mirror after each update (sync_shared_params): it copies it out of the owner's device
    * first and into each holder's device after. */
   void (*param_copy)(int k, float *host, int to_device);
+  /* NULL, or: after the step's update, the plan (each pipeline stage plan that reports metrics)
+   * may rewrite sums, its metrics summed over the step's micro-batches, before the runtime averages
+   * them: a metric the update decides (f16's skipped_steps: the micro-batches report it before the
+   * step's overflow is known, which under dp, tp or pp the ranks agree on in the update). */
+  void (*step_metrics)(RtRun *run, double *sums);
 } RtPlan;
 
 /* What the generated code reads and writes while it runs. */

@@ -1182,6 +1182,11 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   t0 = rt_trace_now();
   *gn = plan_pp(p) > 1 ? pp_update(t) : p->update(&t->run);
   rt_trace_span("update", t0, s, -1);
+  for (int k = 0; k < nstages(t); k++) { /* metrics the update decided */
+    stage_use(t, k);
+    if (t->p->step_metrics && t->p->nmetrics > 0) t->p->step_metrics(&t->run, t->msum);
+  }
+  stage_use(t, 0);
   t->msum[nm] = lsum;
   reduce_means(t, t->msum, nm + 1, p->accum);
   t->loss = t->msum[nm];

@@ -31,6 +31,10 @@
 #                           crossings through host memory and MPI whatever COMM): pp2 (1F1B, 2 GPUs),
 #                           pp2gpipe (GPipe), pp2i (interleaved: 2 stages per GPU, MODEL gpt_small4 or
 #                           llama_small4, the model with 4 layers), dp2pp2, dp2pp2zero2 and tp2pp2 (4 GPUs)
+# Every program runs with deferred execution (CUEMU_DEFER=1 unless set: tests/cuda/emu/emu_queue.h): the
+# work of a stream runs only when the host synchronizes with it, so a result read, a host buffer
+# reused or a legacy-stream copy not ordered with the program's non-blocking stream shows as a wrong
+# number here rather than as a race on a GPU.
 # Tolerances (gpt_gpu.sh's): relative 1e-3 on every step's loss and grad norm in f32, 2e-2 in bf16 and
 # f16; final params within 1e-3 in f32; f16 skips no step. Exit 0 when every case passes.
 set -u
@@ -40,6 +44,7 @@ src=$(cd "$3" && pwd)
 shift 3
 cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
+export CUEMU_DEFER=${CUEMU_DEFER:-1}
 env_file=$build/tests/cuda_emu/program.env
 [ -f "$env_file" ] || { echo "FAILED: no $env_file (build the cplan_emu_program target)"; exit 1; }
 . "$env_file"
@@ -123,7 +128,7 @@ for c in $cases; do
     comm=${rest##*-}
     emu "$m" "$p" "$c" --set mesh.gpu1.shape.gpu=2 "${extra[@]}" || { note "$c: building the emulated program"; continue; }
     grep -q '^    .reduce_grads = reduce_grads,' "keep-$c/plan.c" || { note "$c: plan.c is not a dp 2 plan"; continue; }
-    timeout 600 "${MPIEXEC:-mpirun}" -np 2 --oversubscribe -x CPLAN_COMM="$comm" -x CPLAN_NVRTC_CACHE "./$c" --init "$m-init.st" \
+    timeout 600 "${MPIEXEC:-mpirun}" -np 2 --oversubscribe -x CUEMU_DEFER -x CPLAN_COMM="$comm" -x CPLAN_NVRTC_CACHE "./$c" --init "$m-init.st" \
       --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" >"$c.out" ||
       { tail -8 "$c.run.log"; note "$c: mpirun of the emulated program exited with status $?"; continue; }
     # the emulated NCCL announces itself on each rank (emu_cuda_rt.cpp): the path plan.c took
@@ -155,7 +160,7 @@ for c in $cases; do
     case $strat in *pp2*) plan=keep-$c/plan_s0.c ;; esac
     grep -q '^    .gparams = gparams,' "$plan" || { note "$c: $plan is not a lowered plan"; continue; }
     case $strat in *pp2*) grep -q '^    .pp = 2,' "$plan" || { note "$c: $plan is not a pipeline stage"; continue; } ;; esac
-    timeout 900 "${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CPLAN_COMM="$comm" -x CPLAN_NVRTC_CACHE "./$c" \
+    timeout 900 "${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CUEMU_DEFER -x CPLAN_COMM="$comm" -x CPLAN_NVRTC_CACHE "./$c" \
       --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" >"$c.out" ||
       { tail -8 "$c.run.log"; note "$c: mpirun of the emulated program exited with status $?"; continue; }
     n=$(grep -c "cuemu: rt_nccl_init" "$c.run.log")
@@ -169,7 +174,7 @@ for c in $cases; do
     [ "$rest" = f16-pp2resume ] && np=2 sets=(--set mesh.gpu1.shape.gpu=2 --set train.strategy.pp=2 --set train.strategy.micro=1)
     emu "$m" f16 "$c" "${sets[@]}" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
     half=$((steps / 2))
-    run=("${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CPLAN_NVRTC_CACHE "./$c")
+    run=("${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CUEMU_DEFER -x CPLAN_NVRTC_CACHE "./$c")
     timeout 600 "${run[@]}" --init "$m-init.st" --metrics "$c-straight.jsonl" --quiet 2>"$c.run.log" >"$c.out" ||
       { tail -8 "$c.run.log"; note "$c: the straight run exited with status $?"; continue; }
     timeout 600 "${run[@]}" --init "$m-init.st" --steps "$half" --checkpoint-dir "ck-$c" --quiet 2>>"$c.run.log" >>"$c.out" ||
@@ -212,10 +217,11 @@ PY
     # of a generated file here), so the first steps overflow: each overflowing step is skipped
     # (gradient norm NaN, no update), halves the scale and counts in skipped_steps; the others train
     # (finite losses and gradient norms) and keep the scale. pp 2: every stage file's scale is raised
-    # and the program runs on 2 ranks; its skipped_steps is the count at the step's start (lag 1)
+    # and the program runs on 2 ranks; its skipped_steps is the count after the step too (its last
+    # stage's step_metrics; lag 0)
     np=1 lag=0 sets=() files=plan.c
     if [ "$rest" = f16-pp2overflow ]; then
-      np=2 lag=1 sets=(--set mesh.gpu1.shape.gpu=2 --set train.strategy.pp=2 --set train.strategy.micro=1) files="plan_s0.c plan_s1.c"
+      np=2 lag=0 sets=(--set mesh.gpu1.shape.gpu=2 --set train.strategy.pp=2 --set train.strategy.micro=1) files="plan_s0.c plan_s1.c"
     fi
     emu "$m" f16 "$c" "${sets[@]}" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
     mkdir -p "ovf-$c" && cp "keep-$c"/plan*.c "ovf-$c"/
@@ -225,7 +231,7 @@ PY
     done
     # shellcheck disable=SC2086
     $EMU_CC $EMU_CFLAGS "ovf-$c"/plan*.c -o "$c" $EMU_LIBS 2>"$c.cc.log" || { head -30 "$c.cc.log"; note "$c: cc"; continue; }
-    timeout 600 "${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CPLAN_NVRTC_CACHE "./$c" --init "$m-init.st" --metrics "$c.jsonl" \
+    timeout 600 "${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CUEMU_DEFER -x CPLAN_NVRTC_CACHE "./$c" --init "$m-init.st" --metrics "$c.jsonl" \
       --quiet 2>"$c.run.log" >"$c.out" || { tail -8 "$c.run.log"; note "$c: the emulated program exited with status $?"; continue; }
     python3 - "$c" "$c.jsonl" "$lag" <<'PY' || bad=1
 import json, math, sys

@@ -34,6 +34,8 @@
 #include <stdio.h> /* device printf, which nvcc provides without an include */
 #include <string.h>
 
+#include "emu_queue.h"
+
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -88,9 +90,11 @@ struct LaunchSite {
 };
 
 /* Checks the configuration as the runtime does (setting the last error), then runs every block
- * of the grid: body(ctx) is one thread. Returns after the grid has finished. */
+ * of the grid: body(ctx) is one thread; release(ctx) after the grid. The grid runs before the call
+ * returns, or, with CUEMU_DEFER=1, when its stream is next synchronized (emu_queue.h). */
 void run_grid(const void *kernel, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, LaunchSite site,
-              void (*body)(void *), void *ctx);
+              void (*body)(void *), void *ctx, void (*release)(void *));
+
 
 template <typename... P> struct Pending {
   void (*kernel)(P...);
@@ -103,14 +107,15 @@ template <typename... P> struct Pending {
     struct Ctx {
       void (*k)(P...);
       std::tuple<P...> args;
-    } ctx{kernel, std::tuple<P...>(p...)};
-    /* each thread gets its own copies of the parameters, as on the device */
+    };
+    /* the launch's copy of the arguments (it may run later); each thread gets its own copies of the
+     * parameters, as on the device */
     run_grid((const void *)kernel, grid, block, shmem, stream, site,
              [](void *c) {
                Ctx *x = (Ctx *)c;
                std::apply(x->k, x->args);
              },
-             &ctx);
+             new Ctx{kernel, std::tuple<P...>(p...)}, [](void *c) { delete (Ctx *)c; });
   }
 };
 

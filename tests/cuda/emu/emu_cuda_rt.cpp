@@ -38,6 +38,7 @@
 extern "C" {
 #include "cplanrt_cuda.h"
 }
+#include "emu_queue.h"
 
 #ifndef CUEMU_CXX
 #error "CUEMU_CXX, CUEMU_TRANSLATE, CUEMU_CXXFLAGS: the build defines them (tests/CMakeLists.txt)"
@@ -196,7 +197,8 @@ int rt_nvrtc_compile(const char *src, const char *name, int cc_major, int cc_min
   for (const std::string &w : words(CUEMU_CXXFLAGS)) cmd.push_back(w);
   uint64_t h = fnv(0xcbf29ce484222325ull, src, strlen(src));
   for (const std::string &w : cmd) h = fnv(h, w.c_str(), w.size() + 1);
-  h = fnv_file(h, CUEMU_DIR "/cuda_emu.h"), h = fnv_file(h, CUEMU_DIR "/include/mma.h");
+  h = fnv_file(h, CUEMU_DIR "/cuda_emu.h"), h = fnv_file(h, CUEMU_DIR "/emu_queue.h");
+  h = fnv_file(h, CUEMU_DIR "/include/mma.h");
   h = fnv_file(h, CUEMU_TRANSLATE);
   h = fnv(h, &cc_major, sizeof cc_major), h = fnv(h, &cc_minor, sizeof cc_minor);
   for (int i = 0; i < nopts; i++) h = fnv(h, opts[i], strlen(opts[i]) + 1);
@@ -265,10 +267,19 @@ cudaError_t cudaLaunchKernel(const void *func, dim3 grid, dim3 block, void **arg
   return cudaGetLastError();
 }
 
-/* ---- events: host time ---------------------------------------------------------------------------- */
+/* ---- events: host time, taken when the event's place in its stream is reached --------------------- */
+struct EmuEvent {
+  double ms;
+  cudaStream_t s;
+};
+static void event_now(void *e) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  ((EmuEvent *)e)->ms = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
 cudaError_t cudaEventCreate(cudaEvent_t *ev) {
   if (!ev) return cudaErrorInvalidValue;
-  *ev = (cudaEvent_t)calloc(1, sizeof(double));
+  *ev = (cudaEvent_t)calloc(1, sizeof(EmuEvent));
   return *ev ? cudaSuccess : cudaErrorMemoryAllocation;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned int flags) {
@@ -276,21 +287,24 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *ev, unsigned int flags) {
   return cudaEventCreate(ev);
 }
 cudaError_t cudaEventDestroy(cudaEvent_t ev) {
+  if (ev) cuemu::drain(((EmuEvent *)ev)->s); /* a pending record would write it */
   free(ev);
   return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t ev, cudaStream_t s) {
-  (void)s;
   if (!ev) return cudaErrorInvalidResourceHandle;
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  *(double *)ev = (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+  ((EmuEvent *)ev)->s = s;
+  cuemu::enqueue(s, event_now, ev);
   return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t ev) { return ev ? cudaSuccess : cudaErrorInvalidResourceHandle; }
+cudaError_t cudaEventSynchronize(cudaEvent_t ev) {
+  if (!ev) return cudaErrorInvalidResourceHandle;
+  cuemu::drain(((EmuEvent *)ev)->s);
+  return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
   if (!ms || !a || !b) return cudaErrorInvalidValue;
-  *ms = (float)(*(double *)b - *(double *)a);
+  *ms = (float)(((EmuEvent *)b)->ms - ((EmuEvent *)a)->ms);
   return cudaSuccess;
 }
 
@@ -302,9 +316,11 @@ RtCublasLt *rt_cublaslt_create(RtError *err) {
 }
 void rt_cublaslt_destroy(RtCublasLt *lt) { free(lt); }
 
+static void gemm_now(void *g_);
+
 int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t workspace_bytes, cudaStream_t stream,
                        RtError *err) {
-  (void)workspace, (void)workspace_bytes, (void)stream;
+  (void)workspace, (void)workspace_bytes;
   if (!lt || !g || g->m <= 0 || g->n <= 0 || g->k <= 0 || g->batch < 1 || !g->a || !g->b || !g->d)
     return rt_errf(err, "rt_cublaslt_matmul: bad shape or operands (m %d, n %d, k %d, batch %d)", g ? g->m : 0,
                    g ? g->n : 0, g ? g->k : 0, g ? g->batch : 0);
@@ -334,6 +350,16 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
                        g->n, g->k, (int)ep);
       q = *end == ',' ? end + 1 : end;
     }
+  cuemu::enqueue(stream, gemm_now, new RtGemm(*g));
+  return 0;
+}
+
+/* the product itself, in its stream's order (g: the call's copy) */
+static void gemm_now(void *g_) {
+  const RtGemm *g = (const RtGemm *)g_;
+  RtGemmEpilogue ep = g->epilogue;
+  int needs_bias = ep == RT_GEMM_BIAS || ep == RT_GEMM_GELU_BIAS || ep == RT_GEMM_GELU_AUX_BIAS;
+  int needs_aux = ep == RT_GEMM_GELU_AUX_BIAS || ep == RT_GEMM_DGELU || ep == RT_GEMM_DGELU_BGRAD;
   const int m = g->m, n = g->n, k = g->k;
   const cudaDataType_t at = g->ab_type, dt = g->d_type;
   std::vector<double> acc((size_t)m * n), bsum;
@@ -388,7 +414,7 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
     for (int j = 0; j < n; j++) store(g->bias_grad, CUDA_R_32F, j, (float)bsum[(size_t)j]);
   if (ep == RT_GEMM_BGRAD_A)
     for (int i = 0; i < m; i++) store(g->bias_grad, CUDA_R_32F, i, (float)bsum[(size_t)i]);
-  return 0;
+  delete g;
 }
 
 /* ---- NCCL over rt_comm, on host memory ------------------------------------------------------------- */
@@ -459,52 +485,76 @@ static void ordered_sum(RtNccl *c, const void *send, void *out, int64_t lo, int6
 
 static bool small_float(RtNcclType t) { return t == RT_NCCL_BF16 || t == RT_NCCL_F16 || t == RT_NCCL_U8; }
 
+/* a collective or a send / receive, run in its stream's order (the call's arguments) */
+enum NcclKind { N_ALL_REDUCE, N_REDUCE_SCATTER, N_ALL_GATHER, N_ALL_TO_ALL, N_BROADCAST, N_SEND, N_RECV };
+struct NcclOp {
+  NcclKind kind;
+  RtNccl *c;
+  const void *send;
+  void *recv;
+  int64_t count;
+  RtNcclType t;
+  int peer; /* the root of a broadcast */
+};
+
+static void nccl_now(void *op_) {
+  NcclOp *o = (NcclOp *)op_;
+  RtNccl *c = o->c;
+  size_t es = nccl_size(o->t);
+  int64_t count = o->count, bytes = count * (int64_t)es;
+  switch (o->kind) {
+  case N_ALL_REDUCE:
+    if (!small_float(o->t)) rt_comm_all_reduce(c->comm, o->recv, count, comm_type(o->t));
+    else ordered_sum(c, o->recv, o->recv, 0, count, count, o->t);
+    break;
+  case N_REDUCE_SCATTER:
+    if (!small_float(o->t)) rt_comm_reduce_scatter(c->comm, o->send, o->recv, count, comm_type(o->t));
+    else ordered_sum(c, o->send, o->recv, count * rt_comm_rank(c->comm), count, count * rt_comm_size(c->comm), o->t);
+    break;
+  case N_ALL_GATHER: rt_comm_all_gather(c->comm, o->send, o->recv, bytes, RT_COMM_U8); break;
+  case N_ALL_TO_ALL: rt_comm_all_to_all(c->comm, o->send, o->recv, bytes, RT_COMM_U8); break;
+  case N_BROADCAST: rt_comm_broadcast(c->comm, o->recv, bytes, RT_COMM_U8, o->peer); break;
+  /* NCCL has no tags: sends and receives between two ranks match in program order, as one tag does */
+  case N_SEND: rt_comm_send(c->comm, o->send, bytes, RT_COMM_U8, o->peer, 4242); break;
+  case N_RECV: rt_comm_recv(c->comm, o->recv, bytes, RT_COMM_U8, o->peer, 4242); break;
+  }
+  delete o;
+}
+
+static void nccl_enqueue(cudaStream_t s, NcclOp op) { cuemu::enqueue(s, nccl_now, new NcclOp(op)); }
+
 void rt_nccl_all_reduce(RtNccl *c, void *buf, int64_t count, RtNcclType t, cudaStream_t s) {
-  (void)s;
   c->bytes += (uint64_t)count * nccl_size(t);
-  if (!small_float(t)) rt_comm_all_reduce(c->comm, buf, count, comm_type(t));
-  else ordered_sum(c, buf, buf, 0, count, count, t);
+  nccl_enqueue(s, NcclOp{N_ALL_REDUCE, c, buf, buf, count, t, 0});
 }
 
 void rt_nccl_reduce_scatter(RtNccl *c, const void *send, void *recv, int64_t count, RtNcclType t, cudaStream_t s) {
-  (void)s;
   c->bytes += (uint64_t)count * nccl_size(t) * (uint64_t)rt_comm_size(c->comm);
-  if (!small_float(t)) rt_comm_reduce_scatter(c->comm, send, recv, count, comm_type(t));
-  else ordered_sum(c, send, recv, count * rt_comm_rank(c->comm), count, count * rt_comm_size(c->comm), t);
+  nccl_enqueue(s, NcclOp{N_REDUCE_SCATTER, c, send, recv, count, t, 0});
 }
 
 void rt_nccl_all_gather(RtNccl *c, const void *send, void *recv, int64_t count, RtNcclType t, cudaStream_t s) {
-  (void)s;
-  size_t es = nccl_size(t);
-  c->bytes += (uint64_t)count * es * (uint64_t)rt_comm_size(c->comm);
-  rt_comm_all_gather(c->comm, send, recv, count * (int64_t)es, RT_COMM_U8);
+  c->bytes += (uint64_t)count * nccl_size(t) * (uint64_t)rt_comm_size(c->comm);
+  nccl_enqueue(s, NcclOp{N_ALL_GATHER, c, send, recv, count, t, 0});
 }
 
 void rt_nccl_all_to_all(RtNccl *c, const void *send, void *recv, int64_t count, RtNcclType t, cudaStream_t s) {
-  (void)s;
-  size_t es = nccl_size(t);
-  c->bytes += (uint64_t)count * es * (uint64_t)rt_comm_size(c->comm);
-  rt_comm_all_to_all(c->comm, send, recv, count * (int64_t)es, RT_COMM_U8);
+  c->bytes += (uint64_t)count * nccl_size(t) * (uint64_t)rt_comm_size(c->comm);
+  nccl_enqueue(s, NcclOp{N_ALL_TO_ALL, c, send, recv, count, t, 0});
 }
 
 void rt_nccl_broadcast(RtNccl *c, void *buf, int64_t count, RtNcclType t, int root, cudaStream_t s) {
-  (void)s;
-  size_t es = nccl_size(t);
-  c->bytes += (uint64_t)count * es;
-  rt_comm_broadcast(c->comm, buf, count * (int64_t)es, RT_COMM_U8, root);
+  c->bytes += (uint64_t)count * nccl_size(t);
+  nccl_enqueue(s, NcclOp{N_BROADCAST, c, buf, buf, count, t, root});
 }
 
-/* NCCL has no tags: sends and receives between two ranks match in program order, as one tag does */
 void rt_nccl_send(RtNccl *c, const void *buf, int64_t count, RtNcclType t, int peer, cudaStream_t s) {
-  (void)s;
-  size_t es = nccl_size(t);
-  c->bytes += (uint64_t)count * es;
-  rt_comm_send(c->comm, buf, count * (int64_t)es, RT_COMM_U8, peer, 4242);
+  c->bytes += (uint64_t)count * nccl_size(t);
+  nccl_enqueue(s, NcclOp{N_SEND, c, buf, NULL, count, t, peer});
 }
 
 void rt_nccl_recv(RtNccl *c, void *buf, int64_t count, RtNcclType t, int peer, cudaStream_t s) {
-  (void)s;
-  rt_comm_recv(c->comm, buf, count * (int64_t)nccl_size(t), RT_COMM_U8, peer, 4242);
+  nccl_enqueue(s, NcclOp{N_RECV, c, NULL, buf, count, t, peer});
 }
 
 void rt_nccl_sync(RtNccl *c, cudaStream_t s, const char *what) {

@@ -28,8 +28,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <deque>
 #include <map>
 #include <mutex>
+#include <vector>
 #include <set>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -490,30 +492,24 @@ void trap(const char *what) {
   die("%s", what);
 }
 
-void run_grid(const void *kernel, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, LaunchSite site,
-              void (*body)(void *), void *ctx) {
+namespace {
+struct Grid {
+  dim3 grid, block;
+  size_t shmem;
+  LaunchSite site;
+  void (*body)(void *);
+  void *ctx;
+  void (*release)(void *);
+};
+
+void run_grid_now(void *g_) {
+  Grid *g = (Grid *)g_;
+  dim3 grid = g->grid, block = g->block;
+  size_t shmem = g->shmem;
   std::lock_guard<std::recursive_mutex> lock(launch_mutex);
-  if (S.in_launch) die("a kernel launched a kernel at %s:%d: dynamic parallelism is not emulated", site.file, site.line);
-  unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
-  if (block.x < 1 || block.y < 1 || block.z < 1 || block.x > kMaxBlockX || block.y > kMaxBlockY ||
-      block.z > kMaxBlockZ || threads > kMaxThreads || grid.x < 1 || grid.y < 1 || grid.z < 1 ||
-      grid.x > kMaxGridX || grid.y > kMaxGridYZ || grid.z > kMaxGridYZ) {
-    record(cudaErrorInvalidConfiguration);
-    return;
-  }
-  auto it = func_max_dyn_smem.find(kernel);
-  size_t limit = it != func_max_dyn_smem.end() && (size_t)it->second > kSmemDefault ? (size_t)it->second : kSmemDefault;
-  if (shmem > limit) {
-    record(cudaErrorInvalidValue);
-    return;
-  }
-  if (!stream_ok(stream)) {
-    record(cudaErrorInvalidResourceHandle);
-    return;
-  }
   S.in_launch = true;
-  S.grid = grid, S.block = block, S.shmem = shmem, S.site = site, S.body = body, S.ctx = ctx;
-  S.n = (int)threads;
+  S.grid = grid, S.block = block, S.shmem = shmem, S.site = g->site, S.body = g->body, S.ctx = g->ctx;
+  S.n = (int)((unsigned long long)block.x * block.y * block.z);
   ensure_fibers(S.n);
   cur_grid_dim = grid;
   cur_block_dim = block;
@@ -535,6 +531,110 @@ void run_grid(const void *kernel, dim3 grid, dim3 block, size_t shmem, cudaStrea
   __asan_unpoison_memory_region(dyn_smem_buf, sizeof dyn_smem_buf);
 #endif
   S.in_launch = false;
+  g->release(g->ctx);
+  delete g;
+}
+} // namespace
+
+void run_grid(const void *kernel, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream, LaunchSite site,
+              void (*body)(void *), void *ctx, void (*release)(void *)) {
+  std::lock_guard<std::recursive_mutex> lock(launch_mutex);
+  if (S.in_launch) die("a kernel launched a kernel at %s:%d: dynamic parallelism is not emulated", site.file, site.line);
+  unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
+  cudaError_t e = cudaSuccess;
+  auto it = func_max_dyn_smem.find(kernel);
+  size_t limit = it != func_max_dyn_smem.end() && (size_t)it->second > kSmemDefault ? (size_t)it->second : kSmemDefault;
+  if (block.x < 1 || block.y < 1 || block.z < 1 || block.x > kMaxBlockX || block.y > kMaxBlockY ||
+      block.z > kMaxBlockZ || threads > kMaxThreads || grid.x < 1 || grid.y < 1 || grid.z < 1 ||
+      grid.x > kMaxGridX || grid.y > kMaxGridYZ || grid.z > kMaxGridYZ)
+    e = cudaErrorInvalidConfiguration;
+  else if (shmem > limit) e = cudaErrorInvalidValue;
+  else if (!stream_ok(stream)) e = cudaErrorInvalidResourceHandle;
+  if (e != cudaSuccess) {
+    record(e);
+    release(ctx);
+    return;
+  }
+  enqueue(stream, run_grid_now, new Grid{grid, block, shmem, site, body, ctx, release});
+}
+
+/* ---- deferred execution --------------------------------------------------------------------------
+ * One queue per stream; the legacy default stream (0) waits for the blocking streams' earlier
+ * work and they for its, so an op on one drains the others first; a non-blocking stream
+ * (cudaStreamNonBlocking) is ordered with nothing else. */
+namespace {
+struct Op {
+  void (*fn)(void *);
+  void *ctx;
+};
+std::recursive_mutex queue_mutex;
+std::map<cudaStream_t, std::deque<Op>> queues;
+std::set<cudaStream_t> nonblocking;
+
+cudaStream_t canon(cudaStream_t s) { return s == cudaStreamLegacy || s == cudaStreamPerThread ? nullptr : s; }
+
+void drain_one(cudaStream_t s) {
+  auto it = queues.find(s);
+  if (it == queues.end()) return;
+  while (!it->second.empty()) {
+    Op op = it->second.front();
+    it->second.pop_front();
+    op.fn(op.ctx);
+  }
+}
+
+void drain_blocking() {
+  for (auto &q : queues)
+    if (q.first && !nonblocking.count(q.first)) drain_one(q.first);
+}
+} // namespace
+
+bool deferring() {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("CUEMU_DEFER");
+    on = e && *e && strcmp(e, "0") != 0;
+    if (on) atexit([] { drain_all(); }); /* what is left runs (and reports) at exit */
+  }
+  return on != 0;
+}
+
+void enqueue(cudaStream_t s, void (*op)(void *), void *ctx) {
+  if (!deferring()) {
+    op(ctx);
+    return;
+  }
+  std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  s = canon(s);
+  if (!s) drain_blocking();
+  else if (!nonblocking.count(s)) drain_one(nullptr);
+  queues[s].push_back(Op{op, ctx});
+}
+
+void drain(cudaStream_t s) {
+  std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  s = canon(s);
+  if (!s) drain_blocking();
+  else if (!nonblocking.count(s)) drain_one(nullptr);
+  drain_one(s);
+}
+
+void drain_all() {
+  std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  for (auto &q : queues) drain_one(q.first);
+}
+
+void stream_flags(cudaStream_t s, unsigned flags) {
+  std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  if (flags & cudaStreamNonBlocking) nonblocking.insert(s);
+  else nonblocking.erase(s);
+}
+
+void stream_gone(cudaStream_t s) {
+  std::lock_guard<std::recursive_mutex> lock(queue_mutex);
+  drain_one(s);
+  queues.erase(s);
+  nonblocking.erase(s);
 }
 
 } // namespace cuemu
@@ -556,8 +656,18 @@ bool is_device(const void *p, size_t n) {
   return a >= it->first && a - it->first <= it->second && n <= it->second - (a - it->first);
 }
 
-cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
-  if (n == 0) return cudaSuccess;
+std::map<uintptr_t, size_t> pinned; /* cudaMallocHost's: start -> bytes */
+
+bool is_pinned(const void *p, size_t n) {
+  std::lock_guard<std::mutex> lock(alloc_mutex);
+  uintptr_t a = (uintptr_t)p;
+  auto it = pinned.upper_bound(a);
+  if (it == pinned.begin()) return false;
+  --it;
+  return a >= it->first && a - it->first <= it->second && n <= it->second - (a - it->first);
+}
+
+cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
   if (!dst || !src) return record(cudaErrorInvalidValue);
   bool ok;
   switch (kind) {
@@ -568,8 +678,55 @@ cudaError_t copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
   case cudaMemcpyDefault: ok = true; break;
   default: return record(cudaErrorInvalidMemcpyDirection);
   }
-  if (!ok) return record(cudaErrorInvalidValue);
-  memmove(dst, src, n);
+  return ok ? cudaSuccess : record(cudaErrorInvalidValue);
+}
+
+/* a copy that runs in its stream's order: its source is read when it runs, unless staged (a
+ * pageable source, which CUDA copies to a staging buffer before the call returns) */
+struct Copy {
+  void *dst;
+  const void *src;
+  size_t n;
+  std::vector<unsigned char> staged;
+};
+void run_copy(void *c_) {
+  Copy *c = (Copy *)c_;
+  memmove(c->dst, c->staged.empty() ? c->src : c->staged.data(), c->n);
+  delete c;
+}
+struct Set {
+  void *p;
+  int value;
+  size_t n;
+};
+void run_set(void *c_) {
+  Set *c = (Set *)c_;
+  memset(c->p, c->value, c->n);
+  delete c;
+}
+
+/* cudaMemcpyAsync's semantics (and cudaMemcpy's on the legacy stream, sync: whether the host waits
+ * for it): host to device from pageable memory is staged at the call; device to pageable host
+ * memory, and any synchronous copy to the host, returns once done (after the stream's earlier
+ * work); the others run in the stream's order. */
+cudaError_t copy_on(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s, bool sync) {
+  if (n == 0) return cudaSuccess;
+  cudaError_t e = check_copy(dst, src, n, kind);
+  if (e != cudaSuccess) return e;
+  bool to_host = kind == cudaMemcpyDeviceToHost || (kind == cudaMemcpyDefault && !is_device(dst, n));
+  bool from_host = kind == cudaMemcpyHostToDevice || (kind == cudaMemcpyDefault && !is_device(src, n));
+  if (kind == cudaMemcpyHostToHost || (from_host && to_host)) {
+    memmove(dst, src, n);
+    return cudaSuccess;
+  }
+  if (to_host && (sync || !is_pinned(dst, n))) {
+    cuemu::drain(s);
+    memmove(dst, src, n);
+    return cudaSuccess;
+  }
+  Copy *c = new Copy{dst, src, n, {}};
+  if (from_host && !is_pinned(src, n)) c->staged.assign((const unsigned char *)src, (const unsigned char *)src + n);
+  cuemu::enqueue(s, run_copy, c);
   return cudaSuccess;
 }
 } // namespace
@@ -589,8 +746,10 @@ cudaError_t cudaMalloc(void **p, size_t size) {
   return cudaSuccess;
 }
 
+/* cudaFree and cudaFreeHost wait for the device's work */
 cudaError_t cudaFree(void *p) {
   if (!p) return cudaSuccess;
+  cuemu::drain_all();
   std::lock_guard<std::mutex> lock(alloc_mutex);
   auto it = allocs.find((uintptr_t)p);
   if (it == allocs.end()) return record(cudaErrorInvalidValue);
@@ -603,19 +762,29 @@ cudaError_t cudaFree(void *p) {
 cudaError_t cudaMallocHost(void **p, size_t size) {
   if (!p) return record(cudaErrorInvalidValue);
   *p = malloc(size ? size : 1);
-  return *p ? cudaSuccess : record(cudaErrorMemoryAllocation);
+  if (!*p) return record(cudaErrorMemoryAllocation);
+  std::lock_guard<std::mutex> lock(alloc_mutex);
+  pinned[(uintptr_t)*p] = size ? size : 1;
+  return cudaSuccess;
 }
 
 cudaError_t cudaFreeHost(void *p) {
+  if (!p) return cudaSuccess;
+  cuemu::drain_all();
+  std::lock_guard<std::mutex> lock(alloc_mutex);
+  pinned.erase((uintptr_t)p);
   free(p);
   return cudaSuccess;
 }
 
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) { return copy(dst, src, n, kind); }
+/* on the legacy default stream, which a cudaStreamNonBlocking stream does not wait for */
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
+  return copy_on(dst, src, n, kind, nullptr, true);
+}
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
   if (!cuemu::stream_ok(s)) return record(cudaErrorInvalidResourceHandle);
-  return copy(dst, src, n, kind);
+  return copy_on(dst, src, n, kind, s, false);
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
@@ -623,51 +792,61 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
   if (!cuemu::stream_ok(s)) return record(cudaErrorInvalidResourceHandle);
   if (width > dpitch || width > spitch) return record(cudaErrorInvalidPitchValue);
   for (size_t r = 0; r < height; r++) {
-    cudaError_t e = copy((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind);
+    cudaError_t e = copy_on((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind, s, false);
     if (e != cudaSuccess) return e;
   }
   return cudaSuccess;
 }
 
-cudaError_t cudaMemset(void *p, int value, size_t n) {
-  if (n == 0) return cudaSuccess;
-  if (!is_device(p, n)) return record(cudaErrorInvalidValue);
-  memset(p, value, n);
-  return cudaSuccess;
-}
+/* asynchronous with respect to the host, on the legacy default stream */
+cudaError_t cudaMemset(void *p, int value, size_t n) { return cudaMemsetAsync(p, value, n, nullptr); }
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s) {
   if (!cuemu::stream_ok(s)) return record(cudaErrorInvalidResourceHandle);
-  return cudaMemset(p, value, n);
-}
-
-cudaError_t cudaStreamCreate(cudaStream_t *s) {
-  if (!s) return record(cudaErrorInvalidValue);
-  *s = (cudaStream_t)malloc(1);
-  std::lock_guard<std::mutex> lock(cuemu::stream_mutex);
-  cuemu::live_streams.insert(*s);
+  if (n == 0) return cudaSuccess;
+  if (!is_device(p, n)) return record(cudaErrorInvalidValue);
+  cuemu::enqueue(s, run_set, new Set{p, value, n});
   return cudaSuccess;
 }
 
+cudaError_t cudaStreamCreate(cudaStream_t *s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
+
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags) {
-  (void)flags;
-  return cudaStreamCreate(s);
+  if (!s) return record(cudaErrorInvalidValue);
+  *s = (cudaStream_t)malloc(1);
+  {
+    std::lock_guard<std::mutex> lock(cuemu::stream_mutex);
+    cuemu::live_streams.insert(*s);
+  }
+  cuemu::stream_flags(*s, flags);
+  return cudaSuccess;
 }
 
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  {
+    std::lock_guard<std::mutex> lock(cuemu::stream_mutex);
+    if (!cuemu::live_streams.count(s)) return record(cudaErrorInvalidResourceHandle);
+  }
+  cuemu::stream_gone(s); /* its work still runs */
   std::lock_guard<std::mutex> lock(cuemu::stream_mutex);
-  if (!cuemu::live_streams.erase(s)) return record(cudaErrorInvalidResourceHandle);
+  cuemu::live_streams.erase(s);
   free((void *)s);
   return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-  return cuemu::stream_ok(s) ? cudaSuccess : record(cudaErrorInvalidResourceHandle);
+  if (!cuemu::stream_ok(s)) return record(cudaErrorInvalidResourceHandle);
+  cuemu::drain(s);
+  return cudaSuccess;
 }
 
+/* the stream's work is done when asked (it runs now) */
 cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
 
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) {
+  cuemu::drain_all();
+  return cudaSuccess;
+}
 
 cudaError_t cudaGetLastError(void) {
   cudaError_t e = cuemu::last_error;

@@ -495,12 +495,14 @@ static void run_deadlock(void) {
   float *d;
   cudaMalloc((void **)&d, 32 * sizeof(float));
   k_deadlock<<<1, 32>>>(d);
+  cudaDeviceSynchronize(); /* the kernel has run (CUEMU_DEFER=1 runs it here) */
 }
 
 static void run_overflow(void) {
   int *d;
   cudaMalloc((void **)&d, 32 * sizeof(int));
   k_overflow<<<1, 32>>>(d);
+  cudaDeviceSynchronize(); /* the kernel has run (CUEMU_DEFER=1 runs it here) */
 }
 
 /* lane 3 changes its copy of an operand: not portable (the element-to-lane mapping is unspecified) */
@@ -523,6 +525,7 @@ static void run_wmma_divergent(void) {
   cudaMalloc((void **)&c, 256 * sizeof(float));
   cudaMemset(a, 0, 256 * sizeof(__half));
   k_wmma_divergent<<<1, 32>>>(c, a);
+  cudaDeviceSynchronize(); /* the kernel has run (CUEMU_DEFER=1 runs it here) */
 }
 
 static void test_deadlock(void) {
@@ -548,6 +551,53 @@ static void test_deadlock(void) {
 }
 #endif
 
+#ifdef CPLAN_CUDA_EMU
+__global__ void k_add_one(float *x, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += 1.0f;
+}
+
+/* CUEMU_DEFER=1 (cuda.emu_selftest_defer): work on a stream runs when the host waits for it, in
+ * the stream's order; a legacy-stream copy does not wait for a non-blocking stream, nor it for the
+ * copy; a pageable source is staged at the call, a pinned one read when the copy runs. */
+static void test_defer(void) {
+  if (!cuemu::deferring()) return;
+  cudaStream_t s;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  float *d, *pinned, page[4] = {1, 2, 3, 4};
+  cudaMalloc((void **)&d, 4 * sizeof(float));
+  cudaMallocHost((void **)&pinned, 4 * sizeof(float));
+  cudaMemcpyAsync(d, page, sizeof page, cudaMemcpyHostToDevice, s);
+  page[0] = 100; /* staged: the copy keeps 1 */
+  k_add_one<<<1, 4, 0, s>>>(d, 4);
+  for (int i = 0; i < 4; i++) pinned[i] = -1;
+  cudaMemcpyAsync(pinned, d, 4 * sizeof(float), cudaMemcpyDeviceToHost, s);
+  CHECK(pinned[0] == -1 && pinned[3] == -1, "defer: a copy to pinned memory ran before the host waited (%g)",
+        (double)pinned[0]);
+  cudaStreamSynchronize(s);
+  CHECK(pinned[0] == 2 && pinned[3] == 5, "defer: after the sync, pinned memory holds %g %g (expected 2 5)",
+        (double)pinned[0], (double)pinned[3]);
+  /* a copy from pinned memory reads it when it runs: the later value */
+  pinned[1] = 7;
+  cudaMemcpyAsync(d, pinned, 4 * sizeof(float), cudaMemcpyHostToDevice, s);
+  pinned[1] = 8;
+  cudaMemcpyAsync(page, d, sizeof page, cudaMemcpyDeviceToHost, s); /* pageable: returns done */
+  CHECK(page[1] == 8, "defer: a copy from pinned memory read %g when queued (expected 8, the value when it ran)",
+        (double)page[1]);
+  /* the legacy stream's copy is not ordered with the non-blocking stream's kernel */
+  page[2] = 50;
+  cudaMemcpy(d, page, sizeof page, cudaMemcpyHostToDevice);
+  k_add_one<<<1, 4, 0, s>>>(d, 4);
+  cudaStreamSynchronize(s);
+  cudaMemcpy(page, d, sizeof page, cudaMemcpyDeviceToHost);
+  CHECK(page[2] == 50, "defer: the non-blocking stream's kernel ran after the legacy copy (%g): not a race here",
+        (double)page[2]);
+  cudaFreeHost(pinned);
+  cudaFree(d);
+  cudaStreamDestroy(s);
+}
+#endif
+
 int main(void) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -565,6 +615,7 @@ int main(void) {
   test_wmma();
 #ifdef CPLAN_CUDA_EMU
   test_deadlock();
+  test_defer();
 #endif
   printf("%d checks, %d failed\n", checks, failures);
   return failures ? 1 : 0;
