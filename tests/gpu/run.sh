@@ -38,6 +38,8 @@ echo "built in $(( $(date +%s) - t0 )) s"
 fail=0
 step "CUDA kernels against the CPU references"
 "$build/tests/test_gpu_kernels" || fail=1
+step "the runtime's cuBLASLt GEMMs, every epilogue, against a double reference"
+"$build/tests/test_gpu_gemm" || fail=1
 
 step "the CI checks (ctest -R '^cuda\\.')"
 ctest --test-dir "$build" -R '^cuda\.' --output-on-failure || fail=1

@@ -10,7 +10,12 @@
  * (-DCPLAN_LT_MODEL) links runtime/cuda_rt.c, the real one, with tests/cuda/lt_model.c, a host
  * model of cuBLASLt's API in place of the library, and also checks that cuda_rt.c declares the
  * operands' alignment (each GEMM runs 256-byte aligned and at an offset of one element) and asks
- * the heuristic once per configuration. */
+ * the heuristic once per configuration. test_gpu_gemm (-DCPLAN_GPU_GEMM, built with the CUDA
+ * toolkit, run by tests/gpu/prepare.sh's run_all.sh on a GPU) links the real cuda_rt.c and
+ * cuBLASLt: the same GEMMs at sizes a GPU kernel tiles (m 64, n 128, k 96) against the same
+ * reference, and a table of which epilogues the GPU's cuBLASLt refused (the programs then take
+ * their fallbacks: a refusal is reported, wrong numbers fail). Operands go through device memory
+ * (cudaMalloc, cudaMemcpy) except under the host model. */
 #include "cplanrt_cuda.h"
 #include "../host_types.h"
 
@@ -32,6 +37,15 @@ static float rnd(unsigned *s) {
   return (float)((*s >> 8) & 0xffff) / 32768.0f - 1.0f;
 }
 
+#ifdef CPLAN_GPU_GEMM
+static int M = 64, N = 128, K = 96;
+#else
+static int M = 5, N = 8, K = 7;
+#endif
+static int refused[RT_GEMM_BGRAD_B + 1], done[RT_GEMM_BGRAD_B + 1];
+static void *workspace;
+static size_t workspace_bytes;
+
 static void put(void *p, cudaDataType_t t, int i, float v) { ht_put(p, t, i, v); }
 static double get(const void *p, cudaDataType_t t, int i) { return ht_get(p, t, i); }
 
@@ -48,9 +62,34 @@ static void *buf(size_t count, size_t es, int off, void **base) {
   return (char *)*base + (size_t)off * es;
 }
 
+/* The operand the GEMM gets for host buffer h (bytes long, at byte offset off of a 256-byte
+ * aligned allocation): h itself under the host model, else a device copy (dev[i], freed by
+ * back_from_device). */
+#ifdef CPLAN_LT_MODEL
+static void *on_device(void *h, size_t bytes, size_t off, void **dev) {
+  (void)bytes, (void)off;
+  *dev = NULL;
+  return h;
+}
+static void back_from_device(void *h, const void *d, size_t bytes) { (void)h, (void)d, (void)bytes; }
+#else
+static void *on_device(void *h, size_t bytes, size_t off, void **dev) {
+  if (cudaMalloc(dev, bytes + off + 256) != cudaSuccess) {
+    fprintf(stderr, "FAILED: cudaMalloc of %zu bytes\n", bytes + off + 256);
+    exit(1);
+  }
+  void *d = (char *)*dev + off;
+  cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+  return d;
+}
+static void back_from_device(void *h, const void *d, size_t bytes) {
+  if (cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost) != cudaSuccess) fprintf(stderr, "FAILED: cudaMemcpy back\n"), bad++;
+}
+#endif
+
 static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, int tb, int batch, RtGemmEpilogue ep,
                 int off) {
-  const int m = 5, n = 8, k = 7;
+  const int m = M, n = N, k = K;
   const size_t es = at == CUDA_R_32F ? 4 : 2, ds = dt == CUDA_R_32F ? 4 : 2;
   unsigned seed = (unsigned)(ta * 7 + tb * 13 + batch * 31 + (int)ep * 101 + (int)at * 3 + (int)dt + off);
   void *base[3];
@@ -68,22 +107,45 @@ static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, in
   for (int i = 0; i < m * n; i++) aux0[i] = get(aux, dt, i);
   /* beta 1 with BGRAD_B: a weight gradient added into its accumulator, its bias gradient written */
   float alpha = ep == RT_GEMM_BGRAD_B ? 1.0f : 0.75f, beta = ep == RT_GEMM_NONE ? 0.5f : ep == RT_GEMM_BGRAD_B ? 1.0f : 0.0f;
+  size_t ab = (size_t)off * es, db = (size_t)off * ds, bgn = (size_t)(m > n ? m : n) * sizeof(float);
+  void *dev[6];
   RtGemm g = {.m = m, .n = n, .k = k, .trans_a = ta, .trans_b = tb, .batch = batch, .stride_a = m * k,
-              .stride_b = k * n, .stride_d = m * n, .ab_type = at, .d_type = dt, .a = a, .b = b, .d = d,
-              .alpha = alpha, .beta = beta, .epilogue = ep, .bias = bias, .aux = aux, .bias_grad = bg};
+              .stride_b = k * n, .stride_d = m * n, .ab_type = at, .d_type = dt,
+              .a = on_device(a, (size_t)batch * m * k * es, ab, &dev[0]),
+              .b = on_device(b, (size_t)batch * k * n * es, ab, &dev[1]),
+              .d = on_device(d, (size_t)batch * m * n * ds, db, &dev[2]), .alpha = alpha, .beta = beta, .epilogue = ep,
+              .bias = on_device(bias, (size_t)n * ds, 0, &dev[3]), .aux = on_device(aux, (size_t)m * n * ds, 0, &dev[4]),
+              .bias_grad = on_device(bg, bgn, 0, &dev[5])};
   RtError err = {""};
-  if (rt_cublaslt_matmul(lt, &g, NULL, 0, 0, &err) != 0) {
-    fprintf(stderr, "FAILED: rt_cublaslt_matmul: %s\n", err.msg);
-    bad++;
-    return;
+  done[ep]++;
+  int rc = rt_cublaslt_matmul(lt, &g, workspace, workspace_bytes, 0, &err);
+#ifdef CPLAN_GPU_GEMM
+  if (rc != 0) { /* a real cuBLASLt may refuse an epilogue: the programs fall back */
+    if (refused[ep]++ == 0) printf("refused: epilogue %d (types %d/%d): %s\n", (int)ep, (int)at, (int)dt, err.msg);
+    rc = 1;
+  }
+#else
+  if (rc != 0) fprintf(stderr, "FAILED: rt_cublaslt_matmul: %s\n", err.msg), bad++;
+#endif
+#ifndef CPLAN_LT_MODEL
+  if (cudaDeviceSynchronize() != cudaSuccess) fprintf(stderr, "FAILED: the GEMM's kernel: %s\n", cudaGetErrorString(cudaGetLastError())), bad++;
+#endif
+  if (rc == 0) {
+    back_from_device(d, g.d, (size_t)batch * m * n * ds);
+    back_from_device(aux, g.aux, (size_t)m * n * ds);
+    back_from_device(bg, g.bias_grad, bgn);
   }
 #ifndef CPLAN_LT_MODEL
-  cudaStreamSynchronize(0); /* the product is there (CUEMU_DEFER=1 runs it here) */
+  for (int i = 0; i < 6; i++) cudaFree(dev[i]);
 #endif
+  if (rc != 0) {
+    free(base[0]), free(base[1]), free(base[2]), free(aux), free(bias), free(bg), free(d0), free(aux0);
+    return;
+  }
   double tol = dt == CUDA_R_32F ? 1e-5 : dt == CUDA_R_16BF ? 8e-3 : 1e-3;
   char what[160];
   for (int z = 0; z < batch; z++) {
-    double colsum[8] = {0};
+    double *colsum = calloc((size_t)n, sizeof *colsum);
     for (int i = 0; i < m; i++)
       for (int j = 0; j < n; j++) {
         double s = 0;
@@ -120,12 +182,21 @@ static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, in
         for (int l = 0; l < k; l++) s += get(b, at, tb ? j * k + l : l * n + j);
         check("BGRAD_B bias_grad", get(bg, CUDA_R_32F, j), s, tol * k);
       }
+    free(colsum);
   }
   free(base[0]), free(base[1]), free(base[2]), free(aux), free(bias), free(bg), free(d0), free(aux0);
 }
 
 int main(void) {
   RtError err = {""};
+#ifdef CPLAN_GPU_GEMM
+  RtCudaDevice dev;
+  if (rt_cuda_init(0, &dev, &err) != 0) return fprintf(stderr, "test_gpu_gemm: %s\n", err.msg), 1;
+  printf("test_gpu_gemm: %s (sm_%d%d): the runtime's cuBLASLt GEMMs against a double reference\n", dev.name,
+         dev.cc_major, dev.cc_minor);
+  workspace_bytes = (size_t)32 << 20;
+  if (cudaMalloc(&workspace, workspace_bytes) != cudaSuccess) return fprintf(stderr, "FAILED: cudaMalloc\n"), 1;
+#endif
   RtCublasLt *lt = rt_cublaslt_create(&err);
   if (!lt) return fprintf(stderr, "FAILED: rt_cublaslt_create: %s\n", err.msg), 1;
   const cudaDataType_t types[3] = {CUDA_R_32F, CUDA_R_16BF, CUDA_R_16F};
@@ -165,8 +236,15 @@ int main(void) {
   g.epilogue = RT_GEMM_BGRAD_B, g.bias_grad = bgv, g.batch = 2;
   if (rt_cublaslt_matmul(lt, &g, NULL, 0, 0, &err) == 0) fprintf(stderr, "FAILED: BGRAD_B with batch 2 accepted\n"), bad++;
   rt_cublaslt_destroy(lt);
+  const char *names[] = {"NONE", "BIAS", "GELU", "GELU_BIAS", "GELU_AUX_BIAS", "DGELU", "DGELU_BGRAD", "BGRAD_A", "BGRAD_B"};
+  for (int e = 0; e <= RT_GEMM_BGRAD_B; e++)
+    if (refused[e]) printf("epilogue %-13s refused in %d of %d GEMMs (the programs fall back)\n", names[e], refused[e], done[e]);
   if (bad) return fprintf(stderr, "test_emu_gemm: %d checks failed\n", bad), 1;
-#ifdef CPLAN_LT_MODEL
+#if defined(CPLAN_GPU_GEMM)
+  printf("test_gpu_gemm: ok (%d GEMMs of m %d n %d k %d: f32, bf16, f16 operands; f32 and low-precision d; 4 transposes; "
+         "9 epilogues; batch 3; 256-byte aligned and at an offset; the results of those not refused within tolerance)\n",
+         runs, M, N, K);
+#elif defined(CPLAN_LT_MODEL)
   printf("test_lt_model: ok: runtime/cuda_rt.c on the cuBLASLt model (%d GEMMs: f32, bf16, f16 operands; f32 and "
          "low-precision d; 4 transposes; 9 epilogues; batch 3; 256-byte aligned and at an offset; %lld heuristic "
          "queries)\n", runs, queries[2]);
