@@ -2039,8 +2039,8 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   if (pipe) /* one of several stage files linked into one program: the names stay apart */
     EMIT("#define cplan_plan cplan_plan_s%d\nextern const RtPlan *const cplan_stages[];\n", stage);
   EMIT("extern const RtPlan cplan_plan;\n\n");
-  EMIT("#define PP_STAGE %d /* pipeline parallelism: %s */\n", pipe ? stage : -1,
-       pipe ? "this stage's device memory is made when the rank first runs it" : "none");
+  EMIT("#define PP_STAGE %d /* pipeline parallelism: %s */\n#define PP_STAGES %d\n", pipe ? stage : -1,
+       pipe ? "this stage's device memory is made when the rank first runs it" : "none", pipe ? pipe->pp : 0);
   EMIT("#define NKERNELS %d\n#define NINPUTS %d\n#define DEVICE_WORK_BYTES %lldLL /* training %s, evaluation %s */\n"
        "#define GEMM_WORKSPACE ((size_t)32 << 20) /* cuBLASLt's workspace */\n",
        c->knames.n, g->inputs.n, (long long)(work ? work : MP_ALIGN), cp_bytes_str((double)c->pl.work[CG_PH_TRAIN]),

@@ -116,6 +116,19 @@ if [ $gpu -eq 0 ]; then
 fi
 echo "ok: two GPUs (pp 2): a file per stage, crossings through host memory"
 
+# CPLAN_NVRTC_PREWARM: every stage's kernels.cu compiled by NVRTC for sm_90 into the cache with no
+# GPU, exit 0; again: found in the cache
+out=$(CPLAN_NVRTC_PREWARM=90 CPLAN_NVRTC_CACHE="$PWD/prewarm" timeout 120 ./pp2 2>&1); rc=$?
+[ $rc -eq 0 ] && [ "$(grep -c 'kernels.cu for sm_90: compiled, cached' <<<"$out")" = 2 ] &&
+  [ "$(ls prewarm/*-sm_90.cubin | wc -l)" = 2 ] || { echo "$out"; fail "CPLAN_NVRTC_PREWARM=90: exit $rc"; }
+out=$(CPLAN_NVRTC_PREWARM=90 CPLAN_NVRTC_CACHE="$PWD/prewarm" timeout 120 ./pp2 2>&1); rc=$?
+[ $rc -eq 0 ] && [ "$(grep -c 'kernels.cu for sm_90: already cached' <<<"$out")" = 2 ] ||
+  { echo "$out"; fail "CPLAN_NVRTC_PREWARM=90 again: exit $rc, not from the cache"; }
+out=$(CPLAN_NVRTC_PREWARM=nine ./pp2 2>&1); rc=$?
+[ $rc -eq 1 ] && grep -q "CPLAN_NVRTC_PREWARM.*expected compute capabilities" <<<"$out" ||
+  { echo "$out"; fail "CPLAN_NVRTC_PREWARM=nine: exit $rc"; }
+echo "ok: CPLAN_NVRTC_PREWARM compiles every stage's kernels for sm_90 with no GPU, cached"
+
 # not supported: diagnostics at the file, exit 1, no program
 out=$("$cplanc" build gpt_small.cplan -o dp1 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 \
   --set train.strategy.dp=1 2>&1); rc=$?

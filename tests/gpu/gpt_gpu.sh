@@ -118,7 +118,7 @@ while read -r m p np tag; do
     run=$m-gpu-$p-$tag comm=nccl
     [ "$ngpu" -ge "$np" ] || comm=mpi
     command -v mpirun >/dev/null || { echo "FAILED: $m $p $tag: no mpirun (and no bundled Open MPI)"; bad=1; continue; }
-    timeout 300 mpirun -np "$np" --oversubscribe -x CPLAN_COMM=$comm -x LD_LIBRARY_PATH "./$run" --data tokens.bin --init "$m-init.st" \
+    timeout 300 mpirun -np "$np" --oversubscribe -x CPLAN_COMM=$comm -x LD_LIBRARY_PATH ${CPLAN_NVRTC_CACHE:+-x CPLAN_NVRTC_CACHE} "./$run" --data tokens.bin --init "$m-init.st" \
       --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
       { tail -8 "$run.run.log"; echo "FAILED: $m $p $tag: the CUDA program exited with status $?"; bad=1; continue; }
     p="$p-$tag-$comm"
