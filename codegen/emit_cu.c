@@ -1491,6 +1491,21 @@ static void emit_fused(Cu *c, int i) {
   emit_lk(c, gr->kernel.name, numel(nd(c, i)), i, gr->leaves.n + 1, args);
 }
 
+/* The bytes node i's launch moves, about: its operands and its result in their storage types (a
+ * fused group: its leaves and its root; a gradient: dy and the forward's inputs), for the achieved
+ * bandwidth of the CPLAN_PROFILE=1 report. */
+static double prof_bytes(const Cu *c, int i) {
+  const Node *n = nd(c, i);
+  double b = (double)numel(n) * (scode(c, i) ? 2 : 4);
+  if (c->pl.fu->group[i] >= 0) {
+    const FusionGroup *gr = &c->pl.fu->groups[c->pl.fu->group[i]];
+    for (int k = 0; k < gr->leaves.n; k++) b += (double)numel(nd(c, gr->leaves.a[k])) * (scode(c, gr->leaves.a[k]) ? 2 : 4);
+    return b;
+  }
+  for (int k = 0; k < n->nin - (n->op == OP_GRAD); k++) b += (double)numel(nd(c, n->in[k])) * (scode(c, n->in[k]) ? 2 : 4);
+  return b;
+}
+
 /* The class of a node in the CPLAN_PROFILE=1 report: its op, a gradient's forward op, fused. */
 static const char *prof_class(const Cu *c, int i) {
   const Node *n = nd(c, i);
@@ -2061,6 +2076,13 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
        "static const char *const prof_class[PROF_NODES + 1] = {\n", g->n);
   for (int i = 0; i < g->n; i++) EMIT("    %s,\n", cg_executed(nd(c, i)) ? cg_c_string(prof_class(c, i)) : "NULL");
   EMIT("    NULL};\n");
+  /* per node: its FLOPs (the op table's count: causal attention counted whole, a gradient as its
+   * forward) and about the bytes it moves; the report divides them by the node's measured time */
+  EMIT("static const double prof_work[2 * PROF_NODES + 2] = {");
+  for (int i = 0; i < g->n; i++)
+    EMIT("%s%.6g, %.6g", i ? ", " : "", cg_executed(nd(c, i)) ? ir_node_flops(g, i) : 0.0,
+         cg_executed(nd(c, i)) ? prof_bytes(c, i) : 0.0);
+  EMIT("%s0, 0};\n", g->n ? ", " : "");
   EMIT("\nstatic const char *const kernel_names[NKERNELS + 1] = {");
   for (int k = 0; k < c->knames.n; k++) EMIT("%s\"%s\"", k ? ", " : "", c->knames.a[k]);
   EMIT("%sNULL};\n", c->knames.n ? ", " : "");

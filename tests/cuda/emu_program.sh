@@ -96,11 +96,12 @@ for c in $cases; do
   # -simt: bf16 / f16 attention on the CUDA-core kernels instead of the tensor cores (CPLAN_ATTENTION)
   case $rest in *-simt) rest=${rest%-simt} attn=simt ;; esac
   # -noep: the gelu epilogues' fallback (CPLAN_GELU_EPILOGUE=0: a bias GEMM, then the gelu kernels)
-  noep= nobg= refuse=
+  noep= nobg= refuse= prof=
   case $rest in *-noep) rest=${rest%-noep} noep=0 ;; esac
   # -nobg: the bias gradients' colsum (CPLAN_BGRAD_EPILOGUE=0); -refuse: the emulated cuBLASLt refuses
   # the bias-gradient epilogues DGELU_BGRAD (6) and BGRAD_B (8) (RtGemmEpilogue in cplanrt_cuda.h)
-  case $rest in *-nobg) rest=${rest%-nobg} nobg=0 ;; esac
+  # (-nobg also profiles: CPLAN_PROFILE=1, whose report must not change the numbers)
+  case $rest in *-nobg) rest=${rest%-nobg} nobg=0 prof=1 ;; esac
   case $rest in *-refuse) rest=${rest%-refuse} refuse=6,8 ;; esac
   p=${rest%%-*}
   cpu "$m" || { note "$c: the CPU reference"; continue; }
@@ -112,9 +113,16 @@ for c in $cases; do
       grep -q '^  gemm_bgrad(' "keep-$c/plan.c" && grep -q '^  gemm_dgelu_bgrad(' "keep-$c/plan.c" ||
         { note "$c: plan.c has no bias-gradient GEMM (gemm_bgrad, gemm_dgelu_bgrad)"; continue; } ;;
     esac
-    CPLAN_GELU_EPILOGUE=$noep CPLAN_BGRAD_EPILOGUE=$nobg CUEMU_REFUSE_EPILOGUES=$refuse CPLAN_ATTENTION=$attn timeout 600 \
-      "./$c" --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" ||
+    CPLAN_GELU_EPILOGUE=$noep CPLAN_BGRAD_EPILOGUE=$nobg CUEMU_REFUSE_EPILOGUES=$refuse CPLAN_ATTENTION=$attn \
+      CPLAN_PROFILE=$prof timeout 600 "./$c" --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" ||
       { tail -8 "$c.run.log"; note "$c: the emulated program exited with status $?"; continue; }
+    # the profile: per class ms, share, TFLOP/s and GB/s (the matmuls' from their FLOPs and bytes)
+    if [ "$prof" = 1 ] && [ "$steps" -ge 3 ]; then
+      grep -q "^profile: .* ms of GPU time per step (steps 3\.\.$steps), by class:" "$c.run.log" &&
+        grep -qE "^ +[0-9.]+ +[0-9.]+% +[0-9.]+ +[0-9.]+ +matmul$" "$c.run.log" &&
+        awk '$NF == "matmul" && $(NF-2) > 0 && $(NF-1) > 0 {ok = 1} END {exit !ok}' "$c.run.log" ||
+        { note "$c: CPLAN_PROFILE=1 printed no profile with the matmuls' TFLOP/s and GB/s"; cat "$c.run.log"; }
+    fi
     if [ -n "$refuse" ]; then
       for e in DGELU_BGRAD BGRADA; do
         [ "$(grep -c "note: cuBLASLt refused the $e epilogue" "$c.run.log")" -eq 1 ] ||
