@@ -644,28 +644,20 @@ using cuemu::record;
 
 namespace {
 std::map<uintptr_t, size_t> allocs; /* device allocations: start -> bytes */
+std::map<uintptr_t, size_t> pinned; /* cudaMallocHost's: start -> bytes */
 std::mutex alloc_mutex;
 
-/* [p, p + n) inside one device allocation */
-bool is_device(const void *p, size_t n) {
+/* [p, p + n) inside one allocation of m */
+bool inside(const std::map<uintptr_t, size_t> &m, const void *p, size_t n) {
   std::lock_guard<std::mutex> lock(alloc_mutex);
   uintptr_t a = (uintptr_t)p;
-  auto it = allocs.upper_bound(a);
-  if (it == allocs.begin()) return false;
+  auto it = m.upper_bound(a);
+  if (it == m.begin()) return false;
   --it;
   return a >= it->first && a - it->first <= it->second && n <= it->second - (a - it->first);
 }
-
-std::map<uintptr_t, size_t> pinned; /* cudaMallocHost's: start -> bytes */
-
-bool is_pinned(const void *p, size_t n) {
-  std::lock_guard<std::mutex> lock(alloc_mutex);
-  uintptr_t a = (uintptr_t)p;
-  auto it = pinned.upper_bound(a);
-  if (it == pinned.begin()) return false;
-  --it;
-  return a >= it->first && a - it->first <= it->second && n <= it->second - (a - it->first);
-}
+bool is_device(const void *p, size_t n) { return inside(allocs, p, n); }
+bool is_pinned(const void *p, size_t n) { return inside(pinned, p, n); }
 
 cudaError_t check_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind) {
   if (!dst || !src) return record(cudaErrorInvalidValue);
