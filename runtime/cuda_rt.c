@@ -356,8 +356,10 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
   /* cuBLASLt's A is our b, its B our a; C is d */
   uint32_t al_a = lt_align(g->b, g->batch, g->stride_b, g->ab_type), al_b = lt_align(g->a, g->batch, g->stride_a, g->ab_type);
   uint32_t al_d = lt_align(g->d, g->batch, g->stride_d, g->d_type);
-  LtKey key = (LtKey){ /* int64_t fields only: no padding, memcmp compares it whole */g->m, g->n, g->k, g->batch, g->stride_a, g->stride_b, g->stride_d, g->ab_type, g->d_type, g->trans_a,
-                g->trans_b, g->epilogue, g->tf32 && g->ab_type == CUDA_R_32F, (int64_t)workspace_bytes, al_a, al_b, al_d};
+  /* int64_t fields only: no padding, so memcmp compares the whole key */
+  LtKey key = {g->m,     g->n,      g->k,       g->batch,       g->stride_a, g->stride_b,
+               g->stride_d, g->ab_type, g->d_type, g->trans_a, g->trans_b, g->epilogue,
+               g->tf32 && g->ab_type == CUDA_R_32F, (int64_t)workspace_bytes, al_a, al_b, al_d};
   LtSlot *slot;
   const cublasLtMatmulAlgo_t *algo = lt_cached(lt, &key, &slot);
   cublasLtMatmulHeuristicResult_t heur;
