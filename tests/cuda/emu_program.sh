@@ -231,7 +231,11 @@ PY
     if [ "$rest" = f16-pp2overflow ]; then
       np=2 lag=0 sets=(--set mesh.gpu1.shape.gpu=2 --set train.strategy.pp=2 --set train.strategy.micro=1) files="plan_s0.c plan_s1.c"
     fi
-    emu "$m" f16 "$c" "${sets[@]}" "${extra[@]}" || { note "$c: building the emulated program"; continue; }
+    # at least 8 steps whatever CPLAN_EMU_STEPS: 2^24 needs 5 or 6 halvings before a step trains
+    run_steps=$steps
+    [ "$steps" -ge 8 ] || steps=8
+    emu "$m" f16 "$c" "${sets[@]}" "${extra[@]}" || { steps=$run_steps; note "$c: building the emulated program"; continue; }
+    steps=$run_steps
     mkdir -p "ovf-$c" && cp "keep-$c"/plan*.c "ovf-$c"/
     for f in $files; do
       sed 's/^    G.scale = 65536.0;$/    G.scale = 16777216.0;/' "keep-$c/$f" >"ovf-$c/$f"
