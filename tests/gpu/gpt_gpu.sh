@@ -27,6 +27,9 @@ mode=all
 if [ "${1:-}" = --prepare ]; then mode=prepare; dir=$2; shift 2; fi
 if [ "${1:-}" = --check ]; then mode=check; dir=$(cd "$2" && pwd); shift 2; fi
 precs=${CPLAN_GPU_PRECISIONS:-f32 bf16 f16}
+# one program's limit (20 steps of a small model take seconds): a hung one costs this much of the
+# device call, not all of it
+per_run=${CPLAN_GPU_RUN_TIMEOUT:-60}
 dp_precs=${CPLAN_GPU_DP_PRECISIONS:-f32 f16}
 
 if [ $mode != check ]; then
@@ -111,14 +114,14 @@ bad=0
 while read -r m p np tag; do
   run=$m-gpu-$p
   if [ "$np" = 1 ]; then
-    timeout 300 "./$run" --data tokens.bin --init "$m-init.st" --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
+    timeout "$per_run" "./$run" --data tokens.bin --init "$m-init.st" --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
       { tail -5 "$run.run.log"; echo "FAILED: $m $p: the CUDA program exited with status $?"; bad=1; continue; }
   else
     # NCCL needs a GPU per rank; ranks sharing one GPU sum the gradients through MPI
     run=$m-gpu-$p-$tag comm=nccl
     [ "$ngpu" -ge "$np" ] || comm=mpi
     command -v mpirun >/dev/null || { echo "FAILED: $m $p $tag: no mpirun (and no bundled Open MPI)"; bad=1; continue; }
-    timeout 300 mpirun -np "$np" --oversubscribe -x CPLAN_COMM=$comm -x LD_LIBRARY_PATH ${CPLAN_NVRTC_CACHE:+-x CPLAN_NVRTC_CACHE} "./$run" --data tokens.bin --init "$m-init.st" \
+    timeout "$per_run" mpirun -np "$np" --oversubscribe -x CPLAN_COMM=$comm -x LD_LIBRARY_PATH ${CPLAN_NVRTC_CACHE:+-x CPLAN_NVRTC_CACHE} "./$run" --data tokens.bin --init "$m-init.st" \
       --save "$run.st" --metrics "$run.jsonl" 2>"$run.run.log" ||
       { tail -8 "$run.run.log"; echo "FAILED: $m $p $tag: the CUDA program exited with status $?"; bad=1; continue; }
     p="$p-$tag-$comm"
