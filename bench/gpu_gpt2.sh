@@ -5,7 +5,8 @@
 # (default build-gpurun), with DIR/run_gpu.sh, which runs it on the GPU machine and prints step ms,
 # tokens/s and MFU against 989 TFLOP/s (H100/H200 dense bf16, the issue's yardstick) from the
 # metrics (the median after the first 2 steps), then 6 steps with CPLAN_PROFILE=1 (GPU time per
-# node class and the slowest nodes; the events add launch gaps to the node before). Set
+# node class and the slowest nodes; the events add launch gaps to the node before); and 8 bf16 steps
+# with CPLAN_ATTENTION=wmma, the attention kernels the default mma.sync ones replaced. Set
 # GPT2_PRECISIONS (default "bf16") to time other precisions too (f32, f16). A benchmark: it
 # prints, never asserts.
 set -eu
@@ -32,18 +33,25 @@ cd "$(dirname "$0")"
 export LD_LIBRARY_PATH=$PWD/lib:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 out=${OUT:-.}
 nvidia-smi -L || { echo "no GPU"; exit 1; }
-for prog in gpt2gpu_*; do
-  mode=${prog#gpt2gpu_}
-  echo "==== $mode"
-  timeout 300 ./$prog --data gpu_gpt2_tokens.bin --steps "${1:-12}" --metrics "$out/m_$mode.jsonl" 2>&1 | tail -4
-  python3 - "$out/m_$mode.jsonl" "$mode" <<'PY'
+# run PROG LABEL STEPS [ENV=VALUE...]: train, then print the median step figures
+run() {
+  local prog=$1 label=$2 steps=$3
+  shift 3
+  echo "==== $label"
+  env "$@" timeout 300 ./$prog --data gpu_gpt2_tokens.bin --steps "$steps" --metrics "$out/m_$label.jsonl" 2>&1 | tail -4
+  python3 - "$out/m_$label.jsonl" "$label" <<'PY'
 import json, statistics, sys
 m = [json.loads(l) for l in open(sys.argv[1])][2:]
 ms = statistics.median(x["ms"] for x in m); tps = statistics.median(x["tokens_per_s"] for x in m)
 flops = 6 * 124439808 * tps + 6 * 12 * 1024 * 768 * tps  # llm.c's count: 6N per token + attention
 print("%s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.2f%% of 989 TFLOP/s" % (sys.argv[2], ms, tps, flops / 1e12, 100 * flops / 989e12))
 PY
+}
+for prog in gpt2gpu_*; do
+  run $prog ${prog#gpt2gpu_} "${1:-12}"
 done
+# the same bf16 program with the other tensor-core attention (WMMA, scores through shared memory)
+[ -x gpt2gpu_bf16 ] && run gpt2gpu_bf16 bf16-attention-wmma 8 CPLAN_ATTENTION=wmma
 echo "==== profile (bf16, CPLAN_PROFILE=1, 6 steps)"
 [ -x gpt2gpu_bf16 ] && CPLAN_PROFILE=1 timeout 300 ./gpt2gpu_bf16 --data gpu_gpt2_tokens.bin --steps 6 --quiet 2>&1 | grep -A60 "^profile" | head -70
 RUN

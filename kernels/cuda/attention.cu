@@ -12,7 +12,12 @@
  *    p_ij = exp(s_ij - lse_i) tile by tile: one owns a key row j and accumulates dk_j, dv_j over
  *    the query tiles; the other owns a query row i and accumulates dq_i over the key tiles.
  *    Splitting dq from dk/dv costs one more pass over the scores but needs no atomics, so the
- *    gradients are deterministic. Causal blocks skip the tiles the mask removes entirely. */
+ *    gradients are deterministic. Causal blocks skip the tiles the mask removes entirely.
+ *
+ * Three implementations of that algorithm, one set of entry points each: f32 on the CUDA cores
+ * (below; also bf16 / f16 with CPLAN_ATTENTION=simt), and bf16 / f16 on the tensor cores, through
+ * nvcuda::wmma with the scores in shared memory (attention_tc_*, CPLAN_ATTENTION=wmma) or, the
+ * default, through mma.sync with the scores in registers (attention_mma_*, last in this file). */
 #include "cuda_common.h"
 
 #include <mma.h>
@@ -513,19 +518,391 @@ ATT_TC_ENTRIES(bf16, bf16, 128)
 ATT_TC_ENTRIES(fp16, f16, 64)
 ATT_TC_ENTRIES(fp16, f16, 128)
 
+/* ---- tensor cores: bf16 / f16 attention on mma.sync, the scores in registers ----------------
+ * The same algorithm again (FlashAttention-2, the same three kernels, deterministic), written as
+ * FlashAttention-2 itself is: each warp owns 16 rows, and every product is a sequence of
+ * mma.sync.m16n8k16 (cuda_common.h's mma16816) whose fragment layout is documented, so the
+ * scores never leave the registers. The lanes holding a row (four: g = lane / 4 is the row, 2q
+ * and 2q + 1 its columns in each 8-column tile) take its max and sum with two shuffles; the
+ * accumulator layout of S (C) is the operand layout of P (A), so P and dS go from one product to
+ * the next in registers, rounded to the operand type (as the WMMA kernels and FlashAttention do;
+ * the forward's row sum l adds the rounded P that the product uses, as the WMMA kernel's does);
+ * the forward's output is rescaled in registers. Operands come from shared memory, row-major
+ * [rows, TD + 8] tiles (8 elements of padding: the fragment loads of a warp hit 32 distinct
+ * banks) and, for a product whose B operand runs down the rows (P V, P^T dO, dS^T Q, dS K),
+ * transposed [TD, tile + 8] tiles. The exponentials are exp2 of scores scaled by log2(e) / sqrt(d).
+ *  - forward: a block of 64 queries walks 64-key tiles; Q's fragments stay in registers.
+ *  - dk/dv: 64 keys a block, query tiles of 64 (32 at TD 128, to keep the scores, dk and dv in
+ *    registers); a warp skips a causal tile whose queries all precede its keys.
+ *  - dq: 64 queries a block, key tiles of 64. */
+#define FA_W 4  /* warps per block: 16 rows each */
+#define FA_R 64 /* rows a block owns */
+#define FA_LOG2E 1.4426950408889634f
+#define FA_LN2 0.6931471805599453f
+
+template <typename T, int TD> struct FaDims {
+  enum {
+    BK = 64,                /* keys per tile (forward, dq) */
+    BQ = TD > 64 ? 32 : 64, /* queries per tile (dk/dv) */
+    LD = TD + 8,            /* row-major tiles' row length */
+    LK = BK + 8,            /* transposed key tiles' row length */
+    LQ = BQ + 8,            /* transposed query tiles' row length */
+    FWD = (FA_R * LD + TD * LK) * (int)sizeof(T),
+    DKDV = (2 * FA_R * LD + 2 * BQ * LD + 2 * TD * LQ) * (int)sizeof(T) + 2 * BQ * 4,
+    DQ = (4 * FA_R * LD + TD * LK) * (int)sizeof(T)
+  };
+};
+
+/* two adjacent 16-bit elements of shared memory as one register */
+template <typename T> __device__ __forceinline__ unsigned fa_ld2(const T *p) {
+#ifdef CPLAN_CUDA_EMU
+  unsigned u;
+  memcpy(&u, p, 4);
+  return u;
+#else
+  return *(const unsigned *)p;
+#endif
+}
+
+/* the A fragment (16 x 16) of a row-major tile s (row length ld) at its rows 0..15, columns k0.. */
+template <typename T> __device__ __forceinline__ void fa_frag_a(unsigned *a, const T *s, int ld, int k0) {
+  int lane = threadIdx.x & 31;
+  const T *p = s + (lane >> 2) * ld + k0 + 2 * (lane & 3);
+  a[0] = fa_ld2(p);
+  a[1] = fa_ld2(p + 8 * ld);
+  a[2] = fa_ld2(p + 8);
+  a[3] = fa_ld2(p + 8 * ld + 8);
+}
+
+/* the B fragment (16 x 8) with B[k][n] = s[(n0 + n) * ld + k0 + k]: B's columns are s's rows */
+template <typename T> __device__ __forceinline__ void fa_frag_b(unsigned *b, const T *s, int ld, int n0, int k0) {
+  int lane = threadIdx.x & 31;
+  const T *p = s + (n0 + (lane >> 2)) * ld + k0 + 2 * (lane & 3);
+  b[0] = fa_ld2(p);
+  b[1] = fa_ld2(p + 8);
+}
+
+template <typename T> __device__ __forceinline__ T fa_from_bits(unsigned short h);
+template <> __device__ __forceinline__ bf16 fa_from_bits<bf16>(unsigned short h) { return __ushort_as_bfloat16(h); }
+template <> __device__ __forceinline__ fp16 fa_from_bits<fp16>(unsigned short h) { return __ushort_as_half(h); }
+
+/* rows [r0, r0 + n) of a [t, d] matrix transposed into s[TD][ld] (s[c * ld + r] = m[r0 + r][c]),
+ * zeros past t and d: 8 elements a load where d is a multiple of 8 and m 16-byte aligned */
+template <typename T, int TD>
+__device__ __forceinline__ void fa_stage_t(T *s, int ld, const T *m, int r0, int n, int t, int d) {
+  if (d % 8 == 0 && ((unsigned long long)m & 15) == 0) {
+    for (int e = threadIdx.x; e < n * (TD / 8); e += blockDim.x) {
+      int rr = e % n, c = e / n * 8, row = r0 + rr;
+      union {
+        uint4 v;
+        unsigned short h[8];
+      } x;
+      x.v = make_uint4(0u, 0u, 0u, 0u);
+      if (row < t && c < d) x.v = *(const uint4 *)(m + (long long)row * d + c);
+#pragma unroll
+      for (int u = 0; u < 8; u++) s[(c + u) * ld + rr] = fa_from_bits<T>(x.h[u]);
+    }
+    return;
+  }
+  for (int e = threadIdx.x; e < n * TD; e += blockDim.x) {
+    int rr = e % n, c = e / n, row = r0 + rr;
+    s[c * ld + rr] = row < t && c < d ? m[(long long)row * d + c] : st<T>(0.0f);
+  }
+}
+
+/* acc[nt] (16 x 8 each, NT of them) = 0, then += a (16 rows of a row-major tile, TD columns) times
+ * the B operand whose columns are the rows n0.. of the row-major tile b: a b^T over TD */
+template <typename T, int TD, int NT>
+__device__ __forceinline__ void fa_abt(float (*acc)[4], const T *a, const T *b, int ld) {
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < TD / 16; kk++) {
+    unsigned fa[4];
+    fa_frag_a(fa, a, ld, kk * 16);
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+      unsigned fb[2];
+      fa_frag_b(fb, b, ld, nt * 8, kk * 16);
+      mma16816<T>(acc[nt], fa, fb);
+    }
+  }
+}
+
+/* an 8-column tile of an earlier product's accumulator (rows g: c[0..1], g + 8: c[2..3]) rounded
+ * to T and packed: pf[0] row g, pf[1] row g + 8, which is half of an A fragment (fa_pb) */
+template <typename T> __device__ __forceinline__ void fa_pack(unsigned *pf, float c0, float c1, float c2, float c3) {
+  pf[0] = pack2<T>(c0, c1);
+  pf[1] = pack2<T>(c2, c3);
+}
+
+/* the sum of the two values packed in u */
+template <typename T> __device__ __forceinline__ float fa_sum2(unsigned u);
+template <> __device__ __forceinline__ float fa_sum2<bf16>(unsigned u) {
+  return __uint_as_float(u << 16) + __uint_as_float(u & 0xffff0000u);
+}
+template <> __device__ __forceinline__ float fa_sum2<fp16>(unsigned u) {
+  return __half2float(__ushort_as_half((unsigned short)(u & 0xffffu))) + __half2float(__ushort_as_half((unsigned short)(u >> 16)));
+}
+
+/* acc[nd] (16 x TD) += p (16 x 16 * KT: fa_pack's 8-column tiles pf[0 .. 2 KT)) times the B
+ * operand whose columns are the rows of the transposed tile bt (row length ld) */
+template <typename T, int TD, int KT>
+__device__ __forceinline__ void fa_pb(float (*acc)[4], const unsigned (*pf)[2], const T *bt, int ld) {
+#pragma unroll
+  for (int kk = 0; kk < KT; kk++) {
+    unsigned fa[4] = {pf[2 * kk][0], pf[2 * kk][1], pf[2 * kk + 1][0], pf[2 * kk + 1][1]};
+#pragma unroll
+    for (int nd = 0; nd < TD / 8; nd++) {
+      unsigned fb[2];
+      fa_frag_b(fb, bt, ld, nd * 8, kk * 16);
+      mma16816<T>(acc[nd], fa, fb);
+    }
+  }
+}
+
+/* the warp's rows ra (acc[.][0..1]) and ra + 8 (acc[.][2..3]) into g (a [t, d] matrix; NULL: not
+ * wanted): g = mul * acc, plus g's old value when add */
+template <typename T, int TD>
+__device__ __forceinline__ void fa_store(T *g, const float (*acc)[4], int ra, int t, int d, float mul0, float mul1,
+                                         int add) {
+  if (!g) return;
+  int c0 = 2 * (threadIdx.x & 3);
+#pragma unroll
+  for (int h = 0; h < 2; h++) {
+    int row = ra + 8 * h;
+    if (row >= t) continue;
+    T *x = g + (long long)row * d;
+    float mul = h ? mul1 : mul0;
+#pragma unroll
+    for (int nd = 0; nd < TD / 8; nd++)
+#pragma unroll
+      for (int e = 0; e < 2; e++) {
+        int c = nd * 8 + c0 + e;
+        if (c < d) x[c] = st<T>((add ? ld(x[c]) : 0.0f) + mul * acc[nd][2 * h + e]);
+      }
+  }
+}
+
+template <typename T, int TD>
+__device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
+                                       int causal) {
+  typedef FaDims<T, TD> Dm;
+  const int NT = Dm::BK / 8;
+  extern __shared__ __align__(128) unsigned char fa_smem[];
+  T *ks = (T *)fa_smem, *vt = ks + FA_R * Dm::LD; /* ks holds Q first */
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
+  long long z = blockIdx.y;
+  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d;
+  int i0 = blockIdx.x * FA_R, ra = i0 + w * 16 + (lane >> 2), rb = ra + 8;
+  float sl2 = FA_LOG2E / sqrtf((float)d);
+  tc_stage<T, TD>(ks, Dm::LD, qz, i0, FA_R, t, d);
+  __syncthreads();
+  unsigned qf[TD / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < TD / 16; kk++) fa_frag_a(qf[kk], ks + w * 16 * Dm::LD, Dm::LD, kk * 16);
+  float o[TD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < TD / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+  float m0 = -CPLAN_INF, m1 = -CPLAN_INF, l0 = 0.0f, l1 = 0.0f; /* rows ra, rb; m in log2 units */
+  int kend = causal ? min(t, i0 + FA_R) : t;
+  for (int k0 = 0; k0 < kend; k0 += Dm::BK) {
+    __syncthreads(); /* every warp is done with the last tile (or with Q) */
+    tc_stage<T, TD>(ks, Dm::LD, kz, k0, Dm::BK, t, d);
+    fa_stage_t<T, TD>(vt, Dm::LK, vz, k0, Dm::BK, t, d);
+    __syncthreads();
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < TD / 16; kk++)
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++) {
+        unsigned fb[2];
+        fa_frag_b(fb, ks, Dm::LD, nt * 8, kk * 16);
+        mma16816<T>(s[nt], qf[kk], fb);
+      }
+    float x0 = m0, x1 = m1;
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int j = k0 + nt * 8 + cq + (e & 1), row = e < 2 ? ra : rb;
+        float x = row < t && j < t && (!causal || j <= row) ? s[nt][e] * sl2 : -CPLAN_INF;
+        s[nt][e] = x;
+        if (e < 2) x0 = fmaxf(x0, x);
+        else x1 = fmaxf(x1, x);
+      }
+    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 1));
+    x0 = fmaxf(x0, __shfl_xor_sync(0xffffffffu, x0, 2));
+    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 1));
+    x1 = fmaxf(x1, __shfl_xor_sync(0xffffffffu, x1, 2));
+    float c0 = x0 == -CPLAN_INF ? 1.0f : exp2f(m0 - x0), c1 = x1 == -CPLAN_INF ? 1.0f : exp2f(m1 - x1);
+    m0 = x0, m1 = x1;
+    l0 *= c0, l1 *= c1;
+#pragma unroll
+    for (int nd = 0; nd < TD / 8; nd++) o[nd][0] *= c0, o[nd][1] *= c0, o[nd][2] *= c1, o[nd][3] *= c1;
+    unsigned pf[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+      float p[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        float mr = e < 2 ? m0 : m1;
+        p[e] = mr == -CPLAN_INF ? 0.0f : exp2f(s[nt][e] - mr);
+      }
+      fa_pack<T>(pf[nt], p[0], p[1], p[2], p[3]);
+      l0 += fa_sum2<T>(pf[nt][0]), l1 += fa_sum2<T>(pf[nt][1]); /* the sums of what the product uses */
+    }
+    fa_pb<T, TD, Dm::BK / 16>(o, pf, vt, Dm::LK);
+  }
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  fa_store<T, TD>(out + z * t * d, o, ra, t, d, l0 > 0.0f ? 1.0f / l0 : 0.0f, l1 > 0.0f ? 1.0f / l1 : 0.0f, 0);
+  if ((lane & 3) == 0) {
+    if (ra < t) lse[z * t + ra] = m0 * FA_LN2 + logf(l0);
+    if (rb < t) lse[z * t + rb] = m1 * FA_LN2 + logf(l1);
+  }
+}
+
+/* dk/dv: the block owns 64 keys (16 per warp) and walks the query tiles */
+template <typename T, int TD>
+__device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
+                                        const T *q, const T *k, const T *v, int t, int d, int causal, int acc) {
+  typedef FaDims<T, TD> Dm;
+  const int BQ = Dm::BQ, NT = BQ / 8;
+  extern __shared__ __align__(128) unsigned char fa_smem[];
+  T *ks = (T *)fa_smem, *vs = ks + FA_R * Dm::LD, *qs = vs + FA_R * Dm::LD, *dos = qs + BQ * Dm::LD,
+    *qt = dos + BQ * Dm::LD, *dot = qt + TD * Dm::LQ;
+  float *lss = (float *)(dot + TD * Dm::LQ), *dls = lss + BQ;
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
+  long long z = blockIdx.y;
+  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d, *doz = dout + z * t * d;
+  int j0 = blockIdx.x * FA_R, jw = j0 + w * 16, ja = jw + (lane >> 2), jb = ja + 8;
+  float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
+  tc_stage<T, TD>(ks, Dm::LD, kz, j0, FA_R, t, d);
+  tc_stage<T, TD>(vs, Dm::LD, vz, j0, FA_R, t, d);
+  float gk[TD / 8][4], gv[TD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < TD / 8; nd++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) gk[nd][e] = gv[nd][e] = 0.0f;
+  for (int i0 = causal ? j0 : 0; i0 < t; i0 += BQ) { /* earlier queries see none of these keys */
+    __syncthreads();
+    tc_stage<T, TD>(qs, Dm::LD, qz, i0, BQ, t, d);
+    tc_stage<T, TD>(dos, Dm::LD, doz, i0, BQ, t, d);
+    fa_stage_t<T, TD>(qt, Dm::LQ, qz, i0, BQ, t, d);
+    fa_stage_t<T, TD>(dot, Dm::LQ, doz, i0, BQ, t, d);
+    for (int e = threadIdx.x; e < BQ; e += blockDim.x) {
+      lss[e] = i0 + e < t ? lse[z * t + i0 + e] * FA_LOG2E : 0.0f;
+      dls[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
+    }
+    __syncthreads();
+    if (jw >= t || (causal && i0 + BQ <= jw)) continue; /* no key of the warp's, or every query before them */
+    float s[NT][4], dp[NT][4];
+    fa_abt<T, TD, NT>(s, ks + w * 16 * Dm::LD, qs, Dm::LD);   /* S^T: [16 keys, BQ queries] */
+    fa_abt<T, TD, NT>(dp, vs + w * 16 * Dm::LD, dos, Dm::LD); /* dP^T */
+    unsigned pf[NT][2], df[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+      float p[4], ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int ii = nt * 8 + cq + (e & 1), i = i0 + ii, j = e < 2 ? ja : jb;
+        bool ok = j < t && i < t && (!causal || i >= j);
+        p[e] = ok ? exp2f(s[nt][e] * sl2 - lss[ii]) : 0.0f;
+        ds[e] = p[e] * (dp[nt][e] - dls[ii]);
+      }
+      fa_pack<T>(pf[nt], p[0], p[1], p[2], p[3]);
+      fa_pack<T>(df[nt], ds[0], ds[1], ds[2], ds[3]);
+    }
+    fa_pb<T, TD, BQ / 16>(gv, pf, dot, Dm::LQ); /* dv += P^T dO */
+    fa_pb<T, TD, BQ / 16>(gk, df, qt, Dm::LQ); /* dk += dS^T Q (times scale at the store) */
+  }
+  fa_store<T, TD>(dv ? dv + z * t * d : dv, gv, ja, t, d, 1.0f, 1.0f, acc);
+  fa_store<T, TD>(dk ? dk + z * t * d : dk, gk, ja, t, d, scale, scale, acc);
+}
+
+/* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
+template <typename T, int TD>
+__device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
+                                      const T *k, const T *v, int t, int d, int causal, int acc) {
+  typedef FaDims<T, TD> Dm;
+  const int NT = Dm::BK / 8;
+  extern __shared__ __align__(128) unsigned char fa_smem[];
+  T *qs = (T *)fa_smem, *dos = qs + FA_R * Dm::LD, *ks = dos + FA_R * Dm::LD, *vs = ks + FA_R * Dm::LD,
+    *kt = vs + FA_R * Dm::LD;
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
+  long long z = blockIdx.y;
+  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d, *doz = dout + z * t * d;
+  int i0 = blockIdx.x * FA_R, iw = i0 + w * 16, ra = iw + (lane >> 2), rb = ra + 8;
+  float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
+  float la = ra < t ? lse[z * t + ra] * FA_LOG2E : 0.0f, lb = rb < t ? lse[z * t + rb] * FA_LOG2E : 0.0f;
+  float da = ra < t ? delta[z * t + ra] : 0.0f, db = rb < t ? delta[z * t + rb] : 0.0f;
+  tc_stage<T, TD>(qs, Dm::LD, qz, i0, FA_R, t, d);
+  tc_stage<T, TD>(dos, Dm::LD, doz, i0, FA_R, t, d);
+  float g[TD / 8][4];
+#pragma unroll
+  for (int nd = 0; nd < TD / 8; nd++) g[nd][0] = g[nd][1] = g[nd][2] = g[nd][3] = 0.0f;
+  int kend = causal ? min(t, i0 + FA_R) : t;
+  for (int k0 = 0; k0 < kend; k0 += Dm::BK) {
+    __syncthreads();
+    tc_stage<T, TD>(ks, Dm::LD, kz, k0, Dm::BK, t, d);
+    tc_stage<T, TD>(vs, Dm::LD, vz, k0, Dm::BK, t, d);
+    fa_stage_t<T, TD>(kt, Dm::LK, kz, k0, Dm::BK, t, d);
+    __syncthreads();
+    if (iw >= t) continue;
+    float s[NT][4], dp[NT][4];
+    fa_abt<T, TD, NT>(s, qs + w * 16 * Dm::LD, ks, Dm::LD);   /* S: [16 queries, 64 keys] */
+    fa_abt<T, TD, NT>(dp, dos + w * 16 * Dm::LD, vs, Dm::LD); /* dP */
+    unsigned df[NT][2];
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++) {
+      float ds[4];
+#pragma unroll
+      for (int e = 0; e < 4; e++) {
+        int j = k0 + nt * 8 + cq + (e & 1), i = e < 2 ? ra : rb;
+        bool ok = i < t && j < t && (!causal || j <= i);
+        float p = ok ? exp2f(s[nt][e] * sl2 - (e < 2 ? la : lb)) : 0.0f;
+        ds[e] = p * (dp[nt][e] - (e < 2 ? da : db));
+      }
+      fa_pack<T>(df[nt], ds[0], ds[1], ds[2], ds[3]);
+    }
+    fa_pb<T, TD, Dm::BK / 16>(g, df, kt, Dm::LK); /* dq += dS K (times scale at the store) */
+  }
+  fa_store<T, TD>(dq + z * t * d, g, ra, t, d, scale, scale, acc);
+}
+
+#define ATT_MMA_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_mma, fa_fwd, fa_dkdv, fa_dq, FA_W * 32, T, S, TD)
+
+ATT_MMA_ENTRIES(bf16, bf16, 64)
+ATT_MMA_ENTRIES(bf16, bf16, 128)
+ATT_MMA_ENTRIES(fp16, f16, 64)
+ATT_MMA_ENTRIES(fp16, f16, 128)
+
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
-/* bf16 and f16 run on the tensor-core kernels unless CPLAN_ATTENTION=simt (the CUDA-core ones) */
-static bool att_tc(CplanDtype dt) {
+/* Which kernels bf16 and f16 run on: CPLAN_ATTENTION=mma (the default: mma.sync, scores in
+ * registers), wmma (WMMA, scores through shared memory) or simt (the CUDA-core kernels). f32
+ * always runs on the CUDA cores. Another value is reported once and the default used. */
+enum AttImpl { ATT_SIMT, ATT_WMMA, ATT_MMA };
+static AttImpl att_impl(CplanDtype dt) {
   static int mode = -1;
   if (mode < 0) {
     const char *e = getenv("CPLAN_ATTENTION");
-    mode = e && strcmp(e, "simt") == 0 ? 0 : 1;
+    mode = ATT_MMA;
+    if (e && strcmp(e, "simt") == 0) mode = ATT_SIMT;
+    else if (e && strcmp(e, "wmma") == 0) mode = ATT_WMMA;
+    else if (e && *e && strcmp(e, "mma") != 0)
+      fprintf(stderr, "cplan: CPLAN_ATTENTION=%s is not mma, wmma or simt: attention runs on mma\n", e);
   }
-  return mode == 1 && (dt == CPLAN_BF16 || dt == CPLAN_F16);
+  return dt == CPLAN_BF16 || dt == CPLAN_F16 ? (AttImpl)mode : ATT_SIMT;
 }
 
 /* a tensor-core kernel with `bytes` of dynamic shared memory (above 48 KiB: opted in) */
@@ -538,12 +915,12 @@ static bool att_tc(CplanDtype dt) {
     kern<<<grid, TC_W * 32, (bytes), stream>>>(__VA_ARGS__);                                              \
   } while (0)
 
-template <typename T, int TD>
+/* a tensor-core forward (WMMA or mma.sync: 64 rows a block either way) with `bytes` of shared memory */
+template <typename T>
 static int att_tc_forward(const char *me, void (*kern)(T *, float *, const T *, const T *, const T *, int, int, int),
-                          void *out, float *lse, const void *q, const void *k, const void *v, int nb, int t, int d,
-                          int causal, cudaStream_t stream) {
+                          int bytes, void *out, float *lse, const void *q, const void *k, const void *v, int nb, int t,
+                          int d, int causal, cudaStream_t stream) {
   dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
-  const int bytes = TcDims<T, TD>::FWD;
   ATT_TC_GO(me, kern, grid, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, t, d, causal);
   return cplan_cuda_launched(me);
 }
@@ -563,14 +940,16 @@ extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse
   CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
   CPLAN_REQUIRE(me, out && lse && q && k && v, "out, lse, q, k and v must not be NULL");
   if (nb == 0) return 0;
-  if (att_tc(dt)) {
-    if (dt == CPLAN_BF16 && d <= 64)
-      return att_tc_forward<bf16, 64>(me, attention_tc_forward_bf16_d64, out, lse, q, k, v, nb, t, d, causal, stream);
-    if (dt == CPLAN_BF16)
-      return att_tc_forward<bf16, 128>(me, attention_tc_forward_bf16_d128, out, lse, q, k, v, nb, t, d, causal, stream);
-    if (d <= 64)
-      return att_tc_forward<fp16, 64>(me, attention_tc_forward_f16_d64, out, lse, q, k, v, nb, t, d, causal, stream);
-    return att_tc_forward<fp16, 128>(me, attention_tc_forward_f16_d128, out, lse, q, k, v, nb, t, d, causal, stream);
+  AttImpl impl = att_impl(dt);
+  if (impl != ATT_SIMT) {
+#define ATT_TC_FWD(T, S, TD)                                                                                 \
+  (impl == ATT_MMA ? att_tc_forward<T>(me, attention_mma_forward_##S##_d##TD, FaDims<T, TD>::FWD, out, lse, q, k, v, \
+                                       nb, t, d, causal, stream)                                                 \
+                   : att_tc_forward<T>(me, attention_tc_forward_##S##_d##TD, TcDims<T, TD>::FWD, out, lse, q, k, v,  \
+                                       nb, t, d, causal, stream))
+    if (dt == CPLAN_BF16) return d <= 64 ? ATT_TC_FWD(bf16, bf16, 64) : ATT_TC_FWD(bf16, bf16, 128);
+    return d <= 64 ? ATT_TC_FWD(fp16, f16, 64) : ATT_TC_FWD(fp16, f16, 128);
+#undef ATT_TC_FWD
   }
   dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);
   if (dt == CPLAN_F32 && d <= 64)
@@ -629,26 +1008,27 @@ ATT_BWD(float, f32)
 ATT_BWD(bf16, bf16)
 ATT_BWD(fp16, f16)
 
-/* delta on the CUDA cores (a row dot product), then the tensor-core dk/dv and dq kernels */
-template <typename T, int TD>
+/* delta on the CUDA cores (a row dot product), then the tensor-core dk/dv and dq kernels (their
+ * shared memory: bytes_kv, bytes_q) */
+template <typename T>
 static int att_tc_backward(const char *me,
                            void (*dkdv)(T *, T *, const T *, const float *, const float *, const T *, const T *,
                                         const T *, int, int, int, int),
                            void (*dqk)(T *, const T *, const float *, const float *, const T *, const T *, const T *,
                                        int, int, int, int),
-                           void (*dlt)(float *, const T *, const T *, long long, int), void *dq, void *dk, void *dv,
+                           void (*dlt)(float *, const T *, const T *, long long, int), int bytes_kv, int bytes_q,
+                           void *dq, void *dk, void *dv,
                            float *delta, const void *dout, const void *out, const float *lse, const void *q,
                            const void *k, const void *v, int nb, int t, int d, int causal, int acc,
                            cudaStream_t stream) {
   long long rows = (long long)nb * t;
   dlt<<<cplan_blocks(rows, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, d);
   dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
-  const int bytes = TcDims<T, TD>::BWD;
   if (dk || dv)
-    ATT_TC_GO(me, dkdv, grid, bytes, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
+    ATT_TC_GO(me, dkdv, grid, bytes_kv, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
               (const T *)k, (const T *)v, t, d, causal, acc);
   if (dq)
-    ATT_TC_GO(me, dqk, grid, bytes, (T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,
+    ATT_TC_GO(me, dqk, grid, bytes_q, (T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,
               (const T *)v, t, d, causal, acc);
   return cplan_cuda_launched(me);
 }
@@ -663,11 +1043,16 @@ extern "C" int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *d
   CPLAN_REQUIRE(me, delta && dout && out && lse && q && k && v, "delta, dout, out, lse, q, k and v must not be NULL");
   if (nb == 0 || (!dq && !dk && !dv)) return 0;
   int acc = accumulate != 0;
-  if (att_tc(dt)) {
+  AttImpl impl = att_impl(dt);
+  if (impl != ATT_SIMT) {
 #define ATT_TC_BWD(T, S, TD)                                                                                  \
-  att_tc_backward<T, TD>(me, attention_tc_backward_dkdv_##S##_d##TD, attention_tc_backward_dq_##S##_d##TD,    \
-                         attention_backward_delta_##S, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, \
-                         acc, stream)
+  (impl == ATT_MMA                                                                                            \
+       ? att_tc_backward<T>(me, attention_mma_backward_dkdv_##S##_d##TD, attention_mma_backward_dq_##S##_d##TD,  \
+                            attention_backward_delta_##S, FaDims<T, TD>::DKDV, FaDims<T, TD>::DQ, dq, dk, dv, delta, \
+                            dout, out, lse, q, k, v, nb, t, d, causal, acc, stream)                              \
+       : att_tc_backward<T>(me, attention_tc_backward_dkdv_##S##_d##TD, attention_tc_backward_dq_##S##_d##TD,    \
+                            attention_backward_delta_##S, TcDims<T, TD>::BWD, TcDims<T, TD>::BWD, dq, dk, dv, delta, \
+                            dout, out, lse, q, k, v, nb, t, d, causal, acc, stream))
     if (dt == CPLAN_BF16) return d <= 64 ? ATT_TC_BWD(bf16, bf16, 64) : ATT_TC_BWD(bf16, bf16, 128);
     return d <= 64 ? ATT_TC_BWD(fp16, f16, 64) : ATT_TC_BWD(fp16, f16, 128);
 #undef ATT_TC_BWD

@@ -76,4 +76,43 @@ __device__ __forceinline__ double block_sum_f64(double v, double *sh) {
   return sh[32];
 }
 
+/* ---- tensor cores: one mma.sync.m16n8k16 (bf16 or f16 operands, f32 accumulators) -----------
+ * c (16 x 8) += a (16 x 16) b (16 x 8) over the warp, every lane passing its fragments in the PTX
+ * ISA's layout ("Matrix Fragments for mma.m16n8k16 with floating point type"), with g = lane / 4
+ * and q = lane % 4 (each 32-bit register holds two elements, the lower-indexed one in its low half):
+ *   a[0] = A[g][2q, 2q+1]     a[1] = A[g+8][2q, 2q+1]   a[2] = A[g][2q+8, 2q+9]   a[3] = A[g+8][2q+8, 2q+9]
+ *   b[0] = B[2q, 2q+1][g]     b[1] = B[2q+8, 2q+9][g]
+ *   c[0], c[1] = C[g][2q, 2q+1]                         c[2], c[3] = C[g+8][2q, 2q+1]
+ * Every lane of the warp must call it (mma.sync.aligned). sm_80 and later; the CUDA-on-CPU test
+ * emulator (tests/cuda/emu) computes it from the same layout. */
+template <typename T> __device__ __forceinline__ unsigned short bits16(T x);
+template <> __device__ __forceinline__ unsigned short bits16<bf16>(bf16 x) { return __bfloat16_as_ushort(x); }
+template <> __device__ __forceinline__ unsigned short bits16<fp16>(fp16 x) { return __half_as_ushort(x); }
+
+/* two values rounded to T in one register: lo in the low half */
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi) {
+  return (unsigned)bits16<T>(st<T>(lo)) | (unsigned)bits16<T>(st<T>(hi)) << 16;
+}
+
+template <typename T> __device__ __forceinline__ void mma16816(float *c, const unsigned *a, const unsigned *b);
+#if defined(CPLAN_CUDA_EMU)
+template <> __device__ __forceinline__ void mma16816<bf16>(float *c, const unsigned *a, const unsigned *b) {
+  ::cuemu::mma_m16n8k16(c, a, b, true);
+}
+template <> __device__ __forceinline__ void mma16816<fp16>(float *c, const unsigned *a, const unsigned *b) {
+  ::cuemu::mma_m16n8k16(c, a, b, false);
+}
+#else
+#define CPLAN_MMA16816(T, PTXT)                                                                        \
+  template <> __device__ __forceinline__ void mma16816<T>(float *c, const unsigned *a, const unsigned *b) { \
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32." PTXT "." PTXT ".f32 {%0, %1, %2, %3}, "         \
+                 "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"                                       \
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                      \
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));                 \
+  }
+CPLAN_MMA16816(bf16, "bf16")
+CPLAN_MMA16816(fp16, "f16")
+#undef CPLAN_MMA16816
+#endif
+
 #endif

@@ -3,9 +3,11 @@
 # machines cannot build cplan: no bison, cJSON or LLVM there) into OUT, with OUT/run_all.sh to run
 # THERE in one call (one H200: a few minutes; device time is short, so it is one script):
 #   1. test_gpu_kernels (BUILD_DIR/tests, nvcc-built): every kernels/cuda kernel against its CPU
-#      reference in f32, bf16 and f16 (tests/gpu/test_kernels.c's tolerances); then test_gpu_gemm:
+#      reference in f32, bf16 and f16 (tests/gpu/test_kernels.c's tolerances), again with the WMMA
+#      attention (CPLAN_ATTENTION=wmma); then test_gpu_gemm:
 #      runtime/cuda_rt.c's cuBLASLt GEMMs, every epilogue, against a double reference, and which
-#      epilogues the GPU's cuBLASLt refused;
+#      epilogues the GPU's cuBLASLt refused; and bench/attention_gpu.c: the attention kernels timed
+#      at GPT-2's shape, each implementation (mma, wmma, simt);
 #   2. bench/gpu_gpt2.sh: GPT-2 124M in bf16 (step ms, tokens/s, MFU against 989 TFLOP/s, the
 #      per-node-class profile);
 #   3. tests/gpu/gpt_gpu.sh --check: the small GPT and LLaMA, 20 steps on the GPU against the CPU
@@ -28,6 +30,7 @@ out=$(mktemp -d "${TMPDIR:-/tmp}/cplan-gpu-prepare-XXXXXX")
 trap 'rm -rf "$out"' EXIT
 cp "$build/tests/test_gpu_kernels" "$out/"
 [ -x "$build/tests/test_gpu_gemm" ] && cp "$build/tests/test_gpu_gemm" "$out/"
+[ -x "$build/tests/attention_gpu" ] && cp "$build/tests/attention_gpu" "$out/"
 "$src/tests/gpu/gpt_gpu.sh" --prepare "$out/gpt" "$cplanc" "$src" >"$out/prepare_gpt.log" 2>&1 ||
   { cat "$out/prepare_gpt.log"; exit 1; }
 "$src/bench/gpu_gpt2.sh" "$cplanc" "$out/gpt2" >"$out/prepare_gpt2.log" 2>&1 || { cat "$out/prepare_gpt2.log"; exit 1; }
@@ -59,13 +62,24 @@ t0=$(date +%s)
 # a device call runs 600 s at most: the timeouts add up to less, and the GPT-2 figure comes before the
 # longest part
 echo "==== 1. CUDA kernels against the CPU references"
-timeout 100 ./test_gpu_kernels | tail -25 || { echo "FAILED: test_gpu_kernels"; fail=1; }
+timeout 45 ./test_gpu_kernels >kernels.txt; rc=$?
+grep FAIL kernels.txt | head -30; tail -25 kernels.txt
+[ $rc -eq 0 ] || { echo "FAILED: test_gpu_kernels (exit $rc)"; fail=1; }
+echo "==== 1a. the same with bf16 / f16 attention on the WMMA kernels (CPLAN_ATTENTION=wmma)"
+CPLAN_ATTENTION=wmma timeout 25 ./test_gpu_kernels >kernels_wmma.txt; rc=$?
+grep FAIL kernels_wmma.txt | head -30; tail -1 kernels_wmma.txt
+[ $rc -eq 0 ] || { echo "FAILED: test_gpu_kernels with CPLAN_ATTENTION=wmma (exit $rc)"; fail=1; }
 echo "==== 1b. the runtime's cuBLASLt GEMMs, every epilogue (refusals listed: the programs fall back)"
 if [ -x ./test_gpu_gemm ]; then timeout 20 ./test_gpu_gemm | tail -14 || { echo "FAILED: test_gpu_gemm"; fail=1; }; fi
+echo "==== 1c. attention kernels timed, GPT-2's shape in bf16 (bench/attention_gpu.c: a benchmark, printed)"
+if [ -x ./attention_gpu ]; then
+  for a in mma wmma simt; do CPLAN_ATTENTION=$a timeout 10 ./attention_gpu 192 1024 64 20 bf16; done
+  CPLAN_ATTENTION=mma timeout 10 ./attention_gpu 64 1024 128 20 bf16
+fi
 echo "==== 2. GPT-2 124M, bf16 (a benchmark: printed)"
 OUT=$here timeout 240 ./gpt2/run_gpu.sh 12 || { echo "FAILED: gpu_gpt2"; fail=1; }
 echo "==== 3. small GPT / LLaMA on the GPU against the CPU backend (f32, bf16, f16; dp 2, tp 2, ZeRO 3)"
-timeout 230 ./gpt/gpt_gpu.sh --check "$here/gpt" || { echo "FAILED: gpt_gpu.sh"; fail=1; }
+timeout 220 ./gpt/gpt_gpu.sh --check "$here/gpt" || { echo "FAILED: gpt_gpu.sh"; fail=1; }
 echo "==== run_all.sh: $(( $(date +%s) - t0 )) s, $([ $fail -eq 0 ] && echo "all passed" || echo "FAILURES above")"
 exit $fail
 RUN

@@ -3,7 +3,8 @@
 # 5 minutes). Run from anywhere:  tests/gpu/run.sh [BUILD_DIR]   (default: build-gpu)
 #  1. configures and builds with -DCPLAN_CUDA=ON (the CUDA toolkit and NCCL must be there);
 #  2. test_gpu_kernels: every CUDA kernel against its CPU reference, f32, bf16 and f16, with the
-#     tolerance per dtype in its table (tests/gpu/test_kernels.c), plus bitwise determinism;
+#     tolerance per dtype in its table (tests/gpu/test_kernels.c), plus bitwise determinism; again
+#     with the WMMA attention kernels (CPLAN_ATTENTION=wmma);
 #  3. the CI checks again (ctest -R '^cuda\.'), which on a GPU also run the link smoke test and
 #     train cuda.build's programs 2 steps;
 #  4. tests/gpu/gpt_gpu.sh: the small GPT and LLaMA of tests/e2e, 20 steps on the GPU (the CUDA
@@ -38,6 +39,8 @@ echo "built in $(( $(date +%s) - t0 )) s"
 fail=0
 step "CUDA kernels against the CPU references"
 "$build/tests/test_gpu_kernels" || fail=1
+step "the same with bf16 / f16 attention on the WMMA kernels (CPLAN_ATTENTION=wmma; the default is mma.sync)"
+(set -o pipefail; CPLAN_ATTENTION=wmma "$build/tests/test_gpu_kernels" | grep -E "FAIL|checks") || fail=1
 step "the runtime's cuBLASLt GEMMs, every epilogue, against a double reference"
 "$build/tests/test_gpu_gemm" || fail=1
 

@@ -178,6 +178,44 @@ inline float cvt_f32_f16(unsigned short h) {
 } // namespace ptx
 } // namespace cuemu
 
+/* ---- mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32 (kernels/cuda/cuda_common.h's
+ * mma16816): every lane publishes its fragments (the PTX ISA's layout, written out there), the
+ * warp waits, each lane computes its own four elements of C from the lanes that hold them (the
+ * products in f32, exact for 16-bit operands, summed over k in order, then added to c), and the
+ * warp waits again before any lane's fragments may change. All 32 lanes must call it. */
+namespace cuemu {
+inline float mma_element(const unsigned *reg, int half, bool bf16) {
+  unsigned short h = (unsigned short)(half ? *reg >> 16 : *reg & 0xffffu);
+  if (bf16) return from_bits<float>((uint64_t)h << 16);
+  __half_raw r;
+  r.x = h;
+  return __half2float(__half(r));
+}
+inline void mma_m16n8k16(float *c, const unsigned *a, const unsigned *b, bool bf16) {
+  struct Fragments {
+    const unsigned *a, *b;
+  } mine = {a, b};
+  const Fragments **lanes = (const Fragments **)((char *)warp_scratch() + 2048); /* past wmma's results */
+  int l = lane_id(), g = l >> 2, q = l & 3;
+  lanes[l] = &mine;
+  warp_exchange(0xffffffffu, 0, -1, 0, nullptr);
+  float d[4];
+  for (int e = 0; e < 4; e++) {
+    int row = g + (e >= 2 ? 8 : 0), col = 2 * q + (e & 1);
+    float acc = 0.0f;
+    for (int k = 0; k < 16; k++) {
+      const Fragments *fa = lanes[(row & 7) * 4 + (k & 7) / 2], *fb = lanes[col * 4 + (k & 7) / 2];
+      float x = mma_element(&fa->a[(row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0)], k & 1, bf16);
+      float y = mma_element(&fb->b[k >= 8 ? 1 : 0], k & 1, bf16);
+      acc += x * y;
+    }
+    d[e] = c[e] + acc;
+  }
+  warp_exchange(0xffffffffu, 0, -1, 0, nullptr); /* every lane has read the others' fragments */
+  for (int e = 0; e < 4; e++) c[e] = d[e];
+}
+} // namespace cuemu
+
 /* ---- builtin variables ----------------------------------------------------------------------- */
 #define threadIdx (static_cast<const uint3 &>(::cuemu::cur_thread))
 #define blockIdx (static_cast<const uint3 &>(::cuemu::cur_block))

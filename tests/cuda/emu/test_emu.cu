@@ -2,7 +2,8 @@
  * Plain CUDA: built here through emu_translate against the emulator; `nvcc -std=c++17 -o t
  * test_emu.cu` builds it for a GPU, where every check but the emulator-only ones (deadlock
  * report, under CPLAN_CUDA_EMU) must pass the same way, which is how the emulated semantics
- * were chosen: the CUDA programming guide's for shuffles, votes, barriers and launch limits.
+ * were chosen: the CUDA programming guide's for shuffles, votes, barriers and launch limits
+ * (with -I kernels/cuda, for cuda_common.h's mma16816).
  *
  * Checks: the builtin variables over a 3-D grid of 3-D blocks; a block reduction through
  * __shared__ and __syncthreads with warp shuffles under `if (threadIdx.x < 32)`; every shuffle
@@ -15,6 +16,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <mma.h>
+
+#include "cuda_common.h" /* kernels/cuda: mma16816, pack2 */
 
 #include <math.h>
 #include <stdio.h>
@@ -451,6 +454,72 @@ static void test_wmma(void) {
 #endif
 }
 
+/* ---- mma16816 (cuda_common.h: mma.sync.m16n8k16, the PTX ISA's fragment layout) ---------------
+ * c[16, 16] = c0 + a[16, 32] b[32, 16] (all row-major) on one warp: two n-tiles of 8, two k-steps of
+ * 16, every fragment element loaded from global memory by the layout cuda_common.h writes out. On a
+ * GPU this checks that layout against the tensor cores; here, the emulator against the same text. */
+template <typename T> __global__ void k_mma16816(float *c, const T *a, const T *b) {
+  int lane = threadIdx.x & 31, g = lane >> 2, q = lane & 3;
+  for (int nt = 0; nt < 2; nt++) {
+    float acc[4];
+    for (int e = 0; e < 4; e++) acc[e] = c[(g + (e >= 2 ? 8 : 0)) * 16 + nt * 8 + 2 * q + (e & 1)];
+    for (int kt = 0; kt < 2; kt++) {
+      unsigned fa[4], fb[2];
+      for (int r = 0; r < 4; r++) {
+        int row = g + (r & 1) * 8, col = kt * 16 + 2 * q + (r >> 1) * 8;
+        fa[r] = pack2<T>(ld(a[row * 32 + col]), ld(a[row * 32 + col + 1]));
+      }
+      for (int r = 0; r < 2; r++) {
+        int k = kt * 16 + 2 * q + r * 8, n = nt * 8 + g;
+        fb[r] = pack2<T>(ld(b[k * 16 + n]), ld(b[(k + 1) * 16 + n]));
+      }
+      mma16816<T>(acc, fa, fb);
+    }
+    for (int e = 0; e < 4; e++) c[(g + (e >= 2 ? 8 : 0)) * 16 + nt * 8 + 2 * q + (e & 1)] = acc[e];
+  }
+}
+
+template <typename T> static void test_mma16816_of(const char *what, bool integers) {
+  T ha[16 * 32], hb[32 * 16];
+  float hc0[16 * 16], hc[16 * 16];
+  unsigned s = 777;
+  for (int i = 0; i < 16 * 32; i++) {
+    s = s * 1103515245u + 12345u;
+    from_float(integers ? (float)((int)(s >> 16) % 9 - 4) : (float)(s >> 8) / 16777216.0f - 0.5f, &ha[i]);
+    s = s * 1103515245u + 12345u;
+    from_float(integers ? (float)((int)(s >> 16) % 7 - 3) : (float)(s >> 8) / 16777216.0f - 0.5f, &hb[i]);
+  }
+  for (int i = 0; i < 16 * 16; i++) hc0[i] = (float)(i % 11 - 5);
+  T *da, *db;
+  float *dc;
+  CUDA_OK(cudaMalloc((void **)&da, sizeof ha));
+  CUDA_OK(cudaMalloc((void **)&db, sizeof hb));
+  CUDA_OK(cudaMalloc((void **)&dc, sizeof hc));
+  CUDA_OK(cudaMemcpy(da, ha, sizeof ha, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(db, hb, sizeof hb, cudaMemcpyHostToDevice));
+  CUDA_OK(cudaMemcpy(dc, hc0, sizeof hc0, cudaMemcpyHostToDevice));
+  k_mma16816<T><<<1, 32>>>(dc, da, db);
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaMemcpy(hc, dc, sizeof hc, cudaMemcpyDeviceToHost));
+  double worst = 0;
+  for (int i = 0; i < 16; i++)
+    for (int j = 0; j < 16; j++) {
+      double want = hc0[i * 16 + j];
+      for (int k = 0; k < 32; k++) want += (double)to_float(ha[i * 32 + k]) * to_float(hb[k * 16 + j]);
+      double d = fabs(hc[i * 16 + j] - want);
+      worst = d > worst ? d : worst;
+    }
+  CHECK(integers ? worst == 0 : worst <= 1e-5, "mma16816 %s: max |c - ref| = %g", what, worst);
+  cudaFree(da), cudaFree(db), cudaFree(dc);
+}
+
+static void test_mma16816(void) {
+  test_mma16816_of<__nv_bfloat16>("bf16, integers", true);
+  test_mma16816_of<__half>("f16, integers", true);
+  test_mma16816_of<__nv_bfloat16>("bf16, fractions", false);
+  test_mma16816_of<__half>("f16, fractions", false);
+}
+
 #ifdef CPLAN_CUDA_EMU
 /* lanes 0..30 shuffle with the full mask while lane 31 waits at __syncthreads: on a GPU, a hang */
 __global__ void k_deadlock(float *out) {
@@ -613,6 +682,7 @@ int main(void) {
   test_shared();
   test_launch_errors();
   test_wmma();
+  test_mma16816();
 #ifdef CPLAN_CUDA_EMU
   test_deadlock();
   test_defer();
