@@ -102,13 +102,17 @@ __device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T 
   lse[z * t + i] = m + logf(l);
 }
 
-/* delta[z, i] = dout_i . out_i over nb * t rows */
+/* delta[z, i] = dout_i . out_i over nb * t rows: a warp per row (its lanes read consecutive
+ * elements: coalesced), the lanes' partial sums added in warp_reduce's fixed order */
 template <typename T>
 __device__ __forceinline__ void att_delta(float *delta, const T *dout, const T *out, long long rows, int d) {
-  for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < rows; r += (long long)gridDim.x * blockDim.x) {
+  int lane = threadIdx.x & 31;
+  long long nw = ((long long)gridDim.x * blockDim.x) >> 5;
+  for (long long r = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
     float s = 0.0f;
-    for (int c = 0; c < d; c++) s += ld(dout[r * d + c]) * ld(out[r * d + c]);
-    delta[r] = s;
+    for (int c = lane; c < d; c += 32) s += ld(dout[r * d + c]) * ld(out[r * d + c]);
+    s = warp_reduce<false>(s);
+    if (lane == 0) delta[r] = s;
   }
 }
 
@@ -985,7 +989,7 @@ static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const voi
                          const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d, \
                          int causal, int acc, cudaStream_t stream, bool d64) {                             \
     long long rows = (long long)nb * t;                                                                     \
-    attention_backward_delta_##S<<<cplan_blocks(rows, 256, 65535u), 256, 0, stream>>>(                      \
+    attention_backward_delta_##S<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(                      \
         delta, (const T *)dout, (const T *)out, rows, d);                                                   \
     dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);                                         \
     if (d64) {                                                                                              \
@@ -1022,7 +1026,7 @@ static int att_tc_backward(const char *me,
                            const void *k, const void *v, int nb, int t, int d, int causal, int acc,
                            cudaStream_t stream) {
   long long rows = (long long)nb * t;
-  dlt<<<cplan_blocks(rows, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, d);
+  dlt<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, d);
   dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
   if (dk || dv)
     ATT_TC_GO(me, dkdv, grid, bytes_kv, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
