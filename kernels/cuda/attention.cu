@@ -18,27 +18,34 @@
  * (below; also bf16 / f16 with CPLAN_ATTENTION=simt), and bf16 / f16 on the tensor cores, through
  * nvcuda::wmma with the scores in shared memory (attention_tc_*, CPLAN_ATTENTION=wmma) or, the
  * default, through mma.sync with the scores in registers (attention_mma_*, last in this file). */
+#include "attn_layout.h"
 #include "cuda_common.h"
 
 #include <mma.h>
+
+/* the offset of batch-head z's [t, d] matrix in a tensor laid out as L (attn_layout.h) */
+__device__ __forceinline__ long long att_base(const CplanAttnLayout &L, long long z) {
+  return z / L.heads * L.bstride + z % L.heads * L.hstride;
+}
 
 #define ATT_BR 64 /* rows per block: threads */
 
 template <int DMAX> struct AttTile { enum { BC = DMAX > 64 ? 16 : 32 }; };
 
-/* row i of a [t, d] matrix into registers, zero-padded to DMAX, times mul */
+/* row i of a [t, d] matrix (rows lm elements apart) into registers, zero-padded to DMAX, times mul */
 template <typename T, int DMAX>
-__device__ __forceinline__ void load_row(float *r, const T *m, int i, int d, float mul) {
+__device__ __forceinline__ void load_row(float *r, const T *m, long long lm, int i, int d, float mul) {
 #pragma unroll
-  for (int c = 0; c < DMAX; c++) r[c] = c < d ? ld(m[(long long)i * d + c]) * mul : 0.0f;
+  for (int c = 0; c < DMAX; c++) r[c] = c < d ? ld(m[(long long)i * lm + c]) * mul : 0.0f;
 }
 
-/* rows [r0, r0 + n) of a [t, d] matrix into shared s[n][DMAX] (zeros past t and d) */
+/* rows [r0, r0 + n) of a [t, d] matrix (rows lm elements apart) into shared s[n][DMAX] (zeros past
+ * t and d) */
 template <typename T, int DMAX>
-__device__ __forceinline__ void stage(float (*s)[DMAX], const T *m, int r0, int n, int t, int d) {
+__device__ __forceinline__ void stage(float (*s)[DMAX], const T *m, long long lm, int r0, int n, int t, int d) {
   for (int e = threadIdx.x; e < n * DMAX; e += blockDim.x) {
     int rr = e / DMAX, c = e % DMAX, row = r0 + rr;
-    s[rr][c] = row < t && c < d ? ld(m[(long long)row * d + c]) : 0.0f;
+    s[rr][c] = row < t && c < d ? ld(m[(long long)row * lm + c]) : 0.0f;
   }
 }
 
@@ -51,23 +58,23 @@ template <int DMAX> __device__ __forceinline__ float dot(const float *a, const f
 
 template <typename T, int DMAX>
 __device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t,
-                                        int d, int causal) {
+                                        int d, int causal, CplanAttnLayout li, CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float ks[BC][DMAX], vs[BC][DMAX], ss[BC][ATT_BR]; /* ss: each thread's scores */
-  long long z = blockIdx.y;
-  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d;
+  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
+  const T *qz = q + bi, *kz = k + bi, *vz = v + bi;
   int i = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
   float qr[DMAX], o[DMAX];
-  if (i < t) load_row<T, DMAX>(qr, qz, i, d, scale);
+  if (i < t) load_row<T, DMAX>(qr, qz, li.ld, i, d, scale);
 #pragma unroll
   for (int c = 0; c < DMAX; c++) o[c] = 0.0f;
   float m = -CPLAN_INF, l = 0.0f;
   int kend = causal ? min(t, (int)(blockIdx.x + 1) * ATT_BR) : t;
   for (int k0 = 0; k0 < kend; k0 += BC) {
     __syncthreads();
-    stage<T, DMAX>(ks, kz, k0, BC, t, d);
-    stage<T, DMAX>(vs, vz, k0, BC, t, d);
+    stage<T, DMAX>(ks, kz, li.ld, k0, BC, t, d);
+    stage<T, DMAX>(vs, vz, li.ld, k0, BC, t, d);
     __syncthreads();
     if (i >= t) continue;
     float mt = m;
@@ -95,7 +102,7 @@ __device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T 
   }
   if (i >= t) return;
   float inv = 1.0f / l;
-  T *orow = out + (z * t + i) * d;
+  T *orow = out + bo + (long long)i * lo.ld;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
     if (c < d) orow[c] = st<T>(o[c] * inv);
@@ -105,12 +112,14 @@ __device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T 
 /* delta[z, i] = dout_i . out_i over nb * t rows: a warp per row (its lanes read consecutive
  * elements: coalesced), the lanes' partial sums added in warp_reduce's fixed order */
 template <typename T>
-__device__ __forceinline__ void att_delta(float *delta, const T *dout, const T *out, long long rows, int d) {
+__device__ __forceinline__ void att_delta(float *delta, const T *dout, const T *out, long long rows, int t, int d,
+                                          CplanAttnLayout lo) {
   int lane = threadIdx.x & 31;
   long long nw = ((long long)gridDim.x * blockDim.x) >> 5;
   for (long long r = (blockIdx.x * (long long)blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
+    long long at = att_base(lo, r / t) + r % t * lo.ld;
     float s = 0.0f;
-    for (int c = lane; c < d; c += 32) s += ld(dout[r * d + c]) * ld(out[r * d + c]);
+    for (int c = lane; c < d; c += 32) s += ld(dout[at + c]) * ld(out[at + c]);
     s = warp_reduce<false>(s);
     if (lane == 0) delta[r] = s;
   }
@@ -120,25 +129,25 @@ __device__ __forceinline__ void att_delta(float *delta, const T *dout, const T *
  * of +=, the rows' old values never read) */
 template <typename T, int DMAX>
 __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                             const T *q, const T *k, const T *v, int t, int d, int causal, int acc) {
+                                             const T *q, const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float qs[BC][DMAX], dos[BC][DMAX], ls[BC], ds_[BC];
-  long long z = blockIdx.y;
-  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d, *doz = dout + z * t * d;
+  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
+  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
   int j = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
   float kr[DMAX], vr[DMAX], gk[DMAX], gv[DMAX];
   if (j < t) {
-    load_row<T, DMAX>(kr, kz, j, d, 1.0f);
-    load_row<T, DMAX>(vr, vz, j, d, 1.0f);
+    load_row<T, DMAX>(kr, kz, li.ld, j, d, 1.0f);
+    load_row<T, DMAX>(vr, vz, li.ld, j, d, 1.0f);
   }
 #pragma unroll
   for (int c = 0; c < DMAX; c++) gk[c] = gv[c] = 0.0f;
   int q0 = causal ? (int)blockIdx.x * ATT_BR : 0; /* earlier queries see none of these keys */
   for (int i0 = q0; i0 < t; i0 += BC) {
     __syncthreads();
-    stage<T, DMAX>(qs, qz, i0, BC, t, d);
-    stage<T, DMAX>(dos, doz, i0, BC, t, d);
+    stage<T, DMAX>(qs, qz, li.ld, i0, BC, t, d);
+    stage<T, DMAX>(dos, doz, lo.ld, i0, BC, t, d);
     for (int e = threadIdx.x; e < BC; e += blockDim.x) {
       ls[e] = i0 + e < t ? lse[z * t + i0 + e] : 0.0f;
       ds_[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
@@ -160,7 +169,7 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
     }
   }
   if (j >= t) return;
-  T *dkr = dk + (z * t + j) * d, *dvr = dv + (z * t + j) * d;
+  T *dkr = dk + bi + (long long)j * li.ld, *dvr = dv + bi + (long long)j * li.ld;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
     if (c < d) {
@@ -172,18 +181,18 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
 /* one thread per query row i: dq_i += scale sum_j ds_ij k_j */
 template <typename T, int DMAX>
 __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                           const T *k, const T *v, int t, int d, int causal, int acc) {
+                                           const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float ks[BC][DMAX], vs[BC][DMAX];
-  long long z = blockIdx.y;
-  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d, *doz = dout + z * t * d;
+  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
+  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
   int i = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
-  float qr[DMAX], dor[DMAX], g[DMAX], li = 0.0f, di = 0.0f;
+  float qr[DMAX], dor[DMAX], g[DMAX], lsi = 0.0f, di = 0.0f;
   if (i < t) {
-    load_row<T, DMAX>(qr, qz, i, d, 1.0f);
-    load_row<T, DMAX>(dor, doz, i, d, 1.0f);
-    li = lse[z * t + i];
+    load_row<T, DMAX>(qr, qz, li.ld, i, d, 1.0f);
+    load_row<T, DMAX>(dor, doz, lo.ld, i, d, 1.0f);
+    lsi = lse[z * t + i];
     di = delta[z * t + i];
   }
 #pragma unroll
@@ -191,22 +200,22 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
   int kend = causal ? min(t, (int)(blockIdx.x + 1) * ATT_BR) : t;
   for (int k0 = 0; k0 < kend; k0 += BC) {
     __syncthreads();
-    stage<T, DMAX>(ks, kz, k0, BC, t, d);
-    stage<T, DMAX>(vs, vz, k0, BC, t, d);
+    stage<T, DMAX>(ks, kz, li.ld, k0, BC, t, d);
+    stage<T, DMAX>(vs, vz, li.ld, k0, BC, t, d);
     __syncthreads();
     if (i >= t) continue;
 #pragma unroll 1
     for (int jj = 0; jj < BC; jj++) {
       int j = k0 + jj;
       if (j >= t || (causal && j > i)) continue;
-      float p = expf(dot<DMAX>(qr, ks[jj]) * scale - li);
+      float p = expf(dot<DMAX>(qr, ks[jj]) * scale - lsi);
       float ds = p * (dot<DMAX>(dor, vs[jj]) - di);
 #pragma unroll
       for (int c = 0; c < DMAX; c++) g[c] += ds * ks[jj][c];
     }
   }
   if (i >= t) return;
-  T *dqr = dq + (z * t + i) * d;
+  T *dqr = dq + bi + (long long)i * li.ld;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
     if (c < d) dqr[c] = st<T>((acc ? ld(dqr[c]) : 0.0f) + g[c] * scale);
@@ -216,18 +225,19 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
  * NAME_backward_dq_S_dDM, calling FWD, DKDV and DQ<T, DM> with BOUNDS threads a block. */
 #define ATT_ENTRY_SET(NAME, FWD, DKDV, DQ, BOUNDS, T, S, DM)                                              \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_forward_##S##_d##DM(                        \
-      T *out, float *lse, const T *q, const T *k, const T *v, int t, int d, int causal) {                 \
-    FWD<T, DM>(out, lse, q, k, v, t, d, causal);                                                          \
+      T *out, float *lse, const T *q, const T *k, const T *v, int t, int d, int causal, CplanAttnLayout li,  \
+      CplanAttnLayout lo) {                                                                               \
+    FWD<T, DM>(out, lse, q, k, v, t, d, causal, li, lo);                                                  \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dkdv_##S##_d##DM(                  \
       T *dk, T *dv, const T *dout, const float *lse, const float *delta, const T *q, const T *k,          \
-      const T *v, int t, int d, int causal, int acc) {                                                    \
-    DKDV<T, DM>(dk, dv, dout, lse, delta, q, k, v, t, d, causal, acc);                                    \
+      const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {            \
+    DKDV<T, DM>(dk, dv, dout, lse, delta, q, k, v, t, d, causal, acc, li, lo);                            \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dq_##S##_d##DM(                    \
       T *dq, const T *dout, const float *lse, const float *delta, const T *q, const T *k, const T *v,     \
-      int t, int d, int causal, int acc) {                                                                \
-    DQ<T, DM>(dq, dout, lse, delta, q, k, v, t, d, causal, acc);                                          \
+      int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {                        \
+    DQ<T, DM>(dq, dout, lse, delta, q, k, v, t, d, causal, acc, li, lo);                                  \
   }
 #define ATT_ENTRIES(T, S, DM) ATT_ENTRY_SET(attention, att_fwd, att_bwd_dkdv, att_bwd_dq, ATT_BR, T, S, DM)
 
@@ -238,17 +248,17 @@ ATT_ENTRIES(fp16, f16, 64)
 ATT_ENTRIES(bf16, bf16, 128)
 ATT_ENTRIES(fp16, f16, 128)
 
-extern "C" __global__ void attention_backward_delta_f32(float *delta, const float *dout, const float *out,
-                                                        long long rows, int d) {
-  att_delta<float>(delta, dout, out, rows, d);
+extern "C" __global__ void attention_backward_delta_f32(float *delta, const float *dout, const float *out, long long rows,
+                                                     int t, int d, CplanAttnLayout lo) {
+  att_delta<float>(delta, dout, out, rows, t, d, lo);
 }
-extern "C" __global__ void attention_backward_delta_bf16(float *delta, const bf16 *dout, const bf16 *out,
-                                                         long long rows, int d) {
-  att_delta<bf16>(delta, dout, out, rows, d);
+extern "C" __global__ void attention_backward_delta_bf16(float *delta, const bf16 *dout, const bf16 *out, long long rows,
+                                                     int t, int d, CplanAttnLayout lo) {
+  att_delta<bf16>(delta, dout, out, rows, t, d, lo);
 }
-extern "C" __global__ void attention_backward_delta_f16(float *delta, const fp16 *dout, const fp16 *out,
-                                                        long long rows, int d) {
-  att_delta<fp16>(delta, dout, out, rows, d);
+extern "C" __global__ void attention_backward_delta_f16(float *delta, const fp16 *dout, const fp16 *out, long long rows,
+                                                     int t, int d, CplanAttnLayout lo) {
+  att_delta<fp16>(delta, dout, out, rows, t, d, lo);
 }
 
 /* ---- tensor cores: bf16 / f16 attention on WMMA ---------------------------------------------
@@ -267,22 +277,23 @@ extern "C" __global__ void attention_backward_delta_f16(float *delta, const fp16
 #define TC_W 4         /* warps per block */
 #define TC_R 64        /* rows per tile: 16 per warp */
 
-/* rows [r0, r0 + n) of a [t, d] matrix into s[n][ld] (ld >= TD, a multiple of 8), zeros past t
- * and d: 16 bytes (8 elements) a load where d is a multiple of 8 and m 16-byte aligned */
+/* rows [r0, r0 + n) of a [t, d] matrix (rows lm elements apart) into s[n][ld] (ld >= TD, a
+ * multiple of 8), zeros past t and d: 16 bytes (8 elements) a load where d and lm are multiples of
+ * 8 and m 16-byte aligned */
 template <typename T, int TD>
-__device__ __forceinline__ void tc_stage(T *s, int ld, const T *m, int r0, int n, int t, int d) {
-  if (d % 8 == 0 && ((unsigned long long)m & 15) == 0) {
+__device__ __forceinline__ void tc_stage(T *s, int ld, const T *m, long long lm, int r0, int n, int t, int d) {
+  if (d % 8 == 0 && lm % 8 == 0 && ((unsigned long long)m & 15) == 0) {
     for (int e = threadIdx.x; e < n * (TD / 8); e += blockDim.x) {
       int rr = e / (TD / 8), c = e % (TD / 8) * 8, row = r0 + rr;
       uint4 x = make_uint4(0u, 0u, 0u, 0u); /* 8 zeros of a 16-bit type */
-      if (row < t && c < d) x = *(const uint4 *)(m + (long long)row * d + c);
+      if (row < t && c < d) x = *(const uint4 *)(m + (long long)row * lm + c);
       *(uint4 *)(s + rr * ld + c) = x;
     }
     return;
   }
   for (int e = threadIdx.x; e < n * TD; e += blockDim.x) {
     int rr = e / TD, c = e % TD, row = r0 + rr;
-    s[rr * ld + c] = row < t && c < d ? m[(long long)row * d + c] : st<T>(0.0f);
+    s[rr * ld + c] = row < t && c < d ? m[(long long)row * lm + c] : st<T>(0.0f);
   }
 }
 
@@ -341,7 +352,7 @@ __device__ __forceinline__ void tc_pb(nvcuda::wmma::fragment<nvcuda::wmma::accum
 
 template <typename T, int TD>
 __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
-                                       int causal) {
+                                       int causal, CplanAttnLayout li, CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -350,18 +361,18 @@ __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *
   float *sw = (float *)(tc_smem + 3 * Dm::TILE) + w * 16 * Dm::LS;
   T *pw = (T *)(tc_smem + 3 * Dm::TILE + TC_W * 16 * Dm::LS * 4) + w * 16 * Dm::LP;
   float *ow = (float *)(tc_smem + 3 * Dm::TILE + TC_W * 16 * (Dm::LS * 4 + Dm::LP * (int)sizeof(T))) + w * 16 * Dm::LO;
-  long long z = blockIdx.y;
-  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d;
+  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
+  const T *qz = q + bi, *kz = k + bi, *vz = v + bi;
   int i0 = blockIdx.x * TC_R, i = i0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
-  tc_stage<T, TD>(qs, Dm::LQ, qz, i0, TC_R, t, d);
+  tc_stage<T, TD>(qs, Dm::LQ, qz, li.ld, i0, TC_R, t, d);
   for (int e = lane; e < 16 * Dm::LO; e += 32) ow[e] = 0.0f;
   float m = -CPLAN_INF, l = 0.0f;
   int kend = causal ? min(t, i0 + TC_R) : t;
   for (int k0 = 0; k0 < kend; k0 += TC_R) {
     __syncthreads();
-    tc_stage<T, TD>(ks, Dm::LQ, kz, k0, TC_R, t, d);
-    tc_stage<T, TD>(vs, Dm::LQ, vz, k0, TC_R, t, d);
+    tc_stage<T, TD>(ks, Dm::LQ, kz, li.ld, k0, TC_R, t, d);
+    tc_stage<T, TD>(vs, Dm::LQ, vz, li.ld, k0, TC_R, t, d);
     __syncthreads();
     tc_abt<T, TD>(sw, qs + w * 16 * Dm::LQ, ks);
     __syncwarp();
@@ -396,7 +407,7 @@ __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *
   }
   if (i >= t) return;
   float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  T *orow = out + (z * t + i) * d;
+  T *orow = out + bo + (long long)i * lo.ld;
   for (int c = h; c < d; c += 2) orow[c] = st<T>(ow[r * Dm::LO + c] * inv);
   if (h == 0) lse[z * t + i] = m + logf(l);
 }
@@ -404,7 +415,7 @@ __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *
 /* the warp's 16 accumulated rows (rows row0.. of g, this batch-head's [t, d] gradient; NULL: not
  * wanted): g += mul * acc (add = 0: g = mul * acc, g's old values never read), through buf (16 x LO f32) */
 template <typename T, int TD>
-__device__ __forceinline__ void tc_add_rows(T *g, const nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> *acc,
+__device__ __forceinline__ void tc_add_rows(T *g, long long lg, const nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> *acc,
                                             float *buf, int row0, int t, int d, float mul, int add) {
   using namespace nvcuda;
   const int LO = TcDims<T, TD>::LO;
@@ -415,7 +426,7 @@ __device__ __forceinline__ void tc_add_rows(T *g, const nvcuda::wmma::fragment<n
   __syncwarp();
   if (g && row0 + r < t)
     for (int c = h; c < d; c += 2) {
-      T *x = g + (long long)(row0 + r) * d + c;
+      T *x = g + (long long)(row0 + r) * lg + c;
       *x = st<T>((add ? ld(*x) : 0.0f) + mul * buf[r * LO + c]);
     }
   __syncwarp();
@@ -424,7 +435,7 @@ __device__ __forceinline__ void tc_add_rows(T *g, const nvcuda::wmma::fragment<n
 /* dk/dv: the block owns 64 keys (16 per warp) and walks the query tiles */
 template <typename T, int TD>
 __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                            const T *q, const T *k, const T *v, int t, int d, int causal, int acc) {
+                                            const T *q, const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -435,19 +446,19 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
   unsigned char *wb = tc_smem + 4 * Dm::TILE + 2 * TC_R * 4;
   float *sw = (float *)wb + w * 32 * Dm::LS, *dpw = sw + 16 * Dm::LS; /* also the output buffer */
   T *pw = (T *)(wb + TC_W * 32 * Dm::LS * 4) + w * 32 * Dm::LP, *dsw = pw + 16 * Dm::LP;
-  long long z = blockIdx.y;
-  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d, *doz = dout + z * t * d;
+  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
+  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
   int j0 = blockIdx.x * TC_R, j = j0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
-  tc_stage<T, TD>(ks, Dm::LQ, kz, j0, TC_R, t, d);
-  tc_stage<T, TD>(vs, Dm::LQ, vz, j0, TC_R, t, d);
+  tc_stage<T, TD>(ks, Dm::LQ, kz, li.ld, j0, TC_R, t, d);
+  tc_stage<T, TD>(vs, Dm::LQ, vz, li.ld, j0, TC_R, t, d);
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> gk[TD / 16], gv[TD / 16];
 #pragma unroll
   for (int nb = 0; nb < TD / 16; nb++) wmma::fill_fragment(gk[nb], 0.0f), wmma::fill_fragment(gv[nb], 0.0f);
   for (int i0 = causal ? j0 : 0; i0 < t; i0 += TC_R) { /* earlier queries see none of these keys */
     __syncthreads();
-    tc_stage<T, TD>(qs, Dm::LQ, qz, i0, TC_R, t, d);
-    tc_stage<T, TD>(dos, Dm::LQ, doz, i0, TC_R, t, d);
+    tc_stage<T, TD>(qs, Dm::LQ, qz, li.ld, i0, TC_R, t, d);
+    tc_stage<T, TD>(dos, Dm::LQ, doz, lo.ld, i0, TC_R, t, d);
     for (int e = threadIdx.x; e < TC_R; e += blockDim.x) {
       lss[e] = i0 + e < t ? lse[z * t + i0 + e] : 0.0f;
       dls[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
@@ -467,14 +478,14 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
     tc_pb<T, TD>(gv, pw, dos); /* dv += P^T dO */
     tc_pb<T, TD>(gk, dsw, qs); /* dk += dS^T Q (times scale at the end) */
   }
-  tc_add_rows<T, TD>(dv ? dv + z * t * d : dv, gv, sw, j0 + w * 16, t, d, 1.0f, acc);
-  tc_add_rows<T, TD>(dk ? dk + z * t * d : dk, gk, sw, j0 + w * 16, t, d, scale, acc);
+  tc_add_rows<T, TD>(dv ? dv + bi : dv, li.ld, gv, sw, j0 + w * 16, t, d, 1.0f, acc);
+  tc_add_rows<T, TD>(dk ? dk + bi : dk, li.ld, gk, sw, j0 + w * 16, t, d, scale, acc);
 }
 
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
 template <typename T, int TD>
 __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                          const T *k, const T *v, int t, int d, int causal, int acc) {
+                                          const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -484,21 +495,21 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
   unsigned char *wb = tc_smem + 4 * Dm::TILE + 2 * TC_R * 4;
   float *sw = (float *)wb + w * 32 * Dm::LS, *dpw = sw + 16 * Dm::LS;
   T *dsw = (T *)(wb + TC_W * 32 * Dm::LS * 4) + w * 32 * Dm::LP;
-  long long z = blockIdx.y;
-  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d, *doz = dout + z * t * d;
+  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
+  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
   int i0 = blockIdx.x * TC_R, i = i0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
-  float li = i < t ? lse[z * t + i] : 0.0f, di = i < t ? delta[z * t + i] : 0.0f;
-  tc_stage<T, TD>(qs, Dm::LQ, qz, i0, TC_R, t, d);
-  tc_stage<T, TD>(dos, Dm::LQ, doz, i0, TC_R, t, d);
+  float lsi = i < t ? lse[z * t + i] : 0.0f, di = i < t ? delta[z * t + i] : 0.0f;
+  tc_stage<T, TD>(qs, Dm::LQ, qz, li.ld, i0, TC_R, t, d);
+  tc_stage<T, TD>(dos, Dm::LQ, doz, lo.ld, i0, TC_R, t, d);
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> g[TD / 16];
 #pragma unroll
   for (int nb = 0; nb < TD / 16; nb++) wmma::fill_fragment(g[nb], 0.0f);
   int kend = causal ? min(t, i0 + TC_R) : t;
   for (int k0 = 0; k0 < kend; k0 += TC_R) {
     __syncthreads();
-    tc_stage<T, TD>(ks, Dm::LQ, kz, k0, TC_R, t, d);
-    tc_stage<T, TD>(vs, Dm::LQ, vz, k0, TC_R, t, d);
+    tc_stage<T, TD>(ks, Dm::LQ, kz, li.ld, k0, TC_R, t, d);
+    tc_stage<T, TD>(vs, Dm::LQ, vz, li.ld, k0, TC_R, t, d);
     __syncthreads();
     tc_abt<T, TD>(sw, qs + w * 16 * Dm::LQ, ks);   /* S: [16 queries, 64 keys] */
     tc_abt<T, TD>(dpw, dos + w * 16 * Dm::LQ, vs); /* dP */
@@ -506,13 +517,13 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
     for (int jj = h * (TC_R / 2); jj < (h + 1) * (TC_R / 2); jj++) {
       int j = k0 + jj;
       bool ok = i < t && j < t && (!causal || j <= i);
-      float p = ok ? expf(sw[r * Dm::LS + jj] * scale - li) : 0.0f;
+      float p = ok ? expf(sw[r * Dm::LS + jj] * scale - lsi) : 0.0f;
       dsw[r * Dm::LP + jj] = st<T>(p * (dpw[r * Dm::LS + jj] - di));
     }
     __syncwarp();
     tc_pb<T, TD>(g, dsw, ks); /* dq += dS K (times scale at the end) */
   }
-  tc_add_rows<T, TD>(dq + z * t * d, g, sw, i0 + w * 16, t, d, scale, acc);
+  tc_add_rows<T, TD>(dq + bi, li.ld, g, sw, i0 + w * 16, t, d, scale, acc);
 }
 
 #define ATT_TC_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_tc, tc_fwd, tc_bwd_dkdv, tc_bwd_dq, TC_W * 32, T, S, TD)
@@ -590,11 +601,12 @@ template <typename T> __device__ __forceinline__ T fa_from_bits(unsigned short h
 template <> __device__ __forceinline__ bf16 fa_from_bits<bf16>(unsigned short h) { return __ushort_as_bfloat16(h); }
 template <> __device__ __forceinline__ fp16 fa_from_bits<fp16>(unsigned short h) { return __ushort_as_half(h); }
 
-/* rows [r0, r0 + n) of a [t, d] matrix transposed into s[TD][ld] (s[c * ld + r] = m[r0 + r][c]),
- * zeros past t and d: 8 elements a load where d is a multiple of 8 and m 16-byte aligned */
+/* rows [r0, r0 + n) of a [t, d] matrix (rows lm elements apart) transposed into s[TD][ld]
+ * (s[c * ld + r] = m[r0 + r][c]), zeros past t and d: 8 elements a load where d and lm are
+ * multiples of 8 and m 16-byte aligned */
 template <typename T, int TD>
-__device__ __forceinline__ void fa_stage_t(T *s, int ld, const T *m, int r0, int n, int t, int d) {
-  if (d % 8 == 0 && ((unsigned long long)m & 15) == 0) {
+__device__ __forceinline__ void fa_stage_t(T *s, int ld, const T *m, long long lm, int r0, int n, int t, int d) {
+  if (d % 8 == 0 && lm % 8 == 0 && ((unsigned long long)m & 15) == 0) {
     for (int e = threadIdx.x; e < n * (TD / 8); e += blockDim.x) {
       int rr = e % n, c = e / n * 8, row = r0 + rr;
       union {
@@ -602,7 +614,7 @@ __device__ __forceinline__ void fa_stage_t(T *s, int ld, const T *m, int r0, int
         unsigned short h[8];
       } x;
       x.v = make_uint4(0u, 0u, 0u, 0u);
-      if (row < t && c < d) x.v = *(const uint4 *)(m + (long long)row * d + c);
+      if (row < t && c < d) x.v = *(const uint4 *)(m + (long long)row * lm + c);
 #pragma unroll
       for (int u = 0; u < 8; u++) s[(c + u) * ld + rr] = fa_from_bits<T>(x.h[u]);
     }
@@ -610,7 +622,7 @@ __device__ __forceinline__ void fa_stage_t(T *s, int ld, const T *m, int r0, int
   }
   for (int e = threadIdx.x; e < n * TD; e += blockDim.x) {
     int rr = e % n, c = e / n, row = r0 + rr;
-    s[c * ld + rr] = row < t && c < d ? m[(long long)row * d + c] : st<T>(0.0f);
+    s[c * ld + rr] = row < t && c < d ? m[(long long)row * lm + c] : st<T>(0.0f);
   }
 }
 
@@ -668,7 +680,7 @@ __device__ __forceinline__ void fa_pb(float (*acc)[4], const unsigned (*pf)[2], 
 /* the warp's rows ra (acc[.][0..1]) and ra + 8 (acc[.][2..3]) into g (a [t, d] matrix; NULL: not
  * wanted): g = mul * acc, plus g's old value when add */
 template <typename T, int TD>
-__device__ __forceinline__ void fa_store(T *g, const float (*acc)[4], int ra, int t, int d, float mul0, float mul1,
+__device__ __forceinline__ void fa_store(T *g, long long lg, const float (*acc)[4], int ra, int t, int d, float mul0, float mul1,
                                          int add) {
   if (!g) return;
   int c0 = 2 * (threadIdx.x & 3);
@@ -676,7 +688,7 @@ __device__ __forceinline__ void fa_store(T *g, const float (*acc)[4], int ra, in
   for (int h = 0; h < 2; h++) {
     int row = ra + 8 * h;
     if (row >= t) continue;
-    T *x = g + (long long)row * d;
+    T *x = g + (long long)row * lg;
     float mul = h ? mul1 : mul0;
 #pragma unroll
     for (int nd = 0; nd < TD / 8; nd++)
@@ -690,17 +702,17 @@ __device__ __forceinline__ void fa_store(T *g, const float (*acc)[4], int ra, in
 
 template <typename T, int TD>
 __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
-                                       int causal) {
+                                       int causal, CplanAttnLayout li, CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int NT = Dm::BK / 8;
   extern __shared__ __align__(128) unsigned char fa_smem[];
   T *ks = (T *)fa_smem, *vt = ks + FA_R * Dm::LD; /* ks holds Q first */
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
-  long long z = blockIdx.y;
-  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d;
+  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
+  const T *qz = q + bi, *kz = k + bi, *vz = v + bi;
   int i0 = blockIdx.x * FA_R, ra = i0 + w * 16 + (lane >> 2), rb = ra + 8;
   float sl2 = FA_LOG2E / sqrtf((float)d);
-  tc_stage<T, TD>(ks, Dm::LD, qz, i0, FA_R, t, d);
+  tc_stage<T, TD>(ks, Dm::LD, qz, li.ld, i0, FA_R, t, d);
   __syncthreads();
   unsigned qf[TD / 16][4];
 #pragma unroll
@@ -712,8 +724,8 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
   int kend = causal ? min(t, i0 + FA_R) : t;
   for (int k0 = 0; k0 < kend; k0 += Dm::BK) {
     __syncthreads(); /* every warp is done with the last tile (or with Q) */
-    tc_stage<T, TD>(ks, Dm::LD, kz, k0, Dm::BK, t, d);
-    fa_stage_t<T, TD>(vt, Dm::LK, vz, k0, Dm::BK, t, d);
+    tc_stage<T, TD>(ks, Dm::LD, kz, li.ld, k0, Dm::BK, t, d);
+    fa_stage_t<T, TD>(vt, Dm::LK, vz, li.ld, k0, Dm::BK, t, d);
     __syncthreads();
     float s[NT][4];
 #pragma unroll
@@ -764,7 +776,7 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  fa_store<T, TD>(out + z * t * d, o, ra, t, d, l0 > 0.0f ? 1.0f / l0 : 0.0f, l1 > 0.0f ? 1.0f / l1 : 0.0f, 0);
+  fa_store<T, TD>(out + bo, lo.ld, o, ra, t, d, l0 > 0.0f ? 1.0f / l0 : 0.0f, l1 > 0.0f ? 1.0f / l1 : 0.0f, 0);
   if ((lane & 3) == 0) {
     if (ra < t) lse[z * t + ra] = m0 * FA_LN2 + logf(l0);
     if (rb < t) lse[z * t + rb] = m1 * FA_LN2 + logf(l1);
@@ -774,7 +786,7 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
 /* dk/dv: the block owns 64 keys (16 per warp) and walks the query tiles */
 template <typename T, int TD>
 __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                        const T *q, const T *k, const T *v, int t, int d, int causal, int acc) {
+                                        const T *q, const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int BQ = Dm::BQ, NT = BQ / 8;
   extern __shared__ __align__(128) unsigned char fa_smem[];
@@ -782,12 +794,12 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
     *qt = dos + BQ * Dm::LD, *dot = qt + TD * Dm::LQ;
   float *lss = (float *)(dot + TD * Dm::LQ), *dls = lss + BQ;
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
-  long long z = blockIdx.y;
-  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d, *doz = dout + z * t * d;
+  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
+  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
   int j0 = blockIdx.x * FA_R, jw = j0 + w * 16, ja = jw + (lane >> 2), jb = ja + 8;
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
-  tc_stage<T, TD>(ks, Dm::LD, kz, j0, FA_R, t, d);
-  tc_stage<T, TD>(vs, Dm::LD, vz, j0, FA_R, t, d);
+  tc_stage<T, TD>(ks, Dm::LD, kz, li.ld, j0, FA_R, t, d);
+  tc_stage<T, TD>(vs, Dm::LD, vz, li.ld, j0, FA_R, t, d);
   float gk[TD / 8][4], gv[TD / 8][4];
 #pragma unroll
   for (int nd = 0; nd < TD / 8; nd++)
@@ -795,10 +807,10 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
     for (int e = 0; e < 4; e++) gk[nd][e] = gv[nd][e] = 0.0f;
   for (int i0 = causal ? j0 : 0; i0 < t; i0 += BQ) { /* earlier queries see none of these keys */
     __syncthreads();
-    tc_stage<T, TD>(qs, Dm::LD, qz, i0, BQ, t, d);
-    tc_stage<T, TD>(dos, Dm::LD, doz, i0, BQ, t, d);
-    fa_stage_t<T, TD>(qt, Dm::LQ, qz, i0, BQ, t, d);
-    fa_stage_t<T, TD>(dot, Dm::LQ, doz, i0, BQ, t, d);
+    tc_stage<T, TD>(qs, Dm::LD, qz, li.ld, i0, BQ, t, d);
+    tc_stage<T, TD>(dos, Dm::LD, doz, lo.ld, i0, BQ, t, d);
+    fa_stage_t<T, TD>(qt, Dm::LQ, qz, li.ld, i0, BQ, t, d);
+    fa_stage_t<T, TD>(dot, Dm::LQ, doz, lo.ld, i0, BQ, t, d);
     for (int e = threadIdx.x; e < BQ; e += blockDim.x) {
       lss[e] = i0 + e < t ? lse[z * t + i0 + e] * FA_LOG2E : 0.0f;
       dls[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
@@ -825,37 +837,37 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
     fa_pb<T, TD, BQ / 16>(gv, pf, dot, Dm::LQ); /* dv += P^T dO */
     fa_pb<T, TD, BQ / 16>(gk, df, qt, Dm::LQ); /* dk += dS^T Q (times scale at the store) */
   }
-  fa_store<T, TD>(dv ? dv + z * t * d : dv, gv, ja, t, d, 1.0f, 1.0f, acc);
-  fa_store<T, TD>(dk ? dk + z * t * d : dk, gk, ja, t, d, scale, scale, acc);
+  fa_store<T, TD>(dv ? dv + bi : dv, li.ld, gv, ja, t, d, 1.0f, 1.0f, acc);
+  fa_store<T, TD>(dk ? dk + bi : dk, li.ld, gk, ja, t, d, scale, scale, acc);
 }
 
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
 template <typename T, int TD>
 __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                      const T *k, const T *v, int t, int d, int causal, int acc) {
+                                      const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int NT = Dm::BK / 8;
   extern __shared__ __align__(128) unsigned char fa_smem[];
   T *qs = (T *)fa_smem, *dos = qs + FA_R * Dm::LD, *ks = dos + FA_R * Dm::LD, *vs = ks + FA_R * Dm::LD,
     *kt = vs + FA_R * Dm::LD;
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
-  long long z = blockIdx.y;
-  const T *qz = q + z * t * d, *kz = k + z * t * d, *vz = v + z * t * d, *doz = dout + z * t * d;
+  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
+  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
   int i0 = blockIdx.x * FA_R, iw = i0 + w * 16, ra = iw + (lane >> 2), rb = ra + 8;
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
   float la = ra < t ? lse[z * t + ra] * FA_LOG2E : 0.0f, lb = rb < t ? lse[z * t + rb] * FA_LOG2E : 0.0f;
   float da = ra < t ? delta[z * t + ra] : 0.0f, db = rb < t ? delta[z * t + rb] : 0.0f;
-  tc_stage<T, TD>(qs, Dm::LD, qz, i0, FA_R, t, d);
-  tc_stage<T, TD>(dos, Dm::LD, doz, i0, FA_R, t, d);
+  tc_stage<T, TD>(qs, Dm::LD, qz, li.ld, i0, FA_R, t, d);
+  tc_stage<T, TD>(dos, Dm::LD, doz, lo.ld, i0, FA_R, t, d);
   float g[TD / 8][4];
 #pragma unroll
   for (int nd = 0; nd < TD / 8; nd++) g[nd][0] = g[nd][1] = g[nd][2] = g[nd][3] = 0.0f;
   int kend = causal ? min(t, i0 + FA_R) : t;
   for (int k0 = 0; k0 < kend; k0 += Dm::BK) {
     __syncthreads();
-    tc_stage<T, TD>(ks, Dm::LD, kz, k0, Dm::BK, t, d);
-    tc_stage<T, TD>(vs, Dm::LD, vz, k0, Dm::BK, t, d);
-    fa_stage_t<T, TD>(kt, Dm::LK, kz, k0, Dm::BK, t, d);
+    tc_stage<T, TD>(ks, Dm::LD, kz, li.ld, k0, Dm::BK, t, d);
+    tc_stage<T, TD>(vs, Dm::LD, vz, li.ld, k0, Dm::BK, t, d);
+    fa_stage_t<T, TD>(kt, Dm::LK, kz, li.ld, k0, Dm::BK, t, d);
     __syncthreads();
     if (iw >= t) continue;
     float s[NT][4], dp[NT][4];
@@ -876,7 +888,7 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
     }
     fa_pb<T, TD, Dm::BK / 16>(g, df, kt, Dm::LK); /* dq += dS K (times scale at the store) */
   }
-  fa_store<T, TD>(dq + z * t * d, g, ra, t, d, scale, scale, acc);
+  fa_store<T, TD>(dq + bi, li.ld, g, ra, t, d, scale, scale, acc);
 }
 
 #define ATT_MMA_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_mma, fa_fwd, fa_dkdv, fa_dq, FA_W * 32, T, S, TD)
@@ -921,129 +933,144 @@ static AttImpl att_impl(CplanDtype dt) {
 
 /* a tensor-core forward (WMMA or mma.sync: 64 rows a block either way) with `bytes` of shared memory */
 template <typename T>
-static int att_tc_forward(const char *me, void (*kern)(T *, float *, const T *, const T *, const T *, int, int, int),
+static int att_tc_forward(const char *me,
+                          void (*kern)(T *, float *, const T *, const T *, const T *, int, int, int, CplanAttnLayout,
+                                       CplanAttnLayout),
                           int bytes, void *out, float *lse, const void *q, const void *k, const void *v, int nb, int t,
-                          int d, int causal, cudaStream_t stream) {
+                          int d, int causal, CplanAttnLayout li, CplanAttnLayout lo, cudaStream_t stream) {
   dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
-  ATT_TC_GO(me, kern, grid, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, t, d, causal);
+  ATT_TC_GO(me, kern, grid, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, t, d, causal, li, lo);
   return cplan_cuda_launched(me);
 }
 
-static const char *att_shape(const char *me, int nb, int t, int d) {
-  (void)me;
+static const char *att_shape(int nb, int t, int d) {
   if (nb < 0 || t < 1 || d < 1) return "bad shape";
   if (d > 128) return "head dim above 128";
   if (nb > 65535) return "more than 65535 batch * heads";
   return NULL;
 }
 
-extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
-                                            const void *v, int nb, int t, int d, int causal, cudaStream_t stream) {
+/* what a launcher can check of a layout: whole heads per batch, rows at least d apart, strides
+ * not negative (that the tensor's memory holds them is the caller's) */
+static const char *att_layout(const CplanAttnLayout *l, int nb, int d) {
+  if (l->heads < 1 || nb % l->heads) return "heads that do not divide batch * heads";
+  if (l->ld < d || l->bstride < 0 || l->hstride < 0) return "rows closer than d, or negative strides";
+  return NULL;
+}
+
+static CplanAttnLayout att_contiguous(int t, int d) {
+  CplanAttnLayout l = {d, 1, (long long)t * d, 0};
+  return l;
+}
+
+extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
+                                              const void *v, int nb, int t, int d, int causal, CplanAttnLayout li,
+                                              CplanAttnLayout lo, cudaStream_t stream) {
   const char *me = "cplan_cuda_attention_forward";
-  const char *bad = att_shape(me, nb, t, d);
+  const char *bad = att_shape(nb, t, d), *badi = att_layout(&li, nb, d), *bado = att_layout(&lo, nb, d);
   CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
+  CPLAN_REQUIRE(me, !badi && !bado, "q, k and v's or out's layout: %s", badi ? badi : bado);
   CPLAN_REQUIRE(me, out && lse && q && k && v, "out, lse, q, k and v must not be NULL");
   if (nb == 0) return 0;
   AttImpl impl = att_impl(dt);
   if (impl != ATT_SIMT) {
-#define ATT_TC_FWD(T, S, TD)                                                                                 \
+#define ATT_TC_FWD(T, S, TD)                                                                                   \
   (impl == ATT_MMA ? att_tc_forward<T>(me, attention_mma_forward_##S##_d##TD, FaDims<T, TD>::FWD, out, lse, q, k, v, \
-                                       nb, t, d, causal, stream)                                                 \
+                                       nb, t, d, causal, li, lo, stream)                                          \
                    : att_tc_forward<T>(me, attention_tc_forward_##S##_d##TD, TcDims<T, TD>::FWD, out, lse, q, k, v,  \
-                                       nb, t, d, causal, stream))
+                                       nb, t, d, causal, li, lo, stream))
     if (dt == CPLAN_BF16) return d <= 64 ? ATT_TC_FWD(bf16, bf16, 64) : ATT_TC_FWD(bf16, bf16, 128);
     return d <= 64 ? ATT_TC_FWD(fp16, f16, 64) : ATT_TC_FWD(fp16, f16, 128);
 #undef ATT_TC_FWD
   }
   dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);
-  if (dt == CPLAN_F32 && d <= 64)
-    attention_forward_f32_d64<<<grid, ATT_BR, 0, stream>>>((float *)out, lse, (const float *)q, (const float *)k,
-                                                          (const float *)v, t, d, causal);
-  else if (dt == CPLAN_F32)
-    attention_forward_f32_d128<<<grid, ATT_BR, 0, stream>>>((float *)out, lse, (const float *)q, (const float *)k,
-                                                           (const float *)v, t, d, causal);
-  else if (dt == CPLAN_BF16 && d <= 64)
-    attention_forward_bf16_d64<<<grid, ATT_BR, 0, stream>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
-                                                           (const bf16 *)v, t, d, causal);
-  else if (dt == CPLAN_F16 && d <= 64)
-    attention_forward_f16_d64<<<grid, ATT_BR, 0, stream>>>((fp16 *)out, lse, (const fp16 *)q, (const fp16 *)k,
-                                                           (const fp16 *)v, t, d, causal);
-  else if (dt == CPLAN_BF16)
-    attention_forward_bf16_d128<<<grid, ATT_BR, 0, stream>>>((bf16 *)out, lse, (const bf16 *)q, (const bf16 *)k,
-                                                            (const bf16 *)v, t, d, causal);
-  else if (dt == CPLAN_F16)
-    attention_forward_f16_d128<<<grid, ATT_BR, 0, stream>>>((fp16 *)out, lse, (const fp16 *)q, (const fp16 *)k,
-                                                            (const fp16 *)v, t, d, causal);
+#define ATT_SIMT_FWD(T, S, DM)                                                                                 \
+  attention_forward_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)out, lse, (const T *)q, (const T *)k,        \
+                                                             (const T *)v, t, d, causal, li, lo)
+  if (dt == CPLAN_F32 && d <= 64) ATT_SIMT_FWD(float, f32, 64);
+  else if (dt == CPLAN_F32) ATT_SIMT_FWD(float, f32, 128);
+  else if (dt == CPLAN_BF16 && d <= 64) ATT_SIMT_FWD(bf16, bf16, 64);
+  else if (dt == CPLAN_BF16) ATT_SIMT_FWD(bf16, bf16, 128);
+  else if (dt == CPLAN_F16 && d <= 64) ATT_SIMT_FWD(fp16, f16, 64);
+  else if (dt == CPLAN_F16) ATT_SIMT_FWD(fp16, f16, 128);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+#undef ATT_SIMT_FWD
   return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
+                                            const void *v, int nb, int t, int d, int causal, cudaStream_t stream) {
+  CplanAttnLayout l = att_contiguous(t, d);
+  return cplan_cuda_attention_forward_l(dt, out, lse, q, k, v, nb, t, d, causal, l, l, stream);
 }
 
 template <typename T>
 static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,
                            const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d,
-                           int causal, int acc, cudaStream_t stream, bool d64);
+                           int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo, cudaStream_t stream, bool d64);
 
+#define ATT_BWD_DM(T, S, DM)                                                                                \
+  do {                                                                                                      \
+    if (dk || dv)                                                                                           \
+      attention_backward_dkdv_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)dk, (T *)dv, (const T *)dout,   \
+          lse, delta, (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc, li, lo);                 \
+    if (dq)                                                                                                 \
+      attention_backward_dq_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta,  \
+          (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc, li, lo);                             \
+  } while (0)
 #define ATT_BWD(T, S)                                                                                       \
   template <>                                                                                               \
   void att_bwd_launch<T>(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,    \
                          const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d, \
-                         int causal, int acc, cudaStream_t stream, bool d64) {                             \
+                         int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo, cudaStream_t stream,  \
+                         bool d64) {                                                                        \
     long long rows = (long long)nb * t;                                                                     \
-    attention_backward_delta_##S<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(                      \
-        delta, (const T *)dout, (const T *)out, rows, d);                                                   \
+    attention_backward_delta_##S<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(                 \
+        delta, (const T *)dout, (const T *)out, rows, t, d, lo);                                            \
     dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);                                         \
-    if (d64) {                                                                                              \
-      if (dk || dv)                                                                                         \
-        attention_backward_dkdv_##S##_d64<<<grid, ATT_BR, 0, stream>>>((T *)dk, (T *)dv, (const T *)dout,   \
-            lse, delta, (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc);                       \
-      if (dq)                                                                                               \
-        attention_backward_dq_##S##_d64<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta,  \
-            (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc);                                   \
-    } else {                                                                                                \
-      if (dk || dv)                                                                                         \
-        attention_backward_dkdv_##S##_d128<<<grid, ATT_BR, 0, stream>>>((T *)dk, (T *)dv, (const T *)dout,  \
-            lse, delta, (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc);                       \
-      if (dq)                                                                                               \
-        attention_backward_dq_##S##_d128<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta, \
-            (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc);                                   \
-    }                                                                                                       \
+    if (d64) ATT_BWD_DM(T, S, 64);                                                                          \
+    else ATT_BWD_DM(T, S, 128);                                                                             \
   }
 ATT_BWD(float, f32)
 ATT_BWD(bf16, bf16)
 ATT_BWD(fp16, f16)
+#undef ATT_BWD
+#undef ATT_BWD_DM
 
 /* delta on the CUDA cores (a row dot product), then the tensor-core dk/dv and dq kernels (their
  * shared memory: bytes_kv, bytes_q) */
 template <typename T>
 static int att_tc_backward(const char *me,
                            void (*dkdv)(T *, T *, const T *, const float *, const float *, const T *, const T *,
-                                        const T *, int, int, int, int),
+                                        const T *, int, int, int, int, CplanAttnLayout, CplanAttnLayout),
                            void (*dqk)(T *, const T *, const float *, const float *, const T *, const T *, const T *,
-                                       int, int, int, int),
-                           void (*dlt)(float *, const T *, const T *, long long, int), int bytes_kv, int bytes_q,
-                           void *dq, void *dk, void *dv,
-                           float *delta, const void *dout, const void *out, const float *lse, const void *q,
-                           const void *k, const void *v, int nb, int t, int d, int causal, int acc,
+                                       int, int, int, int, CplanAttnLayout, CplanAttnLayout),
+                           void (*dlt)(float *, const T *, const T *, long long, int, int, CplanAttnLayout),
+                           int bytes_kv, int bytes_q, void *dq, void *dk, void *dv, float *delta, const void *dout,
+                           const void *out, const float *lse, const void *q, const void *k, const void *v, int nb,
+                           int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo,
                            cudaStream_t stream) {
   long long rows = (long long)nb * t;
-  dlt<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, d);
+  dlt<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, t, d, lo);
   dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
   if (dk || dv)
     ATT_TC_GO(me, dkdv, grid, bytes_kv, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
-              (const T *)k, (const T *)v, t, d, causal, acc);
+              (const T *)k, (const T *)v, t, d, causal, acc, li, lo);
   if (dq)
     ATT_TC_GO(me, dqk, grid, bytes_q, (T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,
-              (const T *)v, t, d, causal, acc);
+              (const T *)v, t, d, causal, acc, li, lo);
   return cplan_cuda_launched(me);
 }
 
-extern "C" int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
-                                                const void *dout, const void *out, const float *lse, const void *q,
-                                                const void *k, const void *v, int nb, int t, int d, int causal,
-                                                int accumulate, cudaStream_t stream) {
+extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
+                                               const void *dout, const void *out, const float *lse, const void *q,
+                                               const void *k, const void *v, int nb, int t, int d, int causal,
+                                               int accumulate, CplanAttnLayout li, CplanAttnLayout lo,
+                                               cudaStream_t stream) {
   const char *me = "cplan_cuda_attention_backward";
-  const char *bad = att_shape(me, nb, t, d);
+  const char *bad = att_shape(nb, t, d), *badi = att_layout(&li, nb, d), *bado = att_layout(&lo, nb, d);
   CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
+  CPLAN_REQUIRE(me, !badi && !bado, "q, k and v's or out's layout: %s", badi ? badi : bado);
   CPLAN_REQUIRE(me, delta && dout && out && lse && q && k && v, "delta, dout, out, lse, q, k and v must not be NULL");
   if (nb == 0 || (!dq && !dk && !dv)) return 0;
   int acc = accumulate != 0;
@@ -1053,19 +1080,28 @@ extern "C" int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *d
   (impl == ATT_MMA                                                                                            \
        ? att_tc_backward<T>(me, attention_mma_backward_dkdv_##S##_d##TD, attention_mma_backward_dq_##S##_d##TD,  \
                             attention_backward_delta_##S, FaDims<T, TD>::DKDV, FaDims<T, TD>::DQ, dq, dk, dv, delta, \
-                            dout, out, lse, q, k, v, nb, t, d, causal, acc, stream)                              \
+                            dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream)                      \
        : att_tc_backward<T>(me, attention_tc_backward_dkdv_##S##_d##TD, attention_tc_backward_dq_##S##_d##TD,    \
                             attention_backward_delta_##S, TcDims<T, TD>::BWD, TcDims<T, TD>::BWD, dq, dk, dv, delta, \
-                            dout, out, lse, q, k, v, nb, t, d, causal, acc, stream))
+                            dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream))
     if (dt == CPLAN_BF16) return d <= 64 ? ATT_TC_BWD(bf16, bf16, 64) : ATT_TC_BWD(bf16, bf16, 128);
     return d <= 64 ? ATT_TC_BWD(fp16, f16, 64) : ATT_TC_BWD(fp16, f16, 128);
 #undef ATT_TC_BWD
   }
-  if (dt == CPLAN_F32) att_bwd_launch<float>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, stream, d <= 64);
-  else if (dt == CPLAN_BF16) att_bwd_launch<bf16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, stream, d <= 64);
-  else if (dt == CPLAN_F16) att_bwd_launch<fp16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, stream, d <= 64);
+  if (dt == CPLAN_F32) att_bwd_launch<float>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, d <= 64);
+  else if (dt == CPLAN_BF16) att_bwd_launch<bf16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, d <= 64);
+  else if (dt == CPLAN_F16) att_bwd_launch<fp16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, d <= 64);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
+                                                const void *dout, const void *out, const float *lse, const void *q,
+                                                const void *k, const void *v, int nb, int t, int d, int causal,
+                                                int accumulate, cudaStream_t stream) {
+  CplanAttnLayout l = att_contiguous(t, d);
+  return cplan_cuda_attention_backward_l(dt, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, accumulate,
+                                         l, l, stream);
 }
 
 extern "C" int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,

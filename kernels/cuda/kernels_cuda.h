@@ -20,6 +20,8 @@
 #ifndef CPLAN_KERNELS_CUDA_H
 #define CPLAN_KERNELS_CUDA_H
 
+#include "attn_layout.h"
+
 #include <cuda_runtime_api.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -87,6 +89,17 @@ int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *dk, void *dv
                                      const void *dout, const void *out, const float *lse, const void *q,
                                      const void *k, const void *v, int nb, int t, int d, int causal,
                                      int accumulate, cudaStream_t stream);
+/* the same on tensors in place in larger ones (attn_layout.h): q, k, v, dq, dk and dv laid out as
+ * lqkv, out and dout as lout (GPT-2's fused qkv projection and merged heads read and written in
+ * place, with no permute); lse and delta stay [nb, t] */
+int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
+                                   const void *v, int nb, int t, int d, int causal, CplanAttnLayout lqkv,
+                                   CplanAttnLayout lout, cudaStream_t stream);
+int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
+                                    const void *dout, const void *out, const float *lse, const void *q,
+                                    const void *k, const void *v, int nb, int t, int d, int causal,
+                                    int accumulate, CplanAttnLayout lqkv, CplanAttnLayout lout,
+                                    cudaStream_t stream);
 
 /* ---- activations.cu: k_unary_* K_GELU (tanh form) and K_SILU over n elements ------------------ */
 int cplan_cuda_gelu_forward(CplanDtype dt, void *out, const void *x, int64_t n, cudaStream_t stream);

@@ -403,6 +403,66 @@ static void test_attention(CplanDtype dt, int d, int causal) {
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
 }
 
+/* the layout launchers (attn_layout.h) on GPT-2's shapes in place: q, k and v read from a fused
+ * projection qkv [b, t, 3C] (C = h d), out and dout [b, t, C] (merged heads), dq, dk and dv written
+ * into dqkv [b, t, 3C] over NaN (every element written, none read); against the contiguous
+ * reference on the heads gathered out of qkv */
+static void test_attention_layout(CplanDtype dt, int d) {
+  const int b = 2, h = 3, t = 100, nb = b * h;
+  const long C = (long)h * d, e = (long)nb * t * d, n3 = (long)b * t * 3 * C, n1 = (long)b * t * C;
+  char name[40];
+  snprintf(name, sizeof name, "attention_l d%d", d);
+  float *qkv = randv(n3, 1.0f, dt), *dy = randv(n1, 1.0f, dt);
+  float *hq = malloc(4 * (size_t)e), *hk = malloc(4 * (size_t)e), *hv = malloc(4 * (size_t)e), *hdy = malloc(4 * (size_t)e);
+  /* (z, i, c), z = bb * h + hh: qkv[bb][i][p * C + hh * d + c] for part p; merged [bb][i][hh * d + c] */
+#define AT3(p) ((((long)bb * t + i) * 3 + (p)) * C + (long)hh * d + c)
+#define AT1 (((long)bb * t + i) * C + (long)hh * d + c)
+#define ATZ (((long)(bb * h + hh) * t + i) * d + c)
+  for (int bb = 0; bb < b; bb++)
+    for (int hh = 0; hh < h; hh++)
+      for (int i = 0; i < t; i++)
+        for (int c = 0; c < d; c++)
+          hq[ATZ] = qkv[AT3(0)], hk[ATZ] = qkv[AT3(1)], hv[ATZ] = qkv[AT3(2)], hdy[ATZ] = dy[AT1];
+  float *ref = malloc(4 * (size_t)e), *att = malloc(4 * (size_t)nb * t * t);
+  float *gq = calloc((size_t)e, 4), *gk = calloc((size_t)e, 4), *gv = calloc((size_t)e, 4);
+  k_sdpa_forward(ref, att, hq, hk, hv, nb, t, d, 1);
+  k_sdpa_backward(gq, gk, gv, hdy, att, hq, hk, hv, nb, t, d);
+  void *dqkv = up(qkv, n3, dt), *ddy = up(dy, n1, dt), *dout = zeros(n1, esize(dt)), *dg = zeros(n3, esize(dt));
+  float *lse = zeros((long)nb * t, 4), *delta = zeros((long)nb * t, 4);
+  CUDA_OK(cudaMemset(dg, 0xff, esize(dt) * (size_t)n3));
+  CplanAttnLayout l3 = {3 * C, h, (long long)t * 3 * C, d}, l1 = {C, h, (long long)t * C, d};
+  size_t es = esize(dt);
+  char *q0 = dqkv, *g0 = dg;
+  LAUNCH_OK(cplan_cuda_attention_forward_l(dt, dout, lse, q0, q0 + es * C, q0 + 2 * es * C, nb, t, d, 1, l3, l1, stream));
+  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, g0, g0 + es * C, g0 + 2 * es * C, delta, ddy, dout, lse, q0, q0 + es * C,
+                                            q0 + 2 * es * C, nb, t, d, 1, 0, l3, l1, stream));
+  float *o1 = down(dout, n1, dt), *g3 = down(dg, n3, dt);
+  float *got = malloc(4 * (size_t)e), *gotq = malloc(4 * (size_t)e), *gotk = malloc(4 * (size_t)e), *gotv = malloc(4 * (size_t)e);
+  for (int bb = 0; bb < b; bb++)
+    for (int hh = 0; hh < h; hh++)
+      for (int i = 0; i < t; i++)
+        for (int c = 0; c < d; c++)
+          got[ATZ] = o1[AT1], gotq[ATZ] = g3[AT3(0)], gotk[ATZ] = g3[AT3(1)], gotv[ATZ] = g3[AT3(2)];
+#undef AT3
+#undef AT1
+#undef ATZ
+  compare_dt(name, "fwd out", dt, got, ref, e);
+  compare_dt(name, "bwd dq", dt, gotq, gq, e);
+  compare_dt(name, "bwd dk", dt, gotk, gk, e);
+  compare_dt(name, "bwd dv", dt, gotv, gv, e);
+  /* a layout whose heads do not divide batch * heads is refused */
+  CplanAttnLayout bad = {3 * C, 4, (long long)t * 3 * C, d};
+  int rc = cplan_cuda_attention_forward_l(dt, dout, lse, q0, q0 + es * C, q0 + 2 * es * C, nb, t, d, 1, bad, l1, stream);
+  checks++;
+  failures += rc == 0;
+  printf("%-22s %-10s %-5s %8s  %-40s %s\n", name, "refused", cplan_dtype_name(dt), "-", "heads 4 of 6 batch-heads",
+         rc ? "ok" : "FAIL");
+  free(qkv), free(dy), free(hq), free(hk), free(hv), free(hdy), free(ref), free(att), free(gq), free(gk), free(gv);
+  free(o1), free(g3);
+  void *bufs[] = {dqkv, ddy, dout, dg, lse, delta};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+}
+
 static void test_activation(CplanDtype dt, KUnary op) {
   const long n = 100003;
   const char *name = op == K_GELU ? "gelu" : "silu";
@@ -771,6 +831,8 @@ int main(void) {
     test_attention(dt, 96, 1);
     test_attention(dt, 36, 1); /* not a multiple of 8: the element-wise staging */
     test_attention(dt, 64, 0);
+    test_attention_layout(dt, 64);
+    test_attention_layout(dt, 36); /* rows 3C = 324 apart, not a multiple of 8: element-wise staging */
     test_activation(dt, K_GELU);
     test_activation(dt, K_SILU);
     test_cross_entropy(dt);
