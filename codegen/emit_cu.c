@@ -90,6 +90,11 @@ typedef struct Cu {
   int *qkv;                  /* per node: the cps_qkv launch it makes (find_qkv: 1 forward, 2 backward), */
   int (*qkv_ops)[4];         /* else 0; qkv_ops[i]: its x and q, k, v (forward) or dx and dq, dk, dv */
   bool *qkv_skip;            /* per node: computed by such a launch */
+  int *att_x, *att_r;        /* per sdpa (find_attn_inplace): the projection [b, t, 3C] its q, k, v are read in
+                                and the sum [b, t, 3C] its dq, dk, dv are written into, or -1 (both or neither) */
+  int *att_m;                /* per sdpa: the merge_heads [b, t, C] it writes its output into, or -1 */
+  int *att_lead;             /* per node: the sdpa whose backward its launch is (a view of att_r), or -1 */
+  int *att_skip;             /* per node: the sdpa that reads or writes it in place, or -1 */
   int64_t colsum_cols;       /* the widest bias gradient (colsum's workspace) */
   int *bgrad_of;             /* per GEMM GRAD (find_bgrads): the bias gradient its epilogue computes, or -1 */
   int *bgrad_host;           /* per bias gradient: the GEMM GRAD that computes it, or -1 */
@@ -521,7 +526,8 @@ static bool add_tree(const Cu *c, int r, const int *l, int *seen, bool *in_tree)
  * as one cps_qkv launch from the heads' gradients (llm.c's permute and unpermute), in place of
  * three slices, three split_heads, and, backward, three merges, three zeroed scatters and two adds.
  * The nodes it computes get the launching node as leader, so the memory plan keeps their inputs
- * alive until it. Decided before the memory plan. */
+ * alive until it. Decided before the memory plan. When the heads feed one sdpa whose gradients make
+ * the sum, find_attn_inplace then drops both launches: the attention reads and writes in place. */
 static void find_qkv(Cu *c) {
   const Graph *g = c->g;
   c->qkv = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
@@ -649,6 +655,84 @@ static void find_inplace_adds(Cu *c) {
       c->add_into[j] = rr, c->add_skip[a] = true;
       c->pl.nc[a].kind = CG_L_ALIAS, c->pl.nc[a].alias = rr;
       break;
+    }
+  }
+}
+
+/* Attention in place (kernels/cuda/attn_layout.h), in place of permutes:
+ *  - an sdpa whose q, k and v are find_qkv's three heads of one projection x [b, t, 3C], and whose
+ *    three gradients are find_qkv's backward launch's dq, dk, dv, reads q, k and v in x and writes
+ *    dq, dk and dv into that launch's sum [b, t, 3C]: both cps_qkv launches go; the heads become
+ *    views of x (which lives until the backward), the gradients views of the sum, whose buffer is
+ *    live from the sdpa's backward on;
+ *  - an sdpa whose value only a merge_heads m reads (besides its gradients) writes its output merged,
+ *    into m's buffer (m, computed with it, lives from it on, and until the backward, which reads the
+ *    output), and its backward reads dy merged too: m's gradient (a split_heads of the merged dy)
+ *    becomes a view of that dy.
+ * Storage types must agree (no conversion on the way). Decided before the memory plan. */
+static void find_attn_inplace(Cu *c) {
+  const Graph *g = c->g;
+  int **arrs[5] = {&c->att_x, &c->att_r, &c->att_m, &c->att_lead, &c->att_skip};
+  for (int k = 0; k < 5; k++) {
+    *arrs[k] = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+    for (int i = 0; i <= g->n; i++) (*arrs[k])[i] = -1;
+  }
+  for (int s = 0; s < g->n; s++) {
+    const Node *sn = nd(c, s);
+    if (sn->op != OP_SDPA || sn->role != ROLE_FWD || !cg_executed(sn) || !alone(c, s) || c->pl.nc[s].kind != CG_L_WORK)
+      continue;
+    int gr[3], lead = -1;
+    bool ok = true;
+    for (int p = 0; p < 3 && ok; p++) {
+      gr[p] = grad_of(c, s, p);
+      ok = gr[p] >= 0 && alone(c, gr[p]) && (p == 0 ? (lead = c->pl.nc[gr[p]].leader) >= 0 : c->pl.nc[gr[p]].leader == lead) &&
+           nd(c, gr[p])->in[0] == nd(c, gr[0])->in[0] && scode(c, gr[p]) == scode(c, s);
+    }
+    if (!ok) continue; /* a forward without its three gradients: as it was */
+    int code = scode(c, s);
+    /* the merge */
+    int m = -1;
+    for (int j = 0; j < g->n; j++)
+      if (nd(c, j)->op == OP_MERGE_HEADS && nd(c, j)->in[0] == s) m = m < 0 ? j : -2;
+    int gm = m >= 0 ? grad_of(c, m, 0) : -1, dy2 = gm >= 0 ? nd(c, gm)->in[0] : -1;
+    bool merge = m >= 0 && gm >= 0 && nd(c, m)->role == ROLE_FWD && alone(c, m) && c->pl.nc[m].kind == CG_L_WORK &&
+                 c->pl.nc[m].leader == m && !c->ep_done[m] && !c->qkv[m] && !c->qkv_skip[m] && scode(c, m) == code &&
+                 read_only_by(c, s, (int[]){m, gr[0], gr[1], gr[2], gm}, 5) && alone(c, gm) &&
+                 c->pl.nc[gm].kind == CG_L_WORK && c->pl.nc[gm].leader == gm && c->acc_of[gm] < 0 &&
+                 nd(c, gr[0])->in[0] == gm && read_only_by(c, gm, gr, 3) && c->pl.nc[dy2].kind == CG_L_WORK &&
+                 scode(c, gm) == code && scode(c, dy2) == code;
+    /* the projection and the gradients' sum */
+    int first = -1, r = -1;
+    for (int j = 0; j < g->n; j++) {
+      const int *o = c->qkv_ops[j];
+      if (c->qkv[j] == 1 && o[1] == sn->in[0] && o[2] == sn->in[1] && o[3] == sn->in[2]) first = j;
+      if (c->qkv[j] == 2 && o[1] == gr[0] && o[2] == gr[1] && o[3] == gr[2]) r = j;
+    }
+    int x = first >= 0 ? c->qkv_ops[first][0] : -1;
+    bool qkv = first >= 0 && r >= 0 && c->pl.nc[x].kind == CG_L_WORK && scode(c, x) == code && scode(c, r) == code;
+    for (int p = 0; p < 3 && qkv; p++) {
+      int hq = sn->in[p];
+      qkv = scode(c, hq) == code && read_only_by(c, hq, (int[]){s, gr[0], gr[1], gr[2], grad_of(c, hq, 0)}, 5) &&
+            c->pl.nc[gr[p]].kind == CG_L_WORK && c->acc_of[gr[p]] < 0 && c->add_into[gr[p]] < 0 && c->reader[gr[p]] >= 0;
+    }
+    if (merge) {
+      c->att_m[s] = m, c->att_skip[m] = c->att_skip[gm] = s;
+      c->pl.nc[s].kind = CG_L_ALIAS, c->pl.nc[s].alias = m, c->pl.nc[m].leader = s;
+      c->pl.nc[gm].kind = CG_L_ALIAS, c->pl.nc[gm].alias = dy2;
+    }
+    if (qkv) {
+      c->att_x[s] = x, c->att_r[s] = r, c->qkv[first] = c->qkv[r] = 0, c->att_lead[lead] = s;
+      c->att_skip[first] = s; /* the slice that launched cps_qkv */
+      for (int j = 0; j < g->n; j++) {
+        if (c->qkv_skip[j] && c->pl.nc[j].leader == first) c->att_skip[j] = s; /* the slices, the heads */
+        if (c->qkv_skip[j] && c->pl.nc[j].leader == r) c->att_skip[j] = s, c->pl.nc[j].leader = lead; /* their grads */
+      }
+      for (int p = 0; p < 3; p++) {
+        c->pl.nc[sn->in[p]].kind = CG_L_ALIAS, c->pl.nc[sn->in[p]].alias = x;
+        c->pl.nc[gr[p]].kind = CG_L_ALIAS, c->pl.nc[gr[p]].alias = r;
+        if (gr[p] != lead) c->att_skip[gr[p]] = s;
+      }
+      c->att_skip[r] = s, c->pl.nc[r].leader = lead;
     }
   }
 }
@@ -984,6 +1068,34 @@ static bool hw_typed(Cu *c, int node, int n, const int *ops) {
   return true;
 }
 
+/* ---- attention's operands, in place or not (find_attn_inplace) ---------------------------------- */
+
+/* the CplanAttnLayout of sdpa s's q, k, v (qkv) or out (!qkv) heads [b, h, t, dh]: in place in a
+ * [b, t, 3C] projection or [b, t, C] merge when `inplace`, else contiguous */
+static const char *att_layout(const Cu *c, int s, bool inplace, int qkv) {
+  const int64_t *q = nd(c, nd(c, s)->in[0])->shape.d; /* [b, h, t, dh] */
+  int64_t h = q[1], t = q[2], dh = q[3], w = (qkv ? 3 : 1) * h * dh;
+  if (!inplace) return cp_fmt("(CplanAttnLayout){%lld, 1, %lldLL, 0}", (long long)dh, (long long)(t * dh));
+  return cp_fmt("(CplanAttnLayout){%lld, %lld, %lldLL, %lld}", (long long)w, (long long)h, (long long)(t * w), (long long)dh);
+}
+
+typedef struct AttOps {
+  const char *p[3]; /* q, k, v (or dq, dk, dv) */
+  const char *l;    /* their layout */
+} AttOps;
+
+/* q, k and v of sdpa s (its heads nodes hq[0..3)), or with base >= 0 the thirds of base's [b, t, 3C] */
+static AttOps att_ops(const Cu *c, int s, const int *hq, int base) {
+  AttOps a;
+  const int64_t *q = nd(c, nd(c, s)->in[0])->shape.d;
+  for (int p = 0; p < 3; p++)
+    a.p[p] = base < 0 ? ptr(c, hq[p])
+                      : cp_fmt("(void *)((char *)%s + %lld)", ptr(c, base),
+                               (long long)(p * q[1] * q[3] * (scode(c, base) ? 2 : 4)));
+  a.l = att_layout(c, s, base >= 0, 1);
+  return a;
+}
+
 static void emit_nn(Cu *c, int i) {
   const Node *n = nd(c, i);
   const char *o = ptr(c, i), *x = ptr(c, n->in[0]);
@@ -1032,9 +1144,11 @@ static void emit_nn(Cu *c, int i) {
       return;
     }
     if (!hw_typed(c, i, 4, (int[]){i, n->in[0], n->in[1], n->in[2]})) return;
-    KL("cplan_cuda_attention_forward(%s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, G.s), %d);\n", kdt(c), o,
-       aux_ptr(c, i, 0), x, ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)(q[0] * q[1]), (long long)q[2],
-       (long long)q[3], (int)n->ia[0], i);
+    AttOps a = att_ops(c, i, n->in, c->att_x[i]);
+    if (c->att_m[i] >= 0) EMIT("  /* the output merged in place: %%%d */\n", c->att_m[i]);
+    KL("cplan_cuda_attention_forward_l(%s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, %s, %s, G.s), %d);\n", kdt(c), o,
+       aux_ptr(c, i, 0), a.p[0], a.p[1], a.p[2], (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3], (int)n->ia[0],
+       a.l, att_layout(c, i, c->att_m[i] >= 0, 0), i);
     break;
   }
   default: cp_unreachable();
@@ -1230,6 +1344,33 @@ static void norm_shape(Cu *c, int64_t rows, int64_t cc) {
   VEC_PUSH(c->norm_shapes, cc);
 }
 
+/* sdpa's backward at its gradients' leader i: dq, dk and dv written (or added into an accumulator),
+ * or written in place into the projection's gradient sum */
+static void emit_sdpa_grad(Cu *c, int i) {
+  const Node *n = nd(c, i);
+  int s = n->fwd;
+  const Node *f = nd(c, s);
+  const int64_t *q = nd(c, f->in[0])->shape.d;
+  const char *d[3];
+  int ids[3];
+  bool acc = false;
+  AttOps g, in = att_ops(c, s, f->in, c->att_x[s]);
+  if (c->att_r[s] >= 0) {
+    g = att_ops(c, s, NULL, c->att_r[s]);
+    for (int p = 0; p < 3; p++) d[p] = g.p[p], ids[p] = grad_of(c, s, p);
+    EMIT("  /* dq, dk, dv in place in %%%d, the gradient of the projection %%%d */\n", c->att_r[s], c->att_x[s]);
+  } else {
+    /* the kernels write every row of dq, dk and dv: no zeroing unless one is an accumulator */
+    acc = group_outputs_w(c, i, d, 3, ids, 7);
+    g.l = in.l;
+  }
+  if (!hw_typed(c, i, 8, (int[]){ids[0], ids[1], ids[2], n->in[0], s, f->in[0], f->in[1], f->in[2]})) return;
+  KL("cplan_cuda_attention_backward_l(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, %d, %s, %s, "
+     "G.s), %d);\n", kdt(c), d[0], d[1], d[2], scratch_ptr(c, i, "F"), ptr(c, n->in[0]), ptr(c, s), aux_ptr(c, s, 0),
+     in.p[0], in.p[1], in.p[2], (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3], (int)f->ia[0], acc, g.l,
+     att_layout(c, s, c->att_m[s] >= 0, 0), i);
+}
+
 static void emit_grad_nn(Cu *c, int i, const Node *f) {
   const Node *n = nd(c, i);
   const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[0]);
@@ -1274,17 +1415,7 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
        (long long)cg_dims_prod(&f->shape, 0, f->shape.rank - 2), (long long)f->shape.d[f->shape.rank - 2], (long long)cc,
        cg_flt(f->fa[0]), i);
     break;
-  case OP_SDPA: {
-    const int64_t *q = nd(c, f->in[0])->shape.d;
-    int ids[3];
-    /* the kernels write every row of dq, dk and dv: no zeroing unless one is an accumulator */
-    bool acc = group_outputs_w(c, i, d, 3, ids, 7);
-    if (!hw_typed(c, i, 8, (int[]){ids[0], ids[1], ids[2], n->in[0], n->fwd, f->in[0], f->in[1], f->in[2]})) return;
-    KL("cplan_cuda_attention_backward_ex(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, %d, G.s), "
-       "%d);\n", kdt(c), d[0], d[1], d[2], scratch_ptr(c, i, "F"), dy, ptr(c, n->fwd), aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]),
-       ptr(c, f->in[2]), (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3], (int)f->ia[0], acc, i);
-    break;
-  }
+  case OP_SDPA: emit_sdpa_grad(c, i); break;
   case OP_DROPOUT: {
     bool on = f->fa[0] > 0;
     const char *mask = on ? scratch_ptr(c, i, "B") : "NULL";
@@ -1515,6 +1646,17 @@ static const char *prof_class(const Cu *c, int i) {
 }
 
 static void emit_node(Cu *c, int i) {
+  if (c->att_skip[i] >= 0) {
+    cg_comment(c->out, c->g, c->irline, i);
+    EMIT("  /* (in place: the attention at %%%d reads or writes it) */\n", c->att_skip[i]);
+    return;
+  }
+  if (c->att_lead[i] >= 0) { /* a view of the gradients' sum, which its launch writes */
+    cg_comment(c->out, c->g, c->irline, i);
+    EMIT("  PROF(%d);\n", i);
+    emit_sdpa_grad(c, i);
+    return;
+  }
   if (c->qkv[i]) {
     cg_comment(c->out, c->g, c->irline, i);
     EMIT("  PROF(%d);\n", i);
@@ -1955,6 +2097,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   find_epilogues(c);
   find_qkv(c);
   find_inplace_adds(c);
+  find_attn_inplace(c);
   find_bgrads(c);
   c->ls = c->seed >= 0 || (pipe && c->lpc == 2);
   if (!cg_check_sizes(g, "cuda")) return false;

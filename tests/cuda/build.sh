@@ -6,7 +6,8 @@
 # nvcc --ptx for sm_90 (and gpt_small's for sm_80) and defines every kernel plan.c launches; the
 # low-precision plans really store activations in the low type (kernels/cuda launched with
 # CPLAN_BF16 / CPLAN_F16, cuBLASLt GEMMs on bf16 / f16 operands); --help runs without a GPU; and
-# run here it exits 1 saying "no CUDA device was found" (with a GPU: it trains 2 steps, exit 0).
+# run here it exits 1 saying "no CUDA device was found" (with a GPU: it trains 2 steps, exit 0);
+# attention reads and writes its heads in place (no permute launches).
 # Two GPUs build a data-parallel program (NCCL); settings the backend does not take yet (tp, pp,
 # zero, sp) are diagnostics at the .cplan file.
 set -u
@@ -62,6 +63,15 @@ for mp in gpt_small:f32 llama_small:f32 gpt_small:bf16 gpt_small:f16 llama_small
       grep -q '^#define LOSS_SCALING 1' "keep-$m/plan.c" && grep -q '"loss_scale", "skipped_steps"' "keep-$m/plan.c" ||
         fail "$m: f16 without loss scaling or its metrics"
     fi
+  fi
+  # attention in place (emit_cu.c's find_attn_inplace): the output merged by the kernel (both models),
+  # q, k and v read in GPT-2's fused projection and written into its gradient (gpt_small: no permute
+  # launches; llama_small splits q, k and v into heads for rope)
+  grep -q "kl_check(cplan_cuda_attention_forward_l(.*, (CplanAttnLayout){[0-9]*, [0-9]*, [0-9]*LL, [1-9][0-9]*}, G.s)" \
+    "keep-$m/plan.c" || fail "$m: attention's output is not merged in place"
+  if [ "${m%-*}" = gpt_small ]; then
+    grep -q "kl_check(cplan_cuda_attention_backward_l(CPLAN_[A-Z0-9]*, (void \\*)((char \\*)" "keep-$m/plan.c" && ! grep -qxE "cps_qkv|cps_heads" names.txt ||
+      fail "$m: attention does not read q, k, v in the projection or write their gradients into its gradient"
   fi
   "./$m" --help >/dev/null 2>&1 || fail "$m --help"
   out=$(timeout 120 "./$m" --steps 2 --data tokens.bin 2>&1); rc=$?
