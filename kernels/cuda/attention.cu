@@ -223,8 +223,8 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
 
 /* The extern "C" entries of one kernel set: NAME_forward_S_dDM, NAME_backward_dkdv_S_dDM and
  * NAME_backward_dq_S_dDM, calling FWD, DKDV and DQ<T, DM> with BOUNDS threads a block. */
-#define ATT_ENTRY_SET(NAME, FWD, DKDV, DQ, BOUNDS, T, S, DM)                                              \
-  extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_forward_##S##_d##DM(                        \
+#define ATT_ENTRY_SET(NAME, FWD, DKDV, DQ, FBOUNDS, BOUNDS, T, S, DM)                                     \
+  extern "C" __global__ void __launch_bounds__(FBOUNDS) NAME##_forward_##S##_d##DM(                        \
       T *out, float *lse, const T *q, const T *k, const T *v, int t, int d, int causal, CplanAttnLayout li,  \
       CplanAttnLayout lo) {                                                                               \
     FWD<T, DM>(out, lse, q, k, v, t, d, causal, li, lo);                                                  \
@@ -239,7 +239,7 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
       int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {                        \
     DQ<T, DM>(dq, dout, lse, delta, q, k, v, t, d, causal, acc, li, lo);                                  \
   }
-#define ATT_ENTRIES(T, S, DM) ATT_ENTRY_SET(attention, att_fwd, att_bwd_dkdv, att_bwd_dq, ATT_BR, T, S, DM)
+#define ATT_ENTRIES(T, S, DM) ATT_ENTRY_SET(attention, att_fwd, att_bwd_dkdv, att_bwd_dq, ATT_BR, ATT_BR, T, S, DM)
 
 ATT_ENTRIES(float, f32, 64)
 ATT_ENTRIES(float, f32, 128)
@@ -526,7 +526,7 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
   tc_add_rows<T, TD>(dq + bi, li.ld, g, sw, i0 + w * 16, t, d, scale, acc);
 }
 
-#define ATT_TC_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_tc, tc_fwd, tc_bwd_dkdv, tc_bwd_dq, TC_W * 32, T, S, TD)
+#define ATT_TC_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_tc, tc_fwd, tc_bwd_dkdv, tc_bwd_dq, TC_W * 32, TC_W * 32, T, S, TD)
 
 ATT_TC_ENTRIES(bf16, bf16, 64)
 ATT_TC_ENTRIES(bf16, bf16, 128)
@@ -700,6 +700,21 @@ __device__ __forceinline__ void fa_store(T *g, long long lg, const float (*acc)[
   }
 }
 
+/* -inf into the elements of the warp's scores s (16 x 8 NT: rows r0 + g and r0 + g + 8, columns
+ * c0 + 8 nt + 2q and + 1) that the mask removes: past t either way, and, causal, a key after its
+ * query (qrows: the rows are queries, else keys). A tile that needs none of it skips the call. */
+template <int NT>
+__device__ __forceinline__ void fa_mask(float (*s)[4], int r0, int c0, int t, int causal, bool qrows) {
+  int lane = threadIdx.x & 31, g = lane >> 2, cq = 2 * (lane & 3);
+#pragma unroll
+  for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      int row = r0 + g + (e < 2 ? 0 : 8), col = c0 + nt * 8 + cq + (e & 1);
+      if (row >= t || col >= t || (causal && (qrows ? col > row : col < row))) s[nt][e] = -CPLAN_INF;
+    }
+}
+
 template <typename T, int TD>
 __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
                                        int causal, CplanAttnLayout li, CplanAttnLayout lo) {
@@ -707,7 +722,7 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
   const int NT = Dm::BK / 8;
   extern __shared__ __align__(128) unsigned char fa_smem[];
   T *ks = (T *)fa_smem, *vt = ks + FA_R * Dm::LD; /* ks holds Q first */
-  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
   const T *qz = q + bi, *kz = k + bi, *vz = v + bi;
   int i0 = blockIdx.x * FA_R, ra = i0 + w * 16 + (lane >> 2), rb = ra + 8;
@@ -739,12 +754,13 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
         mma16816<T>(s[nt], qf[kk], fb);
       }
     float x0 = m0, x1 = m1;
+    /* no mask for a tile of keys all before t and, causal, all at or before the warp's first query */
+    if (k0 + Dm::BK > t || (causal && k0 + Dm::BK - 1 > i0 + w * 16)) fa_mask<NT>(s, i0 + w * 16, k0, t, causal, true);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        int j = k0 + nt * 8 + cq + (e & 1), row = e < 2 ? ra : rb;
-        float x = row < t && j < t && (!causal || j <= row) ? s[nt][e] * sl2 : -CPLAN_INF;
+        float x = s[nt][e] * sl2; /* -inf stays -inf */
         s[nt][e] = x;
         if (e < 2) x0 = fmaxf(x0, x);
         else x1 = fmaxf(x1, x);
@@ -796,7 +812,7 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
   long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
   const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
-  int j0 = blockIdx.x * FA_R, jw = j0 + w * 16, ja = jw + (lane >> 2), jb = ja + 8;
+  int j0 = blockIdx.x * FA_R, jw = j0 + w * 16, ja = jw + (lane >> 2);
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
   tc_stage<T, TD>(ks, Dm::LD, kz, li.ld, j0, FA_R, t, d);
   tc_stage<T, TD>(vs, Dm::LD, vz, li.ld, j0, FA_R, t, d);
@@ -821,13 +837,16 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
     fa_abt<T, TD, NT>(s, ks + w * 16 * Dm::LD, qs, Dm::LD);   /* S^T: [16 keys, BQ queries] */
     fa_abt<T, TD, NT>(dp, vs + w * 16 * Dm::LD, dos, Dm::LD); /* dP^T */
     unsigned pf[NT][2], df[NT][2];
+    /* no mask when the queries and the warp's keys are all before t and, causal, no key after a query
+     * (tested in line here: fa_mask's call would cost this kernel more registers than it has) */
+    bool full = i0 + BQ <= t && jw + 16 <= t && (!causal || i0 >= jw + 15);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
       float p[4], ds[4];
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        int ii = nt * 8 + cq + (e & 1), i = i0 + ii, j = e < 2 ? ja : jb;
-        bool ok = j < t && i < t && (!causal || i >= j);
+        int ii = nt * 8 + cq + (e & 1), i = i0 + ii, j = ja + (e < 2 ? 0 : 8);
+        bool ok = full || (j < t && i < t && (!causal || i >= j));
         p[e] = ok ? exp2f(s[nt][e] * sl2 - lss[ii]) : 0.0f;
         ds[e] = p[e] * (dp[nt][e] - dls[ii]);
       }
@@ -850,7 +869,7 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
   extern __shared__ __align__(128) unsigned char fa_smem[];
   T *qs = (T *)fa_smem, *dos = qs + FA_R * Dm::LD, *ks = dos + FA_R * Dm::LD, *vs = ks + FA_R * Dm::LD,
     *kt = vs + FA_R * Dm::LD;
-  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
+  int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
   const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
   int i0 = blockIdx.x * FA_R, iw = i0 + w * 16, ra = iw + (lane >> 2), rb = ra + 8;
@@ -874,14 +893,14 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
     fa_abt<T, TD, NT>(s, qs + w * 16 * Dm::LD, ks, Dm::LD);   /* S: [16 queries, 64 keys] */
     fa_abt<T, TD, NT>(dp, dos + w * 16 * Dm::LD, vs, Dm::LD); /* dP */
     unsigned df[NT][2];
+    /* no mask when the keys and the warp's queries are all before t and, causal, no key after a query */
+    if (k0 + Dm::BK > t || iw + 16 > t || (causal && k0 + Dm::BK - 1 > iw)) fa_mask<NT>(s, iw, k0, t, causal, true);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
       float ds[4];
 #pragma unroll
       for (int e = 0; e < 4; e++) {
-        int j = k0 + nt * 8 + cq + (e & 1), i = e < 2 ? ra : rb;
-        bool ok = i < t && j < t && (!causal || j <= i);
-        float p = ok ? exp2f(s[nt][e] * sl2 - (e < 2 ? la : lb)) : 0.0f;
+        float p = exp2f(s[nt][e] * sl2 - (e < 2 ? la : lb)); /* masked: exp2(-inf) = 0 */
         ds[e] = p * (dp[nt][e] - (e < 2 ? da : db));
       }
       fa_pack<T>(df[nt], ds[0], ds[1], ds[2], ds[3]);
@@ -891,7 +910,15 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
   fa_store<T, TD>(dq + bi, li.ld, g, ra, t, d, scale, scale, acc);
 }
 
-#define ATT_MMA_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_mma, fa_fwd, fa_dkdv, fa_dq, FA_W * 32, T, S, TD)
+/* launch bounds: at head dims up to 64, the backward kernels keep three blocks (12 warps) a
+ * multiprocessor (at most 170 registers a thread; sm_90 needs 168 and 156 with no spill), the
+ * forward four (at most 128: sm_90 needs 128 with no spill); at 128 the compiler's choice */
+#define FA_BOUNDS_64 FA_W * 32, 3
+#define FA_BOUNDS_128 FA_W * 32
+#define FA_FBOUNDS_64 FA_W * 32, 4
+#define FA_FBOUNDS_128 FA_W * 32
+#define ATT_MMA_ENTRIES(T, S, TD)                                                                               \
+  ATT_ENTRY_SET(attention_mma, fa_fwd, fa_dkdv, fa_dq, FA_FBOUNDS_##TD, FA_BOUNDS_##TD, T, S, TD)
 
 ATT_MMA_ENTRIES(bf16, bf16, 64)
 ATT_MMA_ENTRIES(bf16, bf16, 128)
