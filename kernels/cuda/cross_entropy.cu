@@ -1,6 +1,7 @@
 /* cross_entropy.cu: fused softmax + cross-entropy, forward and backward (kernels_cuda.h;
  * reference k_cross_entropy_* in kernels/cpu/ref.c). The [rows, v] softmax is never stored:
- *  - forward: one block per row computes max and sum exp in f32, saves lse = max + log sum and
+ *  - forward: one block per row computes max and sum exp in f32 in one pass over the row (an
+ *    online softmax: a running max per thread), saves lse = max + log sum and
  *    the row's loss lse - logit[target]; then one block adds the losses up in f64, in a fixed
  *    order, into the mean over the counted rows and the count;
  *  - backward: one block per row adds (dloss / count) (exp(logit - lse) - onehot) to dlogits (or,
@@ -14,12 +15,17 @@ __device__ __forceinline__ void ce_rows(float *losses, float *lse, const T *logi
   __shared__ float sh[33];
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     const T *x = logits + (long long)r * v;
-    float m = -CPLAN_INF;
-    for (int j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, ld(x[j]));
-    m = block_reduce<true>(m, sh);
-    float s = 0.0f;
-    for (int j = threadIdx.x; j < v; j += blockDim.x) s += expf(ld(x[j]) - m);
-    s = block_reduce<false>(s, sh);
+    /* one pass over the row (it is read once from memory, not twice): each thread keeps a running
+     * max mt and the sum st of exp(x - mt), rescaled when mt grows; then the block's max m and the
+     * sum of the threads' st exp(mt - m) */
+    float mt = -CPLAN_INF, st = 0.0f;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+      float xj = ld(x[j]);
+      if (xj > mt) st = st * expf(mt - xj) + 1.0f, mt = xj; /* exp(-inf) = 0 on the first */
+      else st += expf(xj - mt);
+    }
+    float m = block_reduce<true>(mt, sh);
+    float s = block_reduce<false>(mt == -CPLAN_INF ? 0.0f : st * expf(mt - m), sh);
     if (threadIdx.x == 0) {
       float l = m + logf(s);
       int tg = targets[r];
