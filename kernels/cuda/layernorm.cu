@@ -1,8 +1,9 @@
 /* layernorm.cu: layer_norm and rms_norm, forward and backward (kernels_cuda.h; references
  * k_layer_norm_* and k_rms_norm_* in kernels/cpu/ref.c).
  *
- * Forward and the dx part of the backward: one block per row (grid-stride over rows), the row's
- * statistics by block reductions, in f32, two passes for the variance as the reference does.
+ * Forward and the dx part of the backward: a warp per row up to 2048 columns (8 rows a block),
+ * one block per row beyond (grid-stride over rows either way: NormRows), the row's statistics by
+ * warp or block reductions, in f32, two passes for the variance as the reference does.
  * dw and db sum over all rows: a second kernel gives each column to one thread column of a
  * 32 x 32 block, which walks the rows in a fixed order, so the sums are deterministic without
  * atomics. That is only ceil(c / 32) blocks (24 for c = 768: latency-bound on a GPU of 132 SMs),
@@ -12,30 +13,52 @@
  * RMS is the same code without the mean (and without b, db). */
 #include "cuda_common.h"
 
+/* Who handles a row: with blocks of (32, k) threads, a warp per row (k rows a block: no block
+ * barrier, every reduction a few shuffles; the launchers' choice up to 2048 columns, GPT-2's 768
+ * among them); with blocks of (n > 32, 1), the block. The row loop is uniform over the group. */
+struct NormRows {
+  int tid, n; /* this thread's index in the row's group, the group's size */
+  int r0, step;
+  bool warp;
+};
+__device__ __forceinline__ NormRows norm_rows() {
+  NormRows g;
+  g.warp = blockDim.x == 32;
+  g.tid = threadIdx.x;
+  g.n = blockDim.x;
+  g.r0 = g.warp ? (int)(blockIdx.x * blockDim.y + threadIdx.y) : (int)blockIdx.x;
+  g.step = g.warp ? (int)(gridDim.x * blockDim.y) : (int)gridDim.x;
+  return g;
+}
+__device__ __forceinline__ float norm_sum(const NormRows &g, float v, float *sh) {
+  return g.warp ? warp_reduce<false>(v) : block_reduce<false>(v, sh);
+}
+
 template <typename T, bool RMS>
 __device__ __forceinline__ void norm_forward(T *out, float *mean, float *rstd, const T *x, const T *w,
                                              const T *b, int rows, int c, float eps) {
   __shared__ float sh[33];
-  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+  NormRows g = norm_rows();
+  for (int r = g.r0; r < rows; r += g.step) {
     const T *xr = x + (long long)r * c;
     float m = 0.0f;
     if (!RMS) {
       float s = 0.0f;
-      for (int j = threadIdx.x; j < c; j += blockDim.x) s += ld(xr[j]);
-      m = block_reduce<false>(s, sh) / (float)c;
+      for (int j = g.tid; j < c; j += g.n) s += ld(xr[j]);
+      m = norm_sum(g, s, sh) / (float)c;
     }
     float v = 0.0f;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+    for (int j = g.tid; j < c; j += g.n) {
       float d = ld(xr[j]) - m;
       v += d * d;
     }
-    float rs = 1.0f / sqrtf(block_reduce<false>(v, sh) / (float)c + eps);
+    float rs = 1.0f / sqrtf(norm_sum(g, v, sh) / (float)c + eps);
     T *yr = out + (long long)r * c;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+    for (int j = g.tid; j < c; j += g.n) {
       float y = (ld(xr[j]) - m) * rs * ld(w[j]);
       yr[j] = st<T>(RMS ? y : y + ld(b[j]));
     }
-    if (threadIdx.x == 0) {
+    if (g.tid == 0) {
       if (!RMS && mean) mean[r] = m;
       if (rstd) rstd[r] = rs;
     }
@@ -48,18 +71,19 @@ template <typename T, bool RMS>
 __device__ __forceinline__ void norm_backward_dx(T *dx, const T *dout, const T *x, const T *w,
                                                  const float *mean, const float *rstd, int rows, int c, int acc) {
   __shared__ float sh[33];
-  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+  NormRows rg = norm_rows();
+  for (int r = rg.r0; r < rows; r += rg.step) {
     const T *xr = x + (long long)r * c, *dy = dout + (long long)r * c;
     float m = RMS ? 0.0f : mean[r], rs = rstd[r], sg = 0.0f, sgx = 0.0f;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+    for (int j = rg.tid; j < c; j += rg.n) {
       float g = ld(w[j]) * ld(dy[j]);
       sg += g;
       sgx += g * (ld(xr[j]) - m) * rs;
     }
-    float gm = RMS ? 0.0f : block_reduce<false>(sg, sh) / (float)c;
-    float gxm = block_reduce<false>(sgx, sh) / (float)c;
+    float gm = RMS ? 0.0f : norm_sum(rg, sg, sh) / (float)c;
+    float gxm = norm_sum(rg, sgx, sh) / (float)c;
     T *dxr = dx + (long long)r * c;
-    for (int j = threadIdx.x; j < c; j += blockDim.x) {
+    for (int j = rg.tid; j < c; j += rg.n) {
       float xhat = (ld(xr[j]) - m) * rs;
       float g = ld(w[j]) * ld(dy[j]);
       dxr[j] = st<T>((acc ? ld(dxr[j]) : 0.0f) + rs * (g - gm - xhat * gxm));
@@ -235,6 +259,12 @@ NORM_PART_ENTRIES(fp16, f16, 2)
 
 static int row_blocks(int rows) { return rows < 1 ? 1 : rows > (int)CPLAN_MAX_GRID ? (int)CPLAN_MAX_GRID : rows; }
 
+/* the forward and dx kernels' launch (NormRows): a warp per row, 8 rows a block, up to 2048
+ * columns (64 a lane); a block per row beyond */
+#define NORM_WARP_MAX_C 2048
+static dim3 norm_block(int c) { return c <= NORM_WARP_MAX_C ? dim3(32, 8) : dim3((unsigned)cplan_row_threads(c)); }
+static unsigned norm_grid(int rows, int c) { return (unsigned)(c <= NORM_WARP_MAX_C ? row_blocks((rows + 7) / 8) : row_blocks(rows)); }
+
 extern "C" int cplan_cuda_layernorm_forward(CplanDtype dt, void *out, float *mean, float *rstd,
                                             const void *x, const void *w, const void *b, int rows,
                                             int c, float eps, cudaStream_t stream) {
@@ -243,15 +273,14 @@ extern "C" int cplan_cuda_layernorm_forward(CplanDtype dt, void *out, float *mea
   CPLAN_REQUIRE(me, eps >= 0, "eps %g < 0", (double)eps);
   CPLAN_REQUIRE(me, out && x && w && b, "out, x, w and b must not be NULL");
   if (rows == 0) return 0;
-  int th = cplan_row_threads(c);
   if (dt == CPLAN_F32)
-    layernorm_forward_f32<<<row_blocks(rows), th, 0, stream>>>((float *)out, mean, rstd, (const float *)x,
+    layernorm_forward_f32<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((float *)out, mean, rstd, (const float *)x,
                                                               (const float *)w, (const float *)b, rows, c, eps);
   else if (dt == CPLAN_BF16)
-    layernorm_forward_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)out, mean, rstd, (const bf16 *)x,
+    layernorm_forward_bf16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((bf16 *)out, mean, rstd, (const bf16 *)x,
                                                                (const bf16 *)w, (const bf16 *)b, rows, c, eps);
   else if (dt == CPLAN_F16)
-    layernorm_forward_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)out, mean, rstd, (const fp16 *)x,
+    layernorm_forward_f16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((fp16 *)out, mean, rstd, (const fp16 *)x,
                                                                (const fp16 *)w, (const fp16 *)b, rows, c, eps);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
@@ -264,15 +293,14 @@ extern "C" int cplan_cuda_rmsnorm_forward(CplanDtype dt, void *out, float *rstd,
   CPLAN_REQUIRE(me, eps >= 0, "eps %g < 0", (double)eps);
   CPLAN_REQUIRE(me, out && x && w, "out, x and w must not be NULL");
   if (rows == 0) return 0;
-  int th = cplan_row_threads(c);
   if (dt == CPLAN_F32)
-    rmsnorm_forward_f32<<<row_blocks(rows), th, 0, stream>>>((float *)out, rstd, (const float *)x,
+    rmsnorm_forward_f32<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((float *)out, rstd, (const float *)x,
                                                             (const float *)w, rows, c, eps);
   else if (dt == CPLAN_BF16)
-    rmsnorm_forward_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)out, rstd, (const bf16 *)x,
+    rmsnorm_forward_bf16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((bf16 *)out, rstd, (const bf16 *)x,
                                                              (const bf16 *)w, rows, c, eps);
   else if (dt == CPLAN_F16)
-    rmsnorm_forward_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)out, rstd, (const fp16 *)x,
+    rmsnorm_forward_f16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((fp16 *)out, rstd, (const fp16 *)x,
                                                              (const fp16 *)w, rows, c, eps);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
@@ -281,30 +309,28 @@ extern "C" int cplan_cuda_rmsnorm_forward(CplanDtype dt, void *out, float *rstd,
 /* the dx kernels, shared by both backward launchers of each norm (w != NULL: checked) */
 static int layernorm_dx(const char *me, CplanDtype dt, void *dx, const void *dout, const void *x, const void *w,
                         const float *mean, const float *rstd, int rows, int c, int acc, cudaStream_t stream) {
-  int th = cplan_row_threads(c);
   if (dt == CPLAN_F32)
-    layernorm_backward_dx_f32<<<row_blocks(rows), th, 0, stream>>>((float *)dx, (const float *)dout,
+    layernorm_backward_dx_f32<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((float *)dx, (const float *)dout,
                                                                   (const float *)x, (const float *)w, mean, rstd, rows, c, acc);
   else if (dt == CPLAN_BF16)
-    layernorm_backward_dx_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
+    layernorm_backward_dx_bf16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
                                                                    (const bf16 *)x, (const bf16 *)w, mean, rstd, rows, c, acc);
   else if (dt == CPLAN_F16)
-    layernorm_backward_dx_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
+    layernorm_backward_dx_f16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
                                                                    (const fp16 *)x, (const fp16 *)w, mean, rstd, rows, c, acc);
   return cplan_cuda_launched(me);
 }
 
 static int rmsnorm_dx(const char *me, CplanDtype dt, void *dx, const void *dout, const void *x, const void *w,
                       const float *rstd, int rows, int c, int acc, cudaStream_t stream) {
-  int th = cplan_row_threads(c);
   if (dt == CPLAN_F32)
-    rmsnorm_backward_dx_f32<<<row_blocks(rows), th, 0, stream>>>((float *)dx, (const float *)dout,
+    rmsnorm_backward_dx_f32<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((float *)dx, (const float *)dout,
                                                                 (const float *)x, (const float *)w, rstd, rows, c, acc);
   else if (dt == CPLAN_BF16)
-    rmsnorm_backward_dx_bf16<<<row_blocks(rows), th, 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
+    rmsnorm_backward_dx_bf16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((bf16 *)dx, (const bf16 *)dout,
                                                                  (const bf16 *)x, (const bf16 *)w, rstd, rows, c, acc);
   else if (dt == CPLAN_F16)
-    rmsnorm_backward_dx_f16<<<row_blocks(rows), th, 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
+    rmsnorm_backward_dx_f16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((fp16 *)dx, (const fp16 *)dout,
                                                                  (const fp16 *)x, (const fp16 *)w, rstd, rows, c, acc);
   return cplan_cuda_launched(me);
 }

@@ -824,6 +824,7 @@ int main(void) {
       test_norm_ws(dt, rms, 4099, 96, 0); /* several chunks, the last one short */
       test_norm_ws(dt, rms, 517, 45, 0);  /* c odd: the last column pair is half */
       test_norm_ws(dt, rms, 1029, 130, 1);
+      test_norm_ws(dt, rms, 5, 2600, 0); /* past 2048 columns: a block per row, not a warp */
     }
     test_softmax(dt);
     test_attention(dt, 64, 1);
