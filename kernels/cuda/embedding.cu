@@ -6,8 +6,10 @@
  * column col of the table rows r with r % P == p, and walks the indices in order, adding
  * dout[i, col] to dtable[idx[i], col] when idx[i] is one of its rows. No two threads touch the
  * same element, and every element receives its terms in index order, as in the reference, so
- * the f32 sums are the reference's bit for bit. The indices are staged through shared memory
- * in tiles (every thread of a block reads them all). */
+ * the f32 sums are the reference's bit for bit. The indices go by in tiles: the block's threads
+ * classify a tile's indices together (8 each) and list those of class p, in order, in shared
+ * memory (a prefix sum of their counts), so each thread walks only its class's indices (about
+ * n / 64 of them) rather than all n. */
 #include "cuda_common.h"
 
 #define EMB_TILE 1024
@@ -29,19 +31,38 @@ __device__ __forceinline__ void emb_fwd(T *out, const T *table, const int *idx, 
 
 template <typename T>
 __device__ __forceinline__ void emb_bwd(float *dtable, const T *dout, const int *idx, int n, int v0, int vl, int c) {
-  __shared__ int tile[EMB_TILE];
+  const int PER = EMB_TILE / EMB_COLS; /* consecutive indices a thread classifies */
+  __shared__ int sel[EMB_TILE], selr[EMB_TILE], wsum[EMB_COLS / 32];
   int col = blockIdx.x * EMB_COLS + threadIdx.x, p = blockIdx.y, np = gridDim.y;
+  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
   for (int i0 = 0; i0 < n; i0 += EMB_TILE) {
-    int len = min(EMB_TILE, n - i0);
+    int len = min(EMB_TILE, n - i0), e0 = threadIdx.x * PER, k = 0;
+    unsigned mine = 0; /* which of this thread's indices are rows of class p */
+    for (int u = 0; u < PER; u++) {
+      int e = e0 + u, r = e < len ? idx[i0 + e] : -1;
+      if (e < len && r >= v0 && r - v0 < vl && (r - v0) % np == p) mine |= 1u << u, k++;
+    }
+    /* their places in the tile's list, in index order: an exclusive prefix sum of the counts */
+    int incl = k;
+    for (int o = 1; o < 32; o <<= 1) {
+      int y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    /* (no barrier needed first: the last tile's wsum and list were read before its last barrier,
+     * or, the list, before this tile's next one) */
+    if (lane == 31) wsum[wid] = incl;
     __syncthreads();
-    for (int e = threadIdx.x; e < len; e += blockDim.x) tile[e] = idx[i0 + e];
+    int off = incl - k, total = 0;
+    for (int q = 0; q < EMB_COLS / 32; q++) {
+      if (q < wid) off += wsum[q];
+      total += wsum[q];
+    }
+    for (int u = 0; u < PER; u++)
+      if (mine >> u & 1) sel[off] = i0 + e0 + u, selr[off] = idx[i0 + e0 + u] - v0, off++;
     __syncthreads();
     if (col >= c) continue;
-    for (int e = 0; e < len; e++) {
-      int r = tile[e];
-      if (r < v0 || r - v0 >= vl || (r - v0) % np != p) continue; /* not these rows (or out of range): nothing */
-      dtable[(long long)(r - v0) * c + col] += ld(dout[(long long)(i0 + e) * c + col]);
-    }
+    for (int q = 0; q < total; q++)
+      dtable[(long long)selr[q] * c + col] += ld(dout[(long long)sel[q] * c + col]);
   }
 }
 

@@ -518,8 +518,8 @@ static void test_cross_entropy(CplanDtype dt) {
   cudaFree(dx), cudaFree(g), cudaFree(dtg), cudaFree(losses), cudaFree(lse), cudaFree(dloss), cudaFree(dcount);
 }
 
-static void test_embedding(CplanDtype dt) {
-  const int n = 300, v = 97, c = 130;
+static void test_embedding(CplanDtype dt, int n) {
+  const int v = 97, c = 130;
   float *table = randv((long)v * c, 1.0f, dt), *out = malloc(4 * (size_t)n * c);
   float *dy = randv((long)n * c, 1.0f, dt), *gt = randv((long)v * c, 0.5f, CPLAN_F32);
   int32_t *idx = malloc(4 * n);
@@ -837,7 +837,8 @@ int main(void) {
     test_activation(dt, K_GELU);
     test_activation(dt, K_SILU);
     test_cross_entropy(dt);
-    test_embedding(dt);
+    test_embedding(dt, 300);
+    test_embedding(dt, 2500); /* the backward's index tiles of 1024: three */
     test_rope(dt);
     test_vp_cross_entropy(dt, 29, 37, 3, 6.0f);
     test_vp_cross_entropy(dt, 13, 37, 1, 40.0f);   /* one rank: the whole vocabulary */
