@@ -2,6 +2,8 @@
 # prepare.sh CPLANC BUILD_DIR OUT: everything issue 6's GPU checks need, built HERE (the lent GPU
 # machines cannot build cplan: no bison, cJSON or LLVM there) into OUT, with OUT/run_all.sh to run
 # THERE in one call (one H200: a few minutes; device time is short, so it is one script):
+#   0. test_emu.cu built by nvcc: the CUDA-on-CPU emulator's selftest on the GPU (the semantics the
+#      emulator copies, mma16816's fragment layout among them);
 #   1. test_gpu_kernels (BUILD_DIR/tests, nvcc-built): every kernels/cuda kernel against its CPU
 #      reference in f32, bf16 and f16 (tests/gpu/test_kernels.c's tolerances), again with the WMMA
 #      attention (CPLAN_ATTENTION=wmma); then test_gpu_gemm:
@@ -31,6 +33,10 @@ trap 'rm -rf "$out"' EXIT
 cp "$build/tests/test_gpu_kernels" "$out/"
 [ -x "$build/tests/test_gpu_gemm" ] && cp "$build/tests/test_gpu_gemm" "$out/"
 [ -x "$build/tests/attention_gpu" ] && cp "$build/tests/attention_gpu" "$out/"
+# the emulator's selftest as plain CUDA (tests/cuda/emu/test_emu.cu): on the GPU it checks the
+# semantics the emulator copies, mma16816's fragment layout among them
+"${NVCC:-/usr/local/cuda/bin/nvcc}" -std=c++17 -arch=sm_90 -I"$src/kernels/cuda" -o "$out/test_emu_gpu" \
+  "$src/tests/cuda/emu/test_emu.cu" || { echo "prepare.sh: nvcc test_emu.cu failed"; exit 1; }
 "$src/tests/gpu/gpt_gpu.sh" --prepare "$out/gpt" "$cplanc" "$src" >"$out/prepare_gpt.log" 2>&1 ||
   { cat "$out/prepare_gpt.log"; exit 1; }
 "$src/bench/gpu_gpt2.sh" "$cplanc" "$out/gpt2" >"$out/prepare_gpt2.log" 2>&1 || { cat "$out/prepare_gpt2.log"; exit 1; }
@@ -61,6 +67,10 @@ fail=0
 t0=$(date +%s)
 # a device call runs 600 s at most: the timeouts add up to less, and the GPT-2 figure comes before the
 # longest part
+echo "==== 0. the CUDA-on-CPU emulator's selftest, on the GPU (its semantics; mma16816's fragment layout)"
+timeout 20 ./test_emu_gpu >emu.txt; rc=$?
+grep FAIL emu.txt | head -20; tail -1 emu.txt
+[ $rc -eq 0 ] || { echo "FAILED: test_emu_gpu (exit $rc)"; fail=1; }
 echo "==== 1. CUDA kernels against the CPU references"
 timeout 45 ./test_gpu_kernels >kernels.txt; rc=$?
 grep FAIL kernels.txt | head -30; tail -25 kernels.txt
@@ -77,9 +87,9 @@ if [ -x ./attention_gpu ]; then
   CPLAN_ATTENTION=mma timeout 10 ./attention_gpu 64 1024 128 20 bf16
 fi
 echo "==== 2. GPT-2 124M, bf16 (a benchmark: printed)"
-OUT=$here timeout 240 ./gpt2/run_gpu.sh 12 || { echo "FAILED: gpu_gpt2"; fail=1; }
+OUT=$here timeout 230 ./gpt2/run_gpu.sh 12 || { echo "FAILED: gpu_gpt2"; fail=1; }
 echo "==== 3. small GPT / LLaMA on the GPU against the CPU backend (f32, bf16, f16; dp 2, tp 2, ZeRO 3)"
-timeout 220 ./gpt/gpt_gpu.sh --check "$here/gpt" || { echo "FAILED: gpt_gpu.sh"; fail=1; }
+timeout 210 ./gpt/gpt_gpu.sh --check "$here/gpt" || { echo "FAILED: gpt_gpu.sh"; fail=1; }
 echo "==== run_all.sh: $(( $(date +%s) - t0 )) s, $([ $fail -eq 0 ] && echo "all passed" || echo "FAILURES above")"
 exit $fail
 RUN

@@ -37,6 +37,9 @@ cmake --build "$build" -j"$jobs" >"$build.build.log" 2>&1 ||
 echo "built in $(( $(date +%s) - t0 )) s"
 
 fail=0
+step "the CUDA-on-CPU emulator's selftest, built by nvcc, on the GPU (its semantics; mma16816's fragment layout)"
+"${NVCC:-/usr/local/cuda/bin/nvcc}" -std=c++17 -arch=native -I"$src/kernels/cuda" -o "$build/test_emu_gpu" \
+  "$src/tests/cuda/emu/test_emu.cu" && (set -o pipefail; "$build/test_emu_gpu" | grep -E "FAIL|checks") || fail=1
 step "CUDA kernels against the CPU references"
 "$build/tests/test_gpu_kernels" || fail=1
 step "the same with bf16 / f16 attention on the WMMA kernels (CPLAN_ATTENTION=wmma; the default is mma.sync)"
