@@ -11,29 +11,13 @@
  * causal; the backward 2.5 times that (its five products; ours recompute S and dP in both of its
  * kernels, seven, which the count leaves out). The CUDA-on-CPU emulator runs it too, on a tiny
  * shape (ctest cuda.emu_attention_bench), so a GPU session finds it working. */
+#include "../tests/gpu/cuda_ok.h"
 #include "kernels_cuda.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "attention_gpu: %s failed: %s\n", #call, cudaGetErrorString(e_));            \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-
-#define LAUNCH_OK(call)                                                                            \
-  do {                                                                                             \
-    if ((call) != 0) {                                                                             \
-      fprintf(stderr, "attention_gpu: %s\n", cplan_cuda_error());                                  \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 static double now_ms(void) {
   struct timespec ts;

@@ -17,6 +17,7 @@
  * chunks of rows) have the plain launchers' tolerances (dw 1e-3 + 1e-4 |ref| in f32, 2e-2 + 1e-4
  * |ref| in bf16/f16; db 1e-3 + 1e-4 |ref|), run-twice bit checks, and dw alone / db alone must
  * give the bits of dw and db together. */
+#include "cuda_ok.h"
 #include "kernels_cuda.h"
 #include "ref.h"
 #include "ref_extra.h"
@@ -29,23 +30,6 @@
 
 static int failures, checks;
 static cudaStream_t stream;
-
-#define CUDA_OK(call)                                                                              \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) {                                                                       \
-      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
-
-#define LAUNCH_OK(call)                                                                            \
-  do {                                                                                             \
-    if ((call) != 0) {                                                                             \
-      fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cplan_cuda_error());                     \
-      exit(1);                                                                                     \
-    }                                                                                              \
-  } while (0)
 
 /* ---- data ------------------------------------------------------------------------------------ */
 
