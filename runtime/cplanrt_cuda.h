@@ -90,6 +90,7 @@ typedef struct RtGemm {
   int trans_a, trans_b;
   int batch;                    /* >= 1 */
   int64_t stride_a, stride_b, stride_d; /* elements between batches */
+  int64_t lda, ldb, ldd;        /* the row pitch of a, b, d as stored (0: contiguous rows) */
   cudaDataType_t ab_type;       /* CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F */
   cudaDataType_t d_type;        /* CUDA_R_32F or ab_type */
   int tf32;                     /* f32 operands on TF32 tensor cores */

@@ -192,7 +192,7 @@ int rt_cuda_library_kernel(cudaLibrary_t lib, const char *name, cudaKernel_t *k,
  * addressing table; when it is full, the query runs every time (correct, only slower). */
 typedef struct LtKey {
   int64_t m, n, k, batch, stride_a, stride_b, stride_d, ab_type, d_type, trans_a, trans_b, epilogue, tf32;
-  int64_t workspace, align_a, align_b, align_d;
+  int64_t workspace, align_a, align_b, align_d, lda, ldb, ldd;
 } LtKey;
 
 typedef struct LtSlot {
@@ -321,6 +321,13 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
     return rt_errf(err, "rt_cublaslt_matmul: a bias-gradient epilogue needs batch 1 (got %d)", g->batch);
   if (needs_aux && g->n % 8 != 0)
     return rt_errf(err, "rt_cublaslt_matmul: a gelu aux epilogue needs n (%d) to be a multiple of 8", g->n);
+  /* the row pitches as stored (0: contiguous) */
+  int64_t lda = g->lda ? g->lda : g->trans_a ? g->m : g->k, ldb = g->ldb ? g->ldb : g->trans_b ? g->k : g->n;
+  int64_t ldd = g->ldd ? g->ldd : g->n;
+  if (lda < (g->trans_a ? g->m : g->k) || ldb < (g->trans_b ? g->k : g->n) || ldd < g->n || lda > INT32_MAX ||
+      ldb > INT32_MAX || ldd > INT32_MAX)
+    return rt_errf(err, "rt_cublaslt_matmul: a row pitch shorter than its row or over 2^31 (lda %lld, ldb %lld, ldd %lld)",
+                   (long long)lda, (long long)ldb, (long long)ldd);
 
   int rc = 0;
   cublasLtMatmulDesc_t op = NULL;
@@ -345,21 +352,19 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
     LT_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ldaux, sizeof ldaux));
   }
   /* cuBLASLt's A = our b: stored [k, n] (col-major n x k, ld n), or [n, k] when trans_b */
-  if (lt_layout(&la, g->ab_type, g->trans_b ? g->k : g->n, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n,
-                g->batch, g->stride_b, err))
+  if (lt_layout(&la, g->ab_type, g->trans_b ? g->k : g->n, g->trans_b ? g->n : g->k, (int)ldb, g->batch, g->stride_b, err))
     goto fail;
   /* cuBLASLt's B = our a: stored [m, k] (col-major k x m, ld k), or [k, m] when trans_a */
-  if (lt_layout(&lb, g->ab_type, g->trans_a ? g->m : g->k, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k,
-                g->batch, g->stride_a, err))
+  if (lt_layout(&lb, g->ab_type, g->trans_a ? g->m : g->k, g->trans_a ? g->k : g->m, (int)lda, g->batch, g->stride_a, err))
     goto fail;
-  if (lt_layout(&ld, g->d_type, g->n, g->m, g->n, g->batch, g->stride_d, err)) goto fail;
+  if (lt_layout(&ld, g->d_type, g->n, g->m, (int)ldd, g->batch, g->stride_d, err)) goto fail;
   /* cuBLASLt's A is our b, its B our a; C is d */
   uint32_t al_a = lt_align(g->b, g->batch, g->stride_b, g->ab_type), al_b = lt_align(g->a, g->batch, g->stride_a, g->ab_type);
   uint32_t al_d = lt_align(g->d, g->batch, g->stride_d, g->d_type);
   /* int64_t fields only: no padding, so memcmp compares the whole key */
   LtKey key = {g->m,     g->n,      g->k,       g->batch,       g->stride_a, g->stride_b,
                g->stride_d, g->ab_type, g->d_type, g->trans_a, g->trans_b, g->epilogue,
-               g->tf32 && g->ab_type == CUDA_R_32F, (int64_t)workspace_bytes, al_a, al_b, al_d};
+               g->tf32 && g->ab_type == CUDA_R_32F, (int64_t)workspace_bytes, al_a, al_b, al_d, lda, ldb, ldd};
   LtSlot *slot;
   const cublasLtMatmulAlgo_t *algo = lt_cached(lt, &key, &slot);
   cublasLtMatmulHeuristicResult_t heur;

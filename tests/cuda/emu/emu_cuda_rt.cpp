@@ -338,6 +338,11 @@ int rt_cublaslt_matmul(RtCublasLt *lt, const RtGemm *g, void *workspace, size_t 
     return rt_errf(err, "rt_cublaslt_matmul: a bias-gradient epilogue needs batch 1 (got %d)", g->batch);
   if (needs_aux && g->n % 8 != 0)
     return rt_errf(err, "rt_cublaslt_matmul: a gelu aux epilogue needs n (%d) to be a multiple of 8", g->n);
+  if ((g->lda && g->lda < (g->trans_a ? g->m : g->k)) || (g->ldb && g->ldb < (g->trans_b ? g->k : g->n)) ||
+      (g->ldd && g->ldd < g->n) || g->lda < 0 || g->ldb < 0 || g->ldd < 0 || g->lda > INT32_MAX || g->ldb > INT32_MAX ||
+      g->ldd > INT32_MAX)
+    return rt_errf(err, "rt_cublaslt_matmul: a row pitch shorter than its row or over 2^31 (lda %lld, ldb %lld, ldd %lld)",
+                   (long long)g->lda, (long long)g->ldb, (long long)g->ldd);
   /* CUEMU_REFUSE_EPILOGUES: RtGemmEpilogue numbers, comma-separated, that this cuBLASLt finds no
    * algorithm for, as a real one may (the program's fallbacks are then taken) */
   if (const char *r = getenv("CUEMU_REFUSE_EPILOGUES"))
@@ -361,6 +366,9 @@ static void gemm_now(void *g_) {
   int needs_bias = ep == RT_GEMM_BIAS || ep == RT_GEMM_GELU_BIAS || ep == RT_GEMM_GELU_AUX_BIAS;
   int needs_aux = ep == RT_GEMM_GELU_AUX_BIAS || ep == RT_GEMM_DGELU || ep == RT_GEMM_DGELU_BGRAD;
   const int m = g->m, n = g->n, k = g->k;
+  /* the row pitches (lda, ldb, ldd; 0: contiguous rows) */
+  const int64_t lda = g->lda ? g->lda : g->trans_a ? m : k, ldb = g->ldb ? g->ldb : g->trans_b ? k : n;
+  const int64_t ldd = g->ldd ? g->ldd : n;
   const cudaDataType_t at = g->ab_type, dt = g->d_type;
   std::vector<double> acc((size_t)m * n), bsum;
   if (ep == RT_GEMM_DGELU_BGRAD || ep == RT_GEMM_BGRAD_B) bsum.assign((size_t)n, 0.0);
@@ -375,24 +383,24 @@ static void gemm_now(void *g_) {
       for (int j = 0; j < n; j++) {
         double s = 0;
         for (int l = 0; l < k; l++) {
-          double x = load(a, at, g->trans_a ? (int64_t)l * m + i : (int64_t)i * k + l);
-          double y = load(b, at, g->trans_b ? (int64_t)j * k + l : (int64_t)l * n + j);
+          double x = load(a, at, g->trans_a ? (int64_t)l * lda + i : (int64_t)i * lda + l);
+          double y = load(b, at, g->trans_b ? (int64_t)j * ldb + l : (int64_t)l * ldb + j);
           s += x * y;
         }
         /* cuBLASLt's f32 compute: alpha * ab + beta * c in f32, then the epilogue */
         float v = (float)(g->alpha * s);
-        if (g->beta != 0.0f) v += g->beta * (float)load(d, dt, (int64_t)i * n + j);
+        if (g->beta != 0.0f) v += g->beta * (float)load(d, dt, (int64_t)i * ldd + j);
         acc[(size_t)i * n + j] = v;
       }
     if (ep == RT_GEMM_BGRAD_A)
       for (int i = 0; i < m; i++)
-        for (int l = 0; l < k; l++) bsum[(size_t)i] += load(a, at, g->trans_a ? (int64_t)l * m + i : (int64_t)i * k + l);
+        for (int l = 0; l < k; l++) bsum[(size_t)i] += load(a, at, g->trans_a ? (int64_t)l * lda + i : (int64_t)i * lda + l);
     if (ep == RT_GEMM_BGRAD_B)
       for (int l = 0; l < k; l++)
-        for (int j = 0; j < n; j++) bsum[(size_t)j] += load(b, at, g->trans_b ? (int64_t)j * k + l : (int64_t)l * n + j);
+        for (int j = 0; j < n; j++) bsum[(size_t)j] += load(b, at, g->trans_b ? (int64_t)j * ldb + l : (int64_t)l * ldb + j);
     for (int i = 0; i < m; i++)
       for (int j = 0; j < n; j++) {
-        int64_t o = (int64_t)i * n + j;
+        int64_t o = (int64_t)i * n + j; /* aux's index (its leading dim is n) */
         double v = acc[(size_t)o];
         if (needs_bias) v = (float)(v + load(g->bias, dt, j));
         switch (ep) {
@@ -406,7 +414,7 @@ static void gemm_now(void *g_) {
           break;
         default: break;
         }
-        store(d, dt, o, v);
+        store(d, dt, (int64_t)i * ldd + j, v);
       }
   }
   /* the bias gradient in f32 (BIAS_DATA_TYPE), whatever d's type */

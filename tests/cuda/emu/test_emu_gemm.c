@@ -1,6 +1,6 @@
 /* test_emu_gemm.c: rt_cublaslt_matmul of the emulator (emu_cuda_rt.cpp) against cplanrt_cuda.h's
  * contract, computed here independently in double: row-major d [m, n] = alpha op(a) op(b) + beta d,
- * every transpose pair, a strided batch, f32 and bf16 / f16 operands (f32 or low-precision d), and
+ * every transpose pair, a strided batch, rows padded (row pitches), f32 and bf16 / f16 operands (f32 or low-precision d), and
  * every epilogue: BIAS, GELU, GELU_BIAS, GELU_AUX_BIAS (aux = the pre-activation), DGELU,
  * DGELU_BGRAD (bias_grad = d's column sums), BGRAD_A (bias_grad = op(a)'s row sums), BGRAD_B
  * (bias_grad = op(b)'s column sums), the bias gradient always f32; gelu' is checked against a
@@ -87,33 +87,38 @@ static void back_from_device(void *h, const void *d, size_t bytes) {
 }
 #endif
 
+/* pad > 0: every row of a, b and d is pad elements longer than its width (lda, ldb, ldd), the
+ * padding of a and b NaN (read, it would spoil the product) and d's a sentinel that must survive */
 static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, int tb, int batch, RtGemmEpilogue ep,
-                int off) {
+                int off, int pad) {
   const int m = M, n = N, k = K;
   const size_t es = at == CUDA_R_32F ? 4 : 2, ds = dt == CUDA_R_32F ? 4 : 2;
-  unsigned seed = (unsigned)(ta * 7 + tb * 13 + batch * 31 + (int)ep * 101 + (int)at * 3 + (int)dt + off);
+  const int wa = ta ? m : k, wb = tb ? k : n, lda = wa + pad, ldb = wb + pad, ldd = n + pad;
+  const int sa = (ta ? k : m) * lda, sb = (tb ? n : k) * ldb, sd = m * ldd; /* elements per batch */
+  unsigned seed = (unsigned)(ta * 7 + tb * 13 + batch * 31 + (int)ep * 101 + (int)at * 3 + (int)dt + off + pad * 17);
   void *base[3];
-  void *a = buf((size_t)batch * m * k, es, off, &base[0]), *b = buf((size_t)batch * k * n, es, off, &base[1]);
-  void *d = buf((size_t)batch * m * n, ds, off, &base[2]), *aux = calloc((size_t)m * n, ds);
+  void *a = buf((size_t)batch * sa, es, off, &base[0]), *b = buf((size_t)batch * sb, es, off, &base[1]);
+  void *d = buf((size_t)batch * sd, ds, off, &base[2]), *aux = calloc((size_t)m * n, ds);
   void *bias = calloc(n, ds), *bg = calloc(m > n ? m : n, sizeof(float));
-  for (int i = 0; i < batch * m * k; i++) put(a, at, i, rnd(&seed));
-  for (int i = 0; i < batch * k * n; i++) put(b, at, i, rnd(&seed));
+  for (int i = 0; i < batch * sa; i++) put(a, at, i, i % lda < wa ? rnd(&seed) : NAN);
+  for (int i = 0; i < batch * sb; i++) put(b, at, i, i % ldb < wb ? rnd(&seed) : NAN);
   for (int i = 0; i < (m > n ? m : n); i++) ((float *)bg)[i] = 100.0f; /* written, not added to */
-  for (int i = 0; i < batch * m * n; i++) put(d, dt, i, rnd(&seed));
+  for (int i = 0; i < batch * sd; i++) put(d, dt, i, i % ldd < n ? rnd(&seed) : 7.0f);
   for (int i = 0; i < n; i++) put(bias, dt, i, rnd(&seed));
   for (int i = 0; i < m * n; i++) put(aux, dt, i, 2 * rnd(&seed));
-  double *d0 = malloc(sizeof(double) * (size_t)batch * m * n), *aux0 = malloc(sizeof(double) * (size_t)m * n);
-  for (int i = 0; i < batch * m * n; i++) d0[i] = get(d, dt, i);
+  double *d0 = malloc(sizeof(double) * (size_t)batch * sd), *aux0 = malloc(sizeof(double) * (size_t)m * n);
+  for (int i = 0; i < batch * sd; i++) d0[i] = get(d, dt, i);
   for (int i = 0; i < m * n; i++) aux0[i] = get(aux, dt, i);
   /* beta 1 with BGRAD_B: a weight gradient added into its accumulator, its bias gradient written */
   float alpha = ep == RT_GEMM_BGRAD_B ? 1.0f : 0.75f, beta = ep == RT_GEMM_NONE ? 0.5f : ep == RT_GEMM_BGRAD_B ? 1.0f : 0.0f;
   size_t ab = (size_t)off * es, db = (size_t)off * ds, bgn = (size_t)(m > n ? m : n) * sizeof(float);
   void *dev[6];
-  RtGemm g = {.m = m, .n = n, .k = k, .trans_a = ta, .trans_b = tb, .batch = batch, .stride_a = m * k,
-              .stride_b = k * n, .stride_d = m * n, .ab_type = at, .d_type = dt,
-              .a = on_device(a, (size_t)batch * m * k * es, ab, &dev[0]),
-              .b = on_device(b, (size_t)batch * k * n * es, ab, &dev[1]),
-              .d = on_device(d, (size_t)batch * m * n * ds, db, &dev[2]), .alpha = alpha, .beta = beta, .epilogue = ep,
+  RtGemm g = {.m = m, .n = n, .k = k, .trans_a = ta, .trans_b = tb, .batch = batch, .stride_a = sa,
+              .stride_b = sb, .stride_d = sd, .lda = pad ? lda : 0, .ldb = pad ? ldb : 0, .ldd = pad ? ldd : 0,
+              .ab_type = at, .d_type = dt,
+              .a = on_device(a, (size_t)batch * sa * es, ab, &dev[0]),
+              .b = on_device(b, (size_t)batch * sb * es, ab, &dev[1]),
+              .d = on_device(d, (size_t)batch * sd * ds, db, &dev[2]), .alpha = alpha, .beta = beta, .epilogue = ep,
               .bias = on_device(bias, (size_t)n * ds, 0, &dev[3]), .aux = on_device(aux, (size_t)m * n * ds, 0, &dev[4]),
               .bias_grad = on_device(bg, bgn, 0, &dev[5])};
   RtError err = {""};
@@ -131,7 +136,7 @@ static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, in
   if (cudaDeviceSynchronize() != cudaSuccess) fprintf(stderr, "FAILED: the GEMM's kernel: %s\n", cudaGetErrorString(cudaGetLastError())), bad++;
 #endif
   if (rc == 0) {
-    back_from_device(d, g.d, (size_t)batch * m * n * ds);
+    back_from_device(d, g.d, (size_t)batch * sd * ds);
     back_from_device(aux, g.aux, (size_t)m * n * ds);
     back_from_device(bg, g.bias_grad, bgn);
   }
@@ -144,14 +149,15 @@ static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, in
   }
   double tol = dt == CUDA_R_32F ? 1e-5 : dt == CUDA_R_16BF ? 8e-3 : 1e-3;
   char what[160];
+#define A_(z, i, l) get(a, at, (z) * sa + (ta ? (l) * lda + (i) : (i) * lda + (l)))
+#define B_(z, l, j) get(b, at, (z) * sb + (tb ? (j) * ldb + (l) : (l) * ldb + (j)))
   for (int z = 0; z < batch; z++) {
     double *colsum = calloc((size_t)n, sizeof *colsum);
-    for (int i = 0; i < m; i++)
+    for (int i = 0; i < m; i++) {
       for (int j = 0; j < n; j++) {
         double s = 0;
-        for (int l = 0; l < k; l++)
-          s += get(a, at, z * m * k + (ta ? l * m + i : i * k + l)) * get(b, at, z * k * n + (tb ? j * k + l : l * n + j));
-        double v = alpha * s + beta * d0[z * m * n + i * n + j], want = v;
+        for (int l = 0; l < k; l++) s += A_(z, i, l) * B_(z, l, j);
+        double v = alpha * s + beta * d0[z * sd + i * ldd + j], want = v;
         if (ep == RT_GEMM_BIAS || ep == RT_GEMM_GELU_BIAS || ep == RT_GEMM_GELU_AUX_BIAS) v += get(bias, dt, j);
         if (ep == RT_GEMM_GELU_AUX_BIAS) {
           snprintf(what, sizeof what, "aux (%d,%d) epilogue %d", i, j, (int)ep);
@@ -164,26 +170,34 @@ static void one(RtCublasLt *lt, cudaDataType_t at, cudaDataType_t dt, int ta, in
           want = v * (gelu_ref(x + h) - gelu_ref(x - h)) / (2 * h);
         }
         colsum[j] += want;
-        snprintf(what, sizeof what, "d[%d] (%d,%d), types %d/%d, trans %d%d, epilogue %d", z, i, j, (int)at, (int)dt, ta,
-                 tb, (int)ep);
-        check(what, get(d, dt, z * m * n + i * n + j), want, tol);
+        snprintf(what, sizeof what, "d[%d] (%d,%d), types %d/%d, trans %d%d, epilogue %d, pad %d", z, i, j, (int)at,
+                 (int)dt, ta, tb, (int)ep, pad);
+        check(what, get(d, dt, z * sd + i * ldd + j), want, tol);
       }
+      for (int j = n; j < ldd; j++) {
+        snprintf(what, sizeof what, "d[%d]'s padding (%d,%d), types %d/%d, trans %d%d, epilogue %d", z, i, j, (int)at,
+                 (int)dt, ta, tb, (int)ep);
+        check(what, get(d, dt, z * sd + i * ldd + j), 7.0, 0.0);
+      }
+    }
     if (ep == RT_GEMM_DGELU_BGRAD && batch == 1)
       for (int j = 0; j < n; j++) check("DGELU_BGRAD bias_grad", get(bg, CUDA_R_32F, j), colsum[j], tol * k);
     if (ep == RT_GEMM_BGRAD_A && batch == 1)
       for (int i = 0; i < m; i++) {
         double s = 0;
-        for (int l = 0; l < k; l++) s += get(a, at, ta ? l * m + i : i * k + l);
+        for (int l = 0; l < k; l++) s += A_(0, i, l);
         check("BGRAD_A bias_grad", get(bg, CUDA_R_32F, i), s, tol * k);
       }
     if (ep == RT_GEMM_BGRAD_B && batch == 1)
       for (int j = 0; j < n; j++) {
         double s = 0;
-        for (int l = 0; l < k; l++) s += get(b, at, tb ? j * k + l : l * n + j);
+        for (int l = 0; l < k; l++) s += B_(0, l, j);
         check("BGRAD_B bias_grad", get(bg, CUDA_R_32F, j), s, tol * k);
       }
     free(colsum);
   }
+#undef A_
+#undef B_
   free(base[0]), free(base[1]), free(base[2]), free(aux), free(bias), free(bg), free(d0), free(aux0);
 }
 
@@ -209,10 +223,19 @@ int main(void) {
         for (int ta = 0; ta < 2; ta++)
           for (int tb = 0; tb < 2; tb++)
             for (int ep = RT_GEMM_NONE; ep <= RT_GEMM_BGRAD_B; ep++) {
-              one(lt, types[t], lowd ? types[t] : CUDA_R_32F, ta, tb, 1, (RtGemmEpilogue)ep, pass == 2);
+              one(lt, types[t], lowd ? types[t] : CUDA_R_32F, ta, tb, 1, (RtGemmEpilogue)ep, pass == 2, 0);
               runs++;
             }
-    for (int ta = 0; ta < 2; ta++) one(lt, CUDA_R_32F, CUDA_R_32F, ta, 1 - ta, 3, RT_GEMM_NONE, pass == 2), runs++;
+    for (int ta = 0; ta < 2; ta++) one(lt, CUDA_R_32F, CUDA_R_32F, ta, 1 - ta, 3, RT_GEMM_NONE, pass == 2, 0), runs++;
+    /* rows padded by 3 elements (row pitches lda, ldb, ldd: an odd vocab's logits padded to 16
+     * bytes), one batch and a strided batch of 3 */
+    for (int t = 0; t < 3; t++)
+      for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+          one(lt, types[t], types[t], ta, tb, 1, RT_GEMM_NONE, pass == 2, 3), runs++;
+          one(lt, types[t], CUDA_R_32F, ta, tb, 1, RT_GEMM_BGRAD_B, pass == 2, 3), runs++;
+          one(lt, types[t], types[t], ta, tb, 3, RT_GEMM_NONE, pass == 2, 3), runs++;
+        }
 #ifdef CPLAN_LT_MODEL
     queries[pass] = lt_model_heuristics();
 #endif
@@ -246,11 +269,11 @@ int main(void) {
          runs, M, N, K);
 #elif defined(CPLAN_LT_MODEL)
   printf("test_lt_model: ok: runtime/cuda_rt.c on the cuBLASLt model (%d GEMMs: f32, bf16, f16 operands; f32 and "
-         "low-precision d; 4 transposes; 9 epilogues; batch 3; 256-byte aligned and at an offset; %lld heuristic "
+         "low-precision d; 4 transposes; 9 epilogues; batch 3; padded rows; 256-byte aligned and at an offset; %lld heuristic "
          "queries)\n", runs, queries[2]);
 #else
   printf("test_emu_gemm: ok (%d GEMMs: f32, bf16, f16 operands; f32 and low-precision d; 4 transposes; 9 epilogues; batch 3;"
-         " 256-byte aligned and at an offset)\n", runs);
+         " padded rows; 256-byte aligned and at an offset)\n", runs);
 #endif
   return 0;
 }
