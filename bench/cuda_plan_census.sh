@@ -23,8 +23,8 @@ body = body[:body.index("\n}\n")]
 count = {}
 def add(k, n=1):
     count[k] = count.get(k, 0) + n
-for m in re.finditer(r"^  (gemm|gemm_bias|gemm_gelu|gemm_dgelu|gemm_bgrad|gemm_dgelu_bgrad)\(", body, re.M):
-    add("GEMM " + {"gemm": "plain (or beta 1)", "gemm_bias": "+ bias", "gemm_gelu": "+ bias + gelu (GELU_AUX_BIAS)",
+for m in re.finditer(r"^  (gemm|gemm_ld|gemm_bias|gemm_gelu|gemm_dgelu|gemm_bgrad|gemm_dgelu_bgrad)\(", body, re.M):
+    add("GEMM " + {"gemm": "plain (or beta 1)", "gemm_ld": "plain, rows padded (the logits: find_pitched)", "gemm_bias": "+ bias", "gemm_gelu": "+ bias + gelu (GELU_AUX_BIAS)",
                    "gemm_dgelu": "+ gelu gradient (DGELU)",
                    "gemm_bgrad": "+ bias gradient (BGRAD_B), beta 1",
                    "gemm_dgelu_bgrad": "+ gelu and bias gradients (DGELU_BGRAD)"}[m.group(1)])

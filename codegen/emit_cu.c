@@ -102,6 +102,10 @@ typedef struct Cu {
   bool *add_skip;            /* per add node: done in place by such a kernel (find_inplace_adds) */
   VEC(int64_t) norm_shapes;  /* rows, c of each norm backward (its dw/db workspace, sized at start) */
   bool *acc_done;            /* per ACCUM node: its GEMM accumulates into the state (beta 1): no kernel */
+  int64_t *pitch;            /* per node: its rows' pitch in elements when padded (find_pitched), else 0 */
+  int *tgrad_of;             /* per weight-gradient GEMM GRAD (find_tgrads): the transpose's GRAD it writes, or -1 */
+  bool *tgrad_skip;          /* per transpose GRAD: written by such a GEMM */
+  bool *acc_add;             /* per add (find_accum_adds): both addends added into its ACCUM's accumulator */
   const StratPlan *sp;       /* a lowered plan (tp, sp, ZeRO): the placements and the lowering g came */
   const Lowered *lw;         /* from (NULL: one device or pure data parallelism) */
   CgGlobal gt;               /* the lowered plan's whole tensors (cg_emit_global_tables) */
@@ -237,6 +241,7 @@ static int tcodes(const Cu *c, int n, const int *nodes) {
 }
 
 static int64_t sbytes(const Cu *c, int i) {
+  if (c->pitch && c->pitch[i]) return numel(nd(c, i)) / cg_last_dim(nd(c, i)) * c->pitch[i] * (scode(c, i) ? 2 : 4);
   return scode(c, i) ? numel(nd(c, i)) * 2 : (int64_t)ir_node_bytes(c->g, i);
 }
 
@@ -412,13 +417,26 @@ static bool mm_setup(Cu *c, const Node *f, int fi, Mm *mm) {
   return true;
 }
 
-/* acc: add to out (beta 1) instead of overwriting it */
+/* acc: add to out (beta 1) instead of overwriting it; ld: the row pitches of a, b, out (NULL, 0:
+ * contiguous rows; find_pitched) */
 static void emit_gemm(Cu *c, const char *out, const char *a, const char *b, int64_t nb, int64_t m, int64_t n,
-                      int64_t k, bool ta, bool tb, int64_t sa, int64_t sb, int64_t sc, int node, int abt, int ct,
-                      bool acc) {
+                      int64_t k, bool ta, bool tb, int64_t sa, int64_t sb, int64_t sc, const int64_t *ld, int node,
+                      int abt, int ct, bool acc) {
+  if (ld && (ld[0] || ld[1] || ld[2])) {
+    EMIT("  gemm_ld(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, %lldLL, %d, %d, %d, "
+         "%d);\n", out, a, b, (long long)nb, (long long)m, (long long)n, (long long)k, ta, tb, (long long)sa,
+         (long long)sb, (long long)sc, (long long)ld[0], (long long)ld[1], (long long)ld[2], node, abt, ct, acc);
+    return;
+  }
   EMIT("  gemm(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d, %d);\n", out, a, b,
        (long long)nb, (long long)m, (long long)n, (long long)k, ta, tb, (long long)sa, (long long)sb, (long long)sc,
        node, abt, ct, acc);
+}
+
+/* The batch stride of matmul output (or output gradient) v, whose batches hold m rows: m rows of
+ * its pitch when padded, else the graph's stride s. */
+static int64_t pstride(const Cu *c, int v, int64_t m, int64_t s) {
+  return c->pitch[v] && s ? m * c->pitch[v] : s;
 }
 
 /* Which GRAD nodes' only reader is an ACCUM into an f32 gradient accumulator (acc_of): a weight
@@ -836,6 +854,119 @@ static void find_bgrads(Cu *c) {
   }
 }
 
+/* Logits in padded rows (llm.c pads GPT-2's vocab 50257 to 50304 for the same reason): a matmul
+ * output whose rows are not a multiple of 16 bytes long (an odd vocab's logits) keeps cuBLASLt off
+ * its fast kernels (TMA and 16-byte vector loads need 16-byte aligned rows) in all three GEMMs that
+ * touch it. When such an output L is read only by a cross_entropy (whole rows, not vocab-parallel)
+ * and the gradients, and its gradient dL only by L's matmul gradients (plain GEMMs), L and dL get
+ * rows of a pitch rounded up to 128 bytes: the forward GEMM writes L's rows at that pitch
+ * (gemm_ld's ldc), cross_entropy reads and writes at it (the _ld launchers), and the backward GEMMs
+ * read dL at it (lda, ldb). The padding is never read or written. Decided before the memory plan
+ * (sbytes). */
+static void find_pitched(Cu *c) {
+  const Graph *g = c->g;
+  c->pitch = cp_alloc(sizeof(int64_t) * (size_t)(g->n + 1));
+  for (int l = 0; l < g->n; l++) {
+    const Node *ln = nd(c, l);
+    CgMm mm;
+    if (ln->op != OP_MATMUL || ln->role != ROLE_FWD || !cg_executed(ln) || !alone(c, l) || c->pl.nc[l].kind != CG_L_WORK ||
+        c->pl.nc[l].leader != l || c->ep_of[l] >= 0 || !cg_mm_dims(g, ln, &mm) || ln->dtype != DT_F32 || l == g->loss)
+      continue;
+    int64_t es = scode(c, l) ? 2 : 4, align = 128 / es;
+    if (mm.n * es % 16 == 0 || (mm.nb > 1 && mm.sc != mm.m * mm.n)) continue;
+    int ce = -1;
+    for (int j = 0; j < g->n; j++)
+      if (nd(c, j)->op == OP_CROSS_ENTROPY && nd(c, j)->in[0] == l) ce = ce < 0 ? j : -2;
+    if (ce < 0 || nd(c, ce)->ia[0] != 0 || !cg_executed(nd(c, ce))) continue;
+    bool metric = false;
+    for (int k = 0; k < g->metrics.n; k++) metric |= g->metrics.a[k].node == l;
+    int dl = grad_of(c, ce, 0), g0 = grad_of(c, l, 0), g1 = grad_of(c, l, 1);
+    if (metric || !read_only_by(c, l, (int[]){ce, dl, g0, g1}, 4)) continue;
+    bool ok = true;
+    if (dl >= 0) {
+      ok = cg_executed(nd(c, dl)) && alone(c, dl) && c->pl.nc[dl].kind == CG_L_WORK && c->pl.nc[dl].leader == dl &&
+           c->acc_of[dl] < 0 && scode(c, dl) == scode(c, l) && read_only_by(c, dl, (int[]){g0, g1}, 2);
+      for (int k = 0; k < 2 && ok; k++) {
+        int gk = k ? g1 : g0;
+        ok = gk < 0 || (nd(c, gk)->in[0] == dl && c->gelu_of[gk] < 0 && c->bgrad_of[gk] < 0 && alone(c, gk));
+      }
+    }
+    if (!ok) continue;
+    c->pitch[l] = (mm.n + align - 1) / align * align;
+    if (dl >= 0) c->pitch[dl] = c->pitch[l];
+  }
+}
+
+/* Weight gradients written transposed: for x @ transpose(W) with the transpose virtual (the GEMM
+ * reads W transposed; GPT-2's tied head, logits = x @ wte^T), the gradient of transpose(W), dB =
+ * x^T @ dY [C, V], was written by its GEMM and transposed back into W's [V, C] by cps_transpose.
+ * When the transpose's GRAD tg is dB's only reader, dB's GEMM computes dB^T = dY^T @ x straight
+ * into tg's buffer (dB becomes a view of it, computed at dB's place) and tg launches nothing: one
+ * kernel, and a [V, C] pass of reads and writes, fewer; the GEMM's output rows are C long (an odd V
+ * made them unaligned). Decided before the memory plan. */
+static void find_tgrads(Cu *c) {
+  const Graph *g = c->g;
+  c->tgrad_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  c->tgrad_skip = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  for (int i = 0; i <= g->n; i++) c->tgrad_of[i] = -1;
+  for (int tg = 0; tg < g->n; tg++) {
+    const Node *tn = nd(c, tg);
+    if (tn->op != OP_GRAD || !cg_executed(tn) || !alone(c, tg) || c->pl.nc[tg].kind != CG_L_WORK ||
+        c->pl.nc[tg].leader != tg)
+      continue;
+    int t = tn->fwd, db = tn->in[0];
+    const Node *t_n = nd(c, t), *dbn = nd(c, db);
+    if (t_n->op != OP_TRANSPOSE || t_n->shape.rank != 2 || !c->pl.nc[t].trans || dbn->op != OP_GRAD || dbn->ia[0] != 1 ||
+        nd(c, dbn->fwd)->op != OP_MATMUL || nd(c, dbn->fwd)->in[1] != t)
+      continue;
+    if (!cg_executed(dbn) || !alone(c, db) || c->pl.nc[db].kind != CG_L_WORK || c->pl.nc[db].leader != db ||
+        c->reader[db] != tg || c->acc_of[db] >= 0 || c->bgrad_of[db] >= 0 || c->pitch[db] || scode(c, db) != scode(c, tg))
+      continue;
+    c->tgrad_of[db] = tg, c->tgrad_skip[tg] = true;
+    c->pl.nc[db].kind = CG_L_ALIAS, c->pl.nc[db].alias = tg, c->pl.nc[tg].leader = db;
+  }
+}
+
+/* Whether GRAD v's emitter honors acc_of (adds into the accumulator itself): a matmul's gradient (a
+ * GEMM with beta 1), a transpose's gradient written by such a GEMM (find_tgrads), an embedding
+ * table's gradient (the kernel adds). */
+static bool adds_into_acc(const Cu *c, int v) {
+  const Node *n = nd(c, v);
+  if (n->op != OP_GRAD || !cg_executed(n) || c->pl.nc[v].kind != CG_L_WORK) return false;
+  if (c->tgrad_skip[v]) return true; /* its leader is the GEMM */
+  const Node *f = nd(c, n->fwd);
+  if (c->pl.nc[v].leader != v) return false;
+  if (f->op == OP_MATMUL) return c->tgrad_of[v] < 0 && c->bgrad_of[v] < 0 && c->gelu_of[v] < 0 && !c->pitch[v];
+  return f->op == OP_EMBEDDING && n->ia[0] == 0 && f->ia[0] == 0;
+}
+
+/* A weight used twice, as a tied head and embedding (GPT-2's wte): its gradient is the add of two
+ * gradients, the accum's one input, each read only by the add. When both emitters can add into the
+ * accumulator (adds_into_acc), both do, and neither the add nor the accum launches anything: the
+ * [V, C] zeroing, add and accumulation passes go. Decided before the memory plan (the add's buffer
+ * is left unused). */
+static void find_accum_adds(Cu *c) {
+  const Graph *g = c->g;
+  c->acc_add = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) {
+    const Node *a = nd(c, i);
+    if (a->op != OP_ACCUM || a->role == ROLE_UPD || scode(c, a->in[0])) continue;
+    int s = a->in[1];
+    const Node *sn = nd(c, s);
+    if (sn->op != OP_ADD || c->reader[s] != i || !alone(c, s) || c->pl.nc[s].kind != CG_L_WORK || c->add_skip[s] ||
+        c->ep_done[s] || sn->in[0] == sn->in[1] || scode(c, s) || numel(sn) != numel(nd(c, a->in[0])))
+      continue;
+    bool ok = true;
+    for (int k = 0; k < 2 && ok; k++) {
+      int v = sn->in[k];
+      ok = c->reader[v] == s && c->acc_of[v] < 0 && !scode(c, v) && shape_eq(&nd(c, v)->shape, &sn->shape) &&
+           adds_into_acc(c, v);
+    }
+    if (!ok) continue;
+    c->acc_of[sn->in[0]] = c->acc_of[sn->in[1]] = i, c->acc_add[s] = true;
+  }
+}
+
 /* The arguments the bias-gradient GEMMs add to theirs: the accumulator of bias gradient db, its
  * storage codes (it, dy), dy's rows and the sign (a sub's second input: -1). */
 static const char *bgrad_args(Cu *c, int db) {
@@ -1194,8 +1325,8 @@ static void emit_forward(Cu *c, int i) {
            mm.tb, (long long)mm.d.sa, (long long)mm.d.sb, (long long)mm.d.sc, i, mm.abt, scode(c, ad));
       break;
     }
-    emit_gemm(c, ptr(c, i), mm.a, mm.b, mm.d.nb, mm.d.m, mm.d.n, mm.d.k, mm.ta, mm.tb, mm.d.sa, mm.d.sb, mm.d.sc, i, mm.abt,
-              scode(c, i), false);
+    emit_gemm(c, ptr(c, i), mm.a, mm.b, mm.d.nb, mm.d.m, mm.d.n, mm.d.k, mm.ta, mm.tb, mm.d.sa, mm.d.sb,
+              pstride(c, i, mm.d.m, mm.d.sc), (int64_t[3]){0, 0, c->pitch[i]}, i, mm.abt, scode(c, i), false);
     break;
   }
   case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS: emit_shape_op(c, i); break;
@@ -1227,9 +1358,10 @@ static void emit_forward(Cu *c, int i) {
       emit_vocab_ce(c, i);
       break;
     }
-    KL("cplan_cuda_cross_entropy_forward(%s, %s, %s, %s, (int *)%s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c),
+    int64_t v = cg_last_dim(lg), ld = c->pitch[n->in[0]] ? c->pitch[n->in[0]] : v;
+    KL("cplan_cuda_cross_entropy_forward_ld(%s, %s, %s, %s, (int *)%s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", kdt(c),
        aux_ptr(c, i, 0), aux_ptr(c, i, rows), ptr(c, i), aux_ptr(c, i, 2 * rows), ptr(c, n->in[0]), ptr(c, n->in[1]),
-       (long long)rows, (long long)cg_last_dim(lg), i);
+       (long long)rows, (long long)v, (long long)ld, i);
     break;
   }
   case OP_ARGMAX: {
@@ -1253,7 +1385,7 @@ static void emit_forward(Cu *c, int i) {
     break;
   case OP_ACCUM: {
     if (c->acc_done[i]) {
-      EMIT("  /* (its gradient GEMM added into the accumulator) */\n");
+      EMIT("  /* (its gradient's kernels added into the accumulator) */\n");
       break;
     }
     const char *args[4] = {ai(tcodes(c, 2, (int[]){n->in[0], n->in[1]})), ap(ptr(c, n->in[0])), ap(ptr(c, n->in[1])),
@@ -1440,8 +1572,11 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
       break;
     }
     /* written, not added: no zeroing (the logits' gradient is never an accumulator) */
-    KL("cplan_cuda_cross_entropy_backward_ex(%s, %s, %s, (const int *)%s, %s, %s, %s, %lld, %lld, 0, G.s), %d);\n", kdt(c),
-       dx, dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)cg_last_dim(lg), i);
+    cp_assert(c->pitch[i] == c->pitch[f->in[0]]); /* find_pitched pads both or neither */
+    int64_t v = cg_last_dim(lg), ld = c->pitch[i] ? c->pitch[i] : v;
+    KL("cplan_cuda_cross_entropy_backward_ld(%s, %s, %s, (const int *)%s, %s, %s, %s, %lld, %lld, %lld, 0, G.s), %d);\n",
+       kdt(c), dx, dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)v,
+       (long long)ld, i);
     break;
   }
   default: cp_unreachable();
@@ -1499,7 +1634,13 @@ static void emit_grad_shape(Cu *c, int i, const Node *f) {
   }
   case OP_EMBEDDING:
     if (!hw_typed(c, i, 1, (int[]){n->in[0]})) break;
-    emit_zero(c, dx, bytes);
+    if (f->ia[0] == 0 && c->acc_of[i] >= 0) { /* the kernel adds: straight into the accumulator */
+      int a = c->acc_of[i];
+      dx = ptr(c, nd(c, a)->in[0]);
+      c->acc_done[a] = true;
+      EMIT("  /* into the accumulator %s (the accum %%%d) */\n", nd(c, nd(c, a)->in[0])->name, a);
+    } else
+      emit_zero(c, dx, bytes);
     if (f->ia[0] > 0) { /* vocab-parallel: this rank's rows of the table's gradient */
       int a = (int)f->ia[0] - 1;
       KL("cplan_cuda_vp_embedding_backward(%s, %s, %s, %s, %lld, (int)run->axis_coord[%d] * %lld, %lld, %lld, %lld, G.s), %d);\n",
@@ -1519,7 +1660,7 @@ static void emit_grad(Cu *c, int i) {
   Node fv = *nd(c, n->fwd); /* the forward node with the inputs this GRAD reads (emit_c.c) */
   fv.in = n->in + 1;
   const Node *f = &fv;
-  if (cg_grad_skip(c->out, &c->pl, i)) return;
+  if (c->tgrad_of[i] < 0 && cg_grad_skip(c->out, &c->pl, i)) return; /* a view of its transpose's gradient: computed */
   int64_t bytes = sbytes(c, i);
   const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[n->ia[0]]);
   switch (f->op) {
@@ -1559,6 +1700,7 @@ static void emit_grad(Cu *c, int i) {
       return;
     }
     int a = c->acc_of[i]; /* a weight gradient added straight into its accumulator */
+    if (c->tgrad_of[i] >= 0) a = c->acc_of[c->tgrad_of[i]]; /* as the gradient of the transpose (find_tgrads) */
     if (a >= 0) {
       dx = ptr(c, nd(c, a)->in[0]);
       c->acc_done[a] = true;
@@ -1575,15 +1717,20 @@ static void emit_grad(Cu *c, int i) {
            (long long)mm.d.k, (long long)mm.d.n, 0, !mm.tb, (long long)mm.d.sc, (long long)mm.d.sb, (long long)mm.d.sa, i,
            mm.abt, scode(c, gg), bga ? ", " : "", bga ? bga : "");
     } else if (n->ia[0] == 0) /* dA = dY @ B^T */
-      emit_gemm(c, dx, dy, mm.b, mm.d.nb, mm.d.m, mm.d.k, mm.d.n, false, !mm.tb, mm.d.sc, mm.d.sb, mm.d.sa, i, mm.abt,
-                scode(c, i), a >= 0);
+      emit_gemm(c, dx, dy, mm.b, mm.d.nb, mm.d.m, mm.d.k, mm.d.n, false, !mm.tb, pstride(c, n->in[0], mm.d.m, mm.d.sc),
+                mm.d.sb, mm.d.sa, (int64_t[3]){c->pitch[n->in[0]], 0, 0}, i, mm.abt, scode(c, i), a >= 0);
     else if (bg >= 0) { /* dB = A^T @ dY, and the bias gradient: dY's column sums */
       const char *bga = bgrad_args(c, bg);
       EMIT("  gemm_bgrad(%s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lldLL, %lldLL, %lldLL, %d, %d, %d, %d, %s);\n", dx,
            mm.a, dy, (long long)mm.d.nb, (long long)mm.d.k, (long long)mm.d.n, (long long)mm.d.m, !mm.ta, 0,
            (long long)mm.d.sa, (long long)mm.d.sc, (long long)mm.d.sb, i, mm.abt, scode(c, i), a >= 0, bga);
+    } else if (c->tgrad_of[i] >= 0) { /* dB^T = dY^T @ A, into the transpose's gradient (find_tgrads) */
+      EMIT("  /* transposed, as the gradient %%%d of the transpose it feeds */\n", c->tgrad_of[i]);
+      emit_gemm(c, dx, dy, mm.a, mm.d.nb, mm.d.n, mm.d.k, mm.d.m, true, mm.ta, pstride(c, n->in[0], mm.d.m, mm.d.sc),
+                mm.d.sa, mm.d.sb, (int64_t[3]){c->pitch[n->in[0]], 0, 0}, i, mm.abt, scode(c, i), a >= 0);
     } else /* dB = A^T @ dY */
-      emit_gemm(c, dx, mm.a, dy, mm.d.nb, mm.d.k, mm.d.n, mm.d.m, !mm.ta, false, mm.d.sa, mm.d.sc, mm.d.sb, i, mm.abt,
+      emit_gemm(c, dx, mm.a, dy, mm.d.nb, mm.d.k, mm.d.n, mm.d.m, !mm.ta, false, mm.d.sa,
+                pstride(c, n->in[0], mm.d.m, mm.d.sc), mm.d.sb, (int64_t[3]){0, c->pitch[n->in[0]], 0}, i, mm.abt,
                 scode(c, i), a >= 0);
     break;
   }
@@ -1676,6 +1823,16 @@ static void emit_node(Cu *c, int i) {
   if (c->ep_done[i]) {
     cg_comment(c->out, c->g, c->irline, i);
     EMIT("  /* (done by its matmul's GEMM) */\n");
+    return;
+  }
+  if (c->acc_add[i]) {
+    cg_comment(c->out, c->g, c->irline, i);
+    EMIT("  /* (both addends were added into the accumulator) */\n");
+    return;
+  }
+  if (c->tgrad_skip[i]) {
+    cg_comment(c->out, c->g, c->irline, i);
+    EMIT("  /* (written transposed by the GEMM of %%%d) */\n", nd(c, i)->in[0]);
     return;
   }
   if (c->bgrad_host[i] >= 0) {
@@ -2099,6 +2256,9 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   find_inplace_adds(c);
   find_attn_inplace(c);
   find_bgrads(c);
+  find_pitched(c);
+  find_tgrads(c);
+  find_accum_adds(c);
   c->ls = c->seed >= 0 || (pipe && c->lpc == 2);
   if (!cg_check_sizes(g, "cuda")) return false;
   if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {

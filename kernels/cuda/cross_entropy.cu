@@ -6,15 +6,16 @@
  *    order, into the mean over the counted rows and the count;
  *  - backward: one block per row adds (dloss / count) (exp(logit - lse) - onehot) to dlogits (or,
  *    _ex with accumulate 0, writes it, and zeros on ignored rows).
- * dloss and count are device scalars, so a step needs no host sync between the two. */
+ * dloss and count are device scalars, so a step needs no host sync between the two. Rows are pitch
+ * elements apart (pitch >= v: a row pitch, the logits of an odd vocab padded for cuBLASLt). */
 #include "cuda_common.h"
 
 template <typename T>
 __device__ __forceinline__ void ce_rows(float *losses, float *lse, const T *logits, const int *targets, int rows,
-                                        int v) {
+                                        int v, int pitch) {
   __shared__ float sh[33];
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
-    const T *x = logits + (long long)r * v;
+    const T *x = logits + (long long)r * pitch;
     /* one pass over the row (it is read once from memory, not twice): each thread keeps a running
      * max mt and the sum st of exp(x - mt), rescaled when mt grows; then the block's max m and the
      * sum of the threads' st exp(mt - m) */
@@ -54,18 +55,18 @@ __device__ __forceinline__ void ce_mean(float *loss, int *count, const float *lo
 /* acc 1: dlogits +=; acc 0: dlogits = (its old values never read; ignored rows get zeros) */
 template <typename T>
 __device__ __forceinline__ void ce_bwd(T *dlogits, const float *dloss, const int *count, const T *logits,
-                                       const float *lse, const int *targets, int rows, int v, int acc) {
+                                       const float *lse, const int *targets, int rows, int v, int pitch, int acc) {
   if (*count <= 0 && acc) return;
   float g = *count > 0 ? *dloss / (float)*count : 0.0f;
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     int tg = targets[r];
-    T *dx = dlogits + (long long)r * v;
+    T *dx = dlogits + (long long)r * pitch;
     if (tg == -1 || *count <= 0) { /* an ignored row gets no gradient at all */
       if (!acc)
         for (int j = threadIdx.x; j < v; j += blockDim.x) dx[j] = st<T>(0.0f);
       continue;
     }
-    const T *x = logits + (long long)r * v;
+    const T *x = logits + (long long)r * pitch;
     float l = lse[r];
     for (int j = threadIdx.x; j < v; j += blockDim.x) {
       float p = expf(ld(x[j]) - l);
@@ -76,13 +77,14 @@ __device__ __forceinline__ void ce_bwd(T *dlogits, const float *dloss, const int
 
 #define CE_ENTRIES(T, S)                                                                                   \
   extern "C" __global__ void cross_entropy_forward_##S(float *losses, float *lse, const T *logits,         \
-                                                       const int *targets, int rows, int v) {              \
-    ce_rows<T>(losses, lse, logits, targets, rows, v);                                                     \
+                                                       const int *targets, int rows, int v, int pitch) {      \
+    ce_rows<T>(losses, lse, logits, targets, rows, v, pitch);                                              \
   }                                                                                                        \
   extern "C" __global__ void cross_entropy_backward_##S(T *dlogits, const float *dloss, const int *count,  \
                                                         const T *logits, const float *lse,                 \
-                                                        const int *targets, int rows, int v, int acc) {    \
-    ce_bwd<T>(dlogits, dloss, count, logits, lse, targets, rows, v, acc);                                  \
+                                                        const int *targets, int rows, int v, int pitch,    \
+                                                        int acc) {                                         \
+    ce_bwd<T>(dlogits, dloss, count, logits, lse, targets, rows, v, pitch, acc);                           \
   }
 
 CE_ENTRIES(float, f32)
@@ -97,22 +99,22 @@ extern "C" __global__ void cross_entropy_mean(float *loss, int *count, const flo
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
 
-extern "C" int cplan_cuda_cross_entropy_forward(CplanDtype dt, float *losses, float *lse, float *loss, int *count,
-                                                const void *logits, const int32_t *targets, int rows, int v,
-                                                cudaStream_t stream) {
+extern "C" int cplan_cuda_cross_entropy_forward_ld(CplanDtype dt, float *losses, float *lse, float *loss, int *count,
+                                                   const void *logits, const int32_t *targets, int rows, int v, int ld,
+                                                   cudaStream_t stream) {
   const char *me = "cplan_cuda_cross_entropy_forward";
-  CPLAN_REQUIRE(me, rows >= 0 && v > 0, "bad shape [%d, %d]", rows, v);
+  CPLAN_REQUIRE(me, rows >= 0 && v > 0 && ld >= v, "bad shape [%d, %d] (row pitch %d)", rows, v, ld);
   CPLAN_REQUIRE(me, losses && lse && loss && count && logits && targets,
                 "losses, lse, loss, count, logits and targets must not be NULL");
   unsigned grid = rows < 1 ? 1 : rows > (int)CPLAN_MAX_GRID ? CPLAN_MAX_GRID : (unsigned)rows;
   int th = cplan_row_threads(v);
   if (rows > 0) {
     if (dt == CPLAN_F32)
-      cross_entropy_forward_f32<<<grid, th, 0, stream>>>(losses, lse, (const float *)logits, targets, rows, v);
+      cross_entropy_forward_f32<<<grid, th, 0, stream>>>(losses, lse, (const float *)logits, targets, rows, v, ld);
     else if (dt == CPLAN_BF16)
-      cross_entropy_forward_bf16<<<grid, th, 0, stream>>>(losses, lse, (const bf16 *)logits, targets, rows, v);
+      cross_entropy_forward_bf16<<<grid, th, 0, stream>>>(losses, lse, (const bf16 *)logits, targets, rows, v, ld);
     else if (dt == CPLAN_F16)
-      cross_entropy_forward_f16<<<grid, th, 0, stream>>>(losses, lse, (const fp16 *)logits, targets, rows, v);
+      cross_entropy_forward_f16<<<grid, th, 0, stream>>>(losses, lse, (const fp16 *)logits, targets, rows, v, ld);
     else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
     if (cplan_cuda_launched(me)) return -1;
   }
@@ -120,11 +122,17 @@ extern "C" int cplan_cuda_cross_entropy_forward(CplanDtype dt, float *losses, fl
   return cplan_cuda_launched(me);
 }
 
-extern "C" int cplan_cuda_cross_entropy_backward_ex(CplanDtype dt, void *dlogits, const float *dloss, const int *count,
+extern "C" int cplan_cuda_cross_entropy_forward(CplanDtype dt, float *losses, float *lse, float *loss, int *count,
+                                                const void *logits, const int32_t *targets, int rows, int v,
+                                                cudaStream_t stream) {
+  return cplan_cuda_cross_entropy_forward_ld(dt, losses, lse, loss, count, logits, targets, rows, v, v, stream);
+}
+
+extern "C" int cplan_cuda_cross_entropy_backward_ld(CplanDtype dt, void *dlogits, const float *dloss, const int *count,
                                                     const void *logits, const float *lse, const int32_t *targets,
-                                                    int rows, int v, int accumulate, cudaStream_t stream) {
+                                                    int rows, int v, int ld, int accumulate, cudaStream_t stream) {
   const char *me = "cplan_cuda_cross_entropy_backward";
-  CPLAN_REQUIRE(me, rows >= 0 && v > 0, "bad shape [%d, %d]", rows, v);
+  CPLAN_REQUIRE(me, rows >= 0 && v > 0 && ld >= v, "bad shape [%d, %d] (row pitch %d)", rows, v, ld);
   CPLAN_REQUIRE(me, dlogits && dloss && count && logits && lse && targets,
                 "dlogits, dloss, count, logits, lse and targets must not be NULL");
   if (rows == 0) return 0;
@@ -132,13 +140,13 @@ extern "C" int cplan_cuda_cross_entropy_backward_ex(CplanDtype dt, void *dlogits
   int th = cplan_row_threads(v), acc = accumulate != 0;
   if (dt == CPLAN_F32)
     cross_entropy_backward_f32<<<grid, th, 0, stream>>>((float *)dlogits, dloss, count, (const float *)logits, lse,
-                                                        targets, rows, v, acc);
+                                                        targets, rows, v, ld, acc);
   else if (dt == CPLAN_BF16)
     cross_entropy_backward_bf16<<<grid, th, 0, stream>>>((bf16 *)dlogits, dloss, count, (const bf16 *)logits, lse,
-                                                         targets, rows, v, acc);
+                                                         targets, rows, v, ld, acc);
   else if (dt == CPLAN_F16)
     cross_entropy_backward_f16<<<grid, th, 0, stream>>>((fp16 *)dlogits, dloss, count, (const fp16 *)logits, lse,
-                                                         targets, rows, v, acc);
+                                                         targets, rows, v, ld, acc);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }
@@ -146,6 +154,6 @@ extern "C" int cplan_cuda_cross_entropy_backward_ex(CplanDtype dt, void *dlogits
 extern "C" int cplan_cuda_cross_entropy_backward(CplanDtype dt, void *dlogits, const float *dloss, const int *count,
                                                  const void *logits, const float *lse, const int32_t *targets,
                                                  int rows, int v, cudaStream_t stream) {
-  return cplan_cuda_cross_entropy_backward_ex(dt, dlogits, dloss, count, logits, lse, targets, rows, v, 1, stream);
+  return cplan_cuda_cross_entropy_backward_ld(dt, dlogits, dloss, count, logits, lse, targets, rows, v, v, 1, stream);
 }
 #endif

@@ -121,10 +121,14 @@ int cplan_cuda_cross_entropy_forward(CplanDtype dt, float *losses, float *lse, f
 int cplan_cuda_cross_entropy_backward(CplanDtype dt, void *dlogits, const float *dloss,
                                       const int *count, const void *logits, const float *lse,
                                       const int32_t *targets, int rows, int v, cudaStream_t stream);
-/* accumulate 0: dlogits is written (=), zeros on ignored rows, its old values never read */
-int cplan_cuda_cross_entropy_backward_ex(CplanDtype dt, void *dlogits, const float *dloss,
+/* _ld: logits and dlogits rows ld >= v elements apart (a row pitch: padded rows, never read or
+ * written); accumulate 0: dlogits is written (=), zeros on ignored rows, its old values never read */
+int cplan_cuda_cross_entropy_forward_ld(CplanDtype dt, float *losses, float *lse, float *loss, int *count,
+                                        const void *logits, const int32_t *targets, int rows, int v, int ld,
+                                        cudaStream_t stream);
+int cplan_cuda_cross_entropy_backward_ld(CplanDtype dt, void *dlogits, const float *dloss,
                                          const int *count, const void *logits, const float *lse,
-                                         const int32_t *targets, int rows, int v, int accumulate,
+                                         const int32_t *targets, int rows, int v, int ld, int accumulate,
                                          cudaStream_t stream);
 
 /* ---- embedding.cu: k_embedding_* ---------------------------------------------------------------

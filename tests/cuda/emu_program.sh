@@ -15,6 +15,7 @@
 # and -refuse (the emulated cuBLASLt refuses DGELU_BGRAD and BGRAD_B, CUEMU_REFUSE_EPILOGUES: the program
 # says so once each and takes the fallbacks; DGELU still runs):
 #   gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16
+#   gpt_smallv-f32 gpt_smallv-bf16 (vocab 67: the logits' rows padded to 128 bytes, emit_cu.c find_pitched)
 #   gpt_small-{f32,f16}-dp2-{mpi,nccl}  (mesh of 2 GPUs, mpirun -np 2, CPLAN_COMM=mpi or nccl: the
 #                           emulated NCCL must have been made on both ranks, or on none)
 #   gpt_small-f16-resume   (an f16 run checkpointed half way, resumed: state.json has loss_scale,
@@ -42,7 +43,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallv-f32 gpt_smallv-bf16 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
 export CUEMU_DEFER=${CUEMU_DEFER:-1}
 env_file=$build/tests/cuda_emu/program.env
@@ -63,12 +64,13 @@ for i in $(seq 300); do printf '%d+%d=%d; ' "$i" $((i * 7 % 13)) $((i + i * 7 % 
 # the CPU reference of a model: STEPS steps, its initial params
 cpu() {
   [ -f "$1-cpu.jsonl" ] && return 0
-  local layers=2 # MODEL4: MODEL with 4 layers (the model keeps its name)
-  case $1 in *4) layers=4 ;; esac
+  local layers=2 vocab=64 base=$1 # MODEL4: MODEL with 4 layers; MODELv: vocab 67 (the model keeps its name)
+  case $base in *4) layers=4 base=${base%4} ;; esac
+  case $base in *v) vocab=67 base=${base%v} ;; esac
   # every run evaluates (eval_step: the forward pass of each strategy) at steps 4 and 8 on 2 held-out batches
-  { sed -e "s/L: int = 2,/L: int = $layers,/" \
+  { sed -e "s/L: int = 2,/L: int = $layers,/" -e "s/(vocab: int = 64,/(vocab: int = $vocab,/" \
       -e 's|^  data      = tokens("tokens.bin")$|  data      = tokens("tokens.bin", val = "tokens_val.bin")\n  eval      = { every = 4, batches = 2 }|' \
-      "$src/tests/e2e/${1%4}.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$1.cplan"
+      "$src/tests/e2e/$base.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$1.cplan"
   grep -q 'val = "tokens_val.bin"' "$1.cplan" || { echo "$1: no evaluation data in $1.cplan"; return 1; }
   "$cplanc" build "$1.cplan" -o "$1-cpu" --set train.steps="$steps" 2>"$1-cpu.log" || { cat "$1-cpu.log"; return 1; }
   timeout 120 "./$1-cpu" --quiet --save-init "$1-init.st" --save "$1-cpu.st" --metrics "$1-cpu.jsonl" ||
@@ -112,6 +114,12 @@ for c in $cases; do
     case $m in gpt*)
       grep -q '^  gemm_bgrad(' "keep-$c/plan.c" && grep -q '^  gemm_dgelu_bgrad(' "keep-$c/plan.c" ||
         { note "$c: plan.c has no bias-gradient GEMM (gemm_bgrad, gemm_dgelu_bgrad)"; continue; } ;;
+    esac
+    # vocab 67: the logits and their gradient in padded rows (emit_cu.c, find_pitched): three GEMMs
+    # with row pitches, cross_entropy at the pitch
+    case $m in *v)
+      [ "$(grep -c '^  gemm_ld(' "keep-$c/plan.c")" -ge 3 ] && grep -q 'cross_entropy_backward_ld(.*, 67, \(96\|128\), 0, G.s)' "keep-$c/plan.c" ||
+        { note "$c: plan.c does not pad the logits' rows (find_pitched)"; continue; } ;;
     esac
     CPLAN_GELU_EPILOGUE=$noep CPLAN_BGRAD_EPILOGUE=$nobg CUEMU_REFUSE_EPILOGUES=$refuse CPLAN_ATTENTION=$attn \
       CPLAN_PROFILE=$prof timeout 600 "./$c" --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" ||

@@ -495,11 +495,34 @@ static void test_cross_entropy(CplanDtype dt) {
   float *zx = calloc((size_t)e, 4);
   k_cross_entropy_backward(zx, dl, x, tg, rows, v);
   CUDA_OK(cudaMemset(g, 0xff, esize(dt) * (size_t)e));
-  LAUNCH_OK(cplan_cuda_cross_entropy_backward_ex(dt, g, dloss, dcount, dx, lse, dtg, rows, v, 0, stream));
+  LAUNCH_OK(cplan_cuda_cross_entropy_backward_ld(dt, g, dloss, dcount, dx, lse, dtg, rows, v, v, 0, stream));
   compare("cross_entropy", "bwd dlogits (written)", dt, down(g, e, dt), zx, e, dt != CPLAN_F32 ? 1e-3 : 1e-6, atol_of(dt));
-  free(zx);
+  /* rows ld = v + 5 apart (the logits of an odd vocab padded for cuBLASLt): NaN in the padding
+   * of the logits (read, it would spoil a row's loss), and dlogits' padding (NaN) left alone */
+  const int ld = v + 5;
+  long ep = (long)rows * ld;
+  float *xp = malloc(sizeof(float) * (size_t)ep), *zp = malloc(sizeof(float) * (size_t)ep);
+  for (long i = 0; i < ep; i++) {
+    long r = i / ld, j = i % ld;
+    xp[i] = j < v ? x[r * v + j] : NAN;
+    zp[i] = j < v ? zx[r * v + j] : NAN;
+  }
+  void *dxp = up(xp, ep, dt), *gp = up(zp, ep, dt);
+  CUDA_OK(cudaMemset(gp, 0xff, esize(dt) * (size_t)rows * v)); /* the first rows' values: NaN */
+  LAUNCH_OK(cplan_cuda_cross_entropy_forward_ld(dt, losses, lse, dloss, dcount, dxp, dtg, rows, v, ld, stream));
+  compare("cross_entropy", "fwd loss (row pitch)", dt, down(dloss, 1, CPLAN_F32), &loss, 1, 1e-5, 1e-5);
+  CUDA_OK(cudaMemcpy(dloss, &dl, 4, cudaMemcpyHostToDevice));
+  LAUNCH_OK(cplan_cuda_cross_entropy_backward_ld(dt, gp, dloss, dcount, dxp, lse, dtg, rows, v, ld, 0, stream));
+  float *gpv = down(gp, ep, dt);
+  int kept = 1;
+  for (long i = 0; i < ep; i++)
+    if (i % ld >= v) kept &= isnan(gpv[i]), gpv[i] = zp[i] = 0.0f; /* the padding: compared apart */
+  compare("cross_entropy", "bwd dlogits (row pitch)", dt, gpv, zp, ep, dt != CPLAN_F32 ? 1e-3 : 1e-6, atol_of(dt));
+  if (!kept) fprintf(stderr, "FAILED: cross_entropy %s: the backward wrote dlogits' row padding\n", cplan_dtype_name(dt)), failures++;
+  free(zx), free(xp), free(zp);
   free(x), free(gx), free(tg);
-  cudaFree(dx), cudaFree(g), cudaFree(dtg), cudaFree(losses), cudaFree(lse), cudaFree(dloss), cudaFree(dcount);
+  cudaFree(dx), cudaFree(g), cudaFree(dxp), cudaFree(gp), cudaFree(dtg), cudaFree(losses), cudaFree(lse), cudaFree(dloss),
+      cudaFree(dcount);
 }
 
 static void test_embedding(CplanDtype dt, int n) {
