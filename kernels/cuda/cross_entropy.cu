@@ -5,10 +5,38 @@
  *    the row's loss lse - logit[target]; then one block adds the losses up in f64, in a fixed
  *    order, into the mean over the counted rows and the count;
  *  - backward: one block per row adds (dloss / count) (exp(logit - lse) - onehot) to dlogits (or,
- *    _ex with accumulate 0, writes it, and zeros on ignored rows).
+ *    with accumulate 0, writes it, and zeros on ignored rows);
+ *  - fused (llm.c's fused classifier): the count first (one block), then one block per row computes
+ *    the row's lse and loss as the forward does and overwrites the row with its gradient as the
+ *    backward writes it (the row is read again from cache, not memory), then the mean: the logits
+ *    are read once in the step, and their gradient needs no buffer of its own.
  * dloss and count are device scalars, so a step needs no host sync between the two. Rows are pitch
  * elements apart (pitch >= v: a row pitch, the logits of an odd vocab padded for cuBLASLt). */
 #include "cuda_common.h"
+
+/* the log-sum-exp of row x [v], in every thread of the block: one pass over the row (it is read
+ * once from memory, not twice): each thread keeps a running max mt and the sum st of exp(x - mt),
+ * rescaled when mt grows; then the block's max m and the sum of the threads' st exp(mt - m) */
+template <typename T> __device__ __forceinline__ float ce_row_lse(const T *x, int v, float *sh) {
+  float mt = -CPLAN_INF, st = 0.0f;
+  for (int j = threadIdx.x; j < v; j += blockDim.x) {
+    float xj = ld(x[j]);
+    if (xj > mt) st = st * expf(mt - xj) + 1.0f, mt = xj; /* exp(-inf) = 0 on the first */
+    else st += expf(xj - mt);
+  }
+  float m = block_reduce<true>(mt, sh);
+  float s = block_reduce<false>(mt == -CPLAN_INF ? 0.0f : st * expf(mt - m), sh);
+  return m + logf(s);
+}
+
+/* thread 0: row r's lse and loss (0 for an ignored row, NaN for a target outside [-1, v)) */
+template <typename T>
+__device__ __forceinline__ void ce_row_loss(float *losses, float *lse, const T *x, int tg, int r, int v, float l) {
+  if (threadIdx.x == 0) {
+    lse[r] = l;
+    losses[r] = tg == -1 ? 0.0f : tg >= 0 && tg < v ? l - ld(x[tg]) : CPLAN_NAN;
+  }
+}
 
 template <typename T>
 __device__ __forceinline__ void ce_rows(float *losses, float *lse, const T *logits, const int *targets, int rows,
@@ -16,24 +44,41 @@ __device__ __forceinline__ void ce_rows(float *losses, float *lse, const T *logi
   __shared__ float sh[33];
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     const T *x = logits + (long long)r * pitch;
-    /* one pass over the row (it is read once from memory, not twice): each thread keeps a running
-     * max mt and the sum st of exp(x - mt), rescaled when mt grows; then the block's max m and the
-     * sum of the threads' st exp(mt - m) */
-    float mt = -CPLAN_INF, st = 0.0f;
-    for (int j = threadIdx.x; j < v; j += blockDim.x) {
-      float xj = ld(x[j]);
-      if (xj > mt) st = st * expf(mt - xj) + 1.0f, mt = xj; /* exp(-inf) = 0 on the first */
-      else st += expf(xj - mt);
+    ce_row_loss(losses, lse, x, targets[r], r, v, ce_row_lse(x, v, sh));
+  }
+}
+
+/* the forward, then each row overwritten by its gradient as ce_bwd writes it (count: computed
+ * before, by ce_count) */
+template <typename T>
+__device__ __forceinline__ void ce_fused(float *losses, float *lse, T *logits, const int *targets, const float *dloss,
+                                         const int *count, int rows, int v, int pitch) {
+  __shared__ float sh[33];
+  float g = *count > 0 ? *dloss / (float)*count : 0.0f;
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    T *x = logits + (long long)r * pitch;
+    int tg = targets[r];
+    float l = ce_row_lse(x, v, sh);
+    ce_row_loss(losses, lse, x, tg, r, v, l);
+    __syncthreads(); /* thread 0 read x[tg]: only now may the row be overwritten */
+    if (tg == -1 || *count <= 0) { /* an ignored row gets no gradient at all */
+      for (int j = threadIdx.x; j < v; j += blockDim.x) x[j] = st<T>(0.0f);
+      continue;
     }
-    float m = block_reduce<true>(mt, sh);
-    float s = block_reduce<false>(mt == -CPLAN_INF ? 0.0f : st * expf(mt - m), sh);
-    if (threadIdx.x == 0) {
-      float l = m + logf(s);
-      int tg = targets[r];
-      lse[r] = l;
-      losses[r] = tg == -1 ? 0.0f : tg >= 0 && tg < v ? l - ld(x[tg]) : CPLAN_NAN;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) {
+      float p = expf(ld(x[j]) - l);
+      x[j] = st<T>(g * (p - (j == tg ? 1.0f : 0.0f)));
     }
   }
+}
+
+/* one block: *count = the rows with a target other than -1 */
+__device__ __forceinline__ void ce_count(int *count, const int *targets, int rows) {
+  __shared__ double sh[33];
+  double c = 0.0;
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) c += targets[r] != -1;
+  c = block_sum_f64(c, sh);
+  if (threadIdx.x == 0) *count = (int)c;
 }
 
 /* one block: *loss = sum(losses) / count, *count = rows with a target other than -1 */
@@ -85,11 +130,20 @@ __device__ __forceinline__ void ce_bwd(T *dlogits, const float *dloss, const int
                                                         const int *targets, int rows, int v, int pitch,    \
                                                         int acc) {                                         \
     ce_bwd<T>(dlogits, dloss, count, logits, lse, targets, rows, v, pitch, acc);                           \
+  }                                                                                                        \
+  extern "C" __global__ void cross_entropy_fused_##S(float *losses, float *lse, T *logits, const int *targets, \
+                                                     const float *dloss, const int *count, int rows, int v,   \
+                                                     int pitch) {                                         \
+    ce_fused<T>(losses, lse, logits, targets, dloss, count, rows, v, pitch);                               \
   }
 
 CE_ENTRIES(float, f32)
 CE_ENTRIES(bf16, bf16)
 CE_ENTRIES(fp16, f16)
+
+extern "C" __global__ void cross_entropy_count(int *count, const int *targets, int rows) {
+  ce_count(count, targets, rows);
+}
 
 extern "C" __global__ void cross_entropy_mean(float *loss, int *count, const float *losses, const int *targets,
                                               int rows) {
@@ -126,6 +180,31 @@ extern "C" int cplan_cuda_cross_entropy_forward(CplanDtype dt, float *losses, fl
                                                 const void *logits, const int32_t *targets, int rows, int v,
                                                 cudaStream_t stream) {
   return cplan_cuda_cross_entropy_forward_ld(dt, losses, lse, loss, count, logits, targets, rows, v, v, stream);
+}
+
+extern "C" int cplan_cuda_cross_entropy_fused_ld(CplanDtype dt, float *losses, float *lse, float *loss, int *count,
+                                                 void *logits, const int32_t *targets, const float *dloss, int rows,
+                                                 int v, int ld, cudaStream_t stream) {
+  const char *me = "cplan_cuda_cross_entropy_fused";
+  CPLAN_REQUIRE(me, rows >= 0 && v > 0 && ld >= v, "bad shape [%d, %d] (row pitch %d)", rows, v, ld);
+  CPLAN_REQUIRE(me, losses && lse && loss && count && logits && targets && dloss,
+                "losses, lse, loss, count, logits, targets and dloss must not be NULL");
+  cross_entropy_count<<<1, 1024, 0, stream>>>(count, targets, rows);
+  if (cplan_cuda_launched(me)) return -1;
+  unsigned grid = rows < 1 ? 1 : rows > (int)CPLAN_MAX_GRID ? CPLAN_MAX_GRID : (unsigned)rows;
+  int th = cplan_row_threads(v);
+  if (rows > 0) {
+    if (dt == CPLAN_F32)
+      cross_entropy_fused_f32<<<grid, th, 0, stream>>>(losses, lse, (float *)logits, targets, dloss, count, rows, v, ld);
+    else if (dt == CPLAN_BF16)
+      cross_entropy_fused_bf16<<<grid, th, 0, stream>>>(losses, lse, (bf16 *)logits, targets, dloss, count, rows, v, ld);
+    else if (dt == CPLAN_F16)
+      cross_entropy_fused_f16<<<grid, th, 0, stream>>>(losses, lse, (fp16 *)logits, targets, dloss, count, rows, v, ld);
+    else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+    if (cplan_cuda_launched(me)) return -1;
+  }
+  cross_entropy_mean<<<1, 1024, 0, stream>>>(loss, count, losses, targets, rows);
+  return cplan_cuda_launched(me);
 }
 
 extern "C" int cplan_cuda_cross_entropy_backward_ld(CplanDtype dt, void *dlogits, const float *dloss, const int *count,

@@ -130,6 +130,11 @@ int cplan_cuda_cross_entropy_backward_ld(CplanDtype dt, void *dlogits, const flo
                                          const int *count, const void *logits, const float *lse,
                                          const int32_t *targets, int rows, int v, int ld, int accumulate,
                                          cudaStream_t stream);
+/* the forward, and the backward written (accumulate 0) over the logits themselves, in one pass (the
+ * logits are read once; llm.c's fused classifier): *dloss must be known at the forward */
+int cplan_cuda_cross_entropy_fused_ld(CplanDtype dt, float *losses, float *lse, float *loss, int *count,
+                                      void *logits, const int32_t *targets, const float *dloss, int rows,
+                                      int v, int ld, cudaStream_t stream);
 
 /* ---- embedding.cu: k_embedding_* ---------------------------------------------------------------
  * out [n, c] = table [v, c] rows at idx [n] (an index outside [0, v) gives a NaN row). The

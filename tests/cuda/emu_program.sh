@@ -15,7 +15,8 @@
 # and -refuse (the emulated cuBLASLt refuses DGELU_BGRAD and BGRAD_B, CUEMU_REFUSE_EPILOGUES: the program
 # says so once each and takes the fallbacks; DGELU still runs):
 #   gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16
-#   gpt_smallv-f32 gpt_smallv-bf16 (vocab 67: the logits' rows padded to 128 bytes, emit_cu.c find_pitched)
+#   gpt_smallv-f32 gpt_smallv-bf16 (vocab 67: the logits' rows padded to 128 bytes, emit_cu.c find_pitched,
+#                           and cross_entropy's forward and backward in one launch over them, find_ce_fused)
 #   gpt_small-{f32,f16}-dp2-{mpi,nccl}  (mesh of 2 GPUs, mpirun -np 2, CPLAN_COMM=mpi or nccl: the
 #                           emulated NCCL must have been made on both ranks, or on none)
 #   gpt_small-f16-resume   (an f16 run checkpointed half way, resumed: state.json has loss_scale,
@@ -116,10 +117,11 @@ for c in $cases; do
         { note "$c: plan.c has no bias-gradient GEMM (gemm_bgrad, gemm_dgelu_bgrad)"; continue; } ;;
     esac
     # vocab 67: the logits and their gradient in padded rows (emit_cu.c, find_pitched): three GEMMs
-    # with row pitches, cross_entropy at the pitch
+    # with row pitches, cross_entropy forward and backward fused over the logits at the pitch
+    # (find_ce_fused)
     case $m in *v)
-      [ "$(grep -c '^  gemm_ld(' "keep-$c/plan.c")" -ge 3 ] && grep -q 'cross_entropy_backward_ld(.*, 67, \(96\|128\), 0, G.s)' "keep-$c/plan.c" ||
-        { note "$c: plan.c does not pad the logits' rows (find_pitched)"; continue; } ;;
+      [ "$(grep -c '^  gemm_ld(' "keep-$c/plan.c")" -ge 3 ] && grep -q 'cross_entropy_fused_ld(.*, 67, \(96\|128\), G.s)' "keep-$c/plan.c" ||
+        { note "$c: plan.c does not pad the logits' rows (find_pitched) or fuse cross_entropy (find_ce_fused)"; continue; } ;;
     esac
     CPLAN_GELU_EPILOGUE=$noep CPLAN_BGRAD_EPILOGUE=$nobg CUEMU_REFUSE_EPILOGUES=$refuse CPLAN_ATTENTION=$attn \
       CPLAN_PROFILE=$prof timeout 600 "./$c" --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" ||

@@ -519,6 +519,21 @@ static void test_cross_entropy(CplanDtype dt) {
     if (i % ld >= v) kept &= isnan(gpv[i]), gpv[i] = zp[i] = 0.0f; /* the padding: compared apart */
   compare("cross_entropy", "bwd dlogits (row pitch)", dt, gpv, zp, ep, dt != CPLAN_F32 ? 1e-3 : 1e-6, atol_of(dt));
   if (!kept) fprintf(stderr, "FAILED: cross_entropy %s: the backward wrote dlogits' row padding\n", cplan_dtype_name(dt)), failures++;
+  /* fused: the forward, then the gradient over the logits themselves (at the pitch); count zeroed
+   * first, as the launcher computes it before the rows need it */
+  for (long i = 0; i < ep; i++)
+    if (i % ld >= v) zp[i] = NAN;
+  void *dxf = up(xp, ep, dt);
+  CUDA_OK(cudaMemset(dcount, 0, 4));
+  LAUNCH_OK(cplan_cuda_cross_entropy_fused_ld(dt, losses, lse, dloss + 1, dcount, dxf, dtg, dloss, rows, v, ld, stream));
+  compare("cross_entropy", "fused loss", dt, down(dloss + 1, 1, CPLAN_F32), &loss, 1, 1e-5, 1e-5);
+  float *gfv = down(dxf, ep, dt);
+  kept = 1;
+  for (long i = 0; i < ep; i++)
+    if (i % ld >= v) kept &= isnan(gfv[i]), gfv[i] = zp[i] = 0.0f;
+  compare("cross_entropy", "fused dlogits", dt, gfv, zp, ep, dt != CPLAN_F32 ? 1e-3 : 1e-6, atol_of(dt));
+  if (!kept) fprintf(stderr, "FAILED: cross_entropy %s: the fused kernel wrote the row padding\n", cplan_dtype_name(dt)), failures++;
+  cudaFree(dxf);
   free(zx), free(xp), free(zp);
   free(x), free(gx), free(tg);
   cudaFree(dx), cudaFree(g), cudaFree(dxp), cudaFree(gp), cudaFree(dtg), cudaFree(losses), cudaFree(lse), cudaFree(dloss),
