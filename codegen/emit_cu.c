@@ -1009,8 +1009,11 @@ static const char *bgrad_args(Cu *c, int db) {
   int a = c->acc_of[db];
   EMIT("  /* and the bias gradient %%%d into the accumulator %s (the accum %%%d): cuBLASLt's bias-gradient epilogue */\n",
        db, nd(c, nd(c, a)->in[0])->name, a);
-  return cp_fmt("%s, %d, %lldLL, %s", ptr(c, nd(c, a)->in[0]), tcodes(c, 2, (int[]){db, n->in[0]}),
-                (long long)(numel(f) / numel(x)), f->op == OP_SUB && n->ia[0] == 1 ? "-1.0f" : "1.0f");
+  /* the step's first micro-batch writes the sums straight into the accumulator (bgrad_dst); not
+   * under pp, whose stages run micro-batches' backwards in their schedule's order */
+  return cp_fmt("%s, %d, %lldLL, %s, %s", ptr(c, nd(c, a)->in[0]), tcodes(c, 2, (int[]){db, n->in[0]}),
+                (long long)(numel(f) / numel(x)), f->op == OP_SUB && n->ia[0] == 1 ? "-1.0f" : "1.0f",
+                c->pipe ? "0" : "run->micro_index == 0");
 }
 
 /* keep mask of dropout node f (the stream emit_c.c's dropout_mask draws) into mask */
