@@ -106,6 +106,8 @@ typedef struct Cu {
   int *tgrad_of;             /* per weight-gradient GEMM GRAD (find_tgrads): the transpose's GRAD it writes, or -1 */
   bool *tgrad_skip;          /* per transpose GRAD: written by such a GEMM */
   bool *acc_add;             /* per add (find_accum_adds): both addends added into its ACCUM's accumulator */
+  int *res_of;               /* per norm (find_res_norms): the add a + b it normalizes and computes too, or -1 */
+  int *res_skip;             /* per such add: the norm whose launch computes it, or -1 */
   int *ce_fused;             /* per cross_entropy (find_ce_fused): its logits' gradient, written over the logits by
                                 the forward's launch in training, or -1; per that gradient: the cross_entropy */
   const StratPlan *sp;       /* a lowered plan (tp, sp, ZeRO): the placements and the lowering g came */
@@ -962,6 +964,45 @@ static void find_ce_fused(Cu *c) {
   }
 }
 
+/* A residual add and the norm of its sum in one launch (llm.c's fused residual): a forward add
+ * A = a + b of two tensors of its own shape, computed alone, whose sum a layernorm or rmsnorm N
+ * normalizes, and which nothing reads before N, is computed by N's launch (the _res launchers:
+ * the sum written as the add would store it, then normalized from cache): one launch and one read
+ * of the sum fewer (GPT-2: 24 of its 25 residual adds). A's leader becomes N, so its inputs live
+ * until N. Decided before the memory plan. */
+static void find_res_norms(Cu *c) {
+  const Graph *g = c->g;
+  c->res_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  c->res_skip = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i <= g->n; i++) c->res_of[i] = c->res_skip[i] = -1;
+  for (int nn = 0; nn < g->n; nn++) {
+    const Node *n = nd(c, nn);
+    if ((n->op != OP_LAYER_NORM && n->op != OP_RMS_NORM) || n->role != ROLE_FWD || !cg_executed(n) || !alone(c, nn) ||
+        c->pl.nc[nn].kind != CG_L_WORK || c->pl.nc[nn].leader != nn)
+      continue;
+    int a = n->in[0];
+    const Node *an = nd(c, a);
+    if (an->op != OP_ADD || an->role != ROLE_FWD || !cg_executed(an) || !alone(c, a) || c->pl.nc[a].kind != CG_L_WORK ||
+        c->pl.nc[a].leader != a || c->ep_done[a] || c->add_skip[a] || c->qkv[a] || c->qkv_skip[a] || c->att_skip[a] >= 0 ||
+        an->in[0] == an->in[1] || an->dtype != DT_F32 || a == g->loss || scode(c, a) != scode(c, nn))
+      continue;
+    bool ok = true;
+    for (int k = 0; k < 2 && ok; k++) {
+      const Node *x = nd(c, an->in[k]);
+      ok = x->dtype == DT_F32 && shape_eq(&x->shape, &an->shape) && scode(c, an->in[k]) == scode(c, a);
+    }
+    for (int k = 0; k < g->metrics.n; k++) ok &= g->metrics.a[k].node != a;
+    for (int m = 0; m < g->n && ok; m++) { /* nothing reads the sum before the norm's launch */
+      const Node *mn = nd(c, m);
+      if (m == nn || !cg_executed(mn)) continue;
+      for (int k = 0; k < mn->nin && ok; k++)
+        if (cg_root(&c->pl, mn->in[k]) == a && c->pl.nc[m].leader <= nn) ok = false;
+    }
+    if (!ok) continue;
+    c->res_of[nn] = a, c->res_skip[a] = nn, c->pl.nc[a].leader = nn;
+  }
+}
+
 /* Whether GRAD v's emitter honors acc_of (adds into the accumulator itself): a matmul's gradient (a
  * GEMM with beta 1), a transpose's gradient written by such a GEMM (find_tgrads), an embedding
  * table's gradient (the kernel adds). */
@@ -1287,12 +1328,26 @@ static void emit_nn(Cu *c, int i) {
     break;
   case OP_LAYER_NORM:
     if (!hw_typed(c, i, 4, (int[]){i, n->in[0], n->in[1], n->in[2]})) return;
+    if (c->res_of[i] >= 0) { /* and the residual add it reads (find_res_norms) */
+      const Node *a = nd(c, c->res_of[i]);
+      KL("cplan_cuda_layernorm_forward_res(%s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", kdt(c), o,
+         x, ev ? "NULL" : aux_ptr(c, i, 0), ev ? "NULL" : aux_ptr(c, i, rows), ptr(c, a->in[0]), ptr(c, a->in[1]),
+         ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)rows, (long long)cc, cg_flt(n->fa[0]), i);
+      break;
+    }
     KL("cplan_cuda_layernorm_forward(%s, %s, %s, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", kdt(c), o,
        ev ? "NULL" : aux_ptr(c, i, 0), ev ? "NULL" : aux_ptr(c, i, rows), x, ptr(c, n->in[1]), ptr(c, n->in[2]),
        (long long)rows, (long long)cc, cg_flt(n->fa[0]), i);
     break;
   case OP_RMS_NORM:
     if (!hw_typed(c, i, 3, (int[]){i, n->in[0], n->in[1]})) return;
+    if (c->res_of[i] >= 0) { /* and the residual add it reads (find_res_norms) */
+      const Node *a = nd(c, c->res_of[i]);
+      KL("cplan_cuda_rmsnorm_forward_res(%s, %s, %s, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", kdt(c), o, x,
+         ev ? "NULL" : aux_ptr(c, i, 0), ptr(c, a->in[0]), ptr(c, a->in[1]), ptr(c, n->in[1]), (long long)rows,
+         (long long)cc, cg_flt(n->fa[0]), i);
+      break;
+    }
     KL("cplan_cuda_rmsnorm_forward(%s, %s, %s, %s, %s, %lld, %lld, %s, G.s), %d);\n", kdt(c), o,
        ev ? "NULL" : aux_ptr(c, i, 0), x, ptr(c, n->in[1]), (long long)rows, (long long)cc, cg_flt(n->fa[0]), i);
     break;
@@ -1869,6 +1924,11 @@ static void emit_node(Cu *c, int i) {
     EMIT("  /* (done by its matmul's GEMM) */\n");
     return;
   }
+  if (c->res_skip[i] >= 0) {
+    cg_comment(c->out, c->g, c->irline, i);
+    EMIT("  /* (computed by the launch of the norm %%%d) */\n", c->res_skip[i]);
+    return;
+  }
   if (nd(c, i)->op == OP_GRAD && c->ce_fused[i] >= 0) {
     cg_comment(c->out, c->g, c->irline, i);
     EMIT("  /* (written over the logits by the fused cross_entropy %%%d) */\n", c->ce_fused[i]);
@@ -2309,6 +2369,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   find_tgrads(c);
   find_accum_adds(c);
   find_ce_fused(c);
+  find_res_norms(c);
   c->ls = c->seed >= 0 || (pipe && c->lpc == 2);
   if (!cg_check_sizes(g, "cuda")) return false;
   if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {

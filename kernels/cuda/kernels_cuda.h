@@ -47,6 +47,14 @@ int cplan_cuda_layernorm_backward(CplanDtype dt, void *dx, float *dw, float *db,
                                   int rows, int c, cudaStream_t stream);
 int cplan_cuda_rmsnorm_forward(CplanDtype dt, void *out, float *rstd, const void *x, const void *w,
                                int rows, int c, float eps, cudaStream_t stream);
+/* _res: the norm of x = a + res, with x written to xsum (llm.c's fused residual; x rounded to dt as
+ * a separate add would store it) */
+int cplan_cuda_layernorm_forward_res(CplanDtype dt, void *out, void *xsum, float *mean, float *rstd,
+                                     const void *a, const void *res, const void *w, const void *b, int rows,
+                                     int c, float eps, cudaStream_t stream);
+int cplan_cuda_rmsnorm_forward_res(CplanDtype dt, void *out, void *xsum, float *rstd, const void *a,
+                                   const void *res, const void *w, int rows, int c, float eps,
+                                   cudaStream_t stream);
 int cplan_cuda_rmsnorm_backward(CplanDtype dt, void *dx, float *dw, const void *dout, const void *x,
                                 const void *w, const float *rstd, int rows, int c, cudaStream_t stream);
 /* The same backwards with dw (db) in two passes over a device workspace `work` of at least

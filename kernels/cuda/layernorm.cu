@@ -10,7 +10,11 @@
  * so the _ws launchers split the rows into chunks instead (norm_backward_dw_part below): one
  * block per (column tile, chunk) writes the chunk's partial sums to a workspace, and a third
  * kernel adds each column's partials in chunk order. Also deterministic, with no atomics.
- * RMS is the same code without the mean (and without b, db). */
+ * RMS is the same code without the mean (and without b, db).
+ * The _res forwards normalize x = a + res (llm.c's fused residual): each thread first writes its
+ * columns of the sum, rounded to the storage type, to xsum and then reads them back (its own writes,
+ * from cache) for the statistics and the output, so the sum is not read again from memory by a
+ * separate norm launch. */
 #include "cuda_common.h"
 
 /* Who handles a row: with blocks of (32, k) threads, a warp per row (k rows a block: no block
@@ -35,12 +39,18 @@ __device__ __forceinline__ float norm_sum(const NormRows &g, float v, float *sh)
 }
 
 template <typename T, bool RMS>
-__device__ __forceinline__ void norm_forward(T *out, float *mean, float *rstd, const T *x, const T *w,
-                                             const T *b, int rows, int c, float eps) {
+__device__ __forceinline__ void norm_forward(T *out, float *mean, float *rstd, const T *x, const T *res, T *xsum,
+                                             const T *w, const T *b, int rows, int c, float eps) {
   __shared__ float sh[33];
   NormRows g = norm_rows();
   for (int r = g.r0; r < rows; r += g.step) {
     const T *xr = x + (long long)r * c;
+    if (res) { /* x = a + res, stored; the passes below read it back (each thread its own columns) */
+      const T *rr = res + (long long)r * c;
+      T *sr = xsum + (long long)r * c;
+      for (int j = g.tid; j < c; j += g.n) sr[j] = st<T>(ld(xr[j]) + ld(rr[j]));
+      xr = sr;
+    }
     float m = 0.0f;
     if (!RMS) {
       float s = 0.0f;
@@ -118,12 +128,13 @@ __device__ __forceinline__ void norm_backward_dw(float *dw, float *db, const T *
 
 #define NORM_ENTRIES(T, S)                                                                              \
   extern "C" __global__ void layernorm_forward_##S(T *out, float *mean, float *rstd, const T *x,       \
-                                                   const T *w, const T *b, int rows, int c, float eps) { \
-    norm_forward<T, false>(out, mean, rstd, x, w, b, rows, c, eps);                                     \
+                                                   const T *res, T *xsum, const T *w, const T *b,       \
+                                                   int rows, int c, float eps) {                        \
+    norm_forward<T, false>(out, mean, rstd, x, res, xsum, w, b, rows, c, eps);                          \
   }                                                                                                     \
-  extern "C" __global__ void rmsnorm_forward_##S(T *out, float *rstd, const T *x, const T *w, int rows, \
-                                                 int c, float eps) {                                    \
-    norm_forward<T, true>(out, nullptr, rstd, x, w, nullptr, rows, c, eps);                             \
+  extern "C" __global__ void rmsnorm_forward_##S(T *out, float *rstd, const T *x, const T *res,         \
+                                                 T *xsum, const T *w, int rows, int c, float eps) {     \
+    norm_forward<T, true>(out, nullptr, rstd, x, res, xsum, w, nullptr, rows, c, eps);                  \
   }                                                                                                     \
   extern "C" __global__ void layernorm_backward_dx_##S(T *dx, const T *dout, const T *x, const T *w,    \
                                                        const float *mean, const float *rstd, int rows,  \
@@ -265,45 +276,58 @@ static int row_blocks(int rows) { return rows < 1 ? 1 : rows > (int)CPLAN_MAX_GR
 static dim3 norm_block(int c) { return c <= NORM_WARP_MAX_C ? dim3(32, 8) : dim3((unsigned)cplan_row_threads(c)); }
 static unsigned norm_grid(int rows, int c) { return (unsigned)(c <= NORM_WARP_MAX_C ? row_blocks((rows + 7) / 8) : row_blocks(rows)); }
 
+/* both norms' forwards; res: x + res, written to xsum, is normalized; rms: no mean, no b */
+static int norm_fwd(const char *me, int rms, CplanDtype dt, void *out, void *xsum, float *mean, float *rstd,
+                    const void *x, const void *res, const void *w, const void *b, int rows, int c, float eps,
+                    cudaStream_t stream) {
+  CPLAN_REQUIRE(me, rows >= 0 && c > 0, "bad shape [%d, %d]", rows, c);
+  CPLAN_REQUIRE(me, eps >= 0, "eps %g < 0", (double)eps);
+  CPLAN_REQUIRE(me, out && x && w && (rms || b), rms ? "out, x and w must not be NULL" : "out, x, w and b must not be NULL");
+  CPLAN_REQUIRE(me, !res || xsum, "a residual needs xsum");
+  if (rows == 0) return 0;
+  dim3 gr(norm_grid(rows, c)), bl(norm_block(c));
+#define NORM_FWD(T, S)                                                                                          \
+  do {                                                                                                          \
+    if (rms)                                                                                                    \
+      rmsnorm_forward_##S<<<gr, bl, 0, stream>>>((T *)out, rstd, (const T *)x, (const T *)res, (T *)xsum,       \
+                                                 (const T *)w, rows, c, eps);                                   \
+    else                                                                                                        \
+      layernorm_forward_##S<<<gr, bl, 0, stream>>>((T *)out, mean, rstd, (const T *)x, (const T *)res,          \
+                                                   (T *)xsum, (const T *)w, (const T *)b, rows, c, eps);        \
+  } while (0)
+  if (dt == CPLAN_F32) NORM_FWD(float, f32);
+  else if (dt == CPLAN_BF16) NORM_FWD(bf16, bf16);
+  else if (dt == CPLAN_F16) NORM_FWD(fp16, f16);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+#undef NORM_FWD
+  return cplan_cuda_launched(me);
+}
+
 extern "C" int cplan_cuda_layernorm_forward(CplanDtype dt, void *out, float *mean, float *rstd,
                                             const void *x, const void *w, const void *b, int rows,
                                             int c, float eps, cudaStream_t stream) {
-  const char *me = "cplan_cuda_layernorm_forward";
-  CPLAN_REQUIRE(me, rows >= 0 && c > 0, "bad shape [%d, %d]", rows, c);
-  CPLAN_REQUIRE(me, eps >= 0, "eps %g < 0", (double)eps);
-  CPLAN_REQUIRE(me, out && x && w && b, "out, x, w and b must not be NULL");
-  if (rows == 0) return 0;
-  if (dt == CPLAN_F32)
-    layernorm_forward_f32<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((float *)out, mean, rstd, (const float *)x,
-                                                              (const float *)w, (const float *)b, rows, c, eps);
-  else if (dt == CPLAN_BF16)
-    layernorm_forward_bf16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((bf16 *)out, mean, rstd, (const bf16 *)x,
-                                                               (const bf16 *)w, (const bf16 *)b, rows, c, eps);
-  else if (dt == CPLAN_F16)
-    layernorm_forward_f16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((fp16 *)out, mean, rstd, (const fp16 *)x,
-                                                               (const fp16 *)w, (const fp16 *)b, rows, c, eps);
-  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
-  return cplan_cuda_launched(me);
+  return norm_fwd("cplan_cuda_layernorm_forward", 0, dt, out, NULL, mean, rstd, x, NULL, w, b, rows, c, eps, stream);
+}
+
+extern "C" int cplan_cuda_layernorm_forward_res(CplanDtype dt, void *out, void *xsum, float *mean, float *rstd,
+                                                const void *a, const void *res, const void *w, const void *b,
+                                                int rows, int c, float eps, cudaStream_t stream) {
+  const char *me = "cplan_cuda_layernorm_forward_res";
+  CPLAN_REQUIRE(me, a && res && xsum, "a, res and xsum must not be NULL");
+  return norm_fwd(me, 0, dt, out, xsum, mean, rstd, a, res, w, b, rows, c, eps, stream);
 }
 
 extern "C" int cplan_cuda_rmsnorm_forward(CplanDtype dt, void *out, float *rstd, const void *x,
                                           const void *w, int rows, int c, float eps, cudaStream_t stream) {
-  const char *me = "cplan_cuda_rmsnorm_forward";
-  CPLAN_REQUIRE(me, rows >= 0 && c > 0, "bad shape [%d, %d]", rows, c);
-  CPLAN_REQUIRE(me, eps >= 0, "eps %g < 0", (double)eps);
-  CPLAN_REQUIRE(me, out && x && w, "out, x and w must not be NULL");
-  if (rows == 0) return 0;
-  if (dt == CPLAN_F32)
-    rmsnorm_forward_f32<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((float *)out, rstd, (const float *)x,
-                                                            (const float *)w, rows, c, eps);
-  else if (dt == CPLAN_BF16)
-    rmsnorm_forward_bf16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((bf16 *)out, rstd, (const bf16 *)x,
-                                                             (const bf16 *)w, rows, c, eps);
-  else if (dt == CPLAN_F16)
-    rmsnorm_forward_f16<<<norm_grid(rows, c), norm_block(c), 0, stream>>>((fp16 *)out, rstd, (const fp16 *)x,
-                                                             (const fp16 *)w, rows, c, eps);
-  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
-  return cplan_cuda_launched(me);
+  return norm_fwd("cplan_cuda_rmsnorm_forward", 1, dt, out, NULL, NULL, rstd, x, NULL, w, NULL, rows, c, eps, stream);
+}
+
+extern "C" int cplan_cuda_rmsnorm_forward_res(CplanDtype dt, void *out, void *xsum, float *rstd, const void *a,
+                                              const void *res, const void *w, int rows, int c, float eps,
+                                              cudaStream_t stream) {
+  const char *me = "cplan_cuda_rmsnorm_forward_res";
+  CPLAN_REQUIRE(me, a && res && xsum, "a, res and xsum must not be NULL");
+  return norm_fwd(me, 1, dt, out, xsum, NULL, rstd, a, res, w, NULL, rows, c, eps, stream);
 }
 
 /* the dx kernels, shared by both backward launchers of each norm (w != NULL: checked) */

@@ -220,6 +220,37 @@ static void test_norm(CplanDtype dt, int rms) {
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
 }
 
+/* the _res forwards: the norm of x = a + res, x written to xsum (rounded to dt, as an add would
+ * store it), on the warp-per-row (c <= 2048) or the block-per-row path */
+static void test_norm_res(CplanDtype dt, int rms, int rows, int c) {
+  const float eps = 1e-5f;
+  char k[40];
+  snprintf(k, sizeof k, "%s_res %dx%d", rms ? "rmsnorm" : "layernorm", rows, c);
+  long n = (long)rows * c;
+  float *a = randv(n, 2.0f, dt), *r = randv(n, 1.0f, dt), *w = randv(c, 1.0f, dt), *b = randv(c, 0.5f, dt);
+  float *x = malloc(4 * (size_t)n), *out = malloc(4 * (size_t)n), *mean = malloc(4 * (size_t)rows);
+  float *rstd = malloc(4 * (size_t)rows);
+  for (long i = 0; i < n; i++) x[i] = a[i] + r[i] + 0.0f;
+  lp_round(x, n, dt);
+  void *da = up(a, n, dt), *dr = up(r, n, dt), *dw_ = up(w, c, dt), *db_ = up(b, c, dt);
+  void *dout_ = zeros(n, esize(dt)), *dsum = zeros(n, esize(dt));
+  float *dmean = zeros(rows, 4), *drstd = zeros(rows, 4);
+  if (rms) {
+    k_rms_norm_forward(out, rstd, x, w, rows, c, eps);
+    LAUNCH_OK(cplan_cuda_rmsnorm_forward_res(dt, dout_, dsum, drstd, da, dr, dw_, rows, c, eps, stream));
+  } else {
+    k_layer_norm_forward(out, mean, rstd, x, w, b, rows, c, eps);
+    LAUNCH_OK(cplan_cuda_layernorm_forward_res(dt, dout_, dsum, dmean, drstd, da, dr, dw_, db_, rows, c, eps, stream));
+    compare(k, "fwd mean", dt, down(dmean, rows, CPLAN_F32), mean, rows, 1e-5, 1e-5);
+  }
+  compare(k, "fwd sum", dt, down(dsum, n, dt), x, n, 0, 0);
+  compare_dt(k, "fwd out", dt, down(dout_, n, dt), out, n);
+  compare(k, "fwd rstd", dt, down(drstd, rows, CPLAN_F32), rstd, rows, 1e-5, 1e-4);
+  free(a), free(r), free(w), free(b), free(x), free(out), free(mean), free(rstd);
+  void *bufs[] = {da, dr, dw_, db_, dout_, dsum, dmean, drstd};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+}
+
 /* the _ws launchers (dw, db in chunks of rows through a workspace) on [rows, c]; off: dout and
  * x start one element into their allocations (not 4-byte aligned in bf16/f16: the scalar path).
  * dx (the kernel of test_norm) only on shapes under 1024 rows, to keep the emulator fast. */
@@ -840,6 +871,10 @@ int main(void) {
     CplanDtype dt = dts[i];
     test_norm(dt, 0);
     test_norm(dt, 1);
+    for (int rms = 0; rms < 2; rms++) {
+      test_norm_res(dt, rms, 37, 771);
+      test_norm_res(dt, rms, 5, 2600); /* a block per row */
+    }
     for (int rms = 0; rms < 2; rms++) {
       test_norm_ws(dt, rms, 37, 771, 0);
       test_norm_ws(dt, rms, 1, 771, 0);
