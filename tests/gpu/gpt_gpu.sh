@@ -5,7 +5,8 @@
 #                                                 here, into DIR (for a GPU machine that cannot build
 #                                                 cplan: copy DIR there)
 #   gpt_gpu.sh --check DIR                        run DIR's GPU programs and compare (on the GPU machine)
-# Each model (default: gpt_small llama_small of tests/e2e) is built with train.steps = 20 for the
+# Each model (default: gpt_small llama_small of tests/e2e, and gpt_smallv: gpt_small with vocab 67,
+# whose logits' rows are padded, on one GPU only) is built with train.steps = 20 for the
 # default CPU mesh (f32) and for a mesh of one h100_sxm (the CUDA backend, codegen/emit_cu.c) once
 # per precision in CPLAN_GPU_PRECISIONS (default "f32 bf16 f16"); all train 20 steps from the same
 # initial params on the same data. Tolerances, relative, on the 20 losses and gradient norms:
@@ -37,7 +38,7 @@ if [ $mode != check ]; then
   src=$(cd "$2" && pwd)
   compare=$src/tests/gpu/compare_runs.py
   shift 2
-  models=${*:-gpt_small llama_small}
+  models=${*:-gpt_small llama_small gpt_smallv}
   if [ $mode = prepare ]; then
     mkdir -p "$dir/lib" && dir=$(cd "$dir" && pwd)
     work=$dir
@@ -51,7 +52,10 @@ if [ $mode != check ]; then
   "$cplanc" data text tokens.txt -o tokens.bin >/dev/null 2>&1 || fail "cplanc data text"
   : >runs.txt
   for m in $models; do
-    { cat "$src/tests/e2e/$m.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$m.cplan"
+    # MODELv: MODEL with vocab 67 (the logits' rows padded for cuBLASLt, emit_cu.c find_pitched), one GPU only
+    vocab=64
+    case $m in *v) vocab=67 ;; esac
+    { sed "s/(vocab: int = 64,/(vocab: int = $vocab,/" "$src/tests/e2e/${m%v}.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$m.cplan"
     "$cplanc" build "$m.cplan" -o "$m-cpu" --set train.steps=20 2>"$m-cpu.log" || { cat "$m-cpu.log"; fail "build $m (cpu)"; }
     timeout 120 "./$m-cpu" --quiet --save-init "$m-init.st" --save "$m-cpu.st" --metrics "$m-cpu.jsonl" ||
       fail "$m: the CPU program"
@@ -62,6 +66,7 @@ if [ $mode != check ]; then
         $keepc 2>"$m-gpu-$p.log" || { cat "$m-gpu-$p.log"; fail "build $m (cuda, $p)"; }
       echo "$m $p 1" >>runs.txt
     done
+    case $m in *v) continue ;; esac
     # data parallelism over two ranks (one process per GPU; two on one GPU share it through MPI)
     for p in $dp_precs; do
       "$cplanc" build "$m.cplan" -o "$m-gpu-$p-dp2" --set train.steps=20 --set train.mesh=gpu1 \
