@@ -9,7 +9,10 @@
  * atomics. That is only ceil(c / 32) blocks (24 for c = 768: latency-bound on a GPU of 132 SMs),
  * so the _ws launchers split the rows into chunks instead (norm_backward_dw_part below): one
  * block per (column tile, chunk) writes the chunk's partial sums to a workspace, and a third
- * kernel adds each column's partials in chunk order. Also deterministic, with no atomics.
+ * kernel adds each column's partials in chunk order. Also deterministic, with no atomics. Up to
+ * 1024 columns, with dw (db) wanted, the _ws launchers run one kernel for dx (if wanted) and the
+ * chunks' partials (norm_backward_fused, llm.c's fused layernorm backward: dy and x are read once,
+ * not twice), then the chunks' sum.
  * RMS is the same code without the mean (and without b, db).
  * The _res forwards normalize x = a + res (llm.c's fused residual): each thread first writes its
  * columns of the sum, rounded to the storage type, to xsum and then reads them back (its own writes,
@@ -248,6 +251,89 @@ extern "C" __global__ void norm_backward_dw_sum(float *dw, float *db, const floa
   out[j] += s;
 }
 
+/* The fused backward: block (32, 8) over rows [k chunk, (k + 1) chunk) (k = blockIdx.x); warp y takes
+ * rows r0 + y, + 8, ... in order, writes each row's dx as norm_backward_dx does, and adds dy xhat
+ * and dy into its own shared row of partial sums (dynamic shared memory: 2 x 8 x c floats); then
+ * each column's 8 warp partials are added in warp order into pw[k c + j] (pb[k c + j]), which
+ * norm_backward_fused_sum adds up in chunk order. */
+template <typename T, bool RMS>
+__device__ __forceinline__ void norm_backward_fused(T *dx, float *pw, float *pb, const T *dout, const T *x,
+                                                    const T *w, const float *mean, const float *rstd, int rows, int c,
+                                                    int chunk, int acc) {
+  extern __shared__ float nf_sm[]; /* [2][8][c]: dw, db partials per warp */
+  float *sw = nf_sm + threadIdx.y * c, *sb = nf_sm + (8 + threadIdx.y) * c;
+  const int lane = threadIdx.x, k = blockIdx.x;
+  for (int j = lane; j < c; j += 32) sw[j] = 0.0f, sb[j] = 0.0f;
+  const int r0 = k * chunk, r1 = rows - r0 < chunk ? rows : r0 + chunk;
+  for (int r = r0 + (int)threadIdx.y; r < r1; r += 8) {
+    const T *xr = x + (long long)r * c, *dy = dout + (long long)r * c;
+    float m = RMS ? 0.0f : mean[r], rs = rstd[r], gm = 0.0f, gxm = 0.0f;
+    if (dx) {
+      float sg = 0.0f, sgx = 0.0f;
+      for (int j = lane; j < c; j += 32) {
+        float g = ld(w[j]) * ld(dy[j]);
+        sg += g;
+        sgx += g * (ld(xr[j]) - m) * rs;
+      }
+      gm = RMS ? 0.0f : warp_reduce<false>(sg) / (float)c;
+      gxm = warp_reduce<false>(sgx) / (float)c;
+    }
+    T *dxr = dx ? dx + (long long)r * c : nullptr;
+    for (int j = lane; j < c; j += 32) { /* the sums by the same code with dx or without */
+      float xhat = (ld(xr[j]) - m) * rs, d = ld(dy[j]);
+      if (dx) dxr[j] = st<T>((acc ? ld(dxr[j]) : 0.0f) + rs * (ld(w[j]) * d - gm - xhat * gxm));
+      sw[j] += d * xhat;
+      sb[j] += d;
+    }
+  }
+  __syncthreads();
+  for (int j = (int)(threadIdx.y * 32 + lane); j < c; j += 256) {
+    float tw = 0.0f, tb = 0.0f;
+    for (int y = 0; y < 8; y++) tw += nf_sm[y * c + j], tb += nf_sm[(8 + y) * c + j];
+    if (pw) pw[(long long)k * c + j] = tw;
+    if (!RMS && pb) pb[(long long)k * c + j] = tb;
+  }
+}
+
+/* out[j] += the sum of column j's nchunks partials p[k c + j] (blockIdx.y 0: dw from pw, 1: db from
+ * pb), block (32, 8) over 32 columns: thread row y adds chunks y, y + 8, ... in order, then the 8
+ * sums are added in y order (deterministic) */
+extern "C" __global__ void norm_backward_fused_sum(float *dw, float *db, const float *pw, const float *pb, int c,
+                                                   int nchunks) {
+  __shared__ float sh[8][33];
+  const int j = blockIdx.x * 32 + threadIdx.x;
+  float *out = blockIdx.y == 0 ? dw : db;
+  const float *p = blockIdx.y == 0 ? pw : pb;
+  if (!out) return; /* uniform over the block */
+  float s = 0.0f;
+  if (j < c)
+    for (int k = (int)threadIdx.y; k < nchunks; k += 8) s += p[(long long)k * c + j];
+  sh[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < c) {
+    float t = 0.0f;
+    for (int y = 0; y < 8; y++) t += sh[y][threadIdx.x];
+    out[j] += t;
+  }
+}
+
+#define NORM_FUSED_ENTRIES(T, S)                                                                         \
+  extern "C" __global__ void layernorm_backward_fused_##S(T *dx, float *pw, float *pb, const T *dout,    \
+                                                          const T *x, const T *w, const float *mean,     \
+                                                          const float *rstd, int rows, int c, int chunk, \
+                                                          int acc) {                                     \
+    norm_backward_fused<T, false>(dx, pw, pb, dout, x, w, mean, rstd, rows, c, chunk, acc);              \
+  }                                                                                                      \
+  extern "C" __global__ void rmsnorm_backward_fused_##S(T *dx, float *pw, const T *dout, const T *x,     \
+                                                        const T *w, const float *rstd, int rows, int c,  \
+                                                        int chunk, int acc) {                            \
+    norm_backward_fused<T, true>(dx, pw, nullptr, dout, x, w, nullptr, rstd, rows, c, chunk, acc);       \
+  }
+
+NORM_FUSED_ENTRIES(float, f32)
+NORM_FUSED_ENTRIES(bf16, bf16)
+NORM_FUSED_ENTRIES(fp16, f16)
+
 #define NORM_PART_ENTRIES(T, S, V)                                                                      \
   extern "C" __global__ void layernorm_backward_dw_part_##S(float *pw, float *pb, const T *dout,         \
                                                             const T *x, const float *mean,              \
@@ -422,9 +508,67 @@ static int norm_chunks(int rows, int c) {
   return r < 1 ? 1 : (int)r;
 }
 
+/* the fused path (norm_backward_fused): up to 1024 columns (2 x 8 x c floats of shared memory), chunks
+ * of 32 rows (4 a warp), more when there would be over 2048 chunks; a function of rows only */
+enum { NORM_FUSED_MAX_C = 1024, NORM_FUSED_ROWS = 32, NORM_FUSED_MAX_CHUNKS = 2048 };
+
+static int norm_fused_chunk(int rows) {
+  long long ch = ((long long)rows + NORM_FUSED_MAX_CHUNKS - 1) / NORM_FUSED_MAX_CHUNKS;
+  ch = (ch + 7) / 8 * 8;
+  return ch < NORM_FUSED_ROWS ? NORM_FUSED_ROWS : (int)ch;
+}
+
 extern "C" size_t cplan_cuda_norm_backward_work(int rows, int c) {
   if (rows < 0 || c <= 0) return 0;
-  return 2 * (size_t)norm_chunks(rows, c) * (size_t)c;
+  size_t n = (size_t)norm_chunks(rows, c);
+  if (c <= NORM_FUSED_MAX_C) {
+    size_t ch = (size_t)norm_fused_chunk(rows), nf = ((size_t)rows + ch - 1) / ch;
+    if (nf > n) n = nf;
+  }
+  return 2 * n * (size_t)c;
+}
+
+/* dx (written, or added when acc) and dw (db) through the fused kernel (c <= NORM_FUSED_MAX_C) */
+static int norm_fused_ws(const char *me, CplanDtype dt, int rms, void *dx, float *dw, float *db, const void *dout,
+                         const void *x, const void *w, const float *mean, const float *rstd, int rows, int c, int acc,
+                         float *work, cudaStream_t stream) {
+  const int chunk = norm_fused_chunk(rows), nchunks = (rows + chunk - 1) / chunk;
+  float *pw = dw ? work : nullptr, *pb = db ? work + (size_t)nchunks * (size_t)c : nullptr;
+  const int bytes = 2 * 8 * c * (int)sizeof(float);
+  dim3 blk(32, 8), grid((unsigned)nchunks);
+#define NORM_FUSED_GO(kern, ...)                                                                                 \
+  do {                                                                                                           \
+    cudaError_t e_ = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);             \
+    if (e_ != cudaSuccess)                                                                                       \
+      return cplan_cuda_fail(me, "%s: %d bytes of shared memory: %s", #kern, bytes, cudaGetErrorString(e_));      \
+    kern<<<grid, blk, (size_t)bytes, stream>>>(__VA_ARGS__);                                                     \
+  } while (0)
+  if (rms) {
+    if (dt == CPLAN_F32)
+      NORM_FUSED_GO(rmsnorm_backward_fused_f32, (float *)dx, pw, (const float *)dout, (const float *)x, (const float *)w,
+                    rstd, rows, c, chunk, acc);
+    else if (dt == CPLAN_BF16)
+      NORM_FUSED_GO(rmsnorm_backward_fused_bf16, (bf16 *)dx, pw, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w,
+                    rstd, rows, c, chunk, acc);
+    else
+      NORM_FUSED_GO(rmsnorm_backward_fused_f16, (fp16 *)dx, pw, (const fp16 *)dout, (const fp16 *)x, (const fp16 *)w,
+                    rstd, rows, c, chunk, acc);
+  } else {
+    if (dt == CPLAN_F32)
+      NORM_FUSED_GO(layernorm_backward_fused_f32, (float *)dx, pw, pb, (const float *)dout, (const float *)x,
+                    (const float *)w, mean, rstd, rows, c, chunk, acc);
+    else if (dt == CPLAN_BF16)
+      NORM_FUSED_GO(layernorm_backward_fused_bf16, (bf16 *)dx, pw, pb, (const bf16 *)dout, (const bf16 *)x,
+                    (const bf16 *)w, mean, rstd, rows, c, chunk, acc);
+    else
+      NORM_FUSED_GO(layernorm_backward_fused_f16, (fp16 *)dx, pw, pb, (const fp16 *)dout, (const fp16 *)x,
+                    (const fp16 *)w, mean, rstd, rows, c, chunk, acc);
+  }
+#undef NORM_FUSED_GO
+  if (cplan_cuda_launched(me)) return -1;
+  dim3 grid2((unsigned)((c + 31) / 32), 2u);
+  norm_backward_fused_sum<<<grid2, blk, 0, stream>>>(dw, rms ? nullptr : db, pw, pb, c, nchunks);
+  return cplan_cuda_launched(me);
 }
 
 /* passes 1 and 2 into dw (and db unless rms; either may be NULL, not both) */
@@ -478,6 +622,8 @@ extern "C" int cplan_cuda_layernorm_backward_ws(CplanDtype dt, void *dx, float *
                 work_floats, need, rows, c);
   CPLAN_REQUIRE(me, !(dw || db) || work, "work must not be NULL");
   if (rows == 0) return 0;
+  if ((dw || db) && c <= NORM_FUSED_MAX_C)
+    return norm_fused_ws(me, dt, 0, dx, dw, db, dout, x, w, mean, rstd, rows, c, accumulate_dx != 0, work, stream);
   if (dx && layernorm_dx(me, dt, dx, dout, x, w, mean, rstd, rows, c, accumulate_dx != 0, stream)) return -1;
   if ((dw || db) && norm_dw_ws(me, dt, 0, dw, db, dout, x, mean, rstd, rows, c, work, stream)) return -1;
   return 0;
@@ -496,6 +642,9 @@ extern "C" int cplan_cuda_rmsnorm_backward_ws(CplanDtype dt, void *dx, float *dw
                 rows, c);
   CPLAN_REQUIRE(me, !dw || work, "work must not be NULL");
   if (rows == 0) return 0;
+  if (dw && c <= NORM_FUSED_MAX_C)
+    return norm_fused_ws(me, dt, 1, dx, dw, nullptr, dout, x, w, nullptr, rstd, rows, c, accumulate_dx != 0, work,
+                         stream);
   if (dx && rmsnorm_dx(me, dt, dx, dout, x, w, rstd, rows, c, accumulate_dx != 0, stream)) return -1;
   if (dw && norm_dw_ws(me, dt, 1, dw, nullptr, dout, x, nullptr, rstd, rows, c, work, stream)) return -1;
   return 0;

@@ -882,6 +882,8 @@ int main(void) {
       test_norm_ws(dt, rms, 517, 45, 0);  /* c odd: the last column pair is half */
       test_norm_ws(dt, rms, 1029, 130, 1);
       test_norm_ws(dt, rms, 5, 2600, 0); /* past 2048 columns: a block per row, not a warp */
+      test_norm_ws(dt, rms, 40, 1024, 0);  /* the fused backward's widest: 64 KiB of shared memory */
+      test_norm_ws(dt, rms, 70001, 8, 0);  /* over 2048 fused chunks of 32 rows: longer chunks */
     }
     test_softmax(dt);
     test_attention(dt, 64, 1);
