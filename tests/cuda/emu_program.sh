@@ -9,6 +9,7 @@
 # (CPLAN_EMU_STEPS, default 8) from the CPU program's initial params on the same data.
 # Cases (default: all), MODEL-PREC or MODEL-PREC-dp2-COMM or MODEL-f16-resume, each optionally with
 # -micro1 (strategy.micro = 1: the batch as micro-batches of one sample, gradient accumulation) and
+# -recompute (strategy.recompute = "full") and
 # -simt (CPLAN_ATTENTION=simt: bf16 / f16 attention on the CUDA-core kernels, not the tensor cores) and
 # -noep (CPLAN_GELU_EPILOGUE=0: gelu(x @ W + b) and its gradient without cuBLASLt's gelu epilogues) and
 # -nobg (CPLAN_BGRAD_EPILOGUE=0: the bias gradients by colsum, not by the GEMMs' bias-gradient epilogues)
@@ -44,7 +45,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
 export CUEMU_DEFER=${CUEMU_DEFER:-1}
 env_file=$build/tests/cuda_emu/program.env
@@ -96,6 +97,9 @@ for c in $cases; do
   m=${c%%-*} rest=${c#*-} extra=() attn=
   # -micro1: one sample per micro-batch (gradient accumulation over the batch), same global batch
   case $rest in *-micro1) rest=${rest%-micro1} extra=(--set train.strategy.micro=1) ;; esac
+  # -recompute: activation recomputation (strategy.recompute = "full": each layer's forward again in
+  # the backward)
+  case $rest in *-recompute) rest=${rest%-recompute} extra+=(--set 'train.strategy.recompute="full"') ;; esac
   # -simt: bf16 / f16 attention on the CUDA-core kernels instead of the tensor cores (CPLAN_ATTENTION)
   case $rest in *-simt) rest=${rest%-simt} attn=simt ;; esac
   # -noep: the gelu epilogues' fallback (CPLAN_GELU_EPILOGUE=0: a bias GEMM, then the gelu kernels)
