@@ -76,6 +76,43 @@ __device__ __forceinline__ double block_sum_f64(double v, double *sh) {
   return sh[32];
 }
 
+/* ---- 16-byte vectors: P = 16 / sizeof(T) contiguous elements in one load or store ---------------
+ * The address must be 16-byte aligned (a GPU faults otherwise; the emulator traps). ldv / stv move
+ * P elements as floats: one 16-byte access when P > 1, one element when P = 1 (the scalar path of
+ * the same loop). */
+template <typename T> struct alignas(16) Pack16 {
+  T v[16 / sizeof(T)];
+};
+template <typename T, int P> struct VecIO {
+  static __device__ __forceinline__ void load(float *f, const T *p) {
+#if defined(CPLAN_CUDA_EMU)
+    if ((unsigned long long)p & 15ull) __trap();
+#endif
+    Pack16<T> q = *reinterpret_cast<const Pack16<T> *>(p);
+#pragma unroll
+    for (int u = 0; u < P; u++) f[u] = ld(q.v[u]);
+  }
+  static __device__ __forceinline__ void store(T *p, const float *f) {
+#if defined(CPLAN_CUDA_EMU)
+    if ((unsigned long long)p & 15ull) __trap();
+#endif
+    Pack16<T> q;
+#pragma unroll
+    for (int u = 0; u < P; u++) q.v[u] = st<T>(f[u]);
+    *reinterpret_cast<Pack16<T> *>(p) = q;
+  }
+};
+template <typename T> struct VecIO<T, 1> {
+  static __device__ __forceinline__ void load(float *f, const T *p) { f[0] = ld(*p); }
+  static __device__ __forceinline__ void store(T *p, const float *f) { *p = st<T>(f[0]); }
+};
+template <typename T, int P> __device__ __forceinline__ void ldv(float *f, const T *p) { VecIO<T, P>::load(f, p); }
+template <typename T, int P> __device__ __forceinline__ void stv(T *p, const float *f) { VecIO<T, P>::store(p, f); }
+/* the vector width of T: 8 for bf16 and f16, 4 for f32 */
+template <typename T> struct VecW {
+  static constexpr int P = 16 / sizeof(T);
+};
+
 /* ---- tensor cores: one mma.sync.m16n8k16 (bf16 or f16 operands, f32 accumulators) -----------
  * c (16 x 8) += a (16 x 16) b (16 x 8) over the warp, every lane passing its fragments in the PTX
  * ISA's layout ("Matrix Fragments for mma.m16n8k16 with floating point type"), with g = lane / 4

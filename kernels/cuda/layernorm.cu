@@ -41,9 +41,10 @@ __device__ __forceinline__ float norm_sum(const NormRows &g, float v, float *sh)
   return g.warp ? warp_reduce<false>(v) : block_reduce<false>(v, sh);
 }
 
-template <typename T, bool RMS>
-__device__ __forceinline__ void norm_forward(T *out, float *mean, float *rstd, const T *x, const T *res, T *xsum,
-                                             const T *w, const T *b, int rows, int c, float eps) {
+/* P: elements per access (VecW<T>::P with vec: c a multiple of P, every row 16-byte aligned; else 1) */
+template <typename T, bool RMS, int P>
+__device__ __forceinline__ void norm_forward_p(T *out, float *mean, float *rstd, const T *x, const T *res, T *xsum,
+                                               const T *w, const T *b, int rows, int c, float eps) {
   __shared__ float sh[33];
   NormRows g = norm_rows();
   for (int r = g.r0; r < rows; r += g.step) {
@@ -51,31 +52,55 @@ __device__ __forceinline__ void norm_forward(T *out, float *mean, float *rstd, c
     if (res) { /* x = a + res, stored; the passes below read it back (each thread its own columns) */
       const T *rr = res + (long long)r * c;
       T *sr = xsum + (long long)r * c;
-      for (int j = g.tid; j < c; j += g.n) sr[j] = st<T>(ld(xr[j]) + ld(rr[j]));
+      for (int j = g.tid * P; j < c; j += g.n * P) {
+        float a[P], q[P];
+        ldv<T, P>(a, xr + j), ldv<T, P>(q, rr + j);
+#pragma unroll
+        for (int u = 0; u < P; u++) a[u] += q[u];
+        stv<T, P>(sr + j, a);
+      }
       xr = sr;
     }
     float m = 0.0f;
     if (!RMS) {
       float s = 0.0f;
-      for (int j = g.tid; j < c; j += g.n) s += ld(xr[j]);
+      for (int j = g.tid * P; j < c; j += g.n * P) {
+        float xv[P];
+        ldv<T, P>(xv, xr + j);
+#pragma unroll
+        for (int u = 0; u < P; u++) s += xv[u];
+      }
       m = norm_sum(g, s, sh) / (float)c;
     }
     float v = 0.0f;
-    for (int j = g.tid; j < c; j += g.n) {
-      float d = ld(xr[j]) - m;
-      v += d * d;
+    for (int j = g.tid * P; j < c; j += g.n * P) {
+      float xv[P];
+      ldv<T, P>(xv, xr + j);
+#pragma unroll
+      for (int u = 0; u < P; u++) v += (xv[u] - m) * (xv[u] - m);
     }
     float rs = 1.0f / sqrtf(norm_sum(g, v, sh) / (float)c + eps);
     T *yr = out + (long long)r * c;
-    for (int j = g.tid; j < c; j += g.n) {
-      float y = (ld(xr[j]) - m) * rs * ld(w[j]);
-      yr[j] = st<T>(RMS ? y : y + ld(b[j]));
+    for (int j = g.tid * P; j < c; j += g.n * P) {
+      float xv[P], wv[P], bv[P] = {}, y[P];
+      ldv<T, P>(xv, xr + j), ldv<T, P>(wv, w + j);
+      if (!RMS) ldv<T, P>(bv, b + j);
+#pragma unroll
+      for (int u = 0; u < P; u++) y[u] = RMS ? (xv[u] - m) * rs * wv[u] : (xv[u] - m) * rs * wv[u] + bv[u];
+      stv<T, P>(yr + j, y);
     }
     if (g.tid == 0) {
       if (!RMS && mean) mean[r] = m;
       if (rstd) rstd[r] = rs;
     }
   }
+}
+
+template <typename T, bool RMS>
+__device__ __forceinline__ void norm_forward(T *out, float *mean, float *rstd, const T *x, const T *res, T *xsum,
+                                             const T *w, const T *b, int rows, int c, float eps, int vec) {
+  if (vec) norm_forward_p<T, RMS, VecW<T>::P>(out, mean, rstd, x, res, xsum, w, b, rows, c, eps);
+  else norm_forward_p<T, RMS, 1>(out, mean, rstd, x, res, xsum, w, b, rows, c, eps);
 }
 
 /* dx += rs (g - mean(g) - xhat mean(g xhat)), g = w dy (rms: without the mean(g) term); acc 0: dx =
@@ -132,12 +157,13 @@ __device__ __forceinline__ void norm_backward_dw(float *dw, float *db, const T *
 #define NORM_ENTRIES(T, S)                                                                              \
   extern "C" __global__ void layernorm_forward_##S(T *out, float *mean, float *rstd, const T *x,       \
                                                    const T *res, T *xsum, const T *w, const T *b,       \
-                                                   int rows, int c, float eps) {                        \
-    norm_forward<T, false>(out, mean, rstd, x, res, xsum, w, b, rows, c, eps);                          \
+                                                   int rows, int c, float eps, int vec) {               \
+    norm_forward<T, false>(out, mean, rstd, x, res, xsum, w, b, rows, c, eps, vec);                     \
   }                                                                                                     \
   extern "C" __global__ void rmsnorm_forward_##S(T *out, float *rstd, const T *x, const T *res,         \
-                                                 T *xsum, const T *w, int rows, int c, float eps) {     \
-    norm_forward<T, true>(out, nullptr, rstd, x, res, xsum, w, nullptr, rows, c, eps);                  \
+                                                 T *xsum, const T *w, int rows, int c, float eps,       \
+                                                 int vec) {                                             \
+    norm_forward<T, true>(out, nullptr, rstd, x, res, xsum, w, nullptr, rows, c, eps, vec);             \
   }                                                                                                     \
   extern "C" __global__ void layernorm_backward_dx_##S(T *dx, const T *dout, const T *x, const T *w,    \
                                                        const float *mean, const float *rstd, int rows,  \
@@ -256,34 +282,56 @@ extern "C" __global__ void norm_backward_dw_sum(float *dw, float *db, const floa
  * and dy into its own shared row of partial sums (dynamic shared memory: 2 x 8 x c floats); then
  * each column's 8 warp partials are added in warp order into pw[k c + j] (pb[k c + j]), which
  * norm_backward_fused_sum adds up in chunk order. */
-template <typename T, bool RMS>
-__device__ __forceinline__ void norm_backward_fused(T *dx, float *pw, float *pb, const T *dout, const T *x,
-                                                    const T *w, const float *mean, const float *rstd, int rows, int c,
-                                                    int chunk, int acc) {
+template <typename T, bool RMS, int P>
+__device__ __forceinline__ void norm_backward_fused_p(T *dx, float *pw, float *pb, const T *dout, const T *x,
+                                                      const T *w, const float *mean, const float *rstd, int rows, int c,
+                                                      int chunk, int acc) {
   extern __shared__ float nf_sm[]; /* [2][8][c]: dw, db partials per warp */
   float *sw = nf_sm + threadIdx.y * c, *sb = nf_sm + (8 + threadIdx.y) * c;
   const int lane = threadIdx.x, k = blockIdx.x;
-  for (int j = lane; j < c; j += 32) sw[j] = 0.0f, sb[j] = 0.0f;
+  for (int j = lane * P; j < c; j += 32 * P) /* each lane zeroes the columns it adds into below */
+#pragma unroll
+    for (int u = 0; u < P; u++) sw[j + u] = 0.0f, sb[j + u] = 0.0f;
   const int r0 = k * chunk, r1 = rows - r0 < chunk ? rows : r0 + chunk;
   for (int r = r0 + (int)threadIdx.y; r < r1; r += 8) {
     const T *xr = x + (long long)r * c, *dy = dout + (long long)r * c;
     float m = RMS ? 0.0f : mean[r], rs = rstd[r], gm = 0.0f, gxm = 0.0f;
     if (dx) {
       float sg = 0.0f, sgx = 0.0f;
-      for (int j = lane; j < c; j += 32) {
-        float g = ld(w[j]) * ld(dy[j]);
-        sg += g;
-        sgx += g * (ld(xr[j]) - m) * rs;
+      for (int j = lane * P; j < c; j += 32 * P) {
+        float wv[P], dv[P], xv[P];
+        ldv<T, P>(wv, w + j), ldv<T, P>(dv, dy + j), ldv<T, P>(xv, xr + j);
+#pragma unroll
+        for (int u = 0; u < P; u++) {
+          float g = wv[u] * dv[u];
+          sg += g;
+          sgx += g * (xv[u] - m) * rs;
+        }
       }
       gm = RMS ? 0.0f : warp_reduce<false>(sg) / (float)c;
       gxm = warp_reduce<false>(sgx) / (float)c;
     }
     T *dxr = dx ? dx + (long long)r * c : nullptr;
-    for (int j = lane; j < c; j += 32) { /* the sums by the same code with dx or without */
-      float xhat = (ld(xr[j]) - m) * rs, d = ld(dy[j]);
-      if (dx) dxr[j] = st<T>((acc ? ld(dxr[j]) : 0.0f) + rs * (ld(w[j]) * d - gm - xhat * gxm));
-      sw[j] += d * xhat;
-      sb[j] += d;
+    for (int j = lane * P; j < c; j += 32 * P) { /* the sums by the same code with dx or without */
+      float dv[P], xv[P];
+      ldv<T, P>(dv, dy + j), ldv<T, P>(xv, xr + j);
+      if (dx) {
+        float wv[P], o[P];
+        ldv<T, P>(wv, w + j);
+        if (acc) ldv<T, P>(o, dxr + j);
+#pragma unroll
+        for (int u = 0; u < P; u++) {
+          float xhat = (xv[u] - m) * rs;
+          o[u] = (acc ? o[u] : 0.0f) + rs * (wv[u] * dv[u] - gm - xhat * gxm);
+        }
+        stv<T, P>(dxr + j, o);
+      }
+#pragma unroll
+      for (int u = 0; u < P; u++) {
+        float xhat = (xv[u] - m) * rs;
+        sw[j + u] += dv[u] * xhat;
+        sb[j + u] += dv[u];
+      }
     }
   }
   __syncthreads();
@@ -293,6 +341,14 @@ __device__ __forceinline__ void norm_backward_fused(T *dx, float *pw, float *pb,
     if (pw) pw[(long long)k * c + j] = tw;
     if (!RMS && pb) pb[(long long)k * c + j] = tb;
   }
+}
+
+template <typename T, bool RMS>
+__device__ __forceinline__ void norm_backward_fused(T *dx, float *pw, float *pb, const T *dout, const T *x,
+                                                    const T *w, const float *mean, const float *rstd, int rows, int c,
+                                                    int chunk, int acc, int vec) {
+  if (vec) norm_backward_fused_p<T, RMS, VecW<T>::P>(dx, pw, pb, dout, x, w, mean, rstd, rows, c, chunk, acc);
+  else norm_backward_fused_p<T, RMS, 1>(dx, pw, pb, dout, x, w, mean, rstd, rows, c, chunk, acc);
 }
 
 /* out[j] += the sum of column j's nchunks partials p[k c + j] (blockIdx.y 0: dw from pw, 1: db from
@@ -321,13 +377,13 @@ extern "C" __global__ void norm_backward_fused_sum(float *dw, float *db, const f
   extern "C" __global__ void layernorm_backward_fused_##S(T *dx, float *pw, float *pb, const T *dout,    \
                                                           const T *x, const T *w, const float *mean,     \
                                                           const float *rstd, int rows, int c, int chunk, \
-                                                          int acc) {                                     \
-    norm_backward_fused<T, false>(dx, pw, pb, dout, x, w, mean, rstd, rows, c, chunk, acc);              \
+                                                          int acc, int vec) {                            \
+    norm_backward_fused<T, false>(dx, pw, pb, dout, x, w, mean, rstd, rows, c, chunk, acc, vec);         \
   }                                                                                                      \
   extern "C" __global__ void rmsnorm_backward_fused_##S(T *dx, float *pw, const T *dout, const T *x,     \
                                                         const T *w, const float *rstd, int rows, int c,  \
-                                                        int chunk, int acc) {                            \
-    norm_backward_fused<T, true>(dx, pw, nullptr, dout, x, w, nullptr, rstd, rows, c, chunk, acc);       \
+                                                        int chunk, int acc, int vec) {                   \
+    norm_backward_fused<T, true>(dx, pw, nullptr, dout, x, w, nullptr, rstd, rows, c, chunk, acc, vec);  \
   }
 
 NORM_FUSED_ENTRIES(float, f32)
@@ -354,6 +410,9 @@ NORM_PART_ENTRIES(fp16, f16, 2)
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
 
+#include <stdint.h>
+#include <stdlib.h>
+
 static int row_blocks(int rows) { return rows < 1 ? 1 : rows > (int)CPLAN_MAX_GRID ? (int)CPLAN_MAX_GRID : rows; }
 
 /* the forward and dx kernels' launch (NormRows): a warp per row, 8 rows a block, up to 2048
@@ -361,6 +420,21 @@ static int row_blocks(int rows) { return rows < 1 ? 1 : rows > (int)CPLAN_MAX_GR
 #define NORM_WARP_MAX_C 2048
 static dim3 norm_block(int c) { return c <= NORM_WARP_MAX_C ? dim3(32, 8) : dim3((unsigned)cplan_row_threads(c)); }
 static unsigned norm_grid(int rows, int c) { return (unsigned)(c <= NORM_WARP_MAX_C ? row_blocks((rows + 7) / 8) : row_blocks(rows)); }
+
+/* 16-byte accesses (VecW<T>::P elements): c a multiple of P and every pointer given (NULLs
+ * skipped) 16-byte aligned, so that every row is; CPLAN_NORM_VEC=0 keeps the scalar loops */
+static int norm_vec(CplanDtype dt, int c, const void *const *ptrs, int n) {
+  static int off = -1;
+  if (off < 0) {
+    const char *e = getenv("CPLAN_NORM_VEC");
+    off = e && strcmp(e, "0") == 0;
+  }
+  const int p = dt == CPLAN_F32 ? 4 : 8;
+  if (off || c % p) return 0;
+  for (int i = 0; i < n; i++)
+    if (ptrs[i] && (uintptr_t)ptrs[i] % 16) return 0;
+  return 1;
+}
 
 /* both norms' forwards; res: x + res, written to xsum, is normalized; rms: no mean, no b */
 static int norm_fwd(const char *me, int rms, CplanDtype dt, void *out, void *xsum, float *mean, float *rstd,
@@ -372,14 +446,16 @@ static int norm_fwd(const char *me, int rms, CplanDtype dt, void *out, void *xsu
   CPLAN_REQUIRE(me, !res || xsum, "a residual needs xsum");
   if (rows == 0) return 0;
   dim3 gr(norm_grid(rows, c)), bl(norm_block(c));
+  const void *ptrs[6] = {out, x, w, rms ? NULL : b, res, xsum};
+  const int vec = norm_vec(dt, c, ptrs, 6);
 #define NORM_FWD(T, S)                                                                                          \
   do {                                                                                                          \
     if (rms)                                                                                                    \
       rmsnorm_forward_##S<<<gr, bl, 0, stream>>>((T *)out, rstd, (const T *)x, (const T *)res, (T *)xsum,       \
-                                                 (const T *)w, rows, c, eps);                                   \
+                                                 (const T *)w, rows, c, eps, vec);                              \
     else                                                                                                        \
       layernorm_forward_##S<<<gr, bl, 0, stream>>>((T *)out, mean, rstd, (const T *)x, (const T *)res,          \
-                                                   (T *)xsum, (const T *)w, (const T *)b, rows, c, eps);        \
+                                                   (T *)xsum, (const T *)w, (const T *)b, rows, c, eps, vec);   \
   } while (0)
   if (dt == CPLAN_F32) NORM_FWD(float, f32);
   else if (dt == CPLAN_BF16) NORM_FWD(bf16, bf16);
@@ -535,6 +611,8 @@ static int norm_fused_ws(const char *me, CplanDtype dt, int rms, void *dx, float
   const int chunk = norm_fused_chunk(rows), nchunks = (rows + chunk - 1) / chunk;
   float *pw = dw ? work : nullptr, *pb = db ? work + (size_t)nchunks * (size_t)c : nullptr;
   const int bytes = 2 * 8 * c * (int)sizeof(float);
+  const void *ptrs[4] = {dx, dout, x, dx ? w : NULL};
+  const int vec = norm_vec(dt, c, ptrs, 4);
   dim3 blk(32, 8), grid((unsigned)nchunks);
 #define NORM_FUSED_GO(kern, ...)                                                                                 \
   do {                                                                                                           \
@@ -546,23 +624,23 @@ static int norm_fused_ws(const char *me, CplanDtype dt, int rms, void *dx, float
   if (rms) {
     if (dt == CPLAN_F32)
       NORM_FUSED_GO(rmsnorm_backward_fused_f32, (float *)dx, pw, (const float *)dout, (const float *)x, (const float *)w,
-                    rstd, rows, c, chunk, acc);
+                    rstd, rows, c, chunk, acc, vec);
     else if (dt == CPLAN_BF16)
       NORM_FUSED_GO(rmsnorm_backward_fused_bf16, (bf16 *)dx, pw, (const bf16 *)dout, (const bf16 *)x, (const bf16 *)w,
-                    rstd, rows, c, chunk, acc);
+                    rstd, rows, c, chunk, acc, vec);
     else
       NORM_FUSED_GO(rmsnorm_backward_fused_f16, (fp16 *)dx, pw, (const fp16 *)dout, (const fp16 *)x, (const fp16 *)w,
-                    rstd, rows, c, chunk, acc);
+                    rstd, rows, c, chunk, acc, vec);
   } else {
     if (dt == CPLAN_F32)
       NORM_FUSED_GO(layernorm_backward_fused_f32, (float *)dx, pw, pb, (const float *)dout, (const float *)x,
-                    (const float *)w, mean, rstd, rows, c, chunk, acc);
+                    (const float *)w, mean, rstd, rows, c, chunk, acc, vec);
     else if (dt == CPLAN_BF16)
       NORM_FUSED_GO(layernorm_backward_fused_bf16, (bf16 *)dx, pw, pb, (const bf16 *)dout, (const bf16 *)x,
-                    (const bf16 *)w, mean, rstd, rows, c, chunk, acc);
+                    (const bf16 *)w, mean, rstd, rows, c, chunk, acc, vec);
     else
       NORM_FUSED_GO(layernorm_backward_fused_f16, (fp16 *)dx, pw, pb, (const fp16 *)dout, (const fp16 *)x,
-                    (const fp16 *)w, mean, rstd, rows, c, chunk, acc);
+                    (const fp16 *)w, mean, rstd, rows, c, chunk, acc, vec);
   }
 #undef NORM_FUSED_GO
   if (cplan_cuda_launched(me)) return -1;

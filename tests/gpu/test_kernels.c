@@ -872,8 +872,9 @@ int main(void) {
     test_norm(dt, 0);
     test_norm(dt, 1);
     for (int rms = 0; rms < 2; rms++) {
-      test_norm_res(dt, rms, 37, 771);
-      test_norm_res(dt, rms, 5, 2600); /* a block per row */
+      test_norm_res(dt, rms, 37, 771); /* c odd: element by element */
+      test_norm_res(dt, rms, 37, 768); /* 16-byte accesses */
+      test_norm_res(dt, rms, 5, 2600); /* a block per row (16-byte accesses) */
     }
     for (int rms = 0; rms < 2; rms++) {
       test_norm_ws(dt, rms, 37, 771, 0);
