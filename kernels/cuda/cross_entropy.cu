@@ -17,9 +17,23 @@
 /* the log-sum-exp of row x [v], in every thread of the block: one pass over the row (it is read
  * once from memory, not twice): each thread keeps a running max mt and the sum st of exp(x - mt),
  * rescaled when mt grows; then the block's max m and the sum of the threads' st exp(mt - m) */
-template <typename T> __device__ __forceinline__ float ce_row_lse(const T *x, int v, float *sh) {
+/* P > 1: the row's first v / P * P elements P at a time (16-byte loads: the row 16-byte aligned), the
+ * rest one at a time; each P rescale the running sum once, to the max of the sum's and theirs */
+template <typename T, int P> __device__ __forceinline__ float ce_row_lse(const T *x, int v, float *sh) {
   float mt = -CPLAN_INF, st = 0.0f;
-  for (int j = threadIdx.x; j < v; j += blockDim.x) {
+  const int vend = P > 1 ? v / P * P : 0;
+  for (int j = threadIdx.x * P; j < vend; j += blockDim.x * P) {
+    float xv[P], mx = mt;
+    ldv<T, P>(xv, x + j);
+#pragma unroll
+    for (int u = 0; u < P; u++) mx = fmaxf(mx, xv[u]);
+    if (mx == -CPLAN_INF) continue; /* all -inf so far: nothing to add */
+    float add = 0.0f;
+#pragma unroll
+    for (int u = 0; u < P; u++) add += expf(xv[u] - mx);
+    st = st * expf(mt - mx) + add, mt = mx; /* exp(-inf) = 0 on the first */
+  }
+  for (int j = vend + threadIdx.x; j < v; j += blockDim.x) {
     float xj = ld(x[j]);
     if (xj > mt) st = st * expf(mt - xj) + 1.0f, mt = xj; /* exp(-inf) = 0 on the first */
     else st += expf(xj - mt);
@@ -38,19 +52,44 @@ __device__ __forceinline__ void ce_row_loss(float *losses, float *lse, const T *
   }
 }
 
-template <typename T>
+template <typename T, int P>
 __device__ __forceinline__ void ce_rows(float *losses, float *lse, const T *logits, const int *targets, int rows,
                                         int v, int pitch) {
   __shared__ float sh[33];
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     const T *x = logits + (long long)r * pitch;
-    ce_row_loss(losses, lse, x, targets[r], r, v, ce_row_lse(x, v, sh));
+    ce_row_loss(losses, lse, x, targets[r], r, v, ce_row_lse<T, P>(x, v, sh));
   }
+}
+
+/* row x [v]'s gradient g (exp(x - l) - onehot(tg)) written over dx (acc: added to it); dx may be x
+ * itself: each element is read before it is written, by the same thread. P as ce_row_lse */
+template <typename T, int P>
+__device__ __forceinline__ void ce_row_grad(T *dx, const T *x, float l, float g, int tg, int v, int acc) {
+  const int vend = P > 1 ? v / P * P : 0;
+  for (int j = threadIdx.x * P; j < vend; j += blockDim.x * P) {
+    float xv[P], o[P] = {};
+    ldv<T, P>(xv, x + j);
+    if (acc) ldv<T, P>(o, dx + j);
+#pragma unroll
+    for (int u = 0; u < P; u++) o[u] += g * (expf(xv[u] - l) - (j + u == tg ? 1.0f : 0.0f));
+    stv<T, P>(dx + j, o);
+  }
+  for (int j = vend + threadIdx.x; j < v; j += blockDim.x)
+    dx[j] = st<T>((acc ? ld(dx[j]) : 0.0f) + g * (expf(ld(x[j]) - l) - (j == tg ? 1.0f : 0.0f)));
+}
+
+/* zeros over row dx [v] */
+template <typename T, int P> __device__ __forceinline__ void ce_row_zero(T *dx, int v) {
+  const int vend = P > 1 ? v / P * P : 0;
+  const float z[P] = {};
+  for (int j = threadIdx.x * P; j < vend; j += blockDim.x * P) stv<T, P>(dx + j, z);
+  for (int j = vend + threadIdx.x; j < v; j += blockDim.x) dx[j] = st<T>(0.0f);
 }
 
 /* the forward, then each row overwritten by its gradient as ce_bwd writes it (count: computed
  * before, by ce_count) */
-template <typename T>
+template <typename T, int P>
 __device__ __forceinline__ void ce_fused(float *losses, float *lse, T *logits, const int *targets, const float *dloss,
                                          const int *count, int rows, int v, int pitch) {
   __shared__ float sh[33];
@@ -58,17 +97,11 @@ __device__ __forceinline__ void ce_fused(float *losses, float *lse, T *logits, c
   for (int r = blockIdx.x; r < rows; r += gridDim.x) {
     T *x = logits + (long long)r * pitch;
     int tg = targets[r];
-    float l = ce_row_lse(x, v, sh);
+    float l = ce_row_lse<T, P>(x, v, sh);
     ce_row_loss(losses, lse, x, tg, r, v, l);
     __syncthreads(); /* thread 0 read x[tg]: only now may the row be overwritten */
-    if (tg == -1 || *count <= 0) { /* an ignored row gets no gradient at all */
-      for (int j = threadIdx.x; j < v; j += blockDim.x) x[j] = st<T>(0.0f);
-      continue;
-    }
-    for (int j = threadIdx.x; j < v; j += blockDim.x) {
-      float p = expf(ld(x[j]) - l);
-      x[j] = st<T>(g * (p - (j == tg ? 1.0f : 0.0f)));
-    }
+    if (tg == -1 || *count <= 0) ce_row_zero<T, P>(x, v); /* an ignored row gets no gradient at all */
+    else ce_row_grad<T, P>(x, x, l, g, tg, v, 0);
   }
 }
 
@@ -98,7 +131,7 @@ __device__ __forceinline__ void ce_mean(float *loss, int *count, const float *lo
 }
 
 /* acc 1: dlogits +=; acc 0: dlogits = (its old values never read; ignored rows get zeros) */
-template <typename T>
+template <typename T, int P>
 __device__ __forceinline__ void ce_bwd(T *dlogits, const float *dloss, const int *count, const T *logits,
                                        const float *lse, const int *targets, int rows, int v, int pitch, int acc) {
   if (*count <= 0 && acc) return;
@@ -107,34 +140,33 @@ __device__ __forceinline__ void ce_bwd(T *dlogits, const float *dloss, const int
     int tg = targets[r];
     T *dx = dlogits + (long long)r * pitch;
     if (tg == -1 || *count <= 0) { /* an ignored row gets no gradient at all */
-      if (!acc)
-        for (int j = threadIdx.x; j < v; j += blockDim.x) dx[j] = st<T>(0.0f);
+      if (!acc) ce_row_zero<T, P>(dx, v);
       continue;
     }
-    const T *x = logits + (long long)r * pitch;
-    float l = lse[r];
-    for (int j = threadIdx.x; j < v; j += blockDim.x) {
-      float p = expf(ld(x[j]) - l);
-      dx[j] = st<T>((acc ? ld(dx[j]) : 0.0f) + g * (p - (j == tg ? 1.0f : 0.0f)));
-    }
+    ce_row_grad<T, P>(dx, logits + (long long)r * pitch, lse[r], g, tg, v, acc);
   }
 }
 
+/* vec: P = VecW<T>::P elements a load (every row 16-byte aligned: the launchers check), else 1 */
 #define CE_ENTRIES(T, S)                                                                                   \
   extern "C" __global__ void cross_entropy_forward_##S(float *losses, float *lse, const T *logits,         \
-                                                       const int *targets, int rows, int v, int pitch) {      \
-    ce_rows<T>(losses, lse, logits, targets, rows, v, pitch);                                              \
+                                                       const int *targets, int rows, int v, int pitch,     \
+                                                       int vec) {                                          \
+    if (vec) ce_rows<T, VecW<T>::P>(losses, lse, logits, targets, rows, v, pitch);                         \
+    else ce_rows<T, 1>(losses, lse, logits, targets, rows, v, pitch);                                      \
   }                                                                                                        \
   extern "C" __global__ void cross_entropy_backward_##S(T *dlogits, const float *dloss, const int *count,  \
                                                         const T *logits, const float *lse,                 \
                                                         const int *targets, int rows, int v, int pitch,    \
-                                                        int acc) {                                         \
-    ce_bwd<T>(dlogits, dloss, count, logits, lse, targets, rows, v, pitch, acc);                           \
+                                                        int acc, int vec) {                                \
+    if (vec) ce_bwd<T, VecW<T>::P>(dlogits, dloss, count, logits, lse, targets, rows, v, pitch, acc);      \
+    else ce_bwd<T, 1>(dlogits, dloss, count, logits, lse, targets, rows, v, pitch, acc);                   \
   }                                                                                                        \
   extern "C" __global__ void cross_entropy_fused_##S(float *losses, float *lse, T *logits, const int *targets, \
                                                      const float *dloss, const int *count, int rows, int v,   \
-                                                     int pitch) {                                         \
-    ce_fused<T>(losses, lse, logits, targets, dloss, count, rows, v, pitch);                               \
+                                                     int pitch, int vec) {                                \
+    if (vec) ce_fused<T, VecW<T>::P>(losses, lse, logits, targets, dloss, count, rows, v, pitch);          \
+    else ce_fused<T, 1>(losses, lse, logits, targets, dloss, count, rows, v, pitch);                       \
   }
 
 CE_ENTRIES(float, f32)
@@ -153,6 +185,15 @@ extern "C" __global__ void cross_entropy_mean(float *loss, int *count, const flo
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
 
+#include <stdint.h>
+
+/* 16-byte loads: the row pitch a multiple of VecW<T>::P elements and the rows' base (bases) 16-byte
+ * aligned */
+static int ce_vec(CplanDtype dt, int pitch, const void *a, const void *b) {
+  const int p = dt == CPLAN_F32 ? 4 : 8;
+  return pitch % p == 0 && (uintptr_t)a % 16 == 0 && (uintptr_t)b % 16 == 0;
+}
+
 extern "C" int cplan_cuda_cross_entropy_forward_ld(CplanDtype dt, float *losses, float *lse, float *loss, int *count,
                                                    const void *logits, const int32_t *targets, int rows, int v, int ld,
                                                    cudaStream_t stream) {
@@ -161,14 +202,14 @@ extern "C" int cplan_cuda_cross_entropy_forward_ld(CplanDtype dt, float *losses,
   CPLAN_REQUIRE(me, losses && lse && loss && count && logits && targets,
                 "losses, lse, loss, count, logits and targets must not be NULL");
   unsigned grid = rows < 1 ? 1 : rows > (int)CPLAN_MAX_GRID ? CPLAN_MAX_GRID : (unsigned)rows;
-  int th = cplan_row_threads(v);
+  int th = cplan_row_threads(v), vec = ce_vec(dt, ld, logits, NULL);
   if (rows > 0) {
     if (dt == CPLAN_F32)
-      cross_entropy_forward_f32<<<grid, th, 0, stream>>>(losses, lse, (const float *)logits, targets, rows, v, ld);
+      cross_entropy_forward_f32<<<grid, th, 0, stream>>>(losses, lse, (const float *)logits, targets, rows, v, ld, vec);
     else if (dt == CPLAN_BF16)
-      cross_entropy_forward_bf16<<<grid, th, 0, stream>>>(losses, lse, (const bf16 *)logits, targets, rows, v, ld);
+      cross_entropy_forward_bf16<<<grid, th, 0, stream>>>(losses, lse, (const bf16 *)logits, targets, rows, v, ld, vec);
     else if (dt == CPLAN_F16)
-      cross_entropy_forward_f16<<<grid, th, 0, stream>>>(losses, lse, (const fp16 *)logits, targets, rows, v, ld);
+      cross_entropy_forward_f16<<<grid, th, 0, stream>>>(losses, lse, (const fp16 *)logits, targets, rows, v, ld, vec);
     else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
     if (cplan_cuda_launched(me)) return -1;
   }
@@ -192,14 +233,17 @@ extern "C" int cplan_cuda_cross_entropy_fused_ld(CplanDtype dt, float *losses, f
   cross_entropy_count<<<1, 1024, 0, stream>>>(count, targets, rows);
   if (cplan_cuda_launched(me)) return -1;
   unsigned grid = rows < 1 ? 1 : rows > (int)CPLAN_MAX_GRID ? CPLAN_MAX_GRID : (unsigned)rows;
-  int th = cplan_row_threads(v);
+  int th = cplan_row_threads(v), vec = ce_vec(dt, ld, logits, NULL);
   if (rows > 0) {
     if (dt == CPLAN_F32)
-      cross_entropy_fused_f32<<<grid, th, 0, stream>>>(losses, lse, (float *)logits, targets, dloss, count, rows, v, ld);
+      cross_entropy_fused_f32<<<grid, th, 0, stream>>>(losses, lse, (float *)logits, targets, dloss, count, rows, v, ld,
+                                                        vec);
     else if (dt == CPLAN_BF16)
-      cross_entropy_fused_bf16<<<grid, th, 0, stream>>>(losses, lse, (bf16 *)logits, targets, dloss, count, rows, v, ld);
+      cross_entropy_fused_bf16<<<grid, th, 0, stream>>>(losses, lse, (bf16 *)logits, targets, dloss, count, rows, v, ld,
+                                                        vec);
     else if (dt == CPLAN_F16)
-      cross_entropy_fused_f16<<<grid, th, 0, stream>>>(losses, lse, (fp16 *)logits, targets, dloss, count, rows, v, ld);
+      cross_entropy_fused_f16<<<grid, th, 0, stream>>>(losses, lse, (fp16 *)logits, targets, dloss, count, rows, v, ld,
+                                                        vec);
     else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
     if (cplan_cuda_launched(me)) return -1;
   }
@@ -216,16 +260,16 @@ extern "C" int cplan_cuda_cross_entropy_backward_ld(CplanDtype dt, void *dlogits
                 "dlogits, dloss, count, logits, lse and targets must not be NULL");
   if (rows == 0) return 0;
   unsigned grid = rows > (int)CPLAN_MAX_GRID ? CPLAN_MAX_GRID : (unsigned)rows;
-  int th = cplan_row_threads(v), acc = accumulate != 0;
+  int th = cplan_row_threads(v), acc = accumulate != 0, vec = ce_vec(dt, ld, logits, dlogits);
   if (dt == CPLAN_F32)
     cross_entropy_backward_f32<<<grid, th, 0, stream>>>((float *)dlogits, dloss, count, (const float *)logits, lse,
-                                                        targets, rows, v, ld, acc);
+                                                        targets, rows, v, ld, acc, vec);
   else if (dt == CPLAN_BF16)
     cross_entropy_backward_bf16<<<grid, th, 0, stream>>>((bf16 *)dlogits, dloss, count, (const bf16 *)logits, lse,
-                                                         targets, rows, v, ld, acc);
+                                                         targets, rows, v, ld, acc, vec);
   else if (dt == CPLAN_F16)
     cross_entropy_backward_f16<<<grid, th, 0, stream>>>((fp16 *)dlogits, dloss, count, (const fp16 *)logits, lse,
-                                                         targets, rows, v, ld, acc);
+                                                         targets, rows, v, ld, acc, vec);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }
