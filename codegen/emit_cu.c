@@ -182,6 +182,13 @@ static void mark_pg(Cu *c, int j) {
 static VEC(bool) wire_f32;
 static VEC(const char *) wire_type;
 
+/* Whether node i is one of the metrics the program hands out. */
+static bool is_metric(const Graph *g, int i) {
+  for (int k = 0; k < g->metrics.n; k++)
+    if (g->metrics.a[k].node == i) return true;
+  return false;
+}
+
 /* Which work buffers hold the low type (c->wlp). f32 stay: the update; the loss, metrics and
  * reductions (sum, mean, max); what kernels/cuda writes in f32 (norm weight and bias gradients,
  * an embedding table's gradient); param gradients (mark_pg). The rest (activations and their
@@ -211,10 +218,7 @@ static void decide_storage(Cu *c) {
     const Node *n = nd(c, i);
     if (c->pl.nc[i].kind != CG_L_WORK || n->dtype == DT_I32 || n->role == ROLE_UPD || c->pg[i]) continue;
     if (n->op == OP_SUM || n->op == OP_MEAN || n->op == OP_MAX || n->op == OP_CROSS_ENTROPY || numel(n) == 1) continue;
-    if (i == g->loss || i == g->grad_norm) continue;
-    bool metric = false;
-    for (int k = 0; k < g->metrics.n; k++) metric |= g->metrics.a[k].node == i;
-    if (metric) continue;
+    if (i == g->loss || i == g->grad_norm || is_metric(g, i)) continue;
     if (n->op == OP_GRAD) {
       OpId f = nd(c, n->fwd)->op;
       if ((f == OP_LAYER_NORM || f == OP_RMS_NORM) && n->ia[0] >= 1) continue;
@@ -882,10 +886,8 @@ static void find_pitched(Cu *c) {
     for (int j = 0; j < g->n; j++)
       if (nd(c, j)->op == OP_CROSS_ENTROPY && nd(c, j)->in[0] == l) ce = ce < 0 ? j : -2;
     if (ce < 0 || nd(c, ce)->ia[0] != 0 || !cg_executed(nd(c, ce))) continue;
-    bool metric = false;
-    for (int k = 0; k < g->metrics.n; k++) metric |= g->metrics.a[k].node == l;
     int dl = grad_of(c, ce, 0), g0 = grad_of(c, l, 0), g1 = grad_of(c, l, 1);
-    if (metric || !read_only_by(c, l, (int[]){ce, dl, g0, g1}, 4)) continue;
+    if (is_metric(g, l) || !read_only_by(c, l, (int[]){ce, dl, g0, g1}, 4)) continue;
     bool ok = true;
     if (dl >= 0) {
       ok = cg_executed(nd(c, dl)) && alone(c, dl) && c->pl.nc[dl].kind == CG_L_WORK && c->pl.nc[dl].leader == dl &&
@@ -953,9 +955,7 @@ static void find_ce_fused(Cu *c) {
     const Node *dn = nd(c, dl);
     int dy = cg_root(&c->pl, dn->in[0]);
     bool early = dy == c->seed || c->pl.nc[dy].kind == CG_L_CONST;
-    bool metric = false;
-    for (int k = 0; k < g->metrics.n; k++) metric |= g->metrics.a[k].node == l;
-    if (!early || metric || l == g->loss || !cg_executed(dn) || !alone(c, dl) || c->pl.nc[dl].kind != CG_L_WORK ||
+    if (!early || is_metric(g, l) || l == g->loss || !cg_executed(dn) || !alone(c, dl) || c->pl.nc[dl].kind != CG_L_WORK ||
         c->pl.nc[dl].leader != dl || c->acc_of[dl] >= 0 || scode(c, dl) != scode(c, l) || c->pitch[dl] != c->pitch[l] ||
         !read_only_by(c, l, (int[]){ce, dl, grad_of(c, l, 0), grad_of(c, l, 1)}, 4))
       continue;
@@ -991,7 +991,7 @@ static void find_res_norms(Cu *c) {
       const Node *x = nd(c, an->in[k]);
       ok = x->dtype == DT_F32 && shape_eq(&x->shape, &an->shape) && scode(c, an->in[k]) == scode(c, a);
     }
-    for (int k = 0; k < g->metrics.n; k++) ok &= g->metrics.a[k].node != a;
+    ok &= !is_metric(g, a);
     for (int m = 0; m < g->n && ok; m++) { /* nothing reads the sum before the norm's launch */
       const Node *mn = nd(c, m);
       if (m == nn || !cg_executed(mn)) continue;
