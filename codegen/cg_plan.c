@@ -151,7 +151,7 @@ void cg_plan_phase(CgPlan *p, int ph) {
     CgPlace *x = &p->nc[i];
     int at = pos[x->leader];
     if (x->kind == CG_L_WORK) {
-      int64_t bytes = p->bytes ? p->bytes(p->ctx, i) : (int64_t)ir_node_bytes(g, i);
+      int64_t bytes = p->idle[ph] && p->idle[ph][i] ? 0 : p->bytes ? p->bytes(p->ctx, i) : (int64_t)ir_node_bytes(g, i);
       VEC_PUSH(bufs, ((MpBuf){bytes, at, last[i] < at ? at : last[i], 0}));
       VEC_PUSH(dest, &x->woff[ph]);
     }

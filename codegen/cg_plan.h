@@ -49,6 +49,11 @@ typedef struct CgPlan {
   const void *ctx;
   const int *keep;        /* more values the train phase hands out (a pipeline stage's norm part) */
   int nkeep;
+  /* per phase, per node (NULL: none): a work buffer no emitted launch names, because a fold of the
+   * emitter's computes its value elsewhere (a GEMM epilogue writes the bias add's buffer, a view
+   * reads q, k, v in place): cg_plan_phase gives it no arena space. emit_cu.c finds them with a
+   * first emission it discards. */
+  bool *idle[CG_PH__COUNT];
   /* results */
   CgPlace *nc;            /* per node */
   int64_t work[CG_PH__COUNT];          /* arena bytes per phase */

@@ -117,6 +117,7 @@ typedef struct Cu {
   int stage;
   int ppa;                   /* the pp axis's index in RtRun.axis_comm (after the strategy axes) */
   int only_role;             /* a stage's forward (ROLE_FWD) or backward (ROLE_BWD) function, else -1 */
+  bool *named[CG_PH__COUNT]; /* the first emission: per phase, per node, whether ptr named its work buffer */
 } Cu;
 
 #define EMIT(...) fprintf(c->out, __VA_ARGS__)
@@ -271,6 +272,8 @@ static const char *ptr(const Cu *c, int i) {
   case CG_L_CONST: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "KI" : "KC", (long long)x->off);
   case CG_L_SCALAR: return cp_fmt("SC(%lld)", (long long)x->off);
   case CG_L_WORK:
+    if (c->named[c->ph]) c->named[c->ph][r] = true;
+    cp_assert(!c->pl.idle[c->ph] || !c->pl.idle[c->ph][r]); /* the first emission never named it */
     return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : scode(c, r) ? "L" : "F", (long long)x->woff[c->ph]);
   default: cp_unreachable();
   }
@@ -767,6 +770,8 @@ static void find_attn_inplace(Cu *c) {
 static bool arena_overlap(const Cu *c, int x, int y) {
   int rx = cg_root(&c->pl, x), ry = cg_root(&c->pl, y);
   if (c->pl.nc[rx].kind != CG_L_WORK || c->pl.nc[ry].kind != CG_L_WORK) return false;
+  for (int k = 0; k < 2 && c->pl.idle[c->ph]; k++)
+    if (c->pl.idle[c->ph][k ? ry : rx]) return false; /* no bytes */
   int64_t ax = c->pl.nc[rx].woff[c->ph], ay = c->pl.nc[ry].woff[c->ph];
   return ax < ay + sbytes(c, ry) && ay < ax + sbytes(c, rx);
 }
@@ -2345,6 +2350,31 @@ static void emit_loss_scaling(Cu *c) {
   EMIT("%s};\n#define NGRADS %d\n", n ? "" : "0, 0", n);
 }
 
+/* The tables and the phase functions of plan.c's body, into c->out. */
+static void emit_phases(Cu *c) {
+  emit_tables(c);
+  cg_emit_lr(c->out, c->t);
+  if (c->pipe) {
+    c->only_role = ROLE_FWD;
+    emit_phase_fn(c, CG_PH_TRAIN, "static void pp_forward(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                  "one micro-batch: the inputs to this slot's device buffers, this stage's forward pass (what the backward "
+                  "reads stays in this slot's arena)");
+    c->only_role = ROLE_BWD;
+    emit_phase_fn(c, CG_PH_TRAIN, "static void pp_backward(RtRun *run, const void *const *inputs)",
+                  "the same micro-batch (the same arena), this stage's backward pass and gradient accumulation");
+    c->only_role = -1;
+    emit_phase_fn(c, CG_PH_TRAIN, "static double update_grad_sumsq(RtRun *run)",
+                  "once per step, before update: this stage's part of the squared gradient norm (its gradients')");
+  } else
+    emit_phase_fn(c, CG_PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                  "one micro-batch: the inputs to the device, the forward pass, the backward pass, gradient accumulation");
+  if (fused_adamw(c)) emit_adamw_fused(c);
+  emit_phase_fn(c, CG_PH_TRAIN, "static double update(RtRun *run)",
+                "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
+  emit_phase_fn(c, CG_PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                "evaluation: the forward pass only, dropout off");
+}
+
 /* out_c NULL (a pipeline stage): decide only, and record the types its crossings send in. */
 bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, const Lowered *lw, const Pipeline *pipe,
                 int stage, const TrainConf *t, const char *source_hash) {
@@ -2385,10 +2415,6 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
     record_wire_types(c);
     return true;
   }
-  cg_plan_phase(&c->pl, CG_PH_TRAIN);
-  cg_plan_phase(&c->pl, CG_PH_EVAL);
-  int64_t work = cg_plan_peak(&c->pl);
-  last_device_work = work;
   c->irline = cg_ir_lines(g);
   /* the body first: the kernel table and kernels.cu are known once every launch is emitted */
   FILE *body = tmpfile();
@@ -2397,27 +2423,33 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
     return false;
   }
   c->out = body;
-  emit_tables(c);
-  cg_emit_lr(c->out, t);
-  if (pipe) {
-    c->only_role = ROLE_FWD;
-    emit_phase_fn(c, CG_PH_TRAIN, "static void pp_forward(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
-                  "one micro-batch: the inputs to this slot's device buffers, this stage's forward pass (what the backward "
-                  "reads stays in this slot's arena)");
-    c->only_role = ROLE_BWD;
-    emit_phase_fn(c, CG_PH_TRAIN, "static void pp_backward(RtRun *run, const void *const *inputs)",
-                  "the same micro-batch (the same arena), this stage's backward pass and gradient accumulation");
-    c->only_role = -1;
-    emit_phase_fn(c, CG_PH_TRAIN, "static double update_grad_sumsq(RtRun *run)",
-                  "once per step, before update: this stage's part of the squared gradient norm (its gradients')");
-  } else
-    emit_phase_fn(c, CG_PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
-                  "one micro-batch: the inputs to the device, the forward pass, the backward pass, gradient accumulation");
-  if (fused_adamw(c)) emit_adamw_fused(c);
-  emit_phase_fn(c, CG_PH_TRAIN, "static double update(RtRun *run)",
-                "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
-  emit_phase_fn(c, CG_PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
-                "evaluation: the forward pass only, dropout off");
+  /* Twice: the first emission, discarded, finds the work buffers no launch names (the folds above
+   * compute their values elsewhere); the second runs on a plan that gives them no space. Once,
+   * keeping a buffer for every value, with CPLAN_PRUNE_ARENA=0 at build time (for comparisons). */
+  const char *e = getenv("CPLAN_PRUNE_ARENA");
+  for (int pass = e && strcmp(e, "0") == 0; pass < 2; pass++) {
+    cg_plan_phase(&c->pl, CG_PH_TRAIN);
+    cg_plan_phase(&c->pl, CG_PH_EVAL);
+    for (int ph = 0; ph < CG_PH__COUNT; ph++) c->named[ph] = pass ? NULL : cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+    c->knames.n = c->norm_shapes.n = 0;
+    emit_phases(c);
+    if (!c->ok) {
+      fclose(body);
+      return false;
+    }
+    if (pass) break;
+    for (int ph = 0; ph < CG_PH__COUNT; ph++) {
+      c->pl.idle[ph] = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+      for (int i = 0; i < g->n; i++) c->pl.idle[ph][i] = c->pl.nc[i].kind == CG_L_WORK && !c->named[ph][i];
+    }
+    if (fflush(body) != 0 || ftruncate(fileno(body), 0) != 0 || fseek(body, 0, SEEK_SET) != 0) {
+      diag_error(t->span, "cannot rewind the temporary file of plan.c");
+      fclose(body);
+      return false;
+    }
+  }
+  int64_t work = cg_plan_peak(&c->pl);
+  last_device_work = work;
   emit_plan(c, source_hash);
   if (!c->ok) {
     fclose(body);

@@ -84,6 +84,16 @@ for mp in gpt_small:f32 llama_small:f32 gpt_small:bf16 gpt_small:f16 llama_small
   echo "ok: $m ($p): links cudart, cuBLASLt, NVRTC; $(wc -l <names.txt) kernels compile ($archs); run: exit $rc"
 done
 
+# the memory plan gives no arena space to a value no launch names (a fold computes it elsewhere: the
+# bias add's GEMM epilogue, q, k, v read in place, the fused cross_entropy's gradient): gpt_small's bf16
+# arena is below the one with a buffer for every value (CPLAN_PRUNE_ARENA=0)
+work() { sed -n 's/^#define DEVICE_WORK_BYTES \([0-9]*\)LL.*/\1/p' "$1"; }
+CPLAN_PRUNE_ARENA=0 "$cplanc" build gpt_small-bf16.cplan -o unpruned --set train.mesh=gpu1 --set train.precision=bf16 \
+  --keep-c keep-unpruned 2>unpruned.log || { cat unpruned.log; fail "CPLAN_PRUNE_ARENA=0 cplanc build gpt_small-bf16"; }
+wp=$(work keep-gpt_small-bf16/plan.c) wu=$(work keep-unpruned/plan.c)
+[ -n "$wp" ] && [ -n "$wu" ] && [ "$wp" -lt "$wu" ] || fail "gpt_small-bf16: work arena $wp bytes, not below $wu unpruned"
+echo "ok: gpt_small-bf16: work arena $wp bytes ($wu with a buffer for every value)"
+
 # two GPUs: one process per GPU, data parallelism (dp defaults to the device count): the program
 # links NCCL, its plan sums the gradients on the device (reduce_grads) and says dp 2; run here it
 # exits 1 saying no CUDA device was found
