@@ -10,6 +10,11 @@
 #include "codegen.h"
 #include "cplan_config.h"
 
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 static const Node *nd(const CgPlan *p, int i) { return &p->g->nodes[i]; }
 static int64_t numel(const Node *n) { return shape_numel(&n->shape); }
 static int64_t align16(int64_t floats) { return (floats + 15) / 16 * 16; }
@@ -145,29 +150,89 @@ void cg_plan_phase(CgPlan *p, int ph) {
 
   VEC(MpBuf) bufs = {0};
   VEC(int64_t *) dest = {0};
+  VEC(int) wof = {0}; /* per MpBuf: the node whose work buffer it is, or -1 */
+  const CgUse *use = p->recording ? NULL : p->use[ph];
   for (int i = 0; i < g->n; i++) {
     if (pos[i] < 0) continue;
     const Node *n = nd(p, i);
     CgPlace *x = &p->nc[i];
     int at = pos[x->leader];
     if (x->kind == CG_L_WORK) {
-      int64_t bytes = p->idle[ph] && p->idle[ph][i] ? 0 : p->bytes ? p->bytes(p->ctx, i) : (int64_t)ir_node_bytes(g, i);
-      VEC_PUSH(bufs, ((MpBuf){bytes, at, last[i] < at ? at : last[i], 0}));
+      int64_t bytes = p->bytes ? p->bytes(p->ctx, i) : (int64_t)ir_node_bytes(g, i);
+      int first = at, end = last[i] < at ? at : last[i];
+      const CgUse *u = use ? &use[i] : NULL;
+      if (u && u->lo >= 0) first = pos[u->lo] < at ? pos[u->lo] : at;
+      if (u && u->lo < 0 && !u->outside) bytes = 0, end = first; /* no code names it */
+      else if (u && u->lo >= 0 && !u->outside && end < np) end = pos[u->hi] > first ? pos[u->hi] : first;
+      else if (u && u->hi >= 0 && pos[u->hi] > end) end = pos[u->hi];
+      VEC_PUSH(bufs, ((MpBuf){bytes, first, end, 0}));
       VEC_PUSH(dest, &x->woff[ph]);
+      VEC_PUSH(wof, i);
     }
     if (x->aux) {
       int e = alast[i] > at ? alast[i] : at;
       VEC_PUSH(bufs, ((MpBuf){x->aux, at, e, 0}));
       VEC_PUSH(dest, &x->aoff[ph]);
+      VEC_PUSH(wof, -1);
     }
     if (x->scratch && !(ph == CG_PH_EVAL && n->op == OP_DROPOUT)) {
       VEC_PUSH(bufs, ((MpBuf){x->scratch, at, at, 0}));
       VEC_PUSH(dest, &x->soff[ph]);
+      VEC_PUSH(wof, -1);
     }
   }
   p->work[ph] = mp_plan(bufs.a, bufs.n);
   cp_assert(mp_check(bufs.a, bufs.n, p->work[ph]) < 0);
-  for (int k = 0; k < bufs.n; k++) *dest.a[k] = bufs.a[k].offset;
+  for (int k = 0; k < bufs.n; k++) {
+    *dest.a[k] = bufs.a[k].offset;
+    if (wof.a[k] >= 0) p->nc[wof.a[k]].wlo[ph] = bufs.a[k].first, p->nc[wof.a[k]].whi[ph] = bufs.a[k].last;
+  }
+  p->pos[ph] = pos;
+}
+
+void cg_plan_record(CgPlan *p) {
+  p->recording = true;
+  for (int ph = 0; ph < CG_PH__COUNT; ph++) {
+    p->use[ph] = cp_alloc(sizeof(CgUse) * (size_t)(p->g->n + 1));
+    for (int i = 0; i < p->g->n; i++) p->use[ph][i] = (CgUse){-1, -1, false};
+  }
+}
+
+void cg_plan_name(const CgPlan *p, int ph, int r, int cur) {
+  if (!p->use[ph]) return;
+  CgUse *u = &p->use[ph][r];
+  if (p->recording) {
+    if (cur < 0) u->outside = true;
+    else {
+      if (u->lo < 0 || cur < u->lo) u->lo = cur;
+      if (cur > u->hi) u->hi = cur;
+    }
+    return;
+  }
+  cp_assert(u->lo >= 0 || u->outside); /* the first emission named it */
+  if (cur >= 0) cp_assert(p->pos[ph][cur] >= p->nc[r].wlo[ph] && p->pos[ph][cur] <= p->nc[r].whi[ph]);
+  else cp_assert(u->outside);
+}
+
+bool cg_plan_idle(const CgPlan *p, int ph, int r) {
+  return p->use[ph] && !p->recording && p->use[ph][r].lo < 0 && !p->use[ph][r].outside;
+}
+
+bool cg_plan_emit(CgPlan *p, FILE *body, bool (*emit)(void *ctx), void *ctx) {
+  const char *e = getenv("CPLAN_PRUNE_ARENA");
+  for (int pass = e && strcmp(e, "0") == 0; pass < 2; pass++) {
+    if (!pass) cg_plan_record(p);
+    cg_plan_phase(p, CG_PH_TRAIN);
+    cg_plan_phase(p, CG_PH_EVAL);
+    if (!emit(ctx)) return false;
+    if (pass) break;
+    p->recording = false;
+    if (fflush(body) != 0 || ftruncate(fileno(body), 0) != 0 || fseek(body, 0, SEEK_SET) != 0) {
+      diag_error(SPAN_NONE, "cannot rewind the temporary file of plan.c: %s", strerror(errno));
+      return false;
+    }
+  }
+  return true;
 }
 
 int64_t cg_plan_peak(const CgPlan *p) {

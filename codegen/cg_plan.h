@@ -38,7 +38,16 @@ typedef struct CgPlace {
                              backward kernel, or the root of its fused group */
   int64_t aux, scratch;   /* bytes: side outputs kept for the backward; a temporary */
   int64_t woff[CG_PH__COUNT], aoff[CG_PH__COUNT], soff[CG_PH__COUNT]; /* arena offsets per phase */
+  int wlo[CG_PH__COUNT], whi[CG_PH__COUNT]; /* the work buffer's planned life: positions in the phase */
 } CgPlace;
+
+/* How the emitted code names a node's work buffer (cg_plan_name): the first and last node (index)
+ * whose launches name it (lo -1: none), and whether code outside every node's launches does (the
+ * phase's own code: the loss fetched, the gradients zeroed). */
+typedef struct CgUse {
+  int lo, hi;
+  bool outside;
+} CgUse;
 
 typedef struct CgPlan {
   const Graph *g;
@@ -49,11 +58,16 @@ typedef struct CgPlan {
   const void *ctx;
   const int *keep;        /* more values the train phase hands out (a pipeline stage's norm part) */
   int nkeep;
-  /* per phase, per node (NULL: none): a work buffer no emitted launch names, because a fold of the
-   * emitter's computes its value elsewhere (a GEMM epilogue writes the bias add's buffer, a view
-   * reads q, k, v in place): cg_plan_phase gives it no arena space. emit_cu.c finds them with a
-   * first emission it discards. */
-  bool *idle[CG_PH__COUNT];
+  /* An emitter that emits twice (emit_cu.c) records, in the first emission it discards, how its
+   * code names each work buffer (use, per phase and node; recording: that emission is running).
+   * The plan of the second then follows the code, not the graph: a buffer no launch names gets no
+   * space (a fold computes its value elsewhere: a GEMM epilogue writes the bias add's buffer, the
+   * attention reads q, k, v in place), and one that only launches name lives from the first of
+   * them to the last (a GRAD node lists the forward values, its kernel may read none of them).
+   * NULL: the graph's liveness. pos: each node's position in its phase (cg_plan_phase). */
+  CgUse *use[CG_PH__COUNT];
+  bool recording;
+  int *pos[CG_PH__COUNT];
   /* results */
   CgPlace *nc;            /* per node */
   int64_t work[CG_PH__COUNT];          /* arena bytes per phase */
@@ -67,6 +81,17 @@ int cg_root(const CgPlan *p, int i);         /* the node that owns i's memory (v
 void cg_plan_place(CgPlan *p);               /* fills p->nc, param_floats, state_floats, slots */
 void cg_plan_phase(CgPlan *p, int ph);       /* the arena offsets of phase ph and p->work[ph] */
 int64_t cg_plan_peak(const CgPlan *p);       /* the larger of the phases' arenas */
+void cg_plan_record(CgPlan *p);              /* the first emission starts: cg_plan_name records */
+/* The emitter names root r's work buffer in phase ph, in the launch of node cur (-1: outside every
+ * node's): recorded in the first emission, checked against the plan in the second (an internal
+ * error where the plan gave it no space or the launch falls outside its life). */
+void cg_plan_name(const CgPlan *p, int ph, int r, int cur);
+bool cg_plan_idle(const CgPlan *p, int ph, int r); /* the plan gave r's work buffer no space */
+/* Plans both phases and emits the body (emit(ctx) into body, false on an error it diagnosed)
+ * twice: the first emission records the names (cg_plan_record) and is discarded, the second runs
+ * on the plan that follows them. Once, on the graph's liveness, with CPLAN_PRUNE_ARENA=0 at build
+ * time (for comparisons). False when an emission failed or body could not be rewound. */
+bool cg_plan_emit(CgPlan *p, FILE *body, bool (*emit)(void *ctx), void *ctx);
 /* A node without a kernel call of its own writes the comment that says so and returns true:
  * forward, a reshape or a virtual transpose; a GRAD, a view of dy or one computed with another. */
 bool cg_forward_skip(FILE *out, const CgPlan *p, int i);

@@ -39,6 +39,7 @@ typedef struct Cg {
   int stage;
   int ppa;                /* the pp axis among the strategy axes */
   int only_role;          /* emit_phase_fn: only nodes of this role (-1: every role of the phase) */
+  int cur;                /* the node whose calls are being emitted, or -1 (cg_plan_name) */
 } Cg;
 
 static int64_t last_work_bytes;
@@ -136,7 +137,9 @@ static const char *ptr(const Cg *c, int i) {
   case CG_L_INPUT: return cp_fmt("in%lld", (long long)x->off);
   case CG_L_CONST: return cp_fmt("K%d", r);
   case CG_L_SCALAR: return cp_fmt("sc%d", r);
-  case CG_L_WORK: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : "F", (long long)x->woff[c->ph]);
+  case CG_L_WORK:
+    cg_plan_name(&c->pl, c->ph, r, c->cur);
+    return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : "F", (long long)x->woff[c->ph]);
   default: cp_unreachable();
   }
 }
@@ -766,13 +769,15 @@ static void emit_fused(Cg *c, int i) {
 }
 
 static void emit_node(Cg *c, int i) {
+  c->cur = i;
   if (c->pl.fu->group[i] >= 0) {
     if (fusion_is_root(c->pl.fu, i)) emit_fused(c, i);
-    return;
+  } else {
+    cg_comment(c->out, c->g, c->irline, i);
+    if (nd(c, i)->op == OP_GRAD) emit_grad(c, i);
+    else emit_forward(c, i);
   }
-  cg_comment(c->out, c->g, c->irline, i);
-  if (nd(c, i)->op == OP_GRAD) emit_grad(c, i);
-  else emit_forward(c, i);
+  c->cur = -1;
 }
 
 static void emit_scalar_ins(Cg *c) {
@@ -963,9 +968,38 @@ static bool check_conf(Cg *c) {
 
 
 
+/* The tables and the phase functions of plan.c's body, into c->out (cg_plan_emit's emit: twice). */
+static bool emit_phases(void *ctx) {
+  Cg *c = ctx;
+  row_kernels.n = 0;
+  emit_tables(c);
+  if (c->sp) cg_emit_global_tables(c->out, c->sp, c->lw, c->pipe ? &c->pipe->stages[c->stage] : NULL, &c->gt);
+  cg_emit_lr(c->out, c->t);
+  emit_dropout_helper(c);
+  if (c->pipe) {
+    c->only_role = ROLE_FWD;
+    emit_phase_fn(c, CG_PH_TRAIN, "static void pp_forward(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                  "one micro-batch, this stage's forward pass (what the backward reads stays in this slot's arena)");
+    c->only_role = ROLE_BWD;
+    emit_phase_fn(c, CG_PH_TRAIN, "static void pp_backward(RtRun *run, const void *const *inputs)",
+                  "the same micro-batch (the same arena), this stage's backward pass and gradient accumulation");
+    c->only_role = -1;
+  } else
+    emit_phase_fn(c, CG_PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                  "one micro-batch: the forward pass, the backward pass, gradient accumulation");
+  if (c->pipe)
+    emit_phase_fn(c, CG_PH_TRAIN, "static double update_grad_sumsq(RtRun *run)",
+                  "once per step, before update: this stage's part of the squared gradient norm (its gradients')");
+  emit_phase_fn(c, CG_PH_TRAIN, "static double update(RtRun *run)",
+                "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
+  emit_phase_fn(c, CG_PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
+                "evaluation: the forward pass only, dropout off");
+  return c->ok;
+}
+
 static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const char *source_hash, const StratPlan *sp,
                         const Lowered *lw, const Pipeline *pipe, int stage) {
-  Cg c = {.g = g, .t = t, .out = out, .ok = true, .sp = sp, .lw = lw, .pipe = pipe, .stage = stage, .only_role = -1};
+  Cg c = {.g = g, .t = t, .out = out, .ok = true, .sp = sp, .lw = lw, .pipe = pipe, .stage = stage, .only_role = -1, .cur = -1};
   c.ppa = sp ? sp->naxes : 0; /* the runtime keeps the pp group after the placement axes' (cplanrt.h) */
   sym_prefix = pipe ? cp_fmt("s%d_", stage) : "";
   if (!check_conf(&c)) return false;
@@ -980,10 +1014,6 @@ static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const cha
   memset(&row_kernels, 0, sizeof row_kernels);
   cg_plan_place(&c.pl);
   if (!cg_check_sizes(g, "cpu")) return false;
-  cg_plan_phase(&c.pl, CG_PH_TRAIN);
-  cg_plan_phase(&c.pl, CG_PH_EVAL);
-  last_work_bytes = cg_plan_peak(&c.pl);
-  if (last_work_bytes == 0) last_work_bytes = MP_ALIGN;
   c.irline = cg_ir_lines(g);
   /* the body first, into a temporary file: the prelude declares the row kernels, which are
    * known only once every call is emitted */
@@ -993,28 +1023,12 @@ static bool emit_c_impl(FILE *out, const Graph *g, const TrainConf *t, const cha
     return false;
   }
   c.out = body;
-  emit_tables(&c);
-  if (sp) cg_emit_global_tables(c.out, sp, lw, pipe ? &pipe->stages[stage] : NULL, &c.gt);
-  cg_emit_lr(c.out, t);
-  emit_dropout_helper(&c);
-  if (pipe) {
-    c.only_role = ROLE_FWD;
-    emit_phase_fn(&c, CG_PH_TRAIN, "static void pp_forward(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
-                  "one micro-batch, this stage's forward pass (what the backward reads stays in this slot's arena)");
-    c.only_role = ROLE_BWD;
-    emit_phase_fn(&c, CG_PH_TRAIN, "static void pp_backward(RtRun *run, const void *const *inputs)",
-                  "the same micro-batch (the same arena), this stage's backward pass and gradient accumulation");
-    c.only_role = -1;
-  } else
-    emit_phase_fn(&c, CG_PH_TRAIN, "static void micro_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
-                  "one micro-batch: the forward pass, the backward pass, gradient accumulation");
-  if (pipe)
-    emit_phase_fn(&c, CG_PH_TRAIN, "static double update_grad_sumsq(RtRun *run)",
-                  "once per step, before update: this stage's part of the squared gradient norm (its gradients')");
-  emit_phase_fn(&c, CG_PH_TRAIN, "static double update(RtRun *run)",
-                "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
-  emit_phase_fn(&c, CG_PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
-                "evaluation: the forward pass only, dropout off");
+  if (!cg_plan_emit(&c.pl, body, emit_phases, &c)) {
+    fclose(body);
+    return false;
+  }
+  last_work_bytes = cg_plan_peak(&c.pl);
+  if (last_work_bytes == 0) last_work_bytes = MP_ALIGN;
   emit_plan(&c, source_hash);
   c.out = out;
   emit_prelude(&c);

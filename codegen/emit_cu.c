@@ -117,7 +117,7 @@ typedef struct Cu {
   int stage;
   int ppa;                   /* the pp axis's index in RtRun.axis_comm (after the strategy axes) */
   int only_role;             /* a stage's forward (ROLE_FWD) or backward (ROLE_BWD) function, else -1 */
-  bool *named[CG_PH__COUNT]; /* the first emission: per phase, per node, whether ptr named its work buffer */
+  int cur;                   /* the node whose launches are being emitted, or -1 */
 } Cu;
 
 #define EMIT(...) fprintf(c->out, __VA_ARGS__)
@@ -272,8 +272,7 @@ static const char *ptr(const Cu *c, int i) {
   case CG_L_CONST: return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "KI" : "KC", (long long)x->off);
   case CG_L_SCALAR: return cp_fmt("SC(%lld)", (long long)x->off);
   case CG_L_WORK:
-    if (c->named[c->ph]) c->named[c->ph][r] = true;
-    cp_assert(!c->pl.idle[c->ph] || !c->pl.idle[c->ph][r]); /* the first emission never named it */
+    cg_plan_name(&c->pl, c->ph, r, c->cur);
     return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : scode(c, r) ? "L" : "F", (long long)x->woff[c->ph]);
   default: cp_unreachable();
   }
@@ -770,8 +769,7 @@ static void find_attn_inplace(Cu *c) {
 static bool arena_overlap(const Cu *c, int x, int y) {
   int rx = cg_root(&c->pl, x), ry = cg_root(&c->pl, y);
   if (c->pl.nc[rx].kind != CG_L_WORK || c->pl.nc[ry].kind != CG_L_WORK) return false;
-  for (int k = 0; k < 2 && c->pl.idle[c->ph]; k++)
-    if (c->pl.idle[c->ph][k ? ry : rx]) return false; /* no bytes */
+  if (cg_plan_idle(&c->pl, c->ph, rx) || cg_plan_idle(&c->pl, c->ph, ry)) return false; /* no bytes */
   int64_t ax = c->pl.nc[rx].woff[c->ph], ay = c->pl.nc[ry].woff[c->ph];
   return ax < ay + sbytes(c, ry) && ay < ax + sbytes(c, rx);
 }
@@ -1896,7 +1894,16 @@ static const char *prof_class(const Cu *c, int i) {
   return cp_fmt("%s%s", op, n->role == ROLE_UPD ? " (update)" : "");
 }
 
+static void emit_node_launches(Cu *c, int i);
+
+/* Node i's launches (c->cur: the buffers they name are named at i, cg_plan_name). */
 static void emit_node(Cu *c, int i) {
+  c->cur = i;
+  emit_node_launches(c, i);
+  c->cur = -1;
+}
+
+static void emit_node_launches(Cu *c, int i) {
   if (c->att_skip[i] >= 0) {
     cg_comment(c->out, c->g, c->irline, i);
     EMIT("  /* (in place: the attention at %%%d reads or writes it) */\n", c->att_skip[i]);
@@ -2350,8 +2357,10 @@ static void emit_loss_scaling(Cu *c) {
   EMIT("%s};\n#define NGRADS %d\n", n ? "" : "0, 0", n);
 }
 
-/* The tables and the phase functions of plan.c's body, into c->out. */
-static void emit_phases(Cu *c) {
+/* The tables and the phase functions of plan.c's body, into c->out (cg_plan_emit's emit: twice). */
+static bool emit_phases(void *ctx) {
+  Cu *c = ctx;
+  c->knames.n = c->norm_shapes.n = 0;
   emit_tables(c);
   cg_emit_lr(c->out, c->t);
   if (c->pipe) {
@@ -2373,13 +2382,14 @@ static void emit_phases(Cu *c) {
                 "once per step: clipping and the optimizer update; returns the gradient norm before clipping");
   emit_phase_fn(c, CG_PH_EVAL, "static void eval_step(RtRun *run, const void *const *inputs, double *loss, double *metrics)",
                 "evaluation: the forward pass only, dropout off");
+  return c->ok;
 }
 
 /* out_c NULL (a pipeline stage): decide only, and record the types its crossings send in. */
 bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, const Lowered *lw, const Pipeline *pipe,
                 int stage, const TrainConf *t, const char *source_hash) {
   Cu cs = {.g = pipe ? pipe->stages[stage].g : g, .t = t, .ok = true, .sp = sp, .lw = lw, .pipe = pipe, .stage = stage,
-           .ppa = sp ? sp->naxes : 0, .only_role = -1}, *c = &cs;
+           .ppa = sp ? sp->naxes : 0, .only_role = -1, .cur = -1}, *c = &cs;
   g = c->g;
   if (!check_conf(c) || !cg_check_inputs(g, t, false)) return false;
   c->pl = (CgPlan){.g = g, .fu = cg_fusion_enabled() ? fusion_run(g) : cg_no_fusion(g), .sides = cu_sides,
@@ -2423,30 +2433,9 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
     return false;
   }
   c->out = body;
-  /* Twice: the first emission, discarded, finds the work buffers no launch names (the folds above
-   * compute their values elsewhere); the second runs on a plan that gives them no space. Once,
-   * keeping a buffer for every value, with CPLAN_PRUNE_ARENA=0 at build time (for comparisons). */
-  const char *e = getenv("CPLAN_PRUNE_ARENA");
-  for (int pass = e && strcmp(e, "0") == 0; pass < 2; pass++) {
-    cg_plan_phase(&c->pl, CG_PH_TRAIN);
-    cg_plan_phase(&c->pl, CG_PH_EVAL);
-    for (int ph = 0; ph < CG_PH__COUNT; ph++) c->named[ph] = pass ? NULL : cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
-    c->knames.n = c->norm_shapes.n = 0;
-    emit_phases(c);
-    if (!c->ok) {
-      fclose(body);
-      return false;
-    }
-    if (pass) break;
-    for (int ph = 0; ph < CG_PH__COUNT; ph++) {
-      c->pl.idle[ph] = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
-      for (int i = 0; i < g->n; i++) c->pl.idle[ph][i] = c->pl.nc[i].kind == CG_L_WORK && !c->named[ph][i];
-    }
-    if (fflush(body) != 0 || ftruncate(fileno(body), 0) != 0 || fseek(body, 0, SEEK_SET) != 0) {
-      diag_error(t->span, "cannot rewind the temporary file of plan.c");
-      fclose(body);
-      return false;
-    }
+  if (!cg_plan_emit(&c->pl, body, emit_phases, c)) {
+    fclose(body);
+    return false;
   }
   int64_t work = cg_plan_peak(&c->pl);
   last_device_work = work;

@@ -29,6 +29,15 @@ check "$src/examples/gpt2.cplan" "${gpu[@]}" --set mesh.dgx_h100.device=cpu
 check "$src/examples/llama.cplan" "${gpu[@]}" --set mesh.workstation.device=cpu
 for f in "$src"/tests/e2e/*.cplan; do check "$f"; done
 
+# The memory plan follows the emitted code (cg_plan_emit): a value lives from its first call to its
+# last, so the example GPT's work arena is below the one on the graph's liveness (CPLAN_PRUNE_ARENA=0:
+# the gradient of an add keeps its operands alive through the backward there).
+work() { sed -n 's/^    \.work_bytes = \([0-9]*\),.*/\1/p' "$1"; }
+CPLAN_PRUNE_ARENA=0 "$cplanc" emit --stage=c "$src/examples/gpt.cplan" >"$tmp/unpruned.c" 2>/dev/null
+wp=$(work "$tmp/gpt.c") wu=$(work "$tmp/unpruned.c")
+if [ -n "$wp" ] && [ -n "$wu" ] && [ "$wp" -lt "$wu" ]; then echo "ok: gpt.cplan: work arena $wp bytes ($wu on the graph's liveness)"
+else echo "FAILED: gpt.cplan: work arena '$wp' bytes, not below '$wu' on the graph's liveness"; fail=1; fi
+
 # The unsupported precision is a diagnostic, not a crash.
 if "$cplanc" emit --stage=c "$src/examples/llama.cplan" >/dev/null 2>"$tmp/bf16.err" ||
    ! grep -q "precision bf16 is not supported on the cpu backend yet" "$tmp/bf16.err"; then
