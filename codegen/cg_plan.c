@@ -104,17 +104,17 @@ void cg_plan_place(CgPlan *p) {
   }
   /* GRADs of one forward node with one dy share a kernel call where one backward kernel computes
    * several input gradients: the first one makes the call. */
-  for (int i = 0; i < g->n; i++) {
-    const Node *n = nd(p, i);
-    if (n->op != OP_GRAD || p->nc[i].leader != i || p->nc[i].kind == CG_L_ALIAS || p->fu->group[i] >= 0 ||
-        !multi_grad(nd(p, n->fwd)->op))
+  int *first = cp_alloc(sizeof(int) * (size_t)(g->n + 1)), *next = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) first[i] = next[i] = -1; /* per forward node: its first such GRADs, chained */
+  for (int j = 0; j < g->n; j++) {
+    const Node *m = nd(p, j);
+    if (m->op != OP_GRAD || p->nc[j].leader != j || p->nc[j].kind == CG_L_ALIAS || p->fu->group[j] >= 0 ||
+        !multi_grad(nd(p, m->fwd)->op))
       continue;
-    for (int j = i + 1; j < g->n; j++) {
-      const Node *m = nd(p, j);
-      if (m->op == OP_GRAD && m->fwd == n->fwd && m->in[0] == n->in[0] && m->role == n->role &&
-          p->nc[j].kind != CG_L_ALIAS && p->fu->group[j] < 0)
-        p->nc[j].leader = i;
-    }
+    int i = first[m->fwd];
+    while (i >= 0 && !(nd(p, i)->in[0] == m->in[0] && nd(p, i)->role == m->role)) i = next[i];
+    if (i >= 0) p->nc[j].leader = i;
+    else next[j] = first[m->fwd], first[m->fwd] = j;
   }
 }
 

@@ -986,7 +986,7 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
       int64_t dp = S->N / (tp * pp);
       if (!pinned_ok(st->dp, dp) || S->B % dp) continue;
       int64_t per = S->B / dp;
-      for (int64_t b = 1; b <= per; b++) {
+      for (int64_t b = 1; b <= per && b <= (st->micro > 0 ? st->micro : 64); b++) { /* try_micro's sizes */
         if (st->micro > 0 ? b != st->micro || per % b : !try_micro(b, per)) continue;
         /* the kernels index a tensor with 32 bits (cg_check_sizes): the logits bound the micro-batch
          * (the largest tensors, the logits and the MLP's hidden values, are split over tp) */

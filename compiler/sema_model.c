@@ -931,6 +931,15 @@ static bool decl_shape(Build *b, Frame *f, const Stmt *st, bool is_input, DType 
     }
     ok &= eval_dim(b, f, d, &sh->d[k]);
   }
+  int64_t numel = 1; /* the bound of every shape rule (ir.c's MAX_NUMEL) */
+  for (int k = 0; ok && k < sh->rank; k++) {
+    if (sh->d[k] > 0 && numel > ((int64_t)1 << 62) / sh->d[k]) {
+      diag_error(t->span, "%s shape %s has too many elements (at most 2^62)", is_input ? "the input's" : "the param's",
+                 shape_str(sh));
+      return false;
+    }
+    numel *= sh->d[k] > 0 ? sh->d[k] : 1;
+  }
   return ok;
 }
 

@@ -1302,6 +1302,14 @@ static bool train_consistent(const TrainConf *t, const Entry *const *tf) {
     if (t->mesh->name) diag_note(t->mesh->span, "mesh '%s' is defined here", t->mesh->name);
     ok = false;
   }
+  /* dp left out: the devices tp and pp leave (strat_degrees), which must divide the batch too */
+  int64_t tpp = (st->tp > 0 ? st->tp : 1) * (st->pp > 0 ? st->pp : 1), dp = t->mesh->ndevices / tpp;
+  if (ok && st->dp <= 0 && tpp > 1 && t->mesh->ndevices % tpp == 0 && t->batch > 0 && t->batch % dp != 0) {
+    diag_error(at, "batch %lld is not divisible by dp = %lld, the devices %s = %s leave of the mesh's %lld",
+               (long long)t->batch, (long long)dp, sb_str(&names), sb_str(&vals), (long long)t->mesh->ndevices);
+    diag_hint("make batch a multiple of %lld, or pin dp", (long long)dp);
+    ok = false;
+  }
   if (st->sp > 0 && t->mesh->ndevices % st->sp != 0) {
     diag_error(at, "sp = %lld does not divide the mesh's %lld devices", (long long)st->sp,
                (long long)t->mesh->ndevices);

@@ -70,6 +70,12 @@ bool strat_degrees(const Program *prog, const TrainConf *t, int64_t *dp, int64_t
                "replicas", (long long)st->zero);
     ok = false;
   }
+  if (ok && st->dp <= 0 && t->batch > 0 && t->batch % *dp != 0) { /* settings.c says so at check */
+    diag_error(field_span(prog, t, st->tp > 0 ? "tp" : "pp"), "batch %lld is not divisible by dp = %lld, the devices tp*pp "
+               "= %lld*%lld leave of the mesh's %lld", (long long)t->batch, (long long)*dp, (long long)*tp, (long long)*pp,
+               (long long)dev);
+    ok = false;
+  }
   *micro = st->micro > 0 ? st->micro : (t->batch > 0 ? t->batch / *dp : 1);
   if (ok && st->dp <= 0 && t->batch > 0 && t->batch % (*dp * *micro) != 0) {
     diag_error(field_span(prog, t, st->micro > 0 ? "micro" : "dp"),
