@@ -317,8 +317,23 @@ static void stage_use(Trainer *t, int k) {
 }
 
 static volatile sig_atomic_t stop_signal;
+static struct timespec stop_at; /* when stop_signal came */
 
-static void on_signal(int sig) { stop_signal = sig; }
+/* The first SIGINT or SIGTERM asks the run to stop after its step (and checkpoint); another one
+ * a second or more later kills a run that is slow to finish its step. One sooner is the same
+ * request delivered twice: timeout(1) and some launchers signal the process, then its group. */
+static void on_signal(int sig) {
+  struct timespec now;
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  if (!stop_signal) {
+    stop_at = now;
+    stop_signal = sig;
+    return;
+  }
+  if ((double)(now.tv_sec - stop_at.tv_sec) + (double)(now.tv_nsec - stop_at.tv_nsec) * 1e-9 < 1.0) return;
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
 
 static double now_s(void) {
   struct timespec ts;
@@ -1456,9 +1471,10 @@ int rt_main(int argc, char **argv, const RtPlan *plan) {
   if (join_ranks(&t, &argc, &argv) != 0) return 2;
   t.verbose = !t.o.quiet && t.rank == 0;
   t.tty = isatty(STDERR_FILENO);
-  /* SA_RESETHAND: a second Ctrl-C kills a run that is slow to finish its step */
-  struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESETHAND}, old_int, old_term;
-  sigemptyset(&sa.sa_mask);
+  struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
+  sigemptyset(&sa.sa_mask); /* the handler runs with both blocked: one stop_at */
+  sigaddset(&sa.sa_mask, SIGINT);
+  sigaddset(&sa.sa_mask, SIGTERM);
   stop_signal = 0;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
