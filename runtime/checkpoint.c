@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,12 +130,22 @@ static void sync_dir(const char *dir) {
   }
 }
 
-/* The step of a complete checkpoint directory name "step_<digits>", or -1. */
+/* The step of a checkpoint directory name as rt_ckpt_save writes it ("step_%06lld"), or -1 (another
+ * name: not one of ours). */
 static int64_t ckpt_step_of(const char *name) {
-  if (strncmp(name, "step_", 5) != 0 || name[5] == '\0') return -1;
+  if (strncmp(name, "step_", 5) != 0 || name[5] == '\0' || strlen(name) > 5 + 18) return -1;
   for (const char *s = name + 5; *s; s++)
     if (*s < '0' || *s > '9') return -1;
-  return strtoll(name + 5, NULL, 10);
+  int64_t step = strtoll(name + 5, NULL, 10);
+  char canon[32];
+  snprintf(canon, sizeof canon, "step_%06lld", (long long)step);
+  return strcmp(canon, name) == 0 ? step : -1;
+}
+
+/* a JSON number that is a whole number in [lo, 2^53] */
+static bool whole_in(const cJSON *x, double lo) {
+  return cJSON_IsNumber(x) && x->valuedouble >= lo && x->valuedouble <= 9007199254740992.0 &&
+         x->valuedouble == floor(x->valuedouble);
 }
 
 static int is_file(const char *path) {
@@ -235,10 +246,13 @@ static int read_state(const char *path, RtCkptInfo *info, RtError *err) {
                         cJSON_GetObjectItemCaseSensitive(j, "skipped_steps")};
   int rc = 0;
   if (!j || !cJSON_IsString(fmt) || strcmp(fmt->valuestring, CKPT_FORMAT) != 0 ||
-      !cJSON_IsNumber(step) || step->valuedouble < 0 || !cJSON_IsNumber(seed) ||
-      !cJSON_IsString(hash)) {
+      !cJSON_IsNumber(step) || !cJSON_IsNumber(seed) || !cJSON_IsString(hash)) {
     rc = rt_errf(err, "%s: not a %s state file (needs format, step, seed, plan_hash)", path,
                  CKPT_FORMAT);
+  } else if (!whole_in(step, 0) || !whole_in(seed, -9007199254740992.0) || (off && !whole_in(off, -1))) {
+    rc = rt_errf(err, "%s: step, seed and data_offset must be whole numbers (step and data_offset not negative), "
+                 "got step %.17g, seed %.17g, data_offset %.17g", path, step->valuedouble, seed->valuedouble,
+                 off && cJSON_IsNumber(off) ? off->valuedouble : -1.0);
   } else {
     info->step = (int64_t)step->valuedouble;
     info->seed = (int64_t)seed->valuedouble;
@@ -327,9 +341,21 @@ static int read_states(RtRun *run, const char *path, RtError *err) {
   return rc;
 }
 
-int rt_ckpt_load(RtRun *run, const char *ckpt, RtCkptInfo *info, RtError *err) {
+int rt_ckpt_info(const char *ckpt, RtCkptInfo *info, RtError *err) {
   char file[PATH_MAX_LEN];
   if (join(file, ckpt, "/state.json", err) != 0 || read_state(file, info, err) != 0) return -1;
+  const char *base = strrchr(ckpt, '/');
+  base = base ? base + 1 : ckpt;
+  int64_t named = ckpt_step_of(base);
+  if (named >= 0 && named != info->step)
+    return rt_errf(err, "%s: state.json says step %lld, the directory's name step %lld", file, (long long)info->step,
+                   (long long)named);
+  return 0;
+}
+
+int rt_ckpt_load(RtRun *run, const char *ckpt, RtCkptInfo *info, RtError *err) {
+  char file[PATH_MAX_LEN];
+  if (rt_ckpt_info(ckpt, info, err) != 0) return -1;
   if (join(file, ckpt, "/model.safetensors", err) != 0 || rt_params_load(run, file, err) != 0)
     return -1;
   if (join(file, ckpt, "/optimizer.safetensors", err) != 0) return -1;

@@ -407,6 +407,9 @@ int rt_ckpt_save(const RtRun *run, const char *dir, const RtCkptInfo *info, char
                  size_t nout, RtError *err);
 /* The latest complete checkpoint under dir (or dir itself when it holds a state.json). */
 int rt_ckpt_find(const char *dir, char *out, size_t nout, RtError *err);
+/* Reads ckpt's state.json into info: a whole step (the one its step_NNNNNN name says), seed and
+ * data offset, a positive loss scale. */
+int rt_ckpt_info(const char *ckpt, RtCkptInfo *info, RtError *err);
 /* Restores params and saved states (other states are zeroed) and reads state.json into info. */
 int rt_ckpt_load(RtRun *run, const char *ckpt, RtCkptInfo *info, RtError *err);
 /* Deletes all but the newest `keep` complete checkpoints under dir (keep <= 0: none). */

@@ -859,7 +859,18 @@ static int load_or_init(Trainer *t, RtError *err) {
   if (t->o.resume) {
     char dir[4096];
     RtCkptInfo info;
-    if (rt_ckpt_find(t->o.resume, dir, sizeof dir, err) != 0) return -1;
+    if (rt_ckpt_find(t->o.resume, dir, sizeof dir, err) != 0 || rt_ckpt_info(dir, &info, err) != 0) return -1;
+    /* whether it is this plan's, before reading its tensors */
+    const char *hash = p->resume_hash ? p->resume_hash : p->source_hash ? p->source_hash : "";
+    if (strcmp(info.plan_hash, hash) != 0)
+      return rt_errf(err, "%s: written by build '%s', this is build '%s': a resume would not be "
+                     "exact (retrain, or --init %s/model.safetensors to start over from it)",
+                     dir, info.plan_hash, hash, dir);
+    if (info.seed != p->seed)
+      return rt_errf(err, "%s: written with seed %lld, the plan has seed %lld", dir,
+                     (long long)info.seed, (long long)p->seed);
+    if (info.step > p->steps)
+      return rt_errf(err, "%s: at step %lld, past the plan's %lld steps", dir, (long long)info.step, (long long)p->steps);
     if (lowered(p)) { /* every rank reads the whole tensors and keeps its shards */
       RtPlan gp;
       float *wp = calloc((size_t)p->gparam_floats + 1, 4), *ws = calloc((size_t)p->gstate_floats + 1, 4);
@@ -870,14 +881,6 @@ static int load_or_init(Trainer *t, RtError *err) {
       if (rc != 0) return -1;
     } else if (rt_ckpt_load(&t->run, dir, &info, err) != 0)
       return -1;
-    const char *hash = p->resume_hash ? p->resume_hash : p->source_hash ? p->source_hash : "";
-    if (strcmp(info.plan_hash, hash) != 0)
-      return rt_errf(err, "%s: written by build '%s', this is build '%s': a resume would not be "
-                     "exact (retrain, or --init %s/model.safetensors to start over from it)",
-                     dir, info.plan_hash, hash, dir);
-    if (info.seed != p->seed)
-      return rt_errf(err, "%s: written with seed %lld, the plan has seed %lld", dir,
-                     (long long)info.seed, (long long)p->seed);
     t->start = info.step;
     t->last_ckpt = info.step;
     if (info.scaler[0] > 0) scaler_hook(t, info.scaler, 1);
@@ -978,6 +981,9 @@ static void banner(Trainer *t) {
       (long long)p->batch, t->nranks > 1 ? "ranks x " : "", (long long)p->micro,
       (long long)p->accum, (long long)p->seq_len, (long long)t->start, (long long)t->stop,
       (long long)p->steps, t->run.threads);
+  if (t->start >= t->stop)
+    say(t, "nothing to train: the run starts at step %lld, and %s stops it at step %lld", (long long)t->start,
+        t->o.steps >= 0 ? "--steps" : "the plan", (long long)t->stop);
 }
 
 static double tokens_per_step(const RtPlan *p) {

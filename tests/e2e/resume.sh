@@ -47,6 +47,29 @@ same_run() {
 e2e_build gpt gpt_small.cplan
 same_run gpt gpt --threads 2 --checkpoint-every 3 -- 3 6
 
+# a damaged state.json is an error naming it, before any tensor is read or checkpoint written: a
+# step that is not whole, not the step of its directory's name, or past the plan's steps; and a
+# directory not named as the program names them (step_%06d) is not a checkpoint
+bad_state() { # bad_state LABEL STEP WANT
+  rm -rf "bad$1" && mkdir "bad$1" && cp -r gpt.ck/step_000006 "bad$1/"
+  sed -i "s/\"step\":[[:space:]]*[0-9]*/\"step\": $2/" "bad$1/step_000006/state.json"
+  e2e_prog 1 "bad$1" ./gpt --resume "bad$1" --checkpoint-dir "bad$1"
+  e2e_says "bad$1" "$3"
+  [ "$(ls "bad$1")" = step_000006 ] || fail "bad$1: the run wrote into its checkpoint directory"
+}
+bad_state frac 3.7 "step_000006/state.json: step, seed and data_offset must be whole numbers"
+bad_state other 3 "step_000006/state.json: state.json says step 3, the directory's name step 6"
+rm -rf badpast && mkdir badpast && cp -r gpt.ck/step_000006 badpast/last # a checkpoint named by the user
+sed -i "s/\"step\":[[:space:]]*[0-9]*/\"step\": 1e12/" badpast/last/state.json
+e2e_prog 1 badpast ./gpt --resume badpast/last
+e2e_says badpast "badpast/last: at step 1000000000000, past the plan's 6 steps"
+rm -rf odd && mkdir odd && cp -r gpt.ck/step_000003 odd/ && cp -r gpt.ck/step_000006 odd/step_6
+e2e_prog 0 odd ./gpt --resume odd --steps 4
+e2e_says odd "resumed from odd/step_000003 at step 3"
+e2e_prog 0 done ./gpt --resume gpt.ck --steps 4
+e2e_says done "nothing to train: the run starts at step 6, and --steps stops it at step 4"
+echo "gpt: damaged or foreign checkpoints are refused by name; nothing to train is said"
+
 e2e_build gpt_accum gpt_small.cplan --set train.strategy.micro=2
 grep -q "micro 2 x accum 2" <(./gpt_accum --steps 1 2>&1) || fail "gpt_accum does not accumulate"
 same_run gpt_accum gpt_accum --threads 1 --checkpoint-every 2 -- 3 6
