@@ -32,6 +32,10 @@ int rt_errf(RtError *err, const char *fmt, ...) __attribute__((format(printf, 2,
 /* fopen(path, "rb") of a regular file; a directory or a device is refused with "not a regular
  * file" rather than read as a huge or endless file. NULL with the error otherwise. */
 FILE *rt_open_regular(const char *path, RtError *err);
+/* Writes path through path.tmp and rename(): what write_body(fp, ctx) writes (nonzero: failed,
+ * errno set). A symlink at path is written through (its target replaced); a path that exists and is
+ * not a regular file (a device, a FIFO, a directory) is refused, never replaced. */
+int rt_write_replace(const char *path, int (*write_body)(FILE *fp, const void *ctx), const void *ctx, RtError *err);
 
 /* ---- data.c: tokens(path) ------------------------------------------------------------------- */
 

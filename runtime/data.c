@@ -379,23 +379,18 @@ static int write_tokens_body(FILE *fp, const uint16_t *tokens, int64_t n) {
   return fflush(fp);
 }
 
+typedef struct TokBody {
+  const uint16_t *tokens;
+  int64_t n;
+} TokBody;
+
+static int tok_body(FILE *fp, const void *ctx) {
+  const TokBody *b = ctx;
+  return write_tokens_body(fp, b->tokens, b->n);
+}
+
 int rt_tokens_write(const char *path, const uint16_t *tokens, int64_t n, RtError *err) {
   if (n < 0 || n > INT32_MAX) return rt_errf(err, "%s: %lld tokens do not fit the header's int32 count", path, (long long)n);
-  size_t plen = strlen(path);
-  char *tmp = malloc(plen + 5);
-  if (!tmp) return rt_errf(err, "%s: out of memory", path);
-  memcpy(tmp, path, plen);
-  memcpy(tmp + plen, ".tmp", 5);
-  int rc = 0;
-  FILE *fp = fopen(tmp, "wb");
-  if (!fp) rc = rt_errf(err, "%s: cannot create: %s", tmp, strerror(errno));
-  else {
-    int bad = write_tokens_body(fp, tokens, n), e = errno;
-    if (fclose(fp) != 0 && !bad) { bad = -1; e = errno; }
-    if (bad) rc = rt_errf(err, "%s: write failed: %s", tmp, strerror(e));
-    else if (rename(tmp, path) != 0) rc = rt_errf(err, "%s: cannot rename %s to it: %s", path, tmp, strerror(errno));
-    if (rc) remove(tmp);
-  }
-  free(tmp);
-  return rc;
+  TokBody b = {tokens, n};
+  return rt_write_replace(path, tok_body, &b, err);
 }

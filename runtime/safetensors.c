@@ -148,37 +148,63 @@ static int write_body(FILE *fp, const char *hdr, size_t hlen, const RtStTensor *
   return 0;
 }
 
-/* Writes PATH.tmp and renames it; removes PATH.tmp on any failure. */
-static int write_file(const char *path, const char *tmp, const char *hdr, size_t hlen,
-                      const RtStTensor *ts, int n, const int *order, RtError *err) {
-  FILE *fp = fopen(tmp, "wb");
-  if (!fp) return rt_errf(err, "%s: cannot create: %s", tmp, strerror(errno));
-  int rc = 0, bad = write_body(fp, hdr, hlen, ts, n, order), e = errno;
-  if (fclose(fp) != 0 && !bad) { bad = -1; e = errno; }
-  if (bad) rc = rt_errf(err, "%s: write failed: %s", tmp, strerror(e));
-  else if (rename(tmp, path) != 0)
-    rc = rt_errf(err, "%s: cannot rename %s to it: %s", path, tmp, strerror(errno));
-  if (rc) remove(tmp);
+int rt_write_replace(const char *path, int (*body)(FILE *fp, const void *ctx), const void *ctx, RtError *err) {
+  struct stat st;
+  char *target = NULL;
+  if (lstat(path, &st) == 0 && S_ISLNK(st.st_mode) && stat(path, &st) == 0) target = realpath(path, NULL);
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
+    return rt_errf(err, "%s: exists and is not a regular file (a directory, device or FIFO): not replaced", path);
+  const char *to = target ? target : path;
+  size_t len = strlen(to);
+  char *tmp = malloc(len + 5);
+  int rc = tmp ? 0 : rt_errf(err, "%s: out of memory", path);
+  FILE *fp = NULL;
+  if (rc == 0) {
+    memcpy(tmp, to, len);
+    memcpy(tmp + len, ".tmp", 5);
+    fp = fopen(tmp, "wb");
+    if (!fp) rc = rt_errf(err, "%s: cannot create: %s", tmp, strerror(errno));
+  }
+  if (fp) {
+    int bad = body(fp, ctx), e = errno;
+    if (fclose(fp) != 0 && !bad) bad = -1, e = errno;
+    if (bad) rc = rt_errf(err, "%s: write failed: %s", tmp, strerror(e));
+    else if (rename(tmp, to) != 0) rc = rt_errf(err, "%s: cannot rename %s to it: %s", to, tmp, strerror(errno));
+    if (rc) remove(tmp);
+  }
+  free(tmp);
+  free(target);
   return rc;
+}
+
+typedef struct StBody {
+  const char *hdr;
+  size_t hlen;
+  const RtStTensor *ts;
+  int n;
+  const int *order;
+} StBody;
+
+static int st_body(FILE *fp, const void *ctx) {
+  const StBody *b = ctx;
+  return write_body(fp, b->hdr, b->hlen, b->ts, b->n, b->order);
 }
 
 int rt_st_write(const char *path, const RtStTensor *tensors, int n, const char *const *meta_keys,
                 const char *const *meta_values, int n_meta, RtError *err) {
   for (int i = 0; i < n; i++)
     if (check_write_tensor(path, tensors, i, err) < 0) return -1;
-  size_t plen = strlen(path), hlen = 0;
+  size_t hlen = 0;
   int *order = malloc((size_t)n * sizeof *order + 1);
-  char *tmp = malloc(plen + 5), *hdr = NULL;
-  int rc = (order && tmp) ? 0 : rt_errf(err, "%s: out of memory", path);
+  char *hdr = NULL;
+  int rc = order ? 0 : rt_errf(err, "%s: out of memory", path);
   if (rc == 0) {
     data_order(tensors, n, order);
-    memcpy(tmp, path, plen);
-    memcpy(tmp + plen, ".tmp", 5);
     hdr = build_header(path, tensors, n, order, meta_keys, meta_values, n_meta, &hlen, err);
-    rc = hdr ? write_file(path, tmp, hdr, hlen, tensors, n, order, err) : -1;
+    StBody b = {hdr, hlen, tensors, n, order};
+    rc = hdr ? rt_write_replace(path, st_body, &b, err) : -1;
   }
   free(hdr);
-  free(tmp);
   free(order);
   return rc;
 }
@@ -208,12 +234,16 @@ void rt_st_close(RtStFile *f) {
 }
 
 FILE *rt_open_regular(const char *path, RtError *err) {
+  struct stat st;
+  if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) { /* before fopen: a FIFO's blocks */
+    rt_errf(err, "%s: not a regular file", path);
+    return NULL;
+  }
   FILE *fp = fopen(path, "rb");
   if (!fp) {
     rt_errf(err, "%s: cannot open: %s", path, strerror(errno));
     return NULL;
   }
-  struct stat st;
   if (fstat(fileno(fp), &st) != 0 || !S_ISREG(st.st_mode)) {
     fclose(fp);
     rt_errf(err, "%s: not a regular file", path);

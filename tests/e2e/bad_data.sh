@@ -7,6 +7,7 @@
 #   --init:      a file without one of the params, a file with a param of another shape, a
 #                file that is not safetensors
 #   --resume:    no checkpoint in the dir, a checkpoint of another build, a truncated checkpoint
+#   FIFOs as --data and --init (refused before they block), --save through a symlink and onto a FIFO
 #   a model that diverges on purpose (lr = 1e6): the run stops with a message naming the step
 set -u
 # shellcheck source=tests/e2e/e2e_lib.sh
@@ -45,6 +46,19 @@ bad_tokens vocab.bin "token 0 is 104" "vocab 64"
 bad_tokens small.bin "too small" "10 tokens"
 # a directory opens with fopen on Linux; it must still be an error, not a crash
 bad_tokens adir "not a regular file"
+# a FIFO is refused before it is opened (opening one waits for a writer)
+mkfifo afifo
+bad_tokens afifo "not a regular file"
+e2e_prog 1 init_fifo ./gpt --init afifo --steps 1
+e2e_says init_fifo afifo "not a regular file"
+# --save writes through a symlink (its target replaced, the link kept) and never replaces what is not
+# a regular file (a FIFO, a directory)
+printf 'old' >target.st && ln -s target.st link.st
+e2e_prog 0 save_link ./gpt --steps 1 --quiet --threads 1 --save link.st
+[ -L link.st ] && [ "$(head -c 3 target.st)" != old ] || fail "save_link: --save replaced the symlink or left its target"
+e2e_prog 1 save_fifo ./gpt --steps 1 --quiet --threads 1 --save afifo
+e2e_says save_fifo afifo "not a regular file"
+[ -p afifo ] || fail "save_fifo: the FIFO was replaced"
 # the plan's own file (data = tokens("tokens.bin"), an absolute path after the build)
 mv tokens.bin tokens.away
 e2e_prog 1 data_plan ./gpt --steps 1
