@@ -222,7 +222,18 @@ int rt_trace_write(RtComm *world, RtError *err) {
 
 /* ---- memory -------------------------------------------------------------------------------------- */
 
+/* VmHWM of /proc/self/status: this program's own peak (getrusage's ru_maxrss carries over an exec,
+ * so under `cplanc run` it would be cplanc's); getrusage where there is no /proc. */
 int64_t rt_peak_rss_bytes(void) {
+  FILE *fp = fopen("/proc/self/status", "r");
+  if (fp) {
+    char line[256];
+    long long kb = -1;
+    while (fgets(line, sizeof line, fp))
+      if (sscanf(line, "VmHWM: %lld kB", &kb) == 1) break;
+    fclose(fp);
+    if (kb >= 0) return (int64_t)kb * 1024;
+  }
   struct rusage ru;
   if (getrusage(RUSAGE_SELF, &ru) != 0) return -1;
   return (int64_t)ru.ru_maxrss * 1024; /* Linux: kilobytes */

@@ -29,6 +29,7 @@
 #include "cplanrt.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -161,8 +162,9 @@ static void usage(FILE *fp, const char *prog, const RtPlan *p) {
 
 static int parse_int(const char *s, int64_t min, int64_t *out) {
   char *end;
+  errno = 0;
   long long v = strtoll(s, &end, 10);
-  if (!*s || *end || v < min) return -1;
+  if (!*s || *end || v < min || errno == ERANGE) return -1;
   *out = v;
   return 0;
 }
@@ -181,7 +183,7 @@ static int set_flag(Opts *o, const struct Flag *f, const char *val, RtError *err
     return 0;
   }
   if (parse_int(val, f->min, (int64_t *)field) != 0)
-    return rt_errf(err, "%s: '%s' is not an integer >= %lld", f->name, val, (long long)f->min);
+    return rt_errf(err, "%s: '%s' is not an integer >= %lld (and below 2^63)", f->name, val, (long long)f->min);
   return 0;
 }
 
@@ -205,6 +207,7 @@ static int parse_flags(int argc, char **argv, Opts *o, RtError *err) {
 
 /* The flag values that only make sense against the plan. */
 static int check_flags(const Opts *o, const RtPlan *p, RtError *err) {
+  if (o->threads > 65536) return rt_errf(err, "--threads %lld: at most 65536", (long long)o->threads);
   if (o->steps > p->steps)
     return rt_errf(err, "--steps %lld is beyond the plan's %lld steps (the schedule's length)",
                    (long long)o->steps, (long long)p->steps);

@@ -46,6 +46,11 @@ bad_tokens vocab.bin "token 0 is 104" "vocab 64"
 bad_tokens small.bin "too small" "10 tokens"
 # a directory opens with fopen on Linux; it must still be an error, not a crash
 bad_tokens adir "not a regular file"
+# integers past int64 or the thread count's limit are usage errors that quote what was typed
+e2e_prog 2 flag_huge ./gpt --steps 99999999999999999999
+e2e_says flag_huge "--steps: '99999999999999999999' is not an integer"
+e2e_prog 2 flag_threads ./gpt --threads 2147483648
+e2e_says flag_threads "--threads 2147483648: at most 65536"
 # a FIFO is refused before it is opened (opening one waits for a writer)
 mkfifo afifo
 bad_tokens afifo "not a regular file"

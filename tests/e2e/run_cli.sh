@@ -24,6 +24,17 @@ e2e_prog 0 run2 "$cplanc" run "$adder" --set train.steps=30 -- --steps 2 --threa
 if grep -q "building" run2.err; then cat run2.err; fail "run2: rebuilt instead of using the cache"; fi
 e2e_says run2 "steps 0..2 of 30" "step 2/2"
 
+# the peak RSS the program reports is its own, not cplanc's carried over the exec (within 2x of the
+# same cached program run directly; cplanc's own is several times the adder's)
+e2e_prog 0 rss_run "$cplanc" run "$adder" --set train.steps=30 -- --steps 2 --threads 1 --metrics rss_run.jsonl
+prog=$(find cache -type f -perm -u+x | head -1)
+e2e_prog 0 rss_direct "$prog" --steps 2 --threads 1 --metrics rss_direct.jsonl
+rss() { sed -n 's/.*"peak_rss_bytes": *\([0-9]*\).*/\1/p' "$1" | tail -1; }
+rr=$(rss rss_run.jsonl) rd=$(rss rss_direct.jsonl)
+[ -n "$rr" ] && [ -n "$rd" ] && [ "$rr" -lt $((2 * rd)) ] ||
+  fail "peak_rss_bytes under cplanc run is '$rr', the program alone '$rd' (from $prog)"
+echo "peak RSS: $rr bytes under cplanc run, $rd alone"
+
 # the program's errors come back: bad usage is 2, a failed run 1
 e2e_prog 2 run_usage "$cplanc" run "$adder" --set train.steps=30 -- --no-such-flag
 e2e_says run_usage "--no-such-flag"
