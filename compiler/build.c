@@ -53,10 +53,21 @@ static void resume_hash(const char *const *sets, int nsets, const char *train) {
   cg_set_resume_hash(cp_fmt("%016llx%016llx", (unsigned long long)h[0], (unsigned long long)h[1]));
 }
 
+static void runtime_libs(const char *lib[2]);
+
 const char *build_hash(const char *const *sets, int nsets, const char *train) {
   resume_hash(sets, nsets, train);
   uint64_t h[2] = {0xcbf29ce484222325ULL, 0x84222325cbf29ce4ULL};
   fnv_str(h, "cplanc " CPLAN_VERSION);
+  /* this cplanc and the libraries its programs link (size, modification time): a rebuilt or
+   * reinstalled cplan of the same version rebuilds `cplanc run`'s cached programs */
+  const char *files[3] = {"/proc/self/exe"};
+  runtime_libs(files + 1);
+  for (int k = 0; k < 3; k++) {
+    struct stat st;
+    if (stat(files[k], &st) == 0)
+      fnv_str(h, cp_fmt("%lld %lld.%09ld", (long long)st.st_size, (long long)st.st_mtim.tv_sec, (long)st.st_mtim.tv_nsec));
+  }
   for (int f = 0; f < src_count(); f++) {
     fnv_str(h, src_path(f));
     fnv(&h[0], src_text(f), src_len(f));
@@ -78,16 +89,19 @@ static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
 /* The compile-and-link command for plan.c -> out. NULL after a diagnostic when the runtime or
  * kernel libraries are missing. */
+/* The runtime and kernel libraries programs link with: CPLAN_HOME's, else this build tree's. */
+static void runtime_libs(const char *lib[2]) {
+  const char *home = getenv("CPLAN_HOME");
+  if (home && *home) lib[0] = cp_fmt("%s/lib/libcplanrt.a", home), lib[1] = cp_fmt("%s/lib/libcplankernels.a", home);
+  else lib[0] = CPLAN_BINARY_DIR "/runtime/libcplanrt.a", lib[1] = CPLAN_BINARY_DIR "/kernels/libcplankernels.a";
+}
+
 static Argv *cc_command(const char *plan_c, const char *obj, const char *out, int stages) {
   const char *home = getenv("CPLAN_HOME"), *cc = getenv("CPLAN_CC");
   const char *inc[2], *lib[2];
-  if (home && *home) {
-    inc[0] = inc[1] = cp_fmt("%s/include", home);
-    lib[0] = cp_fmt("%s/lib/libcplanrt.a", home), lib[1] = cp_fmt("%s/lib/libcplankernels.a", home);
-  } else {
-    inc[0] = CPLAN_SOURCE_DIR "/runtime", inc[1] = CPLAN_SOURCE_DIR "/kernels/cpu";
-    lib[0] = CPLAN_BINARY_DIR "/runtime/libcplanrt.a", lib[1] = CPLAN_BINARY_DIR "/kernels/libcplankernels.a";
-  }
+  if (home && *home) inc[0] = inc[1] = cp_fmt("%s/include", home);
+  else inc[0] = CPLAN_SOURCE_DIR "/runtime", inc[1] = CPLAN_SOURCE_DIR "/kernels/cpu";
+  runtime_libs(lib);
   for (int k = 0; k < 2; k++)
     if (!file_exists(lib[k])) {
       diag_error(SPAN_NONE, "cannot find the library %s that training programs link with", lib[k]);

@@ -35,6 +35,17 @@ rr=$(rss rss_run.jsonl) rd=$(rss rss_direct.jsonl)
   fail "peak_rss_bytes under cplanc run is '$rr', the program alone '$rd' (from $prog)"
 echo "peak RSS: $rr bytes under cplanc run, $rd alone"
 
+# a rebuilt cplan (here: its runtime library, in a CPLAN_HOME layout) rebuilds the cached program
+bin=$(cd "$(dirname "$cplanc")" && pwd)
+mkdir -p home/include home/lib && cp "$src"/runtime/*.h "$src"/kernels/cpu/*.h home/include/ &&
+  cp "$bin/runtime/libcplanrt.a" "$bin/kernels/libcplankernels.a" home/lib/ || fail "cannot lay out a CPLAN_HOME"
+CPLAN_HOME=$tmp/home e2e_prog 0 home1 "$cplanc" run "$adder" --set train.steps=30 -- --steps 1
+CPLAN_HOME=$tmp/home e2e_prog 0 home2 "$cplanc" run "$adder" --set train.steps=30 -- --steps 1
+if grep -q "building" home2.err; then fail "home2: rebuilt with nothing changed"; fi
+touch -d '+1 minute' home/lib/libcplanrt.a
+CPLAN_HOME=$tmp/home e2e_prog 0 home3 "$cplanc" run "$adder" --set train.steps=30 -- --steps 1
+e2e_says home3 "building"
+
 # the program's errors come back: bad usage is 2, a failed run 1
 e2e_prog 2 run_usage "$cplanc" run "$adder" --set train.steps=30 -- --no-such-flag
 e2e_says run_usage "--no-such-flag"
