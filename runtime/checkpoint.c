@@ -55,6 +55,10 @@ int rt_params_load(RtRun *run, const char *path, RtError *err) {
   for (int i = 0; i < p->nparams && rc == 0; i++) {
     const RtPlanParam *pp = &p->params[i];
     rc = rt_st_read(f, pp->name, RT_F32, pp->rank, pp->shape, run->params + pp->offset, err);
+    for (int64_t k = 0; rc == 0 && k < pp->numel; k++) /* training from it would only say the loss is NaN */
+      if (!isfinite(run->params[pp->offset + k]))
+        rc = rt_errf(err, "%s: tensor '%s' holds %g at element %lld", path, pp->name, (double)run->params[pp->offset + k],
+                     (long long)k);
   }
   rt_st_close(f);
   return rc;

@@ -179,6 +179,7 @@ static int set_flag(Opts *o, const struct Flag *f, const char *val, RtError *err
   }
   if (!val) return rt_errf(err, "%s needs a value (%s)", f->name, f->arg);
   if (f->kind == FLAG_STR) {
+    if (!*val) return rt_errf(err, "%s needs a value (%s), got an empty one", f->name, f->arg);
     *(const char **)field = val;
     return 0;
   }

@@ -79,6 +79,20 @@ e2e_prog 1 init_missing ./gpt --init L1.safetensors --steps 1
 e2e_says init_missing L1.safetensors "h.1."
 e2e_prog 1 init_shape ./gpt --init C16.safetensors --steps 1
 e2e_says init_shape C16.safetensors "wte" "[64, 16]" "[64, 32]"
+# a NaN in a param of --init is an error naming the tensor, not a loss that turns NaN at step 1
+e2e_prog 0 save_good ./gpt --steps 0 --save-init good.safetensors --quiet
+python3 - <<'PY' || fail "cannot write nan.safetensors"
+import json, struct
+b = bytearray(open("good.safetensors", "rb").read())
+n = struct.unpack("<Q", b[:8])[0]
+off = json.loads(b[8:8 + n])["wte"]["data_offsets"][0] + 8 + n + 4 * 5
+b[off:off + 4] = struct.pack("<f", float("nan"))
+open("nan.safetensors", "wb").write(b)
+PY
+e2e_prog 1 init_nan ./gpt --init nan.safetensors --steps 1
+e2e_says init_nan nan.safetensors "tensor 'wte' holds nan at element 5"
+e2e_prog 2 flag_empty ./gpt --data ''
+e2e_says flag_empty "--data needs a value"
 e2e_prog 1 init_text ./gpt --init tokens.bin.txt --steps 1
 e2e_says init_text tokens.bin.txt
 e2e_prog 1 init_none ./gpt --init nothing.safetensors --steps 1
