@@ -2,7 +2,7 @@
 # cuda_plan_census.sh CPLANC [CPLAN_FILE] [--set ...]: what one micro-step of a CUDA training program
 # launches, read from its generated plan.c (no GPU needed): the GEMMs by epilogue, the kernels/cuda
 # launchers, the generated kernels (cps_*: kernels.cu's support kernels, k_ew_*: fused elementwise
-# groups) and the memsets with their bytes. Default: bench/gpu_gpt2.cplan (GPT-2 124M, T 1024,
+# groups) and the memsets with their bytes, then the device work arena. Default: bench/gpu_gpt2.cplan (GPT-2 124M, T 1024,
 # micro-batch 16) in bf16 on one H100. A census, not a timing: it shows what the emitter's
 # fusions removed (fewer launches, fewer bytes zeroed); the GPU's times come from bench/gpu_gpt2.sh.
 set -eu
@@ -55,4 +55,7 @@ for k in free:
 print("%6d  memsets, %.1f MB zeroed" % (len(memsets), sum(memsets) / 1e6))
 print("total: %d launches at the step's first micro-batch (GEMMs, kernels and colsum's second pass counted, memsets not)"
       % launches)
+m = re.search(r"#define DEVICE_WORK_BYTES \d+LL /\* training ([^,]+), evaluation ([^*]+) \*/", src)
+if m:
+    print("device work arena: training %s, evaluation %s (the memory plan: cg_plan_emit)" % (m.group(1), m.group(2).strip()))
 PY
