@@ -218,13 +218,31 @@ bool cg_plan_idle(const CgPlan *p, int ph, int r) {
   return p->use[ph] && !p->recording && p->use[ph][r].lo < 0 && !p->use[ph][r].outside;
 }
 
+/* gnext from the leaders (cg_plan.h); returns the leaders it followed */
+static int *plan_groups(CgPlan *p) {
+  int n = p->g->n, *head = cp_alloc(sizeof(int) * (size_t)(n + 1)), *lead = cp_alloc(sizeof(int) * (size_t)(n + 1));
+  p->gnext = cp_alloc(sizeof(int) * (size_t)(n + 1));
+  for (int i = 0; i < n; i++) head[i] = p->gnext[i] = -1;
+  for (int j = n - 1; j >= 0; j--) {
+    int l = p->nc[j].leader;
+    if (l >= 0 && l < j) p->gnext[j] = head[l], head[l] = j;
+  }
+  for (int i = 0; i < n; i++) {
+    if (p->nc[i].leader == i) p->gnext[i] = head[i];
+    lead[i] = p->nc[i].leader;
+  }
+  return lead;
+}
+
 bool cg_plan_emit(CgPlan *p, FILE *body, bool (*emit)(void *ctx), void *ctx) {
+  const int *lead = plan_groups(p);
   const char *e = getenv("CPLAN_PRUNE_ARENA");
   for (int pass = e && strcmp(e, "0") == 0; pass < 2; pass++) {
     if (!pass) cg_plan_record(p);
     cg_plan_phase(p, CG_PH_TRAIN);
     cg_plan_phase(p, CG_PH_EVAL);
     if (!emit(ctx)) return false;
+    for (int i = 0; i < p->g->n; i++) cp_assert(p->nc[i].leader == lead[i]); /* gnext still follows them */
     if (pass) break;
     p->recording = false;
     if (fflush(body) != 0 || ftruncate(fileno(body), 0) != 0 || fseek(body, 0, SEEK_SET) != 0) {

@@ -68,6 +68,11 @@ typedef struct CgPlan {
   CgUse *use[CG_PH__COUNT];
   bool recording;
   int *pos[CG_PH__COUNT];
+  /* The nodes computed in node L's call after L, in index order: gnext[L] is the first, gnext of
+   * that the next (-1 ends), from the leaders as they stand when cg_plan_emit emits (the
+   * emitters' folds have set them by then). Walked by cg_group_next, so finding a backward
+   * kernel's outputs is not a scan of the graph. */
+  int *gnext;
   /* results */
   CgPlace *nc;            /* per node */
   int64_t work[CG_PH__COUNT];          /* arena bytes per phase */
@@ -92,6 +97,8 @@ bool cg_plan_idle(const CgPlan *p, int ph, int r); /* the plan gave r's work buf
  * on the plan that follows them. Once, on the graph's liveness, with CPLAN_PRUNE_ARENA=0 at build
  * time (for comparisons). False when an emission failed or body could not be rewound. */
 bool cg_plan_emit(CgPlan *p, FILE *body, bool (*emit)(void *ctx), void *ctx);
+/* Node j of the call that `lead` makes, then the next (start with j = lead; -1 after the last). */
+static inline int cg_group_next(const CgPlan *p, int j) { return p->gnext[j]; }
 /* A node without a kernel call of its own writes the comment that says so and returns true:
  * forward, a reshape or a virtual transpose; a GRAD, a view of dy or one computed with another. */
 bool cg_forward_skip(FILE *out, const CgPlan *p, int i);

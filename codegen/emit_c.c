@@ -539,7 +539,7 @@ static void emit_forward(Cg *c, int i) {
 static void group_outputs(Cg *c, int lead, const char **dst, int nmax, bool zero) {
   const Node *l = nd(c, lead);
   for (int k = 0; k < nmax; k++) dst[k] = "NULL";
-  for (int j = lead; j < c->g->n; j++) {
+  for (int j = lead; j >= 0; j = cg_group_next(&c->pl, j)) {
     const Node *m = nd(c, j);
     if (m->op != OP_GRAD || c->pl.nc[j].leader != lead || c->pl.nc[j].kind == CG_L_ALIAS) continue;
     cp_assert(m->ia[0] < nmax);

@@ -1511,7 +1511,7 @@ static void emit_forward(Cu *c, int i) {
  * (the launch must then add to them). */
 static bool group_outputs_w(Cu *c, int lead, const char **dst, int nmax, int *ids, unsigned writes) {
   bool any_acc = false;
-  for (int j = lead; j < c->g->n; j++) {
+  for (int j = lead; j >= 0; j = cg_group_next(&c->pl, j)) {
     const Node *m = nd(c, j);
     if (m->op == OP_GRAD && c->pl.nc[j].leader == lead && c->pl.nc[j].kind != CG_L_ALIAS &&
         (c->acc_of[j] >= 0 || c->add_into[j] >= 0) && (writes >> m->ia[0] & 1))
@@ -1520,7 +1520,7 @@ static bool group_outputs_w(Cu *c, int lead, const char **dst, int nmax, int *id
   for (int k = 0; k < nmax; k++) dst[k] = "NULL";
   if (ids)
     for (int k = 0; k < nmax; k++) ids[k] = -1;
-  for (int j = lead; j < c->g->n; j++) {
+  for (int j = lead; j >= 0; j = cg_group_next(&c->pl, j)) {
     const Node *m = nd(c, j);
     if (m->op != OP_GRAD || c->pl.nc[j].leader != lead || c->pl.nc[j].kind == CG_L_ALIAS) continue;
     cp_assert(m->ia[0] < nmax);

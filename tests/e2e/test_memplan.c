@@ -5,6 +5,7 @@
 
 #include "cplan.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -55,10 +56,80 @@ static void test_check_catches(void) {
   CHECK(mp_check(b, 2, 256) < 0, "a sound plan rejected");
 }
 
+/* The pairwise definitions mp_plan and mp_check must agree with: first fit, largest first (ties
+ * by start, then index), over the conflicting placed buffers in offset order; and the
+ * index of the later buffer of the first overlapping pair (-1: none). */
+static int64_t up(int64_t x) { return (x + MP_ALIGN - 1) / MP_ALIGN * MP_ALIGN; }
+static bool live(const MpBuf *a, const MpBuf *b) { return a->first <= b->last && b->first <= a->last; }
+
+static int64_t ref_plan(MpBuf *b, int n) {
+  int *placed = cp_alloc(sizeof(int) * (size_t)(n + 1)), np = 0;
+  bool *done = cp_alloc(sizeof(bool) * (size_t)(n + 1));
+  int64_t arena = 0;
+  for (int it = 0; it < n; it++) {
+    int x = -1; /* the next: largest, then earliest start, then lowest index */
+    for (int i = 0; i < n; i++)
+      if (!done[i] && (x < 0 || b[i].size > b[x].size || (b[i].size == b[x].size && b[i].first < b[x].first))) x = i;
+    done[x] = true, b[x].offset = 0;
+    if (!b[x].size) continue;
+    for (int64_t at = 0;;) { /* raise at past every conflict it overlaps, until none does */
+      bool moved = false;
+      for (int k = 0; k < np; k++) {
+        const MpBuf *o = &b[placed[k]];
+        if (live(o, &b[x]) && o->offset < at + b[x].size && at < o->offset + o->size) {
+          at = up(o->offset + o->size), moved = true;
+        }
+      }
+      if (!moved) {
+        b[x].offset = at;
+        break;
+      }
+    }
+    placed[np++] = x;
+    if (up(b[x].offset + b[x].size) > arena) arena = up(b[x].offset + b[x].size);
+  }
+  return arena;
+}
+
+static bool ref_sound(const MpBuf *b, int n) {
+  for (int i = 0; i < n; i++)
+    for (int j = 0; j < i; j++)
+      if (b[i].size && b[j].size && live(&b[i], &b[j]) && b[i].offset < b[j].offset + b[j].size &&
+          b[j].offset < b[i].offset + b[i].size)
+        return false;
+  return true;
+}
+
+/* mp_plan gives the reference's offsets; mp_check agrees with the pairwise check on random plans,
+ * most of them unsound. */
+static void test_against_reference(void) {
+  srand(777);
+  for (int round = 0; round < 300; round++) {
+    int n = 1 + rand() % 80;
+    MpBuf *b = cp_alloc(sizeof(MpBuf) * (size_t)n), *r = cp_alloc(sizeof(MpBuf) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+      int first = rand() % 40;
+      b[i] = (MpBuf){.size = rand() % 6 == 0 ? 0 : 64 * (1 + rand() % 8) - rand() % 3, .first = first,
+                     .last = first + rand() % 15};
+      r[i] = b[i];
+    }
+    int64_t arena = mp_plan(b, n), rarena = ref_plan(r, n);
+    CHECK(arena == rarena, "round %d: arena %lld, the reference's %lld", round, (long long)arena, (long long)rarena);
+    for (int i = 0; i < n; i++)
+      CHECK(b[i].offset == r[i].offset, "round %d: buffer %d at %lld, the reference's %lld", round, i,
+            (long long)b[i].offset, (long long)r[i].offset);
+    for (int i = 0; i < n; i++) b[i].offset = 64 * (rand() % 6); /* a random plan */
+    bool sound = ref_sound(b, n);
+    int bad = mp_check(b, n, 64 * 20);
+    CHECK(sound == (bad < 0), "round %d: mp_check says %d, the pairwise check %s", round, bad, sound ? "sound" : "unsound");
+  }
+}
+
 int main(void) {
   test_chain();
   test_random();
   test_check_catches();
+  test_against_reference();
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
   else printf("memplan: ok\n");
   return failures != 0;
