@@ -2531,6 +2531,49 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
 
 /* ---- building: plan.c -> the program ------------------------------------------------------------------ */
 
+/* The settings checked, then g lowered per rank (tp, sp, ZeRO, pp: sp, lw and pipe set) or to its
+ * training graph (they stay NULL). False after a diagnostic. */
+static bool lower_cuda(Graph *g, const TrainConf *t, const StratPlan **sp, const Lowered **lw, const Pipeline **pipe) {
+  Cu probe = {.t = t};
+  *sp = NULL, *lw = NULL, *pipe = NULL;
+  if (!check_conf(&probe)) return false;
+  return train_lowered(t) ? build_lower(g, t, sp, lw, pipe) : train_graph(g, t);
+}
+
+/* The crossings' types of a pipeline before any stage is emitted: which ones a receiver keeps f32,
+ * then (the senders keeping those f32 too) what each sends in. */
+static bool wire_types(const StratPlan *sp, const Lowered *lw, const Pipeline *pipe, const TrainConf *t,
+                       const char *hash) {
+  wire_type.n = 0, wire_f32.n = 0;
+  bool ok = true;
+  for (int pass = 0; pass < 2; pass++)
+    for (int k = 0; pipe && k < pipe->pp && ok; k++) ok = cg_emit_cu(NULL, NULL, lw->g, sp, lw, pipe, k, t, hash);
+  return ok;
+}
+
+bool cg_emit_cuda_program(FILE *out, bool kernels, Graph *g, const TrainConf *t) {
+  const StratPlan *sp;
+  const Lowered *lw;
+  const Pipeline *pipe;
+  if (!lower_cuda(g, t, &sp, &lw, &pipe) || !wire_types(sp, lw, pipe, t, "emit")) return false;
+  FILE *null = fopen("/dev/null", "w");
+  if (!null) {
+    diag_error(SPAN_NONE, "cannot open /dev/null: %s", strerror(errno));
+    return false;
+  }
+  bool ok = true;
+  for (int k = 0; k < (pipe ? pipe->pp : 1) && ok; k++) {
+    if (pipe) fprintf(out, "/* ==== %s_s%d.%s ==== */\n", kernels ? "kernels" : "plan", k, kernels ? "cu" : "c");
+    ok = cg_emit_cu(kernels ? null : out, kernels ? out : NULL, lw ? lw->g : g, sp, lw, pipe, k, t, "emit");
+  }
+  fclose(null);
+  if (ok && pipe && !kernels) {
+    fprintf(out, "/* ==== plan.c ==== */\n");
+    cg_emit_pipeline_main(out, pipe->pp, true);
+  }
+  return ok;
+}
+
 #if CPLAN_HAVE_CUDA
 typedef CpArgv Argv;
 
@@ -2594,12 +2637,7 @@ static bool emit_files(const char *dir, Graph *g, const StratPlan *sp, const Low
                        const TrainConf *t, const char *hash, int *stages) {
   *stages = pipe ? pipe->pp : 0;
   int64_t most = 0;
-  bool ok = true;
-  /* the crossings' types before any stage is emitted: which ones a receiver keeps f32, then (the
-   * senders keeping those f32 too) what each sends in */
-  wire_type.n = 0, wire_f32.n = 0;
-  for (int pass = 0; pass < 2; pass++)
-    for (int k = 0; pipe && k < pipe->pp && ok; k++) ok = cg_emit_cu(NULL, NULL, lw->g, sp, lw, pipe, k, t, hash);
+  bool ok = wire_types(sp, lw, pipe, t, hash);
   for (int k = 0; k < (pipe ? pipe->pp : 1) && ok; k++) {
     const char *pc = pipe ? cp_fmt("%s/plan_s%d.c", dir, k) : cp_fmt("%s/plan.c", dir);
     const char *pk = pipe ? cp_fmt("%s/kernels_s%d.cu", dir, k) : cp_fmt("%s/kernels.cu", dir);
@@ -2619,12 +2657,10 @@ static bool emit_files(const char *dir, Graph *g, const StratPlan *sp, const Low
 }
 
 bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o) {
-  Cu probe = {.t = t};
-  const StratPlan *sp = NULL;
-  const Lowered *lw = NULL;
-  const Pipeline *pipe = NULL;
-  if (!check_conf(&probe)) return false;
-  if (train_lowered(t) ? !build_lower(g, t, &sp, &lw, &pipe) : !train_graph(g, t)) return false;
+  const StratPlan *sp;
+  const Lowered *lw;
+  const Pipeline *pipe;
+  if (!lower_cuda(g, t, &sp, &lw, &pipe)) return false;
   const char *tmp = getenv("TMPDIR");
   char *dir = cp_fmt("%s/cplan-build-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir)) {

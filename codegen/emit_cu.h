@@ -23,6 +23,12 @@
  * built without the CUDA toolkit says so. */
 bool cg_build_cuda(Graph *g, const TrainConf *t, const BuildOpts *o);
 
+/* `cplanc emit --stage=c` (kernels false) and `--stage=cuda` (true) for a mesh of CUDA devices: the
+ * plan.c or the kernels.cu that cg_build_cuda would compile, to out; a pipeline's stage files one
+ * after the other, each after a "==== NAME ====" comment line (then its plan.c). No toolkit needed.
+ * False after a diagnostic. */
+bool cg_emit_cuda_program(FILE *out, bool kernels, Graph *g, const TrainConf *t);
+
 /* The two files of a CUDA plan, for g after train_graph (plan.c to out_c, kernels.cu to
  * out_cu), or for the per-rank graph g = lw->g of a lowered plan (tp, sp, ZeRO: sp and lw from
  * build_lower; NULL otherwise), or for stage `stage` of a pipeline (pipe non-NULL: g is ignored,

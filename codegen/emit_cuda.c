@@ -21,6 +21,7 @@
 
 #include "../compiler/build.h"
 #include "../compiler/train.h"
+#include "emit_cu.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -464,6 +465,7 @@ bool cg_emit_cuda(FILE *out, const CgKernel *ks, int n, const char *model, char 
 }
 
 bool build_emit_cuda(FILE *out, Graph *g, const TrainConf *t) {
+  if (train_cuda(t)) return cg_emit_cuda_program(out, true, g, t); /* the GPU program's kernels.cu */
   if (!train_graph(g, t)) return false;
   FILE *null = fopen("/dev/null", "w"); /* the kernels are those of plan.c: emit it, unread */
   bool ok = null && cg_emit_c(null, g, t, "emit");

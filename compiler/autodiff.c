@@ -133,6 +133,8 @@ int64_t train_dp(const TrainConf *t) {
   return 1;
 }
 
+bool train_cuda(const TrainConf *t) { return t->mesh && t->mesh->device.kind == DEV_CUDA; }
+
 bool train_lowered(const TrainConf *t) { return t->strategy.tp > 1 || t->strategy.zero > 0 || t->strategy.pp > 1; }
 
 int64_t train_graph_batch(const TrainConf *t) {

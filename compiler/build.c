@@ -338,9 +338,18 @@ static void remove_dir(const char *dir) {
   rmdir(dir);
 }
 
-bool build_emit_c(FILE *out, Graph *g, const TrainConf *t) { return emit_any(out, NULL, g, t, "emit"); }
+bool build_emit_c(FILE *out, Graph *g, const TrainConf *t) {
+  return train_cuda(t) ? cg_emit_cuda_program(out, false, g, t) : emit_any(out, NULL, g, t, "emit");
+}
 
 bool build_emit_llvm(FILE *out, Graph *g, const TrainConf *t) {
+  if (train_cuda(t)) {
+    diag_error(t->mesh->span, "mesh '%s' has %s devices: the CUDA program compiles its fused kernels with NVRTC, not LLVM",
+               t->mesh->name ? t->mesh->name : "?", t->mesh->device.name);
+    diag_hint("--stage=cuda prints them; for the CPU program's, retarget the mesh with --set mesh.%s.device=cpu "
+              "--set train.precision=f32", t->mesh->name ? t->mesh->name : "NAME");
+    return false;
+  }
   if (!train_graph(g, t)) return false;
   FILE *null = fopen("/dev/null", "w"); /* the kernels are those of plan.c: emit it, unread */
   bool ok = null && cg_emit_c(null, g, t, "emit");
@@ -360,7 +369,7 @@ bool build_emit_llvm(FILE *out, Graph *g, const TrainConf *t) {
 }
 
 bool build_program(Graph *g, const TrainConf *t, const BuildOpts *o) {
-  if (t->mesh && t->mesh->device.kind == DEV_CUDA) return cg_build_cuda(g, t, o); /* codegen/emit_cu.c */
+  if (train_cuda(t)) return cg_build_cuda(g, t, o); /* codegen/emit_cu.c */
   const char *tmp = getenv("TMPDIR");
   char *dir = cp_fmt("%s/cplan-build-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   if (!mkdtemp(dir)) {

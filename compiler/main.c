@@ -306,8 +306,10 @@ static Graph *train_model(Options *o, Front *fe, const char *what) {
     return NULL;
   }
   if (o->plan && !plan_load(o->plan, &fe->train->strategy)) return NULL;
-  /* the kernels --stage=llvm and --stage=cuda print are those of the one-device program */
-  if (!o->plan && strcmp(what, "--stage=llvm") != 0 && strcmp(what, "--stage=cuda") != 0) use_search(fe->sema, fe->train);
+  /* the kernels --stage=llvm and (on a CPU mesh) --stage=cuda print are those of the one-device
+   * program; on a CUDA mesh --stage=cuda prints the kernels.cu of what build compiles */
+  bool one = strcmp(what, "--stage=llvm") == 0 || (strcmp(what, "--stage=cuda") == 0 && !train_cuda(fe->train));
+  if (!o->plan && !one) use_search(fe->sema, fe->train);
   /* a plan lowered per rank is elaborated for the global micro-batch (train.h) */
   return sema_build_model(fe->sema, fe->train->model, fe->train->model_call, train_graph_batch(fe->train));
 }

@@ -32,6 +32,10 @@ int64_t train_micro(const TrainConf *t);
  * parallelism, or ZeRO. Pure data parallelism runs the one-device training graph on every rank. */
 bool train_lowered(const TrainConf *t);
 
+/* Whether the mesh's devices are CUDA GPUs: build, run and `emit --stage=c|cuda` take the CUDA
+ * backend (codegen/emit_cu.c). */
+bool train_cuda(const TrainConf *t);
+
 /* The value B is bound to when the model is elaborated for building: train_micro, or for a
  * lowered plan the global micro-batch dp * train_micro (strat_pin splits it over dp). */
 int64_t train_graph_batch(const TrainConf *t);

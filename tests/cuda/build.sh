@@ -123,6 +123,27 @@ echo "ok: two GPUs (tp 2): collectives on NCCL, vocab-parallel cross entropy"
 grep -q '^    .devices = 8,' keep-gpt2/plan.c || fail "examples/gpt2.cplan: not a plan for 8 GPUs"
 echo "ok: examples/gpt2.cplan builds ($(grep -o 'the search chose [^(]*' gpt2ex.log))"
 
+# `emit --stage=c` and `--stage=cuda` on a CUDA mesh print what build compiled (the search's plan
+# included); only the build's hashes differ
+same_as_build() { # same_as_build KEEPDIR FILE [--set ...]: plan.c and kernels.cu, or per stage
+  local keep=$1 f=$2; shift 2
+  "$cplanc" emit --stage=c "$f" "$@" >emit.c 2>/dev/null && "$cplanc" emit --stage=cuda "$f" "$@" >emit.cu 2>/dev/null ||
+    fail "emit --stage=c|cuda $f $*"
+  local want_c want_cu
+  if [ -e "$keep/plan_s0.c" ]; then
+    want_c=$(for k in "$keep"/plan_s*.c; do echo "/* ==== $(basename "$k") ==== */"; cat "$k"; done
+             echo "/* ==== plan.c ==== */"; cat "$keep/plan.c")
+    want_cu=$(for k in "$keep"/kernels_s*.cu; do echo "/* ==== $(basename "$k") ==== */"; cat "$k"; done)
+  else
+    want_c=$(cat "$keep/plan.c") want_cu=$(cat "$keep/kernels.cu")
+  fi
+  diff <(grep -v '^    \.\(source\|resume\)_hash = ' <<<"$want_c") <(grep -v '^    \.\(source\|resume\)_hash = ' emit.c) >emit.diff ||
+    { head -20 emit.diff; fail "emit --stage=c $f $*: not the plan.c build compiled"; }
+  diff <(echo "$want_cu") emit.cu >emit.diff || { head -20 emit.diff; fail "emit --stage=cuda $f $*: not build's kernels.cu"; }
+}
+same_as_build keep-gpt2 "$src/examples/gpt2.cplan"
+echo "ok: examples/gpt2.cplan: emit --stage=c and --stage=cuda print the files build compiled"
+
 # pipeline parallelism on two GPUs: one file per stage (plan_s0.c, plan_s1.c) and plan.c's main,
 # which checks the device before MPI starts; crossings through host memory (pp_send, pp_recv)
 "$cplanc" build gpt_small.cplan -o pp2 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 --set train.strategy.pp=2 \
@@ -134,7 +155,9 @@ if [ $gpu -eq 0 ]; then
   out=$(timeout 60 ./pp2 --steps 2 --data tokens.bin 2>&1); rc=$?
   [ $rc -eq 1 ] && grep -q "no CUDA device was found" <<<"$out" || { echo "$out"; fail "pp 2: exit $rc without a GPU"; }
 fi
-echo "ok: two GPUs (pp 2): a file per stage, crossings through host memory"
+same_as_build keep-pp2 gpt_small.cplan --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 --set train.strategy.pp=2 \
+  --set train.precision=bf16
+echo "ok: two GPUs (pp 2): a file per stage, crossings through host memory; emit prints the stage files"
 
 # CPLAN_NVRTC_PREWARM: every stage's kernels.cu compiled by NVRTC for sm_90 into the cache with no
 # GPU, exit 0; again: found in the cache

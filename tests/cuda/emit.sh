@@ -2,8 +2,9 @@
 # emit.sh CPLANC SRCDIR NVCC TEST_NVRTC CUDA_INCLUDE: `cplanc emit --stage=cuda` for the examples
 # and the fusion test model; each source must compile with `nvcc --ptx -arch=compute_80` (warnings
 # are errors) and with NVRTC for compute_80 and compute_90 (test_nvrtc: every kernel the source
-# declares is an .entry of the PTX). GPU examples are retargeted to f32 on a CPU mesh, as
-# tests/e2e/emit_c.sh does: the fused kernels come from the C emitter, which wants f32.
+# declares is an .entry of the PTX). On a CPU mesh the kernels are the CPU program's fused groups
+# (f32); on a CUDA mesh they are the GPU program's kernels.cu (its storage types, its support
+# kernels), what `build` compiles (tests/cuda/build.sh compares the two).
 set -u
 cplanc=$1 src=$(cd "$2" && pwd) nvcc=$3 test_nvrtc=$4 cuda_inc=$5
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/cplan_emit_cuda.XXXXXX")
@@ -28,6 +29,7 @@ check() { # check FILE [--set ...]
 f32=(--set train.precision=f32 --set train.batch=8)
 check "$src/examples/gpt.cplan"
 check "$src/examples/llama.cplan" "${f32[@]}" --set mesh.workstation.device=cpu
+check "$src/examples/llama.cplan" # its CUDA mesh: the GPU program's kernels.cu, bf16
 check "$src/tests/e2e/fusion_ops.cplan"
 # a file without a train block: exit 1 with a diagnostic, not a crash
 "$cplanc" emit --stage=cuda "$src/tests/golden/empty_file.cplan" >/dev/null 2>"$tmp/none.err"; rc=$?

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_NAMES 512
+#define MAX_NAMES 8192 /* a GPU program's kernels.cu has a kernel per fused group and storage type */
 
 typedef struct Names {
   char *a[MAX_NAMES];

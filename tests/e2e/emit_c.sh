@@ -39,8 +39,18 @@ if [ -n "$wp" ] && [ -n "$wu" ] && [ "$wp" -lt "$wu" ]; then echo "ok: gpt.cplan
 else echo "FAILED: gpt.cplan: work arena '$wp' bytes, not below '$wu' on the graph's liveness"; fail=1; fi
 
 # The unsupported precision is a diagnostic, not a crash.
-if "$cplanc" emit --stage=c "$src/examples/llama.cplan" >/dev/null 2>"$tmp/bf16.err" ||
+if "$cplanc" emit --stage=c "$src/examples/llama.cplan" --set mesh.workstation.device=cpu >/dev/null 2>"$tmp/bf16.err" ||
    ! grep -q "precision bf16 is not supported on the cpu backend yet" "$tmp/bf16.err"; then
   echo "FAILED: bf16 on the cpu backend is not diagnosed"; cat "$tmp/bf16.err"; fail=1
+fi
+# On a CUDA mesh --stage=c prints the GPU program's plan.c (no toolkit needed to emit it; cuda.build
+# compares it with what build compiles), and --stage=llvm says the GPU program has no LLVM kernels.
+if "$cplanc" emit --stage=c "$src/examples/llama.cplan" >"$tmp/gpu.c" 2>"$tmp/gpu.err" &&
+   grep -q '^    .devices = 2,' "$tmp/gpu.c" && grep -q 'kernels.cu: compiled at start by NVRTC' "$tmp/gpu.c"; then
+  echo "ok: llama.cplan on its CUDA mesh: the GPU program's plan.c ($(wc -l <"$tmp/gpu.c") lines)"
+else echo "FAILED: emit --stage=c on a CUDA mesh"; grep -v warning "$tmp/gpu.err" | head; fail=1; fi
+if "$cplanc" emit --stage=llvm "$src/examples/llama.cplan" >/dev/null 2>"$tmp/llvm.err" ||
+   ! grep -q "error: mesh 'workstation' has h100_sxm devices: the CUDA program compiles its fused kernels with NVRTC" "$tmp/llvm.err"; then
+  echo "FAILED: --stage=llvm on a CUDA mesh is not diagnosed"; cat "$tmp/llvm.err"; fail=1
 fi
 exit $fail
