@@ -37,7 +37,8 @@ bool build_emit_c(FILE *out, Graph *g, const TrainConf *t);
 bool build_emit_llvm(FILE *out, Graph *g, const TrainConf *t);
 
 /* Lowers g to a training graph and prints its fused kernels as CUDA C (`cplanc emit
- * --stage=cuda`; defined in codegen/emit_cuda.c). */
+ * --stage=cuda`; defined in codegen/emit_cuda.c); on a CUDA mesh the GPU program's kernels.cu
+ * (cg_emit_cuda_program). build_emit_c likewise prints the GPU program's plan.c there. */
 bool build_emit_cuda(FILE *out, Graph *g, const TrainConf *t);
 
 /* A hex digest of every source text the front end read (the file, its imports, the --set

@@ -1,7 +1,7 @@
 /* checkpoint.c: params files (--init, --save-init, --save) and training checkpoints.
  *
  * A checkpoint is DIR/step_000500/ with model.safetensors, optimizer.safetensors and state.json
- *   {"format": "cplan-ckpt/1", "model", "step", "seed", "plan_hash", "loss", "data_offset"}
+ *   {"format": "cplan-ckpt/1", "model", "step", "seed", "plan_hash", "loss", "data_offset", "data_tokens"}
  * (see cplanrt.h).  It is built in DIR/step_000500.tmp/ and renamed, so a directory without the
  * .tmp suffix is complete; a crash leaves at most a .tmp directory, which the next save of that
  * step replaces and rt_ckpt_find ignores.  Resume is exact because everything else a step
@@ -157,10 +157,12 @@ static int is_file(const char *path) {
   return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-/* The steps of the complete checkpoints in dir, newest first, in a malloc'ed array. */
-static int list_ckpts(const char *dir, int64_t **steps, int *n, RtError *err) {
+/* The steps of the complete checkpoints in dir, newest first, in a malloc'ed array; the newest step
+ * directory without a state.json to *incomplete (-1: none; NULL: not wanted). */
+static int list_ckpts(const char *dir, int64_t **steps, int *n, int64_t *incomplete, RtError *err) {
   *steps = NULL;
   *n = 0;
+  if (incomplete) *incomplete = -1;
   DIR *d = opendir(dir);
   if (!d) return rt_errf(err, "%s: cannot open checkpoint directory: %s", dir, strerror(errno));
   int cap = 0;
@@ -169,7 +171,11 @@ static int list_ckpts(const char *dir, int64_t **steps, int *n, RtError *err) {
   while ((e = readdir(d)) != NULL) {
     int64_t s = ckpt_step_of(e->d_name);
     snprintf(path, sizeof path, "%s/%s/state.json", dir, e->d_name);
-    if (s < 0 || !is_file(path)) continue;
+    if (s < 0) continue;
+    if (!is_file(path)) {
+      if (incomplete && s > *incomplete) *incomplete = s;
+      continue;
+    }
     if (*n == cap) {
       cap = cap ? 2 * cap : 16;
       int64_t *grown = realloc(*steps, (size_t)cap * sizeof **steps);
@@ -200,6 +206,7 @@ static int write_state(const char *path, const RtPlan *p, const RtCkptInfo *info
   if (isfinite(info->loss)) cJSON_AddNumberToObject(j, "loss", info->loss);
   else cJSON_AddNullToObject(j, "loss");
   cJSON_AddNumberToObject(j, "data_offset", (double)info->data_offset);
+  if (info->data_tokens >= 0) cJSON_AddNumberToObject(j, "data_tokens", (double)info->data_tokens);
   if (info->scaler[0] > 0) {
     cJSON_AddNumberToObject(j, "loss_scale", info->scaler[0]);
     cJSON_AddNumberToObject(j, "loss_scale_good_steps", info->scaler[1]);
@@ -245,6 +252,7 @@ static int read_state(const char *path, RtCkptInfo *info, RtError *err) {
   const cJSON *hash = cJSON_GetObjectItemCaseSensitive(j, "plan_hash");
   const cJSON *loss = cJSON_GetObjectItemCaseSensitive(j, "loss");
   const cJSON *off = cJSON_GetObjectItemCaseSensitive(j, "data_offset");
+  const cJSON *ntok = cJSON_GetObjectItemCaseSensitive(j, "data_tokens");
   const cJSON *ls[3] = {cJSON_GetObjectItemCaseSensitive(j, "loss_scale"),
                         cJSON_GetObjectItemCaseSensitive(j, "loss_scale_good_steps"),
                         cJSON_GetObjectItemCaseSensitive(j, "skipped_steps")};
@@ -262,6 +270,7 @@ static int read_state(const char *path, RtCkptInfo *info, RtError *err) {
     info->seed = (int64_t)seed->valuedouble;
     info->loss = cJSON_IsNumber(loss) ? loss->valuedouble : NAN;
     info->data_offset = cJSON_IsNumber(off) ? (int64_t)off->valuedouble : -1;
+    info->data_tokens = whole_in(ntok, 0) ? (int64_t)ntok->valuedouble : -1; /* older checkpoints: unknown */
     snprintf(info->plan_hash, sizeof info->plan_hash, "%s", hash->valuestring);
     for (int k = 0; k < 3; k++) info->scaler[k] = cJSON_IsNumber(ls[k]) ? ls[k]->valuedouble : 0;
     if (info->scaler[0] < 0 || !isfinite(info->scaler[0]))
@@ -314,17 +323,21 @@ int rt_ckpt_save(const RtRun *run, const char *dir, const RtCkptInfo *info, char
   return 0;
 }
 
-int rt_ckpt_find(const char *dir, char *out, size_t nout, RtError *err) {
+int rt_ckpt_find(const char *dir, char *out, size_t nout, int64_t *newer, RtError *err) {
   char path[PATH_MAX_LEN];
+  *newer = -1;
   snprintf(path, sizeof path, "%s/state.json", dir);
   if (is_file(path)) { snprintf(out, nout, "%s", dir); return 0; }
-  int64_t *steps;
+  int64_t *steps, incomplete;
   int n;
-  if (list_ckpts(dir, &steps, &n, err) != 0) return -1;
+  if (list_ckpts(dir, &steps, &n, &incomplete, err) != 0) return -1;
   if (n == 0) {
     free(steps);
+    if (incomplete >= 0)
+      return rt_errf(err, "%s: no complete checkpoint in it: step_%06lld/ has no state.json", dir, (long long)incomplete);
     return rt_errf(err, "%s: no complete checkpoint (step_NNNNNN/ with a state.json) in it", dir);
   }
+  if (incomplete > steps[0]) *newer = incomplete;
   snprintf(out, nout, "%s/step_%06lld", dir, (long long)steps[0]);
   free(steps);
   return 0;
@@ -370,7 +383,7 @@ int rt_ckpt_prune(const char *dir, int64_t keep, RtError *err) {
   if (keep <= 0) return 0;
   int64_t *steps;
   int n, rc = 0;
-  if (list_ckpts(dir, &steps, &n, err) != 0) return -1;
+  if (list_ckpts(dir, &steps, &n, NULL, err) != 0) return -1;
   char path[PATH_MAX_LEN];
   for (int i = (int)(keep < n ? keep : n); i < n && rc == 0; i++) {
     snprintf(path, sizeof path, "%s/step_%06lld", dir, (long long)steps[i]);

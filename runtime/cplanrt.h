@@ -397,6 +397,7 @@ typedef struct RtCkptInfo {
   int64_t seed;                 /* plan->seed of the run that wrote it */
   double loss;                  /* the loss of the last step done (NaN when none) */
   int64_t data_offset;          /* tokens: the first token step `step` reads; -1 otherwise */
+  int64_t data_tokens;          /* tokens: how many the run's --data held; -1 otherwise or unknown */
   char plan_hash[128];          /* plan->source_hash ("" when the plan has none) */
   double scaler[3];             /* f16 loss scaling (RtPlan.loss_scaler): the scale, the steps since
                                    its last change, the steps skipped; scaler[0] = 0: none */
@@ -409,8 +410,10 @@ int rt_params_load(RtRun *run, const char *path, RtError *err);
 /* Writes DIR/step_<info->step>/ (creating DIR); its path goes to out (nout bytes). */
 int rt_ckpt_save(const RtRun *run, const char *dir, const RtCkptInfo *info, char *out,
                  size_t nout, RtError *err);
-/* The latest complete checkpoint under dir (or dir itself when it holds a state.json). */
-int rt_ckpt_find(const char *dir, char *out, size_t nout, RtError *err);
+/* The latest complete checkpoint under dir (or dir itself when it holds a state.json). *newer: the
+ * step of the newest step_NNNNNN directory past it that lacks its state.json (damaged, or not
+ * written by cplan), -1 when none. */
+int rt_ckpt_find(const char *dir, char *out, size_t nout, int64_t *newer, RtError *err);
 /* Reads ckpt's state.json into info: a whole step (the one its step_NNNNNN name says), seed and
  * data offset, a positive loss scale. */
 int rt_ckpt_info(const char *ckpt, RtCkptInfo *info, RtError *err);

@@ -863,7 +863,11 @@ static int load_or_init(Trainer *t, RtError *err) {
   if (t->o.resume) {
     char dir[4096];
     RtCkptInfo info;
-    if (rt_ckpt_find(t->o.resume, dir, sizeof dir, err) != 0 || rt_ckpt_info(dir, &info, err) != 0) return -1;
+    int64_t newer;
+    if (rt_ckpt_find(t->o.resume, dir, sizeof dir, &newer, err) != 0 || rt_ckpt_info(dir, &info, err) != 0) return -1;
+    if (newer >= 0)
+      say(t, "warning: %s/step_%06lld has no state.json (damaged, or not a cplan checkpoint): resuming from the "
+          "newest complete one, %s", t->o.resume, (long long)newer, dir);
     /* whether it is this plan's, before reading its tensors */
     const char *hash = p->resume_hash ? p->resume_hash : p->source_hash ? p->source_hash : "";
     if (strcmp(info.plan_hash, hash) != 0)
@@ -885,6 +889,11 @@ static int load_or_init(Trainer *t, RtError *err) {
       if (rc != 0) return -1;
     } else if (rt_ckpt_load(&t->run, dir, &info, err) != 0)
       return -1;
+    int64_t ntok = t->tok ? rt_tokens_count(t->tok) : -1;
+    if (info.data_tokens >= 0 && ntok >= 0 && info.data_tokens != ntok)
+      say(t, "warning: %s was written reading %lld tokens of data, --data %s has %lld: the run goes on from this "
+          "data's position for step %lld, not where the checkpoint stopped reading", dir, (long long)info.data_tokens,
+          t->data_path, (long long)ntok, (long long)info.step);
     t->start = info.step;
     t->last_ckpt = info.step;
     if (info.scaler[0] > 0) scaler_hook(t, info.scaler, 1);
@@ -1224,13 +1233,14 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
 
 static int write_checkpoint(Trainer *t, const char *dir, int64_t done, RtError *err) {
   if (device_hook(t, 0, err) != 0) return -1; /* a GPU plan's params and state */
-  RtCkptInfo info = {.step = done, .seed = t->p->seed, .loss = t->loss, .data_offset = -1};
+  RtCkptInfo info = {.step = done, .seed = t->p->seed, .loss = t->loss, .data_offset = -1, .data_tokens = -1};
   const char *hash = t->p->resume_hash ? t->p->resume_hash : t->p->source_hash;
   snprintf(info.plan_hash, sizeof info.plan_hash, "%s", hash ? hash : "");
   scaler_hook(t, info.scaler, 0);
   if (t->p->data_kind == RT_DATA_TOKENS) {
     int64_t S = rt_tokens_steps(t->tok, t->p->batch, t->p->seq_len, NULL);
     info.data_offset = S > 0 ? done % S * t->p->batch * t->p->seq_len : -1;
+    info.data_tokens = rt_tokens_count(t->tok);
   }
   if (check_replicas(t, err) != 0) return -1;
   if (lowered(t->p)) { /* the whole tensors, gathered by every rank, written by rank 0 */

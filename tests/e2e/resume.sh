@@ -68,7 +68,23 @@ e2e_prog 0 odd ./gpt --resume odd --steps 4
 e2e_says odd "resumed from odd/step_000003 at step 3"
 e2e_prog 0 done ./gpt --resume gpt.ck --steps 4
 e2e_says done "nothing to train: the run starts at step 6, and --steps stops it at step 4"
-echo "gpt: damaged or foreign checkpoints are refused by name; nothing to train is said"
+# a step directory newer than the newest complete checkpoint but without its state.json is named
+# in a warning, and the resume takes the complete one; with none complete, the error names it
+rm -rf torn && mkdir torn && cp -r gpt.ck/step_000003 torn/ && mkdir torn/step_000005
+e2e_prog 0 torn ./gpt --resume torn --steps 4
+e2e_says torn "warning: torn/step_000005 has no state.json" "resumed from torn/step_000003 at step 3"
+rm -rf torn/step_000003
+e2e_prog 1 torn_only ./gpt --resume torn
+e2e_says torn_only "torn: no complete checkpoint in it: step_000005/ has no state.json"
+# resuming on other data is said: the checkpoint records how many tokens its run's --data held
+grep -q '"data_tokens":' gpt.ck/step_000003/state.json || fail "state.json has no data_tokens"
+for i in $(seq 200); do printf '%d+%d=%d; ' "$i" $((i * 5 % 11)) $((i + i * 5 % 11)); done >short.txt
+"$cplanc" data text short.txt -o short.bin >/dev/null 2>&1 || fail "cplanc data text short.txt"
+e2e_prog 0 otherdata ./gpt --resume gpt.ck/step_000003 --steps 4 --data short.bin
+e2e_says otherdata "was written reading" "tokens of data, --data short.bin has"
+e2e_prog 0 samedata ./gpt --resume gpt.ck/step_000003 --steps 4
+grep -q "tokens of data" samedata.err && { cat samedata.err; fail "a warning about the data on the same data"; }
+echo "gpt: damaged or foreign checkpoints are refused by name; nothing to train is said; torn and other data are said"
 
 e2e_build gpt_accum gpt_small.cplan --set train.strategy.micro=2
 grep -q "micro 2 x accum 2" <(./gpt_accum --steps 1 2>&1) || fail "gpt_accum does not accumulate"
