@@ -76,16 +76,21 @@ static const Command commands[] = {
      "  --set KEY=VALUE override a setting: train.steps=100, train.optimizer.lr=3e-4,\n"
      "                  train.model.L=4, mesh.laptop.shape.cpu=2 (repeatable)\n"},
     {"emit", cmd_emit, "print an intermediate form of the compilation",
-     "usage: cplanc emit --stage=STAGE FILE [--train NAME] [--model NAME] [--set KEY=VALUE]...\n"
+     "usage: cplanc emit --stage=STAGE FILE [--train NAME] [--model NAME] [--plan PLAN.json]\n"
+     "                   [--set KEY=VALUE]...\n"
+     "\n"
+     "--plan: the strategy of a `cplanc plan --json` file, as `build --plan` takes it.\n"
      "\n"
      "Stages available:\n"
      "  ast   the syntax tree, after imports are resolved\n"
      "  ir    the forward Graph IR of the model, one line per node\n"
      "  grad  the training graph: forward, backward (gradients, accumulation) and the\n"
      "        optimizer update of the train block, one line per node\n"
-     "  c     the generated C program plan.c of the train block (what `build` compiles)\n"
+     "  c     the generated C program plan.c of the train block (what `build` compiles;\n"
+     "        on a GPU mesh the CUDA program's)\n"
      "  llvm  the optimized LLVM IR of the fused elementwise kernels plan.c calls\n"
-     "  cuda  the same fused kernels as standalone CUDA C (nvcc --ptx, NVRTC)\n"},
+     "  cuda  the same fused kernels as standalone CUDA C (nvcc --ptx, NVRTC); on a GPU mesh\n"
+     "        the CUDA program's kernels.cu\n"},
     {"plan", cmd_plan, "search the strategy and rank the best ones; explain a strategy's placements",
      "usage: cplanc plan FILE [--top K] [--explain] [--json] [--trace F.json] [--report F.html]\n"
      "                        [--train NAME] [--set KEY=VALUE]...\n"
@@ -499,7 +504,7 @@ static int run_command(const Command *c, int argc, char **argv) {
       o.out = v;
     } else if (c->run == cmd_build && opt_value(argc, argv, &i, "--keep-c", &v, &status)) {
       o.keep_c = v;
-    } else if (c->run == cmd_build && opt_value(argc, argv, &i, "--plan", &v, &status)) {
+    } else if ((c->run == cmd_build || c->run == cmd_emit) && opt_value(argc, argv, &i, "--plan", &v, &status)) {
       o.plan = v;
     } else if (c->run == cmd_plan && opt_value(argc, argv, &i, "--top", &v, &status)) {
       o.top = v;

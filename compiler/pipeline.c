@@ -25,8 +25,7 @@ static int param_of(const Graph *g, int i) {
   return n->op == OP_PARAM ? (int)(n - g->nodes) : -1;
 }
 
-/* The stage of each layer's nodes, with nv stages (strategy.c's rule: contiguous, the first
- * L mod nv stages one layer more), and of the forward nodes outside layers: before the first
+/* The stage of each layer's nodes, with nv stages (strat_layer_stage), and of the forward nodes outside layers: before the first
  * layer on stage 0, after the last on the last stage. -1 for nodes it does not decide. */
 static int *layer_stages(const Graph *g, int nv) {
   int L = g->layer_names.n, first = g->n, last = -1;
@@ -36,13 +35,11 @@ static int *layer_stages(const Graph *g, int nv) {
       if (first == g->n) first = i;
       last = i;
     }
-  int64_t base = L / nv, extra = L % nv;
   for (int i = 0; i < g->n; i++) {
     const Node *n = &g->nodes[i];
     int64_t l = n->layer;
     st[i] = -1;
-    if (l >= 0 && L > 0)
-      st[i] = l < extra * (base + 1) ? (int)(l / (base + 1)) : (int)(extra + (l - extra * (base + 1)) / (base ? base : 1));
+    if (l >= 0 && L > 0) st[i] = strat_layer_stage(L, nv, l);
     else if (n->role == ROLE_FWD && i > last)
       st[i] = nv - 1;
     else if (n->role == ROLE_FWD) /* before the first layer, or between layers: its inputs' stage */

@@ -138,5 +138,11 @@ const char *strat_axis_name(AxisRole r); /* "dp" */
 /* The first split_heads of g whose head count tp does not divide (tensor parallelism splits the
  * heads), or -1: strat_pin refuses such a tp, and the search does not consider it. */
 int strat_heads_misfit(const Graph *g, int64_t tp);
+/* The one rule for cutting L layers into nv pipeline stages (Megatron's, with the remainder in
+ * front): contiguous, the first L mod nv stages one layer more. The stage of layer l. */
+int strat_layer_stage(int64_t L, int64_t nv, int64_t l);
+/* The layers device stage s of pp holds when each device runs v chunks (the interleaved schedule's
+ * virtual stages: chunk c of device s is stage s + c·pp of pp·v under strat_layer_stage). */
+int strat_stage_layers(int64_t L, int64_t pp, int64_t v, int64_t s);
 
 #endif

@@ -730,50 +730,23 @@ static double stage_time(const Search *S, const Solved *so, const Config *k, int
   return t;
 }
 
-/* The pipeline DP: stages take contiguous layer ranges (near the even split), minimizing the
- * slowest stage with every stage within the memory limit. Fills cut[] (pp + 1 boundaries);
- * returns the slowest stage's seconds, or INFINITY, with *need the smallest worst-stage memory. */
-static double pipeline_dp(const Search *S, const Solved *so, const Config *k, int *cut, double *need) {
+/* The stages' layers, as the build cuts them (strat_stage_layers: what is priced is what runs),
+ * into cut[] (pp + 1 boundaries; an interleaved device's chunks priced as one range); returns the
+ * slowest stage's seconds, or INFINITY when a stage is over the memory limit, with *need the
+ * worst stage's memory. */
+static double pipeline_cut(const Search *S, const Solved *so, const Config *k, int *cut, double *need) {
   int L = S->ly.L, pp = (int)k->pp;
-  if (pp == 1) {
-    cut[0] = 0, cut[1] = L;
-    StageMem m = stage_mem(S, so, k, 0, 0, L);
-    *need = m.total;
-    return m.total <= S->memory ? stage_time(S, so, k, 0, 0, L, NULL, NULL) : INFINITY;
+  double tmax = 0;
+  *need = 0;
+  cut[0] = 0;
+  for (int s = 0; s < pp; s++) {
+    cut[s + 1] = cut[s] + strat_stage_layers(L, pp, k->v > 1 ? k->v : 1, s);
+    StageMem m = stage_mem(S, so, k, s, cut[s], cut[s + 1]);
+    double t = stage_time(S, so, k, s, cut[s], cut[s + 1], NULL, NULL);
+    if (m.total > *need) *need = m.total;
+    if (t > tmax) tmax = t;
   }
-  int lo = L / pp - 2, hi = (L + pp - 1) / pp + 2;
-  if (lo < 1) lo = 1;
-  size_t cells = (size_t)(pp + 1) * (size_t)(L + 1);
-  double *best = malloc(sizeof(double) * cells), *mem = malloc(sizeof(double) * cells);
-  int *from = malloc(sizeof(int) * cells);
-  for (size_t i = 0; i < cells; i++) best[i] = INFINITY, mem[i] = INFINITY, from[i] = -1;
-  best[0] = 0, mem[0] = 0;
-#define AT(s, l) ((size_t)(s) * (size_t)(L + 1) + (size_t)(l))
-  for (int s = 1; s <= pp; s++)
-    for (int l = s; l <= L; l++)
-      for (int n = lo; n <= hi && n <= l; n++) {
-        size_t prev = AT(s - 1, l - n);
-        if (mem[prev] == INFINITY) continue;
-        StageMem m = stage_mem(S, so, k, s - 1, l - n, l);
-        double t = stage_time(S, so, k, s - 1, l - n, l, NULL, NULL);
-        double bt = best[prev] > t ? best[prev] : t, bm = mem[prev] > m.total ? mem[prev] : m.total;
-        bool fits = bm <= S->memory, was = mem[AT(s, l)] <= S->memory;
-        /* prefer fitting, then faster, then smaller */
-        if ((fits && !was) || (fits == was && (bt < best[AT(s, l)] || (bt == best[AT(s, l)] && bm < mem[AT(s, l)])))) {
-          best[AT(s, l)] = bt, mem[AT(s, l)] = bm, from[AT(s, l)] = l - n;
-        }
-      }
-  double r = best[AT(pp, L)];
-  *need = mem[AT(pp, L)];
-  if (*need == INFINITY || from[AT(pp, L)] < 0) r = INFINITY;
-  else {
-    if (*need > S->memory) r = INFINITY;
-    cut[pp] = L;
-    for (int s = pp, l = L; s > 0; s--) l = cut[s - 1] = from[AT(s, l)];
-  }
-#undef AT
-  free(best), free(mem), free(from);
-  return r;
+  return *need <= S->memory ? tmax : INFINITY;
 }
 
 /* When the fastest layer strategy does not fit a configuration: the layer's ILP again, under the
@@ -825,11 +798,11 @@ static void evaluate(Search *S, const Solved *so, const Config *k) {
   int pp = (int)k->pp;
   int *cut = cp_alloc(sizeof(int) * (size_t)(pp + 1));
   double need;
-  double tmax = pipeline_dp(S, so, k, cut, &need);
+  double tmax = pipeline_cut(S, so, k, cut, &need);
   if (tmax == INFINITY) { /* the fastest layer strategy does not fit: a layer strategy that does */
     const Solved *f = solved_fit(S, so, k);
     double need2;
-    double t2 = f ? pipeline_dp(S, f, k, cut, &need2) : INFINITY;
+    double t2 = f ? pipeline_cut(S, f, k, cut, &need2) : INFINITY;
     if (f && need2 < need) need = need2;
     if (t2 < INFINITY) tmax = t2, so = f;
   }

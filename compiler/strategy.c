@@ -279,11 +279,8 @@ static void assign_stages(StratPlan *sp) {
   for (int i = 0; i < g->n; i++) {
     const Node *n = &g->nodes[i];
     int s = 0;
-    if (n->layer >= 0 && L > 0) {
-      /* contiguous: the first L % pp stages take one layer more */
-      int64_t base = L / sp->pp, extra = L % sp->pp, l = n->layer;
-      s = l < extra * (base + 1) ? (int)(l / (base + 1)) : (int)(extra + (l - extra * (base + 1)) / (base ? base : 1));
-    } else if (n->op == OP_GRAD) s = sp->stage[n->fwd];
+    if (n->layer >= 0 && L > 0) s = strat_layer_stage(L, sp->pp, n->layer);
+    else if (n->op == OP_GRAD) s = sp->stage[n->fwd];
     else if (n->op == OP_STATE) s = sp->stage[n->ia[0]];
     else if (n->role == ROLE_FWD && (ir_ops[n->op].flags & OPF_LEAF) == 0 && i > last) s = (int)sp->pp - 1;
     else if (n->role == ROLE_FWD && n->op == OP_PARAM && i > first) s = (int)sp->pp - 1;
@@ -295,6 +292,17 @@ static void assign_stages(StratPlan *sp) {
 }
 
 /* ---- the entry point ------------------------------------------------------------------------- */
+
+int strat_layer_stage(int64_t L, int64_t nv, int64_t l) {
+  int64_t base = L / nv, extra = L % nv;
+  return l < extra * (base + 1) ? (int)(l / (base + 1)) : (int)(extra + (l - extra * (base + 1)) / (base ? base : 1));
+}
+
+int strat_stage_layers(int64_t L, int64_t pp, int64_t v, int64_t s) {
+  int n = 0;
+  for (int64_t l = 0; l < L; l++) n += strat_layer_stage(L, pp * v, l) % pp == s;
+  return n;
+}
 
 int strat_heads_misfit(const Graph *g, int64_t tp) {
   for (int i = 0; i < g->n && tp > 1; i++)

@@ -63,6 +63,18 @@ tps = sorted(set(c["tp"] for c in json.load(open("h.json"))["candidates"]))
 assert 2 in tps and all(4 % t == 0 for t in tps), tps
 PY
 
+# the stage cut the plan prices is the one built: 5 layers on pp 2 are 3 then 2 (Megatron's rule,
+# the remainder in front; even where the 4096-token head would make 4 then 1 faster), in the
+# plan's stage_layers and in each stage's params table of the program emit --plan prints
+pp=(--set mesh.box.shape.cpu=2 --set train.model.L=5 --set train.model.vocab=4096 --set train.strategy.pp=2 --set 'train.strategy.pipeline="1f1b"')
+"$cplanc" plan m.cplan "${pp[@]}" --json >pp.json 2>pp.err || { cat pp.err; fail "plan with pp 2"; }
+grep -q '"stage_layers":[[:space:]]*\[3, 2\]' pp.json || { grep stage_layers pp.json; fail "the plan's stage_layers are not [3, 2]"; }
+"$cplanc" emit --stage=c m.cplan "${pp[@]}" --plan pp.json >pp.c 2>pp.err || { cat pp.err; fail "emit --plan pp.json"; }
+got=$(awk '/^\/\* ==== plan_s[0-9]+\.c/ { f = $3 } /^static const RtPlanParam params\[\]/ { t = 1; next }
+           t && /^};/ { t = 0 } t && match($0, /"h\.[0-9]+\./) { print f, substr($0, RSTART + 1, RLENGTH - 2) }' pp.c | sort -u | tr '\n' ' ')
+[ "$got" = "plan_s0.c h.0 plan_s0.c h.1 plan_s0.c h.2 plan_s1.c h.3 plan_s1.c h.4 " ] ||
+  fail "the built stages hold the layers '$got', not h.0-h.2 then h.3-h.4"
+
 # errors
 echo '{"format": "other"}' >bad.json
 "$cplanc" build m.cplan --plan bad.json -o x 2>err.txt && fail "a file that is not a plan was accepted"
