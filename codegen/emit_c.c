@@ -225,12 +225,22 @@ static void emit_unary(Cg *c, int i) {
 static void emit_reduce(Cg *c, int i) {
   const Node *n = nd(c, i), *x = in(c, i, 0);
   int64_t o, l, r;
-  if (x->dtype != DT_F32) {
-    unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
-    return;
-  }
   if (!cg_reduce_dims(n, &x->shape, &o, &l, &r)) {
     unsupported(c, i, "a reduction over axes that are not adjacent");
+    return;
+  }
+  if (x->dtype == DT_I32) { /* in int64 (sum, max) or double (mean), to the node's dtype: no kernel */
+    bool mean = n->op == OP_MEAN, max = n->op == OP_MAX;
+    EMIT("  { const int32_t *x_ = (const int32_t *)(const void *)(%s); %s *y_ = (%s *)(void *)(%s);\n"
+         "    for (int64_t o_ = 0; o_ < %lld; o_++) for (int64_t r_ = 0; r_ < %lld; r_++) {\n"
+         "      %s a_ = %s;\n"
+         "      for (int64_t l_ = 0; l_ < %lld; l_++) { int32_t v_ = x_[(o_ * %lld + l_) * %lld + r_]; %s; }\n"
+         "      y_[o_ * %lld + r_] = (%s)(a_%s);\n"
+         "    } }\n",
+         ptr(c, n->in[0]), n->dtype == DT_I32 ? "int32_t" : "float", n->dtype == DT_I32 ? "int32_t" : "float", ptr(c, i),
+         (long long)o, (long long)r, mean ? "double" : "int64_t", max ? "INT32_MIN" : "0", (long long)l, (long long)l,
+         (long long)r, max ? "if (v_ > a_) a_ = v_" : "a_ += v_", (long long)r, n->dtype == DT_I32 ? "int32_t" : "float",
+         mean ? cp_fmt(" / %lld.0", (long long)l) : "");
     return;
   }
   const char *out = ptr(c, i), *xp = ptr(c, n->in[0]);

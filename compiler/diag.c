@@ -7,9 +7,12 @@
  *
  * Errors are counted; after CP_MAX_ERRORS the passes stop (diag_too_many) and a
  * last line says so once. Notes and hints belong to the diagnostic before them
- * and are dropped with it when it was suppressed. */
+ * and are dropped with it when it was suppressed. An error already reported (the same
+ * place and text: a pass that meets one node twice, as the emitters do for the train
+ * and eval phases) is not repeated or counted again. */
 #include "cplan.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static FILE *out_file;
@@ -18,6 +21,7 @@ static bool color;
 static int nerrors;
 static bool suppressed; /* the last error was past the limit: drop its notes */
 static bool said_limit;
+static struct { Span at; char *text; } said[CP_MAX_ERRORS]; /* the errors reported */
 
 static FILE *out(void) { return out_set ? out_file : stderr; }
 
@@ -30,6 +34,7 @@ int diag_errors(void) { return nerrors; }
 bool diag_too_many(void) { return nerrors >= CP_MAX_ERRORS; }
 
 void diag_reset(void) {
+  for (int k = 0; k < nerrors && k < CP_MAX_ERRORS; k++) free(said[k].text), said[k].text = NULL;
   nerrors = 0;
   suppressed = false;
   said_limit = false;
@@ -91,6 +96,16 @@ static void print_source_line(FILE *f, Span sp) {
   fputc('\n', f);
 }
 
+static void vreport(const char *kind, const char *kcolor, Span at, const char *fmt, va_list ap);
+static void report(const char *kind, const char *kcolor, Span at, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void report(const char *kind, const char *kcolor, Span at, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vreport(kind, kcolor, at, fmt, ap);
+  va_end(ap);
+}
+
 static void vreport(const char *kind, const char *kcolor, Span at, const char *fmt, va_list ap) {
   FILE *f = out();
   if (!f) return;
@@ -117,12 +132,26 @@ void diag_error(Span at, const char *fmt, ...) {
     }
     return;
   }
-  nerrors++;
-  suppressed = false;
   va_list ap;
   va_start(ap, fmt);
-  vreport("error", "\033[1;31m", at, fmt, ap);
+  int len = vsnprintf(NULL, 0, fmt, ap);
   va_end(ap);
+  char *text = malloc((size_t)(len > 0 ? len : 0) + 1);
+  if (!text) return;
+  va_start(ap, fmt);
+  vsnprintf(text, (size_t)(len > 0 ? len : 0) + 1, fmt, ap);
+  va_end(ap);
+  for (int k = 0; k < nerrors; k++)
+    if (said[k].at.file == at.file && said[k].at.lo == at.lo && said[k].at.hi == at.hi && said[k].text &&
+        strcmp(said[k].text, text) == 0) {
+      suppressed = true; /* and its notes */
+      free(text);
+      return;
+    }
+  said[nerrors].at = at, said[nerrors].text = text;
+  nerrors++;
+  suppressed = false;
+  report("error", "\033[1;31m", at, "%s", text);
 }
 
 void diag_warning(Span at, const char *fmt, ...) {

@@ -1342,6 +1342,13 @@ static bool train_read(Sema *s, const Item *it, TrainConf *t) {
   bool cuda = t->mesh && t->mesh->device.kind == DEV_CUDA;
   t->precision = cuda ? PREC_BF16 : PREC_F32;
   if (tf[SR_TRAIN_precision] && !train_precision(s, tf[SR_TRAIN_precision]->value, &t->precision)) ok = false;
+  else if (tf[SR_TRAIN_precision] && !cuda && t->precision != PREC_F32) { /* check says it, as build would */
+    diag_error(tf[SR_TRAIN_precision]->value->span, "precision %s needs a mesh of CUDA devices: the cpu backend runs f32 only",
+               precision_name(t->precision));
+    if (t->mesh) diag_note(t->mesh->span, "mesh '%s' has %s devices", t->mesh->name ? t->mesh->name : "?", t->mesh->device.name);
+    diag_hint("use `precision = f32` (or --set train.precision=f32), or a GPU mesh (device = h100_sxm, ...)");
+    ok = false;
+  }
   t->strategy = (StrategyConf){.is_auto = true, .zero = -1, .recompute = RC_SEARCH, .pipeline = PS_SEARCH,
                                .span = owner};
   if (tf[SR_TRAIN_strategy] && !train_strategy(s, tf[SR_TRAIN_strategy]->value, &t->strategy)) ok = false;
