@@ -98,6 +98,28 @@ static void accumulate(Graph *g) {
   }
 }
 
+bool ad_loss_trainable(const Graph *g) {
+  if (g->loss < 0 || g->params.n == 0) return true;
+  int nfwd = g->loss + 1;
+  bool *needs = depends_on_params(g, nfwd);
+  if (g->params.n > 0 && !needs[g->loss]) { /* as PyTorch's "does not require grad": nothing would train */
+    diag_error(g->nodes[g->loss].span, "the loss of model '%s' has no gradient: no param reaches it through "
+               "differentiable ops, so training would change nothing", g->model_name ? g->model_name : "?");
+    bool *reach = cp_alloc((size_t)nfwd * sizeof *reach); /* the loss's ancestors */
+    reach[g->loss] = true;
+    for (int i = g->loss; i >= 0; i--) {
+      const Node *n = &g->nodes[i];
+      if (!reach[i]) continue;
+      bool blocks = false;
+      for (int k = 0; k < n->nin; k++) reach[n->in[k]] = true, blocks |= needs[n->in[k]];
+      if ((ir_ops[n->op].flags & OPF_NOGRAD) && blocks)
+        diag_note(n->span, "'%s' has no gradient: the params before it get none through it", ir_ops[n->op].name);
+    }
+    return false;
+  }
+  return true;
+}
+
 bool ad_backward(Graph *g, int64_t accum) {
   cp_assert(accum >= 1 && g->grads.n == 0);
   if (g->loss < 0) {
@@ -106,6 +128,7 @@ bool ad_backward(Graph *g, int64_t accum) {
   }
   int nfwd = g->n;
   bool *needs = depends_on_params(g, nfwd);
+  if (!ad_loss_trainable(g)) return false;
   int *grad = cp_alloc((size_t)nfwd * sizeof *grad);
   for (int i = 0; i < nfwd; i++) grad[i] = -1;
   g->accum = accum;

@@ -269,6 +269,8 @@ static int cmd_check(Options *o) {
   }
   VEC(Graph *) graphs = {0};
   for (int i = 0; i < fe.models.n && !diag_too_many(); i++) VEC_PUSH(graphs, elaborate(&fe, fe.models.a[i]));
+  for (int i = 0; i < graphs.n && !diag_errors(); i++) /* the trained model's loss must have a gradient */
+    if (fe.train && fe.train->model == fe.models.a[i] && graphs.a[i]) ad_loss_trainable(graphs.a[i]);
   if (diag_errors()) return finish();
   for (int i = 0; i < graphs.n; i++) {
     const Graph *g = graphs.a[i];

@@ -16,6 +16,11 @@
  * and an ACCUM(state, grad) node. False (with a diagnostic) when the graph has no loss. */
 bool ad_backward(Graph *g, int64_t accum);
 
+/* Whether some param reaches g's loss through differentiable ops (true without a loss or params);
+ * else an error at the loss, with a note at each op without a gradient that cuts a param off (as
+ * PyTorch's "does not require grad"). check calls it too. */
+bool ad_loss_trainable(const Graph *g);
+
 /* Appends global-norm clipping (g->grad_norm is always set) and the optimizer update of every
  * param that has a gradient, reading the ACCUM nodes ad_backward made. Requires ad_backward. */
 bool opt_lower(Graph *g, const TrainConf *t);
