@@ -1396,8 +1396,13 @@ static Item *train_select(Sema *s, const char *train_name, bool *none) {
     if (none) *none = true;
     return NULL;
   }
+  int unnamed = -1, nunnamed = 0; /* the one unnamed block among named ones is the default */
+  for (int i = 0; i < trains.n; i++)
+    if (!trains.a[i]->name) unnamed = i, nunnamed++;
+  if (nunnamed == 1) return trains.a[unnamed];
   diag_error(SPAN_NONE, "this file has %d train blocks (%s): pass --train NAME", trains.n,
              train_list((const Item *const *)trains.a, trains.n));
+  if (nunnamed > 1) diag_hint("name all but one: the unnamed train block is the default, the others are chosen by name");
   return NULL;
 }
 
