@@ -17,6 +17,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 enum { EXIT_OK = 0, EXIT_USER = 1, EXIT_USAGE = 2 };
@@ -423,7 +424,7 @@ static int write_token_file(const char *path, const unsigned char *bytes, int64_
     diag_error(SPAN_NONE, "%s", err.msg);
     return -1;
   }
-  printf("wrote %s tokens to %s\n", cp_commas(n), path);
+  printf("wrote %s token%s to %s\n", cp_commas(n), n == 1 ? "" : "s", path);
   return 0;
 }
 
@@ -431,6 +432,12 @@ static const char *val_path(const char *out) {
   size_t n = strlen(out);
   if (n > 4 && strcmp(out + n - 4, ".bin") == 0) return cp_fmt("%.*s_val.bin", (int)(n - 4), out);
   return cp_fmt("%s_val.bin", out);
+}
+
+/* Whether paths a and b name the same existing file (a link or another spelling included). */
+static bool same_file(const char *a, const char *b) {
+  struct stat sa, sb;
+  return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
 }
 
 static int cmd_data(Options *o) {
@@ -449,6 +456,13 @@ static int cmd_data(Options *o) {
     diag_error(SPAN_NONE, "cannot open '%s': %s", o->file, strerror(errno));
     return finish();
   }
+  const char *outs[2] = {o->out, o->val ? val_path(o->out) : NULL};
+  for (int k = 0; k < 2; k++)
+    if (outs[k] && same_file(o->file, outs[k])) {
+      diag_error(SPAN_NONE, "'%s' is the text being read: writing the tokens there would replace it", outs[k]);
+      diag_hint("write the tokens to another file, e.g. -o %s.bin", o->file);
+      return finish();
+    }
   const unsigned char *bytes = (const unsigned char *)src_text(file);
   int64_t n = (int64_t)src_len(file), nval = (int64_t)(frac * (double)n);
   if (n - nval < 2) {
