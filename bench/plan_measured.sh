@@ -127,9 +127,9 @@ for name in names:
         s = e["args"].get("step", -1)
         b = e["args"].get("bytes", 0) * wire.get(e["name"], 1)
         per_step[s] = per_step.get(s, 0) + b
-        if s == steps - 1:
+        if s == steps:  # steps count from 1, as the metrics lines do
             kinds[e["name"]] = kinds.get(e["name"], 0) + b
-    comm = statistics.median(per_step.get(s, 0) for s in range(2 if steps > 2 else 0, steps))
+    comm = statistics.median(per_step.get(s, 0) for s in range(3 if steps > 2 else 1, steps + 1))
     pred_ms = best["step_time_s"] * 1e3
     pred_comm = best["comm_bytes_per_device"]
     rows.append({"name": name, "dp": best["dp"], "tp": best["tp"], "pp": best["pp"], "sp": best["sp"], "zero": best["zero"],

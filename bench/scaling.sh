@@ -70,7 +70,7 @@ for row in sys.argv[1:]:
     ms = statistics.median(x["ms"] for x in timed)
     tps = statistics.median(x["tokens_per_s"] for x in timed)
     ev = [e for e in json.load(open("t_%s.json" % name))
-          if e.get("ph") == "X" and e["pid"] == 0 and e["tid"] == 1 and e["args"].get("step", -1) >= 2]
+          if e.get("ph") == "X" and e["pid"] == 0 and e["tid"] == 1 and e["args"].get("step", -1) >= 3]
     wire = p2p = 0.0
     for e in ev:
         b, g = e["args"].get("bytes", 0), size.get(e["args"].get("group", "world"), n)

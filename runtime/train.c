@@ -1133,15 +1133,15 @@ static void pp_run(Trainer *t, int64_t s, PpOp o, double *lsum, RtError *err) {
   if (o.fwd) {
     t->bufs = t->slot_bufs[q];
     if (fill_inputs(t, 0, s, m, err) != 0) rt_comm_abort(t->world, 1, err->msg);
-    rt_trace_span("data", t0, s, m);
+    rt_trace_span("data", t0, s + 1, m);
     t0 = rt_trace_now();
     p->forward(&t->run, (const void *const *)t->slot_bufs[q], &loss, t->mets);
-    rt_trace_span("forward", t0, s, m);
+    rt_trace_span("forward", t0, s + 1, m);
     *lsum += loss;
     for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
   } else {
     p->backward(&t->run, (const void *const *)t->slot_bufs[q]);
-    rt_trace_span("backward", t0, s, m);
+    rt_trace_span("backward", t0, s + 1, m);
   }
 }
 
@@ -1195,11 +1195,11 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
       if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg); /* the others are in a collective */
       return -1;
     }
-    rt_trace_span("data", t0, s, m);
+    rt_trace_span("data", t0, s + 1, m);
     t->run.micro_index = m;
     t0 = rt_trace_now();
     p->micro_step(&t->run, t->cbufs, &loss, t->mets);
-    rt_trace_span("micro_step", t0, s, m);
+    rt_trace_span("micro_step", t0, s + 1, m);
     lsum += loss;
     for (int i = 0; i < p->nmetrics; i++) t->msum[i] += t->mets[i];
   }
@@ -1212,10 +1212,10 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
     }
   }
   stage_use(t, 0);
-  if (t->nranks > 1) rt_trace_span("grad_sync", t0, s, -1);
+  if (t->nranks > 1) rt_trace_span("grad_sync", t0, s + 1, -1);
   t0 = rt_trace_now();
   *gn = plan_pp(p) > 1 ? pp_update(t) : p->update(&t->run);
-  rt_trace_span("update", t0, s, -1);
+  rt_trace_span("update", t0, s + 1, -1);
   for (int k = 0; k < nstages(t); k++) { /* metrics the update decided */
     stage_use(t, k);
     if (t->p->step_metrics && t->p->nmetrics > 0) t->p->step_metrics(&t->run, t->msum);
@@ -1225,9 +1225,8 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   reduce_means(t, t->msum, nm + 1, p->accum);
   t->loss = t->msum[nm];
   if (!isfinite(t->loss))
-    return rt_errf(err, "step %lld/%lld (metrics step %lld): the loss is %s: stopping (a lower learning rate or "
-                   "`clip` may help)", (long long)s + 1, (long long)t->stop, (long long)s,
-                   isnan(t->loss) ? "NaN" : "infinite");
+    return rt_errf(err, "step %lld/%lld: the loss is %s: stopping (a lower learning rate or `clip` may help)",
+                   (long long)s + 1, (long long)t->stop, isnan(t->loss) ? "NaN" : "infinite");
   return 0;
 }
 
@@ -1289,11 +1288,11 @@ static int step_and_report(Trainer *t, int64_t s, RtError *err) {
   const RtPlan *p = t->p;
   double gn, t0 = now_s(), tt = rt_trace_now();
   if (one_step(t, s, &gn, err) != 0) return -1;
-  rt_trace_span("step", tt, s, -1);
+  rt_trace_span("step", tt, s + 1, -1);
   double sec = now_s() - t0, lr = p->lr_at ? p->lr_at(s) : 0;
   if (s > t->start) t->time_sum += sec, t->timed++;
   cJSON *j = cJSON_CreateObject();
-  cJSON_AddNumberToObject(j, "step", (double)s);
+  cJSON_AddNumberToObject(j, "step", (double)(s + 1)); /* steps done, as the progress and checkpoints count */
   cJSON_AddNumberToObject(j, "loss", t->loss);
   cJSON_AddNumberToObject(j, "lr", lr);
   cJSON_AddNumberToObject(j, "grad_norm", gn);
@@ -1306,7 +1305,7 @@ static int step_and_report(Trainer *t, int64_t s, RtError *err) {
       if (t->run.axis_comm[a]) b += rt_comm_bytes(t->run.axis_comm[a]);
     cJSON_AddNumberToObject(j, "comm_bytes", (double)(b - t->comm_bytes));
     t->comm_bytes = b;
-    rt_trace_comm_step(s + 1); /* later collectives count in the next step's line */
+    rt_trace_comm_step(s + 2); /* later collectives count in the next step's line */
   }
   /* on every line, so the last one (of a finished or an interrupted run) has them */
   cJSON_AddNumberToObject(j, "peak_rss_bytes", (double)rt_peak_rss_bytes());
@@ -1316,7 +1315,7 @@ static int step_and_report(Trainer *t, int64_t s, RtError *err) {
   progress(t, s, lr, gn, sec);
   tt = rt_trace_now();
   int rc = eval_due(t, s) ? evaluate(t, s, j, err) : 0;
-  if (eval_due(t, s)) rt_trace_span("eval", tt, s, -1);
+  if (eval_due(t, s)) rt_trace_span("eval", tt, s + 1, -1);
   if (rc == 0) rc = write_metrics(t, j, err);
   cJSON_Delete(j);
   if (rc == 0 && t->ckpt_every > 0 && ((s + 1) % t->ckpt_every == 0 || s + 1 == t->stop))
@@ -1359,7 +1358,7 @@ static int setup(Trainer *t, RtError *err) {
   if (t->o.save_init && save_params(t, t->o.save_init, err) != 0) return -1;
   if (open_metrics(t, err) != 0) return -1;
   if (t->o.trace && rt_trace_open(t->o.trace, t->rank, err) != 0) return -1;
-  rt_trace_comm_step(t->start); /* the first metrics line counts the bytes from here */
+  rt_trace_comm_step(t->start + 1); /* the first metrics line counts the bytes from here */
   banner(t);
   return 0;
 }

@@ -210,8 +210,8 @@ import json, sys
 label, a, b, half = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 A = [json.loads(l) for l in open(a)]
 B = [json.loads(l) for l in open(b)]
-if [x["step"] for x in B] != list(range(half, len(A))):
-    sys.exit("FAILED: %s: the resumed run has steps %s, expected %d..%d" % (label, [x["step"] for x in B], half, len(A) - 1))
+if [x["step"] for x in B] != list(range(half + 1, len(A) + 1)):
+    sys.exit("FAILED: %s: the resumed run has steps %s, expected %d..%d" % (label, [x["step"] for x in B], half + 1, len(A)))
 for x, y in zip(A[half:], B):
     if x["loss"] != y["loss"] or x.get("loss_scale") != y.get("loss_scale"):
         sys.exit("FAILED: %s: resumed loss %r (scale %r) vs straight %r (scale %r)" % (label, y["loss"], y.get("loss_scale"), x["loss"], x.get("loss_scale")))

@@ -118,7 +118,8 @@ e2e_build gpt_nan gpt_small.cplan --set train.optimizer.lr=1e6
 e2e_prog 1 nan ./gpt_nan --threads 1 --metrics nan.jsonl
 e2e_says nan "error: step " "the loss is"
 grep -qE "the loss is (NaN|infinite)" nan.err || { cat nan.err; fail "nan: no 'NaN' or 'infinite'"; }
-# the step named is the one after the last metrics line (its metrics step counts from 0)
+# the step named is the one after the last metrics line (the lines count steps from 1, as it does)
 n=$(grep -c . nan.jsonl)
-e2e_says nan "(metrics step $n)"
+e2e_says nan "error: step $((n + 1))/"
+[ "$n" = 0 ] || grep -q "^{\"step\":$n," nan.jsonl || { cat nan.jsonl; fail "nan: the last metrics line is not step $n"; }
 echo "ok"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # int_reduce.sh CPLANC SRCDIR: sum, mean and max of i32 tensors (the targets, the inputs' rows) in a
 # built CPU program, as metrics, against the same figures computed by Python from the token file
-# (batch s holds tokens [s·B·T, (s+1)·B·T], targets shifted by one).
+# (step s reads tokens [(s-1)·B·T, s·B·T], targets shifted by one).
 # shellcheck source=tests/e2e/e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
 e2e_init "$1" "$2"
@@ -18,7 +18,7 @@ B, T = 4, 8
 for line in open("m.jsonl"):
     m = json.loads(line)
     s = m["step"]
-    o = s * B * T
+    o = (s - 1) * B * T
     tg = tok[o + 1:o + 1 + B * T]
     rows = [tok[o + j * T:o + (j + 1) * T] for j in range(B)]
     want = {"tsum": sum(tg), "tmean": sum(tg) / (B * T), "tmax": max(tg),

@@ -39,7 +39,7 @@ except ValueError as e:
 if not isinstance(ev, list): die("not a JSON array")
 lines = [json.loads(l) for l in open(metrics)]
 steps = [m["step"] for m in lines]
-if steps != list(range(6)): die("metrics steps %s" % steps)
+if steps != list(range(1, 7)): die("metrics steps %s" % steps)
 x = [e for e in ev if e.get("ph") == "X"]
 for e in x:
     for k in ("name", "pid", "tid", "ts", "dur", "args"):
@@ -52,13 +52,13 @@ for r in range(nranks):
     if names.get((r, 0)) != "compute" or names.get((r, 1)) != "comm": die("lane names %s" % names)
     mine = [e for e in x if e["pid"] == r and e["tid"] == 0]
     c = Counter((e["name"], e["args"].get("step"), e["args"].get("micro")) for e in mine)
-    for s in range(6):
+    for s in range(1, 7):
         for name in ("step", "update"):
             if c[(name, s, None)] != 1: die("rank %d: %d '%s' spans of step %d" % (r, c[(name, s, None)], name, s))
         for m in range(accum):
             for name in ("data", "micro_step"):
                 if c[(name, s, m)] != 1: die("rank %d: no '%s' span of step %d micro %d" % (r, name, s, m))
-    for s in (2, 5):
+    for s in (3, 6):
         if c[("eval", s, None)] != 1: die("rank %d: no eval span at step %d" % (r, s))
     if c[("checkpoint", 6, None)] != 1: die("rank %d: no checkpoint span" % r)
     if nranks > 1 and sum(1 for e in mine if e["name"] == "grad_sync") != 6: die("rank %d: grad_sync spans" % r)
