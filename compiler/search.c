@@ -167,6 +167,9 @@ typedef struct Seg {
   VEC(Var) vars;
   VEC(Edge) edges;
   int *var_of;          /* per graph node: its variable or -1 */
+  int64_t over;         /* > 0: a node none of whose strategies keeps its tensors within the kernels'
+                           2^31 - 1 elements per rank; the fewest elements its best one holds */
+  int over_node;        /* that node (the worst such) */
 } Seg;
 
 /* The summary of a solved segment, per micro-batch on one device. */
@@ -228,6 +231,38 @@ static bool batch_split(const Seg *s, int node, Pl p) {
   return p.kind == PL_S && p.dim < 8 && (s->bmask[node] >> p.dim & 1);
 }
 
+/* The elements one rank holds of node u's value under placement p on the tp axis of n devices: a
+ * split value its shard, a replicated or partial one the whole tensor. */
+static int64_t rank_elems(const Graph *g, int u, Pl p, int64_t n) {
+  int64_t e = shape_numel(&g->nodes[u].shape);
+  return p.kind == PL_S ? (e + n - 1) / n : e;
+}
+
+/* The kernels index a tensor with 32 bits (cg_check_sizes, on the per-rank graph the lowering
+ * makes): drops node i's strategies that put more than 2^31 - 1 elements of its output, or of an
+ * input as the strategy reads it (a reshard materializes that), on one rank. When none is left the
+ * candidates stay (the segment is then refused) and s->over records the fewest elements of them. */
+static void cand_sizes(Seg *s, int i, Cand **cs, int *n) {
+  const Node *nd = &s->g->nodes[i];
+  int keep = 0;
+  int64_t best = INT64_MAX;
+  for (int k = 0; k < *n; k++) {
+    const Cand *c = &(*cs)[k];
+    int64_t big = rank_elems(s->g, i, c->out, s->n);
+    for (int j = 0; j < nd->nin; j++) {
+      int64_t e = rank_elems(s->g, nd->in[j], c->in[j], s->n);
+      if (e > big) big = e;
+    }
+    if (big < best) best = big;
+    if (big <= INT32_MAX) (*cs)[keep++] = *c;
+  }
+  if (keep > 0) {
+    *n = keep;
+    return;
+  }
+  if (best > s->over) s->over = best, s->over_node = i;
+}
+
 /* The candidates of node i: leaves R (params also S(d)); other nodes their sharding rule's
  * strategies, without splits of the batch (the dp axis's job). */
 static void node_cands(Seg *s, int i, Var *var) {
@@ -266,6 +301,7 @@ static void node_cands(Seg *s, int i, Var *var) {
       VEC_PUSH(cs, c);
     }
   }
+  cand_sizes(s, i, &cs.a, &cs.n);
   for (int k = 0; k < cs.n; k++) {
     Cand *c = &cs.a[k];
     double div = c->split ? (double)s->n : 1, out_div = c->out.kind == PL_S ? (double)s->n : 1;
@@ -506,6 +542,9 @@ typedef struct Solved {
   double boundary;      /* bytes of one layer's output per device (pipeline sends, full recompute) */
   bool seq_split;
   bool ok;
+  int64_t over;         /* not ok because a tensor passes 2^31 - 1 elements per rank: the fewest
+                           elements the worst node can hold (Seg.over) */
+  int over_node;
   Seg *seg;             /* a single layer class: its segment, for the re-solves under a budget */
   Chosen *chosen;
 } Solved;
@@ -530,6 +569,7 @@ typedef struct Search {
   int g1n;              /* nodes of the graph at B = 1 */
   uint8_t *bmask;
   int64_t big_per_b, big_fixed; /* the largest tensor's elements: per sample (batch dims), without */
+  int big_per_b_node, big_fixed_node;
   Layers ly;
   int64_t ilp_solves;
   int ilp_vars;
@@ -593,6 +633,10 @@ static Solved *solved_at(Search *S, int64_t n, int64_t b) {
     int plo = 0, phi = 0, off = 0;
     if (ly->periodic[c]) plo = ly->lo[l - 1], phi = ly->hi[l - 1], off = lo - plo;
     seg_build(s, nodes.a, nodes.n, plo, phi, off, NULL);
+    if (s->over > 0) {
+      r->over = s->over, r->over_node = s->over_node;
+      return r;
+    }
     IlpProblem *p = seg_problem(s, 1, 0, RC_NONE, 0);
     int *choice = cp_alloc(sizeof(int) * (size_t)(p->nvars + 1));
     if (!solve(S, s, p, choice)) return r;
@@ -616,6 +660,10 @@ static Solved *solved_at(Search *S, int64_t n, int64_t b) {
   Seg *s = cp_alloc(sizeof *s);
   *s = seg_new(g, &S->cm, n, link, S->bmask, saved, sp_mode(S->t));
   seg_build(s, rest.a, rest.n, 0, 0, 0, chosen);
+  if (s->over > 0) {
+    r->over = s->over, r->over_node = s->over_node;
+    return r;
+  }
   IlpProblem *p = seg_problem(s, 1, 0, RC_NONE, 0);
   int *choice = cp_alloc(sizeof(int) * (size_t)(p->nvars + 1));
   if (!solve(S, s, p, choice)) return r;
@@ -911,6 +959,224 @@ static bool memory_span(const Program *prog, const TrainConf *t, Span *at) {
   return false;
 }
 
+/* The span of the train block's setting `key` (its value when --set gave it), or none. */
+static bool setting_span(const Program *prog, const TrainConf *t, const char *key, Span *at) {
+  for (int i = 0; prog && i < prog->nitems; i++) {
+    const Item *it = prog->items[i];
+    if (it->kind != IT_TRAIN || it->span.lo != t->span.lo || it->span.file != t->span.file) continue;
+    for (int j = 0; j < it->nsettings; j++) {
+      const Setting *st = it->settings[j];
+      if (st->is_block || strcmp(st->key, key) != 0) continue;
+      *at = st->value && st->value->span.file != st->span.file ? st->value->span : st->span;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* The span of the strategy's field `key` (as strategy.c's field_span), else the strategy's. */
+static Span strategy_field_span(const Program *prog, const TrainConf *t, const char *key) {
+  Span at = t->strategy.span;
+  for (int i = 0; prog && i < prog->nitems; i++) {
+    const Item *it = prog->items[i];
+    if (it->kind != IT_TRAIN) continue;
+    for (int j = 0; j < it->nsettings; j++) {
+      const Setting *s = it->settings[j];
+      const Expr *e = s->value;
+      if (!e || strcmp(s->key, "strategy") != 0 || e->kind != EX_OBJECT || e->span.lo != at.lo ||
+          e->span.file != at.file)
+        continue;
+      for (int k = 0; k < e->nfields; k++)
+        if (strcmp(e->fields[k].name, key) == 0) return span_join(e->fields[k].name_span, e->fields[k].value->span);
+    }
+  }
+  return at;
+}
+
+/* ---- why no configuration is left ------------------------------------------------------------ */
+
+/* What refuses a factorization dp·tp·pp of the devices before any micro-batch is tried. */
+enum { WHY_HEADS = 1, WHY_LAYERS = 2, WHY_BATCH = 4 };
+
+typedef struct DegStats {
+  int64_t n;            /* factorizations */
+  int64_t heads, layers;/* of which tp does not divide the heads; pp exceeds the layers */
+  int64_t hl;           /* of which neither (these are refused, if at all, by the batch) */
+  int64_t min_dp, min_tp, min_pp; /* among hl: the smallest dp */
+  int64_t dps[4];       /* among hl: the smallest distinct dps */
+  int ndps;
+} DegStats;
+
+typedef struct Why {
+  DegStats all, pin;    /* every factorization; those the pinned dp, tp, pp and sp allow */
+  int64_t heads;        /* the attention heads a refused tp does not divide */
+  bool free;            /* a factorization passes heads, layers and batch (pins aside): */
+  int64_t free_dp, free_tp, free_pp;
+  /* factorizations that passed all that and the pins, then refused at every micro-batch size:
+   * the pinned micro does not divide batch / dp; a tensor over 2^31 - 1 elements on a rank; the
+   * pinned pipeline schedule does not fit; the model's graph or its ILP failed */
+  int64_t micro, size, sched, other;
+  int64_t micro_dp;     /* the first micro refusal's dp */
+  /* the size refusal closest to fitting: elements per rank, the node (of size_g, its batch dims
+   * times size_scale), the configuration */
+  int64_t size_elems, size_scale, size_dp, size_tp, size_pp, size_b;
+  const Graph *size_g;
+  int size_node;
+} Why;
+
+static void why_degrees(DegStats *d, unsigned why, int64_t dp, int64_t tp, int64_t pp) {
+  d->n++;
+  if (why & WHY_HEADS) d->heads++;
+  if (why & WHY_LAYERS) d->layers++;
+  if (why & (WHY_HEADS | WHY_LAYERS)) return;
+  if (d->hl++ == 0 || dp < d->min_dp) d->min_dp = dp, d->min_tp = tp, d->min_pp = pp;
+  int k = 0;
+  while (k < d->ndps && d->dps[k] < dp) k++;
+  if (k < d->ndps && d->dps[k] == dp) return;
+  if (k == (int)(sizeof d->dps / sizeof d->dps[0])) return;
+  int last = d->ndps < (int)(sizeof d->dps / sizeof d->dps[0]) ? d->ndps++ : d->ndps - 1;
+  for (int j = last; j > k; j--) d->dps[j] = d->dps[j - 1];
+  d->dps[k] = dp;
+}
+
+static void why_size(Why *W, int64_t elems, const Graph *g, int node, int64_t scale, int64_t dp, int64_t tp, int64_t pp,
+                     int64_t b) {
+  if (elems >= W->size_elems) return;
+  W->size_elems = elems, W->size_g = g, W->size_node = node, W->size_scale = scale;
+  W->size_dp = dp, W->size_tp = tp, W->size_pp = pp, W->size_b = b;
+}
+
+/* Why the factorizations of d are refused by heads, layers or batch (every one of them is), after
+ * `lead` ("no configuration ...: "), at `at`; the mesh setting gets a note. */
+static void why_degrees_report(const Search *S, const Why *W, const DegStats *d, Span at, const char *lead,
+                               bool pinned) {
+  const TrainConf *t = S->t;
+  long long N = (long long)S->N, B = (long long)S->B;
+  int L = S->ly.L;
+  const char *ls = L == 1 ? "" : "s";
+  if (d->n == 0) {
+    diag_error(at, "%sdp·tp·pp must be the %lld devices", lead, N);
+    return;
+  }
+  if (d->hl == 0) { /* only under pins: all tp misfit the heads or all pp exceed the layers */
+    if (d->heads == d->n)
+      diag_error(at, "%stp must divide the %lld attention heads", lead, (long long)W->heads);
+    else if (d->layers == d->n)
+      diag_error(at, "%spp must not exceed the %d layer%s", lead, L, ls);
+    else
+      diag_error(at, "%stp must divide the %lld attention heads and pp must not exceed the %d layer%s", lead,
+                 (long long)W->heads, L, ls);
+    return;
+  }
+  const char *with = pinned ? " with them" : "";
+  if (d->min_dp > S->B)
+    diag_error(at, "%sdp must divide the batch, and every dp·tp·pp = %lld%s leaves dp ≥ %lld > batch %lld", lead, N,
+               with, (long long)d->min_dp, B);
+  else {
+    char list[160] = "";
+    for (int k = 0; k < d->ndps; k++)
+      snprintf(list + strlen(list), sizeof list - strlen(list), "%s%lld", k ? ", " : "", (long long)d->dps[k]);
+    diag_error(at, "%sdp must divide the batch, and no dp·tp·pp = %lld%s leaves one that divides batch %lld "
+               "(dp = %s%s)", lead, N, with, B, list, d->hl > d->ndps ? ", ..." : "");
+  }
+  Span ms;
+  if (!pinned && setting_span(sema_program(S->sema), t, "mesh", &ms)) {
+    const char *name = t->mesh && t->mesh->name ? t->mesh->name : "?";
+    long long tppp = N / (long long)d->min_dp;
+    if (d->heads > 0 && d->layers > 0)
+      diag_note(ms, "mesh '%s' has %lld devices; tp must divide the %lld attention heads and pp must not exceed the "
+                "%d layer%s: at most tp·pp = %lld (tp %lld, pp %lld) of them serve one replica", name, N,
+                (long long)W->heads, L, ls, tppp, (long long)d->min_tp, (long long)d->min_pp);
+    else if (d->heads > 0)
+      diag_note(ms, "mesh '%s' has %lld devices; tp must divide the %lld attention heads: at most tp·pp = %lld "
+                "(tp %lld, pp %lld) of them serve one replica", name, N, (long long)W->heads, tppp,
+                (long long)d->min_tp, (long long)d->min_pp);
+    else
+      diag_note(ms, "mesh '%s' has %lld devices; pp must not exceed the %d layer%s: at most tp·pp = %lld (tp %lld, "
+                "pp %lld) of them serve one replica", name, N, L, ls, tppp, (long long)d->min_tp, (long long)d->min_pp);
+  }
+  if (!pinned)
+    diag_hint("a batch that is a multiple of %lld (dp %lld, tp %lld, pp %lld), or fewer devices",
+              (long long)d->min_dp, (long long)d->min_dp, (long long)d->min_tp, (long long)d->min_pp);
+}
+
+/* The diagnostic when the search considered no configuration: what refused them, with numbers, at
+ * the pinned field, the setting, or the train block that is the cause. */
+static void why_report(const Search *S, const Why *W) {
+  const TrainConf *t = S->t;
+  const StrategyConf *st = &t->strategy;
+  const Program *prog = sema_program(S->sema);
+  long long N = (long long)S->N, B = (long long)S->B;
+  int L = S->ly.L;
+  if (!W->free) { /* heads, layers and batch refuse every factorization, pins or not */
+    Span at = t->span;
+    setting_span(prog, t, "batch", &at);
+    why_degrees_report(S, W, &W->all, at, cp_fmt("no configuration of the %lld devices fits batch %lld: ", N, B), false);
+    return;
+  }
+  if (W->micro + W->size + W->sched + W->other == 0) { /* the pinned degrees refuse the rest */
+    char pins[160] = "";
+    const char *first = NULL;
+    const char *keys[] = {"dp", "tp", "pp", "sp"};
+    int64_t vals[] = {st->dp, st->tp, st->pp, st->sp > 1 ? st->sp : 0};
+    for (int k = 0; k < 4; k++)
+      if (vals[k] > 0) {
+        snprintf(pins + strlen(pins), sizeof pins - strlen(pins), "%s%s = %lld", first ? ", " : "", keys[k],
+                 (long long)vals[k]);
+        if (!first) first = keys[k];
+      }
+    Span at = first ? strategy_field_span(prog, t, first) : st->span;
+    const char *lead = cp_fmt("no configuration satisfies the pinned %s on %lld devices and batch %lld: ", pins, N, B);
+    why_degrees_report(S, W, &W->pin, at, lead, true);
+    diag_hint("dp·tp·pp must be the device count, dp must divide the batch, tp the attention heads, pp must not "
+              "exceed the %d layers; without the pins dp %lld, tp %lld, pp %lld would do", L, (long long)W->free_dp,
+              (long long)W->free_tp, (long long)W->free_pp);
+    return;
+  }
+  /* some degrees passed; every micro-batch size of them was refused */
+  int64_t most = W->size;
+  if (W->micro > most) most = W->micro;
+  if (W->sched > most) most = W->sched;
+  if (W->other > most) most = W->other;
+  int64_t passed = W->micro + W->size + W->sched + W->other;
+  if (W->size == most) {
+    const Node *nd = &W->size_g->nodes[W->size_node];
+    Shape sh = nd->shape;
+    for (int d = 0; d < sh.rank && d < 8; d++)
+      if (S->bmask[W->size_node] >> d & 1 && W->size_g->n == S->g1n) sh.d[d] *= W->size_scale;
+    bool act = S->bmask[W->size_node] != 0; /* an activation: the micro-batch matters */
+    Span at = act && st->micro > 0 ? strategy_field_span(prog, t, "micro") : t->span;
+    if (act && st->micro > 0)
+      diag_error(at, "with the pinned micro = %lld, every configuration puts a tensor of more than 2^31 - 1 elements "
+                 "on one device, more than the kernels index (32-bit)", (long long)st->micro);
+    else
+      diag_error(at, "every configuration puts a tensor of more than 2^31 - 1 elements on one device, more than the "
+                 "kernels index (32-bit)");
+    const char *what = nd->op == OP_PARAM && nd->name ? cp_fmt("'%s'", nd->name) : cp_fmt("this %s", ir_ops[nd->op].name);
+    diag_note(nd->span, "at best (dp %lld, tp %lld, pp %lld, micro %lld) %s %s holds %s elements on each device",
+              (long long)W->size_dp, (long long)W->size_tp, (long long)W->size_pp, (long long)W->size_b, what,
+              shape_str(&sh), cp_commas(W->size_elems));
+    if (act && st->micro > 0) diag_hint("a smaller micro, or more tp, splits it further");
+    else if (act) diag_hint("it is over the limit at one sample per micro-batch: more tp (or a shorter sequence) splits it further");
+    else diag_hint("tp splits it: more devices for tp (tp must divide the device count and the attention heads), or a smaller model");
+  } else if (W->micro == most) {
+    diag_error(strategy_field_span(prog, t, "micro"), "no configuration satisfies the pinned micro = %lld on %lld "
+               "devices and batch %lld: micro must divide batch / dp (batch %lld / dp %lld = %lld)",
+               (long long)st->micro, N, B, B, (long long)W->micro_dp, B / (long long)W->micro_dp);
+  } else if (W->sched == most) {
+    diag_error(strategy_field_span(prog, t, "pipeline"), "no configuration satisfies the pinned interleaved schedule on "
+               "%lld devices: it needs pp > 1, 2·pp dividing the %d layer%s and the micro-batches per step a multiple of pp",
+               N, L, L == 1 ? "" : "s");
+  } else {
+    diag_error(t->span, "no configuration could be priced: the model's graph or its sharding ILP failed at every "
+               "micro-batch size");
+  }
+  if (most < passed)
+    diag_note(t->span, "of the %lld dp·tp·pp choices left: %lld put a tensor over 2^31 - 1 elements on a device, %lld "
+              "do not fit the pinned micro, %lld the pinned schedule, %lld failed to price", (long long)passed,
+              (long long)W->size, (long long)W->micro, (long long)W->sched, (long long)W->other);
+}
+
 static const char *rc_name(Recompute r) { return r == RC_FULL ? "full" : r == RC_SELECTIVE ? "selective" : "none"; }
 
 static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report) {
@@ -942,7 +1208,7 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
   for (int i = 0; i < g1->n; i++) {
     if (g1->nodes[i].role == ROLE_FWD) S->flops_per_sample += ir_node_flops(g1, i);
     int64_t e = shape_numel(&g1->nodes[i].shape), *big = S->bmask[i] ? &S->big_per_b : &S->big_fixed;
-    if (e > *big) *big = e;
+    if (e > *big) *big = e, *(S->bmask[i] ? &S->big_per_b_node : &S->big_fixed_node) = i;
   }
   S->tokens_per_sample = 1;
   if (g1->inputs.n > 0 && g1->nodes[g1->inputs.a[0]].shape.rank >= 2)
@@ -951,21 +1217,45 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
   const StrategyConf *st = &t->strategy;
   int L = S->ly.L;
   int64_t considered = 0;
+  Why W = {.size_elems = INT64_MAX};
   for (int64_t tp = 1; tp <= S->N; tp++) {
-    /* the lowering splits the heads over tp (strat_pin refuses a tp that does not divide them) */
-    if (S->N % tp || !pinned_ok(st->tp, tp) || (st->sp > 1 && st->sp != tp) || strat_heads_misfit(g1, tp) >= 0) continue;
+    if (S->N % tp) continue;
     for (int64_t pp = 1; pp * tp <= S->N; pp++) {
-      if ((S->N / tp) % pp || !pinned_ok(st->pp, pp) || (pp > 1 && pp > L)) continue;
+      if ((S->N / tp) % pp) continue;
       int64_t dp = S->N / (tp * pp);
-      if (!pinned_ok(st->dp, dp) || S->B % dp) continue;
-      int64_t per = S->B / dp;
+      /* the lowering splits the heads over tp (strat_pin refuses a tp that does not divide them) */
+      int h = strat_heads_misfit(g1, tp);
+      unsigned why = (h >= 0 ? WHY_HEADS : 0) | (pp > 1 && pp > L ? WHY_LAYERS : 0) | (S->B % dp ? WHY_BATCH : 0);
+      if (h >= 0) W.heads = g1->nodes[h].ia[0];
+      bool pin = pinned_ok(st->dp, dp) && pinned_ok(st->tp, tp) && pinned_ok(st->pp, pp) && !(st->sp > 1 && st->sp != tp);
+      why_degrees(&W.all, why, dp, tp, pp);
+      if (pin) why_degrees(&W.pin, why, dp, tp, pp);
+      if (why) continue;
+      if (!W.free) W.free = true, W.free_dp = dp, W.free_tp = tp, W.free_pp = pp;
+      if (!pin) continue;
+      int64_t per = S->B / dp, before = considered;
+      bool any_b = false, size = false, ilp = false;
       for (int64_t b = 1; b <= per && b <= (st->micro > 0 ? st->micro : 64); b++) { /* try_micro's sizes */
         if (st->micro > 0 ? b != st->micro || per % b : !try_micro(b, per)) continue;
-        /* the kernels index a tensor with 32 bits (cg_check_sizes): the logits bound the micro-batch
-         * (the largest tensors, the logits and the MLP's hidden values, are split over tp) */
-        if (st->micro <= 0 && (S->big_per_b * b / tp > INT32_MAX || S->big_fixed > INT32_MAX)) continue;
+        any_b = true;
+        /* the kernels index a tensor with 32 bits (cg_check_sizes, on each rank's graph): at best tp
+         * splits the largest weight and the largest activation at this micro-batch (solved_at then
+         * keeps each node's strategies within the limit, or refuses the configuration) */
+        int64_t lb_fixed = (S->big_fixed + tp - 1) / tp;
+        double lb_act = ceil((double)S->big_per_b * (double)b / (double)tp);
+        if (lb_fixed > INT32_MAX || lb_act > INT32_MAX) {
+          bool act = lb_act > (double)lb_fixed;
+          why_size(&W, act ? (int64_t)fmin(lb_act, 9e18) : lb_fixed, g1,
+                   act ? S->big_per_b_node : S->big_fixed_node, act ? b : 1, dp, tp, pp, b);
+          size = true;
+          continue;
+        }
         Solved *so = solved_at(S, tp, b);
-        if (!so->ok) continue;
+        if (!so->ok) {
+          if (so->over > 0) why_size(&W, so->over, so->g, so->over_node, 1, dp, tp, pp, b), size = true;
+          else ilp = true;
+          continue;
+        }
         for (int64_t zero = 0; zero <= 3; zero++) {
           if (st->zero >= 0 ? zero != st->zero : (zero > 0 && dp == 1)) continue;
           for (int rc = RC_NONE; rc <= RC_FULL; rc++) {
@@ -982,6 +1272,13 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
           }
         }
       }
+      if (considered > before) continue;
+      /* every micro-batch of these degrees was refused: by the first reason that applies */
+      if (!any_b) {
+        if (W.micro++ == 0) W.micro_dp = dp;
+      } else if (size) W.size++;
+      else if (ilp) W.other++;
+      else W.sched++;
     }
   }
   clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -997,12 +1294,7 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
   r->layers = L;
   r->layer_classes = S->ly.ncls;
   if (considered == 0) {
-    if (report) {
-      diag_error(st->span, "no configuration satisfies the pinned strategy on %lld devices and batch %lld",
-                 (long long)S->N, (long long)S->B);
-      diag_hint("dp·tp·pp must be the device count, dp must divide the batch, tp the attention heads, pp must not "
-                "exceed the %d layers, and micro must divide batch / dp", L);
-    }
+    if (report) why_report(S, &W);
     return NULL;
   }
   if (S->plans.n == 0) {
