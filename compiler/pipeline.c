@@ -52,7 +52,7 @@ static int *layer_stages(const Graph *g, int nv) {
 
 /* The stage of every node of the global graph (pipeline.h) among nv stages; -1 for replicated
  * nodes. own[i] is the owner stage of param i (and of states, through their param). */
-static int *global_stages(const StratPlan *sp, int nv, int *own) {
+int *pp_global_stages(const StratPlan *sp, int nv, int *own) {
   const Graph *g = sp->g;
   int n = g->n;
   int *st = cp_alloc(sizeof(int) * (size_t)(n ? n : 1)), *lst = layer_stages(g, nv);
@@ -405,7 +405,7 @@ Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, int chunks, char 
     return NULL;
   }
   int *own = cp_alloc(sizeof(int) * (size_t)(gg->n ? gg->n : 1));
-  int *gst = global_stages(sp, pp, own);
+  int *gst = pp_global_stages(sp, pp, own);
   Cut c = {.sp = sp, .pp = pp, .lg = lg, .err = err, .errlen = errlen};
   c.lst = cp_alloc(sizeof(int) * (size_t)(lg->n ? lg->n : 1));
   for (int j = 0; j < lg->n; j++) c.lst[j] = replicated(&lg->nodes[j]) ? -1 : gst[lw->origin.a[j]];

@@ -54,6 +54,11 @@ typedef struct Pipeline {
   int *owner;        /* per global param (g->params order): its owner stage */
 } Pipeline;
 
+/* The stage of every node of sp's global training graph among nv stages (-1: leaves, which every
+ * stage holds), and in own[] (n ints, filled) the owner stage of each param and state: the cut
+ * pp_partition makes, and what `cplanc plan --explain` prices. */
+int *pp_global_stages(const StratPlan *sp, int nv, int *own);
+
 /* Cuts lw's graph into sp->pp x chunks stage graphs (each passes ir_verify). With chunks > 1 (the
  * interleaved schedule, Megatron's virtual pipeline) the layers are cut into pp x chunks
  * contiguous stages and stage s runs on device s mod pp: each device holds `chunks` stages that

@@ -5,6 +5,7 @@
  * (identical layers are printed once) and every collective with its bytes per device and step. A
  * pinned strategy with --explain is explained as written, without a search. */
 #include "plan_cmd.h"
+#include "pipeline.h"
 #include "placement.h"
 #include "search.h"
 #include "train.h"
@@ -54,54 +55,201 @@ static const char *node_label(const Graph *g, int i) {
   return cp_fmt("%%%d %s", i, ir_ops[n->op].name);
 }
 
-static void print_summary(FILE *f, const StratPlan *sp, const TrainConf *t) {
+/* ---- what one device sends ----------------------------------------------------------------
+ * The figures of the explanation are per device and per optimizer step: a collective runs on the
+ * devices of the pipeline stage that needs its value (pipeline.h), values cross between stages
+ * as the build cuts them (the interleaved schedule's chunks included), and each is sent in the
+ * type the program stores it in. */
+
+typedef VEC(int) IntList;
+
+typedef struct Ex {
+  const StratPlan *sp;
+  const TrainConf *t;
+  int chunks;        /* stages per device: 2 under the interleaved schedule, else 1 */
+  int nst;           /* stages: pp x chunks; stage s runs on pp rank s mod pp */
+  int *st;           /* per node: its stage (pp_global_stages); -1: leaves (copied) */
+  int *own;          /* per param and state: the stage that owns it (first reader) */
+  bool *pg;          /* per node: part of a param's gradient (kept f32 under bf16 / f16) */
+  int low;           /* bytes of an activation element under bf16 / f16; 0 under f32 */
+} Ex;
+
+typedef struct Cross {
+  int v, from, to;   /* the value, its stage, the reader's stage */
+  Role role;         /* the phase it crosses in: its producer's */
+  double bytes;      /* per device, per execution */
+} Cross;
+typedef VEC(Cross) CrossList;
+
+static bool ex_leaf(const Node *n) { return (ir_ops[n->op].flags & OPF_LEAF) || n->nin == 0; }
+
+/* The stage of every node among nst stages and each param's owner: the cut the build makes
+ * (pp_global_stages). */
+static void ex_stages(Ex *e) {
+  e->own = cp_alloc(sizeof(int) * (size_t)(e->sp->g->n + 1));
+  e->st = pp_global_stages(e->sp, e->nst, e->own);
+}
+
+/* A value summed into a param's gradient accumulator (the CUDA backend's mark_pg: the sums and
+ * transposes that feed it stay f32, as the weight GEMMs write them). */
+static void ex_mark_pg(Ex *e, int j) {
+  const Graph *g = e->sp->g;
+  const Node *n = &g->nodes[j];
+  if (e->pg[j] || ex_leaf(n) || n->dtype != DT_F32) return;
+  e->pg[j] = true;
+  if (n->op == OP_ADD && n->nin == 2 && shape_eq(&g->nodes[n->in[0]].shape, &n->shape) &&
+      shape_eq(&g->nodes[n->in[1]].shape, &n->shape))
+    ex_mark_pg(e, n->in[0]), ex_mark_pg(e, n->in[1]);
+  if (n->op == OP_GRAD && g->nodes[n->fwd].op == OP_TRANSPOSE) ex_mark_pg(e, n->in[0]);
+}
+
+static Ex *ex_new(const StratPlan *sp, const TrainConf *t) {
+  const Graph *g = sp->g;
+  Ex *e = cp_alloc(sizeof *e);
+  e->sp = sp, e->t = t;
+  e->chunks = sp->pp > 1 && t->strategy.pipeline == PS_INTERLEAVED ? 2 : 1;
+  e->nst = (int)sp->pp * e->chunks;
+  e->low = t->precision == PREC_F32 ? 0 : 2;
+  e->pg = cp_alloc((size_t)(g->n + 1));
+  ex_stages(e);
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = &g->nodes[i];
+    if (n->op == OP_ACCUM && n->role != ROLE_UPD && g->nodes[n->in[0]].op == OP_STATE) ex_mark_pg(e, n->in[1]);
+  }
+  return e;
+}
+
+/* Bytes per element of node i's value as the program stores and sends it. f32 plans (and every
+ * CPU program): the node's dtype. bf16 / f16 (CUDA, emit_cu.c decide_storage): activations, their
+ * gradients and the params' low copy the forward and backward read are 2 bytes; the update, param
+ * gradients, reductions, scalars, the loss and metrics, norm weight and embedding table gradients
+ * stay f32. */
+static int ex_elem(const Ex *e, int i) {
+  const Graph *g = e->sp->g;
+  const Node *n = &g->nodes[i];
+  if (n->dtype != DT_F32 || !e->low) return (int)dtype_size(n->dtype);
+  if (n->op == OP_PARAM) return e->low;
+  if (ex_leaf(n) || n->role == ROLE_UPD || e->pg[i] || shape_numel(&n->shape) == 1) return 4;
+  if (n->op == OP_ACCUM || n->op == OP_ASSIGN) return 4; /* into an f32 param or state */
+  if (n->op == OP_SUM || n->op == OP_MEAN || n->op == OP_MAX || n->op == OP_CROSS_ENTROPY) return 4;
+  if (i == g->loss || i == g->grad_norm) return 4;
+  for (int k = 0; k < g->metrics.n; k++)
+    if (g->metrics.a[k].node == i) return 4;
+  if (n->op == OP_GRAD) {
+    OpId f = g->nodes[n->fwd].op;
+    if ((f == OP_LAYER_NORM || f == OP_RMS_NORM) && n->ia[0] >= 1) return 4;
+    if (f == OP_EMBEDDING && n->ia[0] == 0) return 4;
+  }
+  return e->low;
+}
+
+static const char *elem_name(int bytes, DType dt, const Ex *e) {
+  if (dt != DT_F32) return dtype_name(dt);
+  return bytes == 4 ? "f32" : e->t->precision == PREC_F16 ? "f16" : "bf16";
+}
+
+/* A collective's bytes in the type the program sends (strat_pin prices the graph's f32). */
+static double coll_bytes(const Ex *e, const CollOp *o) {
+  if (o->what) return o->bytes; /* an exchange of f32 row statistics inside the op */
+  return o->bytes * ex_elem(e, o->node) / (double)dtype_size(e->sp->g->nodes[o->node].dtype);
+}
+
+/* The stage a collective runs on: its consumer's (the lowering inserts it there). */
+static int coll_stage(const Ex *e, const CollOp *o) {
+  int s = e->st[o->consumer];
+  if (s < 0) s = e->st[o->node];
+  return s < 0 ? 0 : s;
+}
+
+/* Node i's shape on one device: split dims divided by their axis. */
+static Shape local_shape(const StratPlan *sp, int i) {
+  Shape s = sp->g->nodes[i].shape;
+  for (int a = 0; a < sp->naxes; a++) {
+    Pl p = sp->pl[i].ax[a];
+    if (p.kind == PL_S && p.dim < s.rank) s.d[p.dim] /= sp->axes[a].n;
+  }
+  return s;
+}
+
+/* The values that cross between stages (pipeline.c: each value once per reading stage), in the
+ * order of their readers. */
+static CrossList ex_crossings(const Ex *e) {
+  const Graph *g = e->sp->g;
+  CrossList cs = {0};
+  bool *seen = cp_alloc((size_t)g->n * (size_t)e->nst + 1);
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = &g->nodes[i];
+    if (e->st[i] < 0 || n->role == ROLE_UPD) continue; /* the update reads its own stage's only */
+    for (int k = 0; k < n->nin; k++) {
+      int v = n->in[k];
+      if (e->st[v] < 0 || e->st[v] == e->st[i] || seen[(size_t)v * (size_t)e->nst + (size_t)e->st[i]]) continue;
+      seen[(size_t)v * (size_t)e->nst + (size_t)e->st[i]] = true;
+      Shape ls = local_shape(e->sp, v);
+      double bytes = (double)shape_numel(&ls) * ex_elem(e, v);
+      VEC_PUSH(cs, ((Cross){v, e->st[v], e->st[i], g->nodes[v].role, bytes}));
+    }
+  }
+  return cs;
+}
+
+static const char *stage_name(const Ex *e, int s) {
+  if (e->chunks == 1) return cp_fmt("stage %d", s);
+  return cp_fmt("stage %d (pp rank %d)", s, s % (int)e->sp->pp);
+}
+
+static void print_summary(FILE *f, const Ex *e) {
+  const StratPlan *sp = e->sp;
+  const TrainConf *t = e->t;
   const MeshConf *m = t->mesh;
   fprintf(f, "plan for %s on %s (%lld device%s)\n", sp->g->model_name, m && m->name ? m->name : "the local machine",
           (long long)(m ? m->ndevices : 1), m && m->ndevices == 1 ? "" : "s");
-  fprintf(f, "strategy: dp = %lld, tp = %lld, pp = %lld, sp = %lld, zero = %lld, micro = %lld, accumulation = %lld\n",
+  const char *sched = "";
+  if (sp->pp > 1)
+    sched = e->chunks > 1 ? cp_fmt(", schedule = interleaved (%d chunks per device)", e->chunks)
+            : t->strategy.pipeline == PS_GPIPE ? ", schedule = gpipe" : ", schedule = 1f1b";
+  fprintf(f, "strategy: dp = %lld, tp = %lld, pp = %lld, sp = %lld, zero = %lld, micro = %lld, accumulation = %lld%s\n",
           (long long)sp->dp, (long long)sp->tp, (long long)sp->pp, (long long)sp->sp, (long long)sp->zero,
-          (long long)sp->micro, (long long)sp->accum);
+          (long long)sp->micro, (long long)sp->accum, sched);
   fprintf(f, "placement axes: %s (ranks: pp outermost, then dp, tp innermost)\n",
           sp->naxes ? axes_str(sp) : "none (every tensor whole on every device)");
 }
 
-static void print_stages(FILE *f, const StratPlan *sp) {
+static void print_stages(FILE *f, const Ex *e) {
+  const StratPlan *sp = e->sp;
   if (sp->pp <= 1) return;
   const Graph *g = sp->g;
-  fprintf(f, "\npipeline stages (layers split contiguously):\n");
-  for (int s = 0; s < sp->pp; s++) {
+  if (e->chunks == 1) fprintf(f, "\npipeline stages (schedule %s; layers split contiguously):\n",
+                              sp->pp > 1 && e->t->strategy.pipeline == PS_GPIPE ? "gpipe" : "1f1b");
+  else
+    fprintf(f, "\npipeline stages (schedule interleaved, %d chunks per device: the layers split contiguously into %d "
+               "stages, stage s on pp rank s mod %lld):\n", e->chunks, e->nst, (long long)sp->pp);
+  for (int s = 0; s < e->nst; s++) {
     StrBuf b = {0};
-    for (int l = 0; l < g->layer_names.n; l++) {
-      int stage = -1;
-      for (int i = 0; i < g->n && stage < 0; i++)
-        if (g->nodes[i].layer == l) stage = sp->stage[i];
-      if (stage == s) sb_printf(&b, "%s%s", b.len ? ", " : "", g->layer_names.a[l]);
-    }
-    fprintf(f, "  stage %d: %s%s%s\n", s, s == 0 ? "(pre), " : "", sb_str(&b), s == sp->pp - 1 ? ", (post)" : "");
+    for (int l = 0; l < g->layer_names.n; l++)
+      if (strat_layer_stage(g->layer_names.n, e->nst, l) == s) sb_printf(&b, "%s%s", b.len ? ", " : "", g->layer_names.a[l]);
+    fprintf(f, "  %s: %s%s%s\n", stage_name(e, s), s == 0 ? "(pre), " : "", sb_str(&b), s == e->nst - 1 ? ", (post)" : "");
   }
-  for (int i = 0; i < g->n; i++) { /* forward activations that cross a stage boundary */
-    const Node *n = &g->nodes[i];
-    if (n->role != ROLE_FWD) continue;
-    for (int k = 0; k < n->nin; k++) {
-      int p = n->in[k];
-      bool seen = false; /* one send per value, however many readers it has */
-      for (int j = p + 1; j < i && !seen; j++)
-        for (int m = 0; m < g->nodes[j].nin; m++) seen |= g->nodes[j].in[m] == p && sp->stage[j] == sp->stage[i];
-      for (int m = 0; m < k; m++) seen |= n->in[m] == p;
-      if (seen || sp->stage[p] >= sp->stage[i] || (ir_ops[g->nodes[p].op].flags & OPF_LEAF)) continue;
-      fprintf(f, "  send %%%d %s%s: stage %d -> %d (%s per micro-batch, its gradient back)\n", p,
-              dtype_name(g->nodes[p].dtype), shape_str(&g->nodes[p].shape), sp->stage[p], sp->stage[i],
-              cp_bytes_str(ir_node_bytes(g, p)));
-    }
+  CrossList cs = ex_crossings(e);
+  for (int k = 0; k < cs.n; k++) {
+    const Cross *c = &cs.a[k];
+    Shape ls = local_shape(sp, c->v);
+    int el = ex_elem(e, c->v);
+    fprintf(f, "  send %s %s%s: stage %d -> %d (%s per device per micro-batch)\n", node_label(g, c->v),
+            elem_name(el, g->nodes[c->v].dtype, e), shape_str(&ls), c->from, c->to, cp_bytes_str(c->bytes));
   }
   for (int q = 0; q < g->params.n; q++) {
-    int p = g->params.a[q], lo = sp->stage[p], hi = lo;
+    int p = g->params.a[q];
+    StrBuf b = {0};
+    bool *held = cp_alloc((size_t)e->nst);
     for (int i = 0; i < g->n; i++)
       for (int k = 0; k < g->nodes[i].nin; k++)
-        if (g->nodes[i].in[k] == p && g->nodes[i].role == ROLE_FWD && sp->stage[i] > hi) hi = sp->stage[i];
-    if (hi > lo)
-      fprintf(f, "  param %s is used by stages %d and %d (tied): both hold it and all-reduce its gradient\n",
-              g->nodes[p].name, lo, hi);
+        if (g->nodes[i].in[k] == p && e->st[i] >= 0 && g->nodes[i].role != ROLE_UPD) held[e->st[i]] = true;
+    for (int s = 0; s < e->nst; s++)
+      if (held[s] && s != e->own[p]) sb_printf(&b, "%s%d", b.len ? ", " : "", s);
+    if (b.len)
+      fprintf(f, "  param %s is also read by stage %s (tied): stage %d owns it (the gradient contributions are "
+                 "sent to it, and it sends the updated value, f32, after each update)\n",
+              g->nodes[p].name, sb_str(&b), e->own[p]);
   }
 }
 
@@ -120,7 +268,8 @@ static void print_params(FILE *f, const StratPlan *sp) {
   }
 }
 
-static void print_activations(FILE *f, const StratPlan *sp, int first) {
+static void print_activations(FILE *f, const Ex *e, int first) {
+  const StratPlan *sp = e->sp;
   const Graph *g = sp->g;
   fprintf(f, "\nactivations (forward) %s:\n", axes_str(sp));
   const char *cur = "";
@@ -131,7 +280,7 @@ static void print_activations(FILE *f, const StratPlan *sp, int first) {
     const char *w = where(g, i, first);
     if (strcmp(w, cur) != 0) fprintf(f, "  %s\n", w);
     cur = w;
-    fprintf(f, "    %-26s %s%-16s %s\n", node_label(g, i), dtype_name(n->dtype), shape_str(&n->shape),
+    fprintf(f, "    %-26s %s%-16s %s\n", node_label(g, i), elem_name(ex_elem(e, i), n->dtype, e), shape_str(&n->shape),
             placement_str(&sp->pl[i]));
   }
   int same = 0;
@@ -142,31 +291,74 @@ static void print_activations(FILE *f, const StratPlan *sp, int first) {
 
 static int coll_layer(const StratPlan *sp, const CollOp *o) { return sp->g->nodes[o->consumer].layer; }
 
-static void print_colls(FILE *f, const StratPlan *sp) {
+/* Every collective (identical layers once) with its bytes per device per execution, then what one
+ * device sends per step: under pp, the devices of one stage run its collectives and send its
+ * crossings, so the figures are those of the busiest stage's devices (each stage's total listed). */
+static void print_colls(FILE *f, const Ex *e) {
+  const StratPlan *sp = e->sp;
   const Graph *g = sp->g;
-  double total[3] = {0};
-  int skipped = 0;
-  fprintf(f, "\ncollectives (bytes sent per device; xN: executions per optimizer step):\n");
+  int pp = (int)sp->pp, skipped = 0;
+  double *tot = cp_alloc(sizeof(double) * (size_t)pp * 4); /* [device][axis 0..2, 3: pp] */
+  fprintf(f, "\ncollectives (bytes sent per device; xN: executions per optimizer step%s):\n",
+          pp > 1 ? "; stage: whose devices run it" : "");
   if (sp->colls.n == 0) fprintf(f, "  none\n");
   for (int i = 0; i < sp->colls.n; i++) {
     const CollOp *o = &sp->colls.a[i];
-    total[o->axis] += o->bytes * o->per_step;
+    double bytes = coll_bytes(e, o);
+    int s = coll_stage(e, o);
+    tot[(s % pp) * 4 + o->axis] += bytes * o->per_step;
     int l = coll_layer(sp, o);
     if (l > 0 && layer_same(sp, l)) {
       skipped++;
       continue;
     }
-    const char *ax = strat_axis_name(sp->axes[o->axis].role);
+    const char *ax = strat_axis_name(sp->axes[o->axis].role), *at = pp > 1 ? cp_fmt(" (stage %d)", s) : "";
     if (o->what)
-      fprintf(f, "  %-9s %-14s %s: %s, %s x%d\n", ax, pl_coll_name(o->coll), node_label(g, o->node), o->what,
-              cp_bytes_str(o->bytes), o->per_step);
+      fprintf(f, "  %-9s %-14s %s: %s, %s x%d%s\n", ax, pl_coll_name(o->coll), node_label(g, o->node), o->what,
+              cp_bytes_str(bytes), o->per_step, at);
     else
-      fprintf(f, "  %-9s %-14s %s %s -> %s for %s, %s x%d\n", ax, pl_coll_name(o->coll), node_label(g, o->node),
-              pl_str(o->from), pl_str(o->to), node_label(g, o->consumer), cp_bytes_str(o->bytes), o->per_step);
+      fprintf(f, "  %-9s %-14s %s %s -> %s for %s, %s x%d%s\n", ax, pl_coll_name(o->coll), node_label(g, o->node),
+              pl_str(o->from), pl_str(o->to), node_label(g, o->consumer), cp_bytes_str(bytes), o->per_step, at);
   }
   if (skipped) fprintf(f, "  ... and %d more in the layers identical to %s\n", skipped, g->layer_names.a[0]);
+  if (pp > 1) {
+    /* point to point on the pp group: the crossings (per micro-batch), a tied param's new value
+     * from its owner to each other holder (f32, once per step), and the sum of the stages' parts
+     * of the squared gradient norm (f64, runtime/train.c pp_update) */
+    CrossList cs = ex_crossings(e);
+    for (int k = 0; k < cs.n; k++) tot[(cs.a[k].from % pp) * 4 + 3] += cs.a[k].bytes * (double)sp->accum;
+    double tied = 0;
+    for (int q = 0; q < g->params.n; q++) {
+      int p = g->params.a[q];
+      bool *held = cp_alloc((size_t)e->nst);
+      for (int i = 0; i < g->n; i++)
+        for (int k = 0; k < g->nodes[i].nin; k++)
+          if (g->nodes[i].in[k] == p && e->st[i] >= 0 && g->nodes[i].role != ROLE_UPD) held[e->st[i]] = true;
+      Shape ls = local_shape(sp, p);
+      for (int s = 0; s < e->nst; s++)
+        if (held[s] && s != e->own[p]) tot[(e->own[p] % pp) * 4 + 3] += (double)shape_numel(&ls) * 4, tied = 1;
+    }
+    for (int d = 0; d < pp; d++) tot[d * 4 + 3] += pl_coll_bytes(COLL_ALL_REDUCE, 8, pp);
+    fprintf(f, "  pp        send           each value of the stages above x%lld%s; all-reduce of the stages' parts of the "
+               "squared gradient norm (f64) x1\n", (long long)sp->accum, tied ? "; the tied params' updated values x1" : "");
+  }
+  int busy = 0;
+  double *dev = cp_alloc(sizeof(double) * (size_t)pp);
+  for (int d = 0; d < pp; d++) {
+    for (int a = 0; a < 4; a++) dev[d] += tot[d * 4 + a];
+    if (dev[d] > dev[busy]) busy = d;
+  }
+  if (pp > 1) {
+    StrBuf b = {0};
+    for (int d = 0; d < pp; d++) sb_printf(&b, "%s%s", d ? ", " : "", cp_bytes_str(dev[d]));
+    fprintf(f, "per device per step, by pp rank%s: %s; the totals are pp rank %d's (the busiest)\n",
+            e->chunks > 1 ? " (its stages together)" : " (stage)", sb_str(&b), busy);
+  }
   for (int a = 0; a < sp->naxes; a++)
-    fprintf(f, "total on %s: %s per device per step\n", strat_axis_name(sp->axes[a].role), cp_bytes_str(total[a]));
+    fprintf(f, "total on %s: %s per device per step\n", strat_axis_name(sp->axes[a].role),
+            cp_bytes_str(tot[busy * 4 + a]));
+  if (pp > 1) fprintf(f, "total on pp: %s per device per step\n", cp_bytes_str(tot[busy * 4 + 3]));
+  if (sp->naxes + (pp > 1) > 1) fprintf(f, "total: %s per device per step\n", cp_bytes_str(dev[busy]));
 }
 
 static cJSON *pl_json(const StratPlan *sp, int i) { return cJSON_CreateString(placement_str(&sp->pl[i])); }
@@ -186,6 +378,7 @@ static void add_explain_json(cJSON *root, const StratPlan *sp, const TrainConf *
     cJSON_AddNumberToObject(ax, "size", (double)sp->axes[a].n);
     cJSON_AddItemToArray(axes, ax);
   }
+  Ex *e = ex_new(sp, t);
   cJSON *tensors = cJSON_AddArrayToObject(root, "tensors");
   for (int i = 0; i < g->n; i++) {
     const Node *n = &g->nodes[i];
@@ -197,7 +390,8 @@ static void add_explain_json(cJSON *root, const StratPlan *sp, const TrainConf *
     if (n->layer >= 0) cJSON_AddStringToObject(o, "layer", g->layer_names.a[n->layer]);
     cJSON_AddStringToObject(o, "shape", shape_str(&n->shape));
     cJSON_AddItemToObject(o, "placement", pl_json(sp, i));
-    cJSON_AddNumberToObject(o, "stage", sp->stage[i]);
+    /* the stage the build runs it on (a param, state or input: its owner, the first that reads it) */
+    cJSON_AddNumberToObject(o, "stage", e->st[i] >= 0 ? e->st[i] : e->own[i] >= 0 ? e->own[i] : sp->stage[i]);
     cJSON_AddItemToArray(tensors, o);
   }
   cJSON *colls = cJSON_AddArrayToObject(root, "collectives");
@@ -211,8 +405,9 @@ static void add_explain_json(cJSON *root, const StratPlan *sp, const TrainConf *
     cJSON_AddStringToObject(o, "to", pl_str(c->to));
     cJSON_AddStringToObject(o, "collective", pl_coll_name(c->coll));
     if (c->what) cJSON_AddStringToObject(o, "note", c->what);
-    cJSON_AddNumberToObject(o, "bytes", c->bytes);
+    cJSON_AddNumberToObject(o, "bytes", coll_bytes(e, c));
     cJSON_AddNumberToObject(o, "per_step", c->per_step);
+    if (sp->pp > 1) cJSON_AddNumberToObject(o, "stage", coll_stage(e, c));
     cJSON_AddItemToArray(colls, o);
   }
 }
@@ -240,13 +435,14 @@ static void explain_text(FILE *out, const StratPlan *sp, const TrainConf *t, boo
   int first = g->n;
   for (int i = 0; i < g->n && first == g->n; i++)
     if (g->nodes[i].layer >= 0) first = i;
-  print_summary(out, sp, t);
-  print_stages(out, sp);
+  Ex *e = ex_new(sp, t);
+  print_summary(out, e);
+  print_stages(out, e);
   if (explain) {
     print_params(out, sp);
-    print_activations(out, sp, first);
+    print_activations(out, e, first);
   }
-  print_colls(out, sp);
+  print_colls(out, e);
 }
 
 /* ---- the search's ranking ------------------------------------------------------------------ */
