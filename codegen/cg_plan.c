@@ -315,7 +315,7 @@ void cg_emit_plan_head(FILE *out, const CgPlan *p, const TrainConf *t, const CgP
   const Graph *g = p->g;
   static const char *const kinds[] = {"RT_DATA_TOKENS", "RT_DATA_ADDER", "RT_DATA_TENSORS"};
   int64_t accum = g->accum > 0 ? g->accum : 1;
-  int64_t seq = g->inputs.n && nd(p, g->inputs.a[0])->shape.rank > 1 ? nd(p, g->inputs.a[0])->shape.d[1] : 0;
+  int64_t seq = ir_seq_len(g);
   const MeshConf *m = t->mesh;
   if (m && m->naxes) {
     fprintf(out, "\n/* mesh %s: axis sizes, outermost first */\nstatic const int64_t mesh_axes[] = {", m->name ? m->name : "");

@@ -108,10 +108,7 @@ static Stats stats_compute(const Graph *g, const TrainConf *t, const MeshConf *m
     st.flops += ir_node_flops(g, i) / per;
     if (!(ir_ops[n->op].flags & OPF_LEAF)) st.act_bytes += node_act_bytes(n, st.act_dtype) / per;
   }
-  if (g->inputs.n > 0) {
-    const Node *in = &g->nodes[g->inputs.a[0]];
-    if (in->shape.rank >= 2) st.seq = in->shape.d[1];
-  }
+  st.seq = ir_seq_len(g);
   stats_layers(g, &st, per);
   if (m) st.peak = t && t->precision != PREC_F32 ? m->device.flops_bf16 : m->device.flops_f32;
   if (t) {

@@ -357,6 +357,13 @@ double ir_node_flops(const Graph *g, int i) {
   return ir_ops[g->nodes[i].op].flops(g, &g->nodes[i]);
 }
 
+int64_t ir_seq_len(const Graph *g) {
+  if (g->inputs.n == 0) return 0;
+  const Node *in = &g->nodes[g->inputs.a[0]];
+  bool seq = in->shape.rank >= 3 || (in->shape.rank == 2 && in->dtype == DT_I32);
+  return seq ? in->shape.d[1] : 0;
+}
+
 double ir_node_bytes(const Graph *g, int i) {
   cp_assert(i >= 0 && i < g->n);
   const Node *n = &g->nodes[i];

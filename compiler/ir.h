@@ -142,5 +142,10 @@ void ir_print(FILE *out, const Graph *g);
 double ir_node_flops(const Graph *g, int i);
 /* Bytes of the node's output. */
 double ir_node_bytes(const Graph *g, int i);
+/* The tokens one sample of g holds (its sequence length T): dim 1 of the first input when that
+ * input is a sequence, `i32 [B, T, ...]` (token ids) or a float `[B, T, C, ...]`; 0 when the first
+ * input is a float `[B, D]` feature vector or there is none (a sample is one token then). Tokens/s,
+ * FLOP per token and the runtime's seq_len all read it. */
+int64_t ir_seq_len(const Graph *g);
 
 #endif

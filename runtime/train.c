@@ -990,9 +990,11 @@ static void banner(Trainer *t) {
         "gradients all-reduced as %lld floats%s", t->nranks, p->mesh ? p->mesh : "?",
         (long long)p->micro, (long long)p->accum, (long long)p->batch, (long long)t->grad_n,
         t->gradbuf ? " (packed)" : " (in place)");
-  say(t, "batch %lld = %smicro %lld x accum %lld, seq %lld; steps %lld..%lld of %lld; threads %d",
+  char seq[48] = "";
+  if (p->seq_len > 0) snprintf(seq, sizeof seq, ", seq %lld", (long long)p->seq_len);
+  say(t, "batch %lld = %smicro %lld x accum %lld%s; steps %lld..%lld of %lld; threads %d",
       (long long)p->batch, t->nranks > 1 ? "ranks x " : "", (long long)p->micro,
-      (long long)p->accum, (long long)p->seq_len, (long long)t->start, (long long)t->stop,
+      (long long)p->accum, seq, (long long)t->start, (long long)t->stop,
       (long long)p->steps, t->run.threads);
   if (t->start >= t->stop)
     say(t, "nothing to train: the run starts at step %lld, and %s stops it at step %lld", (long long)t->start,
@@ -1003,17 +1005,21 @@ static double tokens_per_step(const RtPlan *p) {
   return (double)p->batch * (double)(p->seq_len > 0 ? p->seq_len : 1);
 }
 
-/* The live line on a terminal, else a log line every log_every steps, the first and the last. */
+/* The live line on a terminal, else a log line every log_every steps, the first and the last.
+ * tok/s (samples/s for a model whose samples are not sequences) is the whole run's; FLOP/s is
+ * this rank's program's (flops_per_step counts the rank's graph), said so when there are several. */
 static void progress(Trainer *t, int64_t s, double lr, double gn, double sec) {
   if (!t->verbose) return;
   const RtPlan *p = t->p;
-  char tps[32], gf[32], eta[32];
-  human(tps, sizeof tps, tokens_per_step(p) / sec, "");
-  human(gf, sizeof gf, p->flops_per_step / sec, "FLOP/s");
+  char tps[48], gf[48], eta[32];
+  human(tps, sizeof tps - 12, tokens_per_step(p) / sec, "");
+  strcat(tps, p->seq_len > 0 ? " tok/s" : " samples/s");
+  human(gf, sizeof gf - 12, p->flops_per_step / sec, "FLOP/s");
+  if (t->nranks > 1) strcat(gf, " per rank");
   double per = t->timed ? t->time_sum / (double)t->timed : sec;
   duration(eta, sizeof eta, per * (double)(t->stop - s - 1));
   if (t->tty) {
-    fprintf(stderr, "\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | %s tok/s | %s | ETA %s",
+    fprintf(stderr, "\r\033[Kstep %lld/%lld | loss %.4f | lr %.2e | %s | %s | ETA %s",
             (long long)s + 1, (long long)t->stop, t->loss, lr, tps, gf, eta);
     fflush(stderr);
     t->live = 1;
@@ -1021,7 +1027,7 @@ static void progress(Trainer *t, int64_t s, double lr, double gn, double sec) {
   }
   int64_t every = p->log_every > 0 ? p->log_every : 10;
   if (s != t->start && s + 1 != t->stop && (s + 1) % every != 0) return;
-  say(t, "step %lld/%lld | loss %.6f | lr %.4e | norm %.4f | %.1f ms | %s tok/s | %s | ETA %s",
+  say(t, "step %lld/%lld | loss %.6f | lr %.4e | norm %.4f | %.1f ms | %s | %s | ETA %s",
       (long long)s + 1, (long long)t->stop, t->loss, lr, gn, 1e3 * sec, tps, gf, eta);
 }
 
