@@ -1210,9 +1210,7 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
     int64_t e = shape_numel(&g1->nodes[i].shape), *big = S->bmask[i] ? &S->big_per_b : &S->big_fixed;
     if (e > *big) *big = e, *(S->bmask[i] ? &S->big_per_b_node : &S->big_fixed_node) = i;
   }
-  S->tokens_per_sample = 1;
-  if (g1->inputs.n > 0 && g1->nodes[g1->inputs.a[0]].shape.rank >= 2)
-    S->tokens_per_sample = (double)g1->nodes[g1->inputs.a[0]].shape.d[1];
+  S->tokens_per_sample = ir_seq_len(g1) > 0 ? (double)ir_seq_len(g1) : 1;
 
   const StrategyConf *st = &t->strategy;
   int L = S->ly.L;
