@@ -912,7 +912,8 @@ static void emit_prelude(Cg *c) {
        " * eval_step runs the forward pass only. Params live in run->params (P), optimizer state and\n"
        " * gradient accumulators in run->state (S), everything else at planned offsets of the\n"
        " * run->work arena (F: f32, I: i32, B: bytes). */\n",
-       g->model_name, src, CPLAN_VERSION, (long long)g->batch, optimizer_name(c->t->optimizer.kind));
+       g->model_name, src, CPLAN_VERSION, (long long)(c->sp ? g->batch / c->sp->dp : g->batch), /* this rank's */
+       optimizer_name(c->t->optimizer.kind));
   EMIT("#include \"cplanrt.h\"\n#include \"fast.h\"\n#include \"fast_nn.h\"\n#include \"ref.h\"\n#include \"vocab_parallel.h\"\n\n#include <math.h>\n#include <stdint.h>\n"
        "#include <string.h>\n\n");
   EMIT("#define P(off) (run->params + (off))\n#define S(off) (run->state + (off))\n"

@@ -2483,7 +2483,8 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
        " * the host mirrors the runtime initializes and checkpoints (to_device, to_host). Fused and\n"
        " * support kernels come from kernels.cu below (NVRTC at start); matmuls run on cuBLASLt; norms,\n"
        " * softmax, attention, cross_entropy, embedding and rope on kernels/cuda (kernels_cuda.h). */\n",
-       g->model_name, src, CPLAN_VERSION, (long long)g->batch, optimizer_name(t->optimizer.kind));
+       g->model_name, src, CPLAN_VERSION, (long long)(c->sp ? g->batch / c->sp->dp : g->batch), /* this rank's */
+       optimizer_name(t->optimizer.kind));
   EMIT("#include \"cplanrt.h\"\n#include \"cplanrt_cuda.h\"\n#include \"kernels_cuda.h\"\n\n#include <math.h>\n"
        "#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n\n");
   if (pipe) /* one of several stage files linked into one program: the names stay apart */

@@ -50,6 +50,20 @@ static int *layer_stages(const Graph *g, int nv) {
   return st;
 }
 
+/* The stage a backward sum of two gradient contributions runs on when both come from one stage
+ * after its own layer's (the residual stream at a stage boundary: the gradients through the next
+ * layer's residual add and through its first norm): that stage, which then sends the sum, one
+ * tensor instead of two. -1 otherwise (the sum stays on its layer's stage, or the lowest of its
+ * inputs' outside layers). */
+static int sum_on_sender(const Graph *g, const int *st, const int *lst, int i) {
+  const Node *x = &g->nodes[i];
+  if (x->op != OP_ADD || x->role != ROLE_BWD || x->nin != 2) return -1;
+  int a = x->in[0], b = x->in[1];
+  if (g->nodes[a].role != ROLE_BWD || g->nodes[b].role != ROLE_BWD) return -1;
+  if (st[a] < 0 || st[a] != st[b] || st[a] <= lst[i]) return -1;
+  return st[a];
+}
+
 /* The stage of every node of the global graph (pipeline.h) among nv stages; -1 for replicated
  * nodes. own[i] is the owner stage of param i (and of states, through their param). */
 int *pp_global_stages(const StratPlan *sp, int nv, int *own) {
@@ -79,6 +93,8 @@ int *pp_global_stages(const StratPlan *sp, int nv, int *own) {
     int p = param_of(g, i);
     if (x->op == OP_GRAD) st[i] = st[x->fwd];
     else if ((x->op == OP_ACCUM || x->op == OP_ASSIGN) && p >= 0) st[i] = own[p];
+    else if (sum_on_sender(g, st, lst, i) >= 0)
+      st[i] = sum_on_sender(g, st, lst, i); /* contributions of one later stage: summed there, one crossing */
     else if (x->role == ROLE_BWD && x->layer >= 0 && lst[i] >= 0)
       st[i] = lst[i]; /* in a layer: its stage (gradient sums, recomputed forward nodes) */
     else if (x->role == ROLE_BWD)

@@ -215,6 +215,14 @@ Value sema_const_of(Sema *s, int item, Span use) {
   return v;
 }
 
+bool sema_hint_python_name(const char *name) {
+  if (strcmp(name, "True") == 0 || strcmp(name, "False") == 0)
+    diag_hint("booleans are lowercase: '%s'", strcmp(name, "True") == 0 ? "true" : "false");
+  else if (strcmp(name, "None") == 0) diag_hint("there is no None: leave the argument out for its default");
+  else return false;
+  return true;
+}
+
 static Value eval_name(Sema *s, const Expr *e) {
   int i = sema_item_index(s, e->str);
   if (i >= 0) {
@@ -225,6 +233,7 @@ static Value eval_name(Sema *s, const Expr *e) {
     return sema_v_err();
   }
   diag_error(e->span, "unknown name '%s'", e->str);
+  if (sema_hint_python_name(e->str)) return sema_v_err();
   int n;
   const char *const *names = sema_item_names(s, IT_CONST, &n);
   const char *best = cp_closest(e->str, names, n);

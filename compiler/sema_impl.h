@@ -40,6 +40,8 @@ int sema_item_index(Sema *s, const char *name);
 const char *sema_span_text(Span sp);
 /* "fn", "model", ... */
 const char *sema_item_kind_name(ItemKind k);
+/* After "unknown name": a hint for Python's spellings (True, False, None); whether it gave one. */
+bool sema_hint_python_name(const char *name);
 
 /* ---- sema_eval.c: constant folding shared with the model elaborator ---- */
 /* The value of const item `item`, evaluated on first use; `use` is where it is used. */

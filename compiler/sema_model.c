@@ -174,6 +174,7 @@ static Value lookup_name(Build *b, Frame *f, const Expr *e) {
     return sema_v_err();
   }
   diag_error(e->span, "unknown name '%s'", e->str);
+  if (sema_hint_python_name(e->str)) return sema_v_err();
   if (block_binds(&f->item->body, e->str))
     diag_hint("'%s' is bound later in '%s'; a name must be bound before it is used", e->str, f->item->name);
   else

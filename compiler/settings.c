@@ -1338,6 +1338,9 @@ static bool train_read(Sema *s, const Item *it, TrainConf *t) {
   if (tf[SR_TRAIN_optimizer] && !train_optimizer(s, tf[SR_TRAIN_optimizer]->value, &t->optimizer)) ok = false;
   t->schedule = (ScheduleConf){SCHED_CONSTANT, 0, 0};
   if (tf[SR_TRAIN_schedule] && !train_schedule(s, tf[SR_TRAIN_schedule]->value, &t->schedule)) ok = false;
+  else if (tf[SR_TRAIN_schedule] && t->steps > 0 && t->schedule.warmup >= t->steps)
+    diag_warning(tf[SR_TRAIN_schedule]->value->span, "warmup %lld is not below steps %lld: the learning rate never "
+                 "leaves the warmup", (long long)t->schedule.warmup, (long long)t->steps);
   row_num(s, tf, SR_TRAIN_clip, &t->clip, &ok);
   bool cuda = t->mesh && t->mesh->device.kind == DEV_CUDA;
   t->precision = cuda ? PREC_BF16 : PREC_F32;

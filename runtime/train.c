@@ -210,7 +210,8 @@ static int parse_flags(int argc, char **argv, Opts *o, RtError *err) {
 static int check_flags(const Opts *o, const RtPlan *p, RtError *err) {
   if (o->threads > 65536) return rt_errf(err, "--threads %lld: at most 65536", (long long)o->threads);
   if (o->steps > p->steps)
-    return rt_errf(err, "--steps %lld is beyond the plan's %lld steps (the schedule's length)",
+    return rt_errf(err, "--steps %lld is beyond the plan's %lld steps (the schedule's length; rebuild with "
+                   "--set train.steps=N to train longer)",
                    (long long)o->steps, (long long)p->steps);
   return 0;
 }
