@@ -11,6 +11,7 @@
 #include "search.h"
 #include "sema.h"
 #include "train.h"
+#include "../codegen/cg_common.h"
 #include "../runtime/cplanrt.h"
 
 #include <errno.h>
@@ -270,8 +271,12 @@ static int cmd_check(Options *o) {
   }
   VEC(Graph *) graphs = {0};
   for (int i = 0; i < fe.models.n && !diag_too_many(); i++) VEC_PUSH(graphs, elaborate(&fe, fe.models.a[i]));
-  for (int i = 0; i < graphs.n && !diag_errors(); i++) /* the trained model's loss must have a gradient */
-    if (fe.train && fe.train->model == fe.models.a[i] && graphs.a[i]) ad_loss_trainable(graphs.a[i]);
+  /* what build would refuse of the trained model: a loss without a gradient, inputs the data cannot
+   * feed, pinned degrees the model does not divide */
+  for (int i = 0; i < graphs.n && !diag_errors(); i++)
+    if (fe.train && fe.train->model == fe.models.a[i] && graphs.a[i] && ad_loss_trainable(graphs.a[i]) &&
+        cg_check_inputs(graphs.a[i], fe.train, true))
+      strat_check_pinned(sema_program(fe.sema), graphs.a[i], fe.train);
   if (diag_errors()) return finish();
   for (int i = 0; i < graphs.n; i++) {
     const Graph *g = graphs.a[i];

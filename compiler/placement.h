@@ -138,6 +138,9 @@ const char *strat_axis_name(AxisRole r); /* "dp" */
 /* The first split_heads of g whose head count tp does not divide (tensor parallelism splits the
  * heads), or -1: strat_pin refuses such a tp, and the search does not consider it. */
 int strat_heads_misfit(const Graph *g, int64_t tp);
+/* The pinned tp, pp and sp of t's strategy against model g (heads, layers, sequence length), with
+ * the errors strat_pin gives at the fields: for `check`, which builds no plan. */
+bool strat_check_pinned(const Program *prog, const Graph *g, const TrainConf *t);
 /* The one rule for cutting L layers into nv pipeline stages (Megatron's, with the remainder in
  * front): contiguous, the first L mod nv stages one layer more. The stage of layer l. */
 int strat_layer_stage(int64_t L, int64_t nv, int64_t l);

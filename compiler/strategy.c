@@ -310,30 +310,38 @@ int strat_heads_misfit(const Graph *g, int64_t tp) {
   return -1;
 }
 
-/* Checks that need the graph: heads and layers. */
-static bool graph_checks(const Program *prog, const Graph *g, const TrainConf *t, const StratPlan *sp) {
+/* Checks that need the graph: heads and layers, of degrees tp, pp, sp (0 or 1: none). */
+static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *t, int64_t tp, int64_t pp, int64_t sp) {
   bool ok = true;
-  if (sp->pp > 1 && sp->pp > g->layer_names.n) {
+  if (pp > 1 && pp > g->layer_names.n) {
     diag_error(field_span(prog, t, "pp"), "pp = %lld exceeds the model's %d layer%s: each stage needs at least one",
-               (long long)sp->pp, g->layer_names.n, g->layer_names.n == 1 ? "" : "s");
+               (long long)pp, g->layer_names.n, g->layer_names.n == 1 ? "" : "s");
     ok = false;
   }
-  int h = strat_heads_misfit(g, sp->tp);
+  int h = strat_heads_misfit(g, tp);
   if (h >= 0) {
-    diag_error(field_span(prog, t, "tp"), "tp = %lld does not divide the %lld attention heads", (long long)sp->tp,
+    diag_error(field_span(prog, t, "tp"), "tp = %lld does not divide the %lld attention heads", (long long)tp,
                (long long)g->nodes[h].ia[0]);
     diag_note(g->nodes[h].span, "the heads are split here");
     return false;
   }
-  if (sp->sp > 1 && g->inputs.n > 0) {
+  if (sp > 1 && g->inputs.n > 0) {
     const Node *x = &g->nodes[g->inputs.a[0]];
-    if (x->shape.rank < 2 || x->shape.d[1] % sp->sp != 0) {
+    if (x->shape.rank < 2 || x->shape.d[1] % sp != 0) {
       diag_error(field_span(prog, t, "sp"), "sp = %lld does not divide the sequence length (dim 1 of input '%s' %s)",
-                 (long long)sp->sp, x->name, shape_str(&x->shape));
+                 (long long)sp, x->name, shape_str(&x->shape));
       ok = false;
     }
   }
   return ok;
+}
+
+static bool graph_checks(const Program *prog, const Graph *g, const TrainConf *t, const StratPlan *sp) {
+  return degree_checks(prog, g, t, sp->tp, sp->pp, sp->sp);
+}
+
+bool strat_check_pinned(const Program *prog, const Graph *g, const TrainConf *t) {
+  return degree_checks(prog, g, t, t->strategy.tp, t->strategy.pp, t->strategy.sp);
 }
 
 /* Bytes of each collective: the producer's tensor on this axis's group (divided by its splits on
