@@ -544,6 +544,9 @@ static int run_command(const Command *c, int argc, char **argv) {
     } else if (c->run == cmd_data && opt_value(argc, argv, &i, "--val", &v, &status)) {
       o.val = v;
     } else if (a[0] == '-' && a[1]) {
+      if (c->run == cmd_run) /* the program's flags go after -- */
+        return usage_error(c, cp_fmt("unknown option '%%s' (the training program's flags go after --: "
+                                     "cplanc run FILE -- %s ...)", a), a);
       return usage_error(c, "unknown option '%s'", a);
     } else if (c->run == cmd_data && !o.kind) {
       o.kind = a;
