@@ -45,9 +45,9 @@ e2e_build() {
 e2e_prog() {
   local want=$1 label=$2 rc
   shift 2
-  timeout 120 "$@" 2>"$label.err"
+  timeout 300 "$@" 2>"$label.err"
   rc=$?
-  if [ "$rc" = 124 ]; then fail "$label: '$*' hung (killed after 120 s)"; fi
+  if [ "$rc" = 124 ]; then fail "$label: '$*' hung (killed after 300 s)"; fi
   if [ "$rc" -ge 128 ]; then cat "$label.err"; fail "$label: '$*' crashed (exit status $rc)"; fi
   if [ "$rc" != "$want" ]; then
     cat "$label.err"
