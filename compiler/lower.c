@@ -43,8 +43,7 @@ static bool fail(Ctx *c, const char *fmt, ...) {
   return false;
 }
 
-/* The global shape of node i divided by its splits. */
-static Shape local_shape(const StratPlan *sp, int i) {
+Shape lower_local_shape(const StratPlan *sp, int i) {
   Shape s = sp->g->nodes[i].shape;
   for (int a = 0; a < sp->naxes; a++) {
     Pl p = sp->pl[i].ax[a];
@@ -207,7 +206,7 @@ static void lower_node(Ctx *c, int i) {
   n->fwd = o->fwd >= 0 ? c->lw->map[o->fwd] : -1;
   if (o->op == OP_STATE) n->ia[0] = c->lw->map[o->ia[0]];
   if (i == c->g->seed) n->fa[0] /= (double)dp_size(sp); /* see lower.h: reductions over dp sum */
-  Shape want = local_shape(sp, i);
+  Shape want = lower_local_shape(sp, i);
   c->lin[i] = in;
   c->lw->map[i] = c->cur[i] = li;
   for (int a = 0; a < sp->naxes; a++) c->have[a * c->g->n + i] = sp->pl[i].ax[a];
@@ -268,7 +267,7 @@ static void find_blocks(const StratPlan *sp, int *blocks) {
 
 int64_t lower_global_index(const StratPlan *sp, const Lowered *lw, int i, const int64_t *coord, int64_t local) {
   const Node *n = &sp->g->nodes[i];
-  Shape ls = local_shape(sp, i);
+  Shape ls = lower_local_shape(sp, i);
   int64_t idx[CP_MAX_RANK], rest = local;
   for (int d = ls.rank - 1; d >= 0; d--) idx[d] = rest % ls.d[d], rest /= ls.d[d];
   /* Axes in order: when dp and tp split the same dim (ZeRO over a tensor-parallel shard), dp

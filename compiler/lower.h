@@ -67,4 +67,8 @@ Lowered *lower_spmd(const StratPlan *sp, char *err, size_t errlen);
 int64_t lower_global_index(const StratPlan *sp, const Lowered *lw, int i, const int64_t *coord,
                            int64_t local);
 
+/* The shape of node i of sp's graph on one device: its global shape, split dims divided by their
+ * axis's size. */
+Shape lower_local_shape(const StratPlan *sp, int i);
+
 #endif

@@ -161,15 +161,6 @@ static int coll_stage(const Ex *e, const CollOp *o) {
   return s < 0 ? 0 : s;
 }
 
-/* Node i's shape on one device: split dims divided by their axis. */
-static Shape local_shape(const StratPlan *sp, int i) {
-  Shape s = sp->g->nodes[i].shape;
-  for (int a = 0; a < sp->naxes; a++) {
-    Pl p = sp->pl[i].ax[a];
-    if (p.kind == PL_S && p.dim < s.rank) s.d[p.dim] /= sp->axes[a].n;
-  }
-  return s;
-}
 
 /* The values that cross between stages (pipeline.c: each value once per reading stage), in the
  * order of their readers. */
@@ -184,7 +175,7 @@ static CrossList ex_crossings(const Ex *e) {
       int v = n->in[k];
       if (e->st[v] < 0 || e->st[v] == e->st[i] || seen[(size_t)v * (size_t)e->nst + (size_t)e->st[i]]) continue;
       seen[(size_t)v * (size_t)e->nst + (size_t)e->st[i]] = true;
-      Shape ls = local_shape(e->sp, v);
+      Shape ls = lower_local_shape(e->sp, v);
       double bytes = (double)shape_numel(&ls) * ex_elem(e, v);
       VEC_PUSH(cs, ((Cross){v, e->st[v], e->st[i], g->nodes[v].role, bytes}));
     }
@@ -232,7 +223,7 @@ static void print_stages(FILE *f, const Ex *e) {
   CrossList cs = ex_crossings(e);
   for (int k = 0; k < cs.n; k++) {
     const Cross *c = &cs.a[k];
-    Shape ls = local_shape(sp, c->v);
+    Shape ls = lower_local_shape(sp, c->v);
     int el = ex_elem(e, c->v);
     fprintf(f, "  send %s %s%s: stage %d -> %d (%s per device per micro-batch)\n", node_label(g, c->v),
             elem_name(el, g->nodes[c->v].dtype, e), shape_str(&ls), c->from, c->to, cp_bytes_str(c->bytes));
@@ -334,7 +325,7 @@ static void print_colls(FILE *f, const Ex *e) {
       for (int i = 0; i < g->n; i++)
         for (int k = 0; k < g->nodes[i].nin; k++)
           if (g->nodes[i].in[k] == p && e->st[i] >= 0 && g->nodes[i].role != ROLE_UPD) held[e->st[i]] = true;
-      Shape ls = local_shape(sp, p);
+      Shape ls = lower_local_shape(sp, p);
       for (int s = 0; s < e->nst; s++)
         if (held[s] && s != e->own[p]) tot[(e->own[p] % pp) * 4 + 3] += (double)shape_numel(&ls) * 4, tied = 1;
     }
