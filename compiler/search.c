@@ -172,10 +172,28 @@ typedef struct Seg {
   int over_node;        /* that node (the worst such) */
 } Seg;
 
+/* A param's elements on one device and its global dim 0: ZeRO shards a param over dp only when
+ * dp divides its dim 0 (strategy.c place_leaf); the others stay whole on every replica, their
+ * gradient all-reduced once per step as under ZeRO 0 (GPT-2's vocabulary of 50257). */
+typedef struct ParDim {
+  int64_t d0;           /* -1: a scalar */
+  double par;
+} ParDim;
+typedef VEC(ParDim) ParDims;
+
+/* Elements of the params in p that ZeRO cannot shard over dp replicas. */
+static double par_unsharded(const ParDims *p, int64_t dp) {
+  double u = 0;
+  for (int i = 0; i < p->n; i++)
+    if (p->a[i].d0 <= 0 || p->a[i].d0 % dp != 0) u += p->a[i].par;
+  return u;
+}
+
 /* The summary of a solved segment, per micro-batch on one device. */
 typedef struct SegCost {
   double tf, tb, bytes, act, par, cheap_t, cheap_act, out_act, max_act;
   bool seq_split;       /* a norm runs split along the sequence (Megatron's sp) */
+  ParDims pd;           /* the params of par, by dim 0 */
 } SegCost;
 
 static bool is_view(OpId op) {
@@ -211,10 +229,19 @@ static bool no_grad(const Graph *g, int u) {
   return n->dtype == DT_I32 || n->op == OP_INPUT || n->op == OP_CONST || n->op == OP_ARANGE;
 }
 
+/* Whether u is a param or a view of one (the head's transpose of a tied embedding): its gradient
+ * is part of a param's gradient, which the program keeps in f32 whatever the precision. */
+static bool param_value(const Graph *g, int u) {
+  while (is_view(g->nodes[u].op) && g->nodes[u].nin > 0) u = g->nodes[u].in[0];
+  return g->nodes[u].op == OP_PARAM;
+}
+
 /* Forward and backward seconds (and bytes) of changing u's value from `from` to `to` for a
- * consumer that runs split or not. */
+ * consumer that runs split or not. The forward sends u at the compute dtype (a param's low-precision
+ * copy); the backward its gradient, in f32 when it is a param's. */
 static void edge_cost(const Seg *s, int u, Pl from, Pl to, bool split, double *tf, double *tb, double *bytes) {
   double whole = cost_act_bytes(s->cm, s->g, u);
+  double gwhole = param_value(s->g, u) ? (double)shape_numel(&s->g->nodes[u].shape) * s->cm->g_bytes : whole;
   Collective f = pl_reshard(from, to), b = COLL_NONE;
   if (from.kind == PL_R && to.kind == PL_R) b = split ? COLL_ALL_REDUCE : COLL_NONE;
   else if (from.kind == PL_S && to.kind == PL_R) b = split ? COLL_REDUCE_SCATTER : COLL_NONE;
@@ -223,8 +250,8 @@ static void edge_cost(const Seg *s, int u, Pl from, Pl to, bool split, double *t
   else if (from.kind == PL_R && to.kind == PL_S) b = COLL_ALL_GATHER;
   if (no_grad(s->g, u)) b = COLL_NONE;
   *tf = cost_collective(s->cm, f, whole, s->n, s->link);
-  *tb = cost_collective(s->cm, b, whole, s->n, s->link);
-  *bytes = pl_coll_bytes(f, whole, s->n) + pl_coll_bytes(b, whole, s->n);
+  *tb = cost_collective(s->cm, b, gwhole, s->n, s->link);
+  *bytes = pl_coll_bytes(f, whole, s->n) + pl_coll_bytes(b, gwhole, s->n);
 }
 
 static bool batch_split(const Seg *s, int node, Pl p) {
@@ -444,6 +471,7 @@ static SegCost seg_cost(const Seg *s, const int *choice, Chosen *chosen, int shi
     if (c->cheap_t > 0) sc.cheap_act += c->act;
     if (c->act > sc.max_act) sc.max_act = c->act;
     const Node *n = &g->nodes[V->node];
+    if (n->op == OP_PARAM) VEC_PUSH(sc.pd, ((ParDim){n->shape.rank > 0 ? n->shape.d[0] : -1, c->par}));
     if ((n->op == OP_LAYER_NORM || n->op == OP_RMS_NORM) && c->in[0].kind == PL_S) sc.seq_split = true;
     if (chosen) chosen[V->node + shift] = (Chosen){true, c->out, c->in, c->split};
   }
@@ -539,6 +567,7 @@ typedef struct Solved {
   SegCost *layer;       /* per class */
   SegCost pre, post;    /* nodes before the first layer / after the last */
   double pre_par, post_par, shared_par; /* param elements: pre only, post only, both (tied) */
+  ParDims shared_pd;    /* the tied params, by dim 0 (pre's and post's: in pre.pd, post.pd) */
   double boundary;      /* bytes of one layer's output per device (pipeline sends, full recompute) */
   bool seq_split;
   bool ok;
@@ -677,9 +706,17 @@ static Solved *solved_at(Search *S, int64_t n, int64_t b) {
       for (int w = i + 1; w < g->n; w++)
         for (int k = 0; k < g->nodes[w].nin; k++)
           if (g->nodes[w].in[k] == i) *(w < first ? &pre : &post) = true;
-      if (pre && post) r->shared_par += c->par;
-      else if (pre || i < first) r->pre_par += c->par;
-      else r->post_par += c->par;
+      ParDim pd = {nd->shape.rank > 0 ? nd->shape.d[0] : -1, c->par};
+      if (pre && post) {
+        r->shared_par += c->par;
+        VEC_PUSH(r->shared_pd, pd);
+      } else if (pre || i < first) {
+        r->pre_par += c->par;
+        VEC_PUSH(r->pre.pd, pd);
+      } else {
+        r->post_par += c->par;
+        VEC_PUSH(r->post.pd, pd);
+      }
       continue;
     }
     SegCost *sc = i < first ? &r->pre : &r->post;
@@ -751,31 +788,86 @@ static StageMem stage_mem(const Search *S, const Solved *so, const Config *k, in
   return m;
 }
 
-/* Seconds per micro-batch of stage s holding layers [l0, l1), and its bytes sent. */
-static double stage_time(const Search *S, const Solved *so, const Config *k, int s, int l0, int l1, double *fwd,
-                         double *bytes) {
-  double f = 0, t = 0, by = 0, par = 0;
+/* The param elements per device stage s holds (layers [l0, l1), the pre's on the first stage, the
+ * post's on the last, the tied ones on both, or with `owned` on the first only: their owner, which
+ * holds their gradient and runs their update) and, in *unsh, those of them ZeRO leaves whole on
+ * every dp replica (par_unsharded). */
+static double stage_par(const Search *S, const Solved *so, const Config *k, int s, int l0, int l1, bool owned,
+                        double *unsh) {
+  double par = 0, u = 0;
   for (int l = l0; l < l1; l++) {
     const SegCost *c = &so->layer[S->ly.cls[l]];
-    f += c->tf, t += layer_time(c, k->rc), by += c->bytes, par += c->par;
+    par += c->par, u += par_unsharded(&c->pd, k->dp);
   }
-  if (s == 0) f += so->pre.tf, t += layer_time(&so->pre, RC_NONE), by += so->pre.bytes, par += so->pre_par;
-  if (s == k->pp - 1) f += so->post.tf, t += layer_time(&so->post, RC_NONE), by += so->post.bytes, par += so->post_par;
+  bool first = s == 0, last = s == k->pp - 1;
+  if (first) par += so->pre_par, u += par_unsharded(&so->pre.pd, k->dp);
+  if (last) par += so->post_par, u += par_unsharded(&so->post.pd, k->dp);
+  if (first || (last && !owned)) par += so->shared_par, u += par_unsharded(&so->shared_pd, k->dp);
+  *unsh = u;
+  return par;
+}
+
+/* Seconds per micro-batch of stage s holding layers [l0, l1), and its bytes sent per micro-batch. */
+static double stage_time(const Search *S, const Solved *so, const Config *k, int s, int l0, int l1, double *fwd,
+                         double *bytes) {
+  double f = 0, t = 0, by = 0;
+  for (int l = l0; l < l1; l++) {
+    const SegCost *c = &so->layer[S->ly.cls[l]];
+    f += c->tf, t += layer_time(c, k->rc), by += c->bytes;
+  }
+  if (s == 0) f += so->pre.tf, t += layer_time(&so->pre, RC_NONE), by += so->pre.bytes;
+  if (s == k->pp - 1) f += so->post.tf, t += layer_time(&so->post, RC_NONE), by += so->post.bytes;
   if (k->pp > 1) { /* activations forward, their gradients back; interleaving sends v times as often */
     CostLink l = cost_group_link(&S->cm, k->dp * k->tp, 2);
     double p = cost_p2p(so->boundary, l) * (double)k->v;
-    /* bytes this device sends: forward unless it is the last stage, backward unless the first */
-    double dirs = k->v > 1 ? 2 : (double)(s < k->pp - 1) + (double)(s > 0);
-    f += p, t += 2 * p, by += dirs * so->boundary * (double)k->v;
+    /* bytes this device sends: each of its v chunks its output forward and its input's gradient
+     * back, except the first stage's gradient and the last stage's output. One value crosses each
+     * way (pipeline.c sums the residual stream's gradient contributions on the sender's stage). */
+    double sends = 2 * (double)k->v - (double)(s == 0) - (double)(s == k->pp - 1);
+    f += p, t += 2 * p, by += sends * so->boundary;
+    /* a param both ends of the pipeline read (a tied embedding): the last stage sends its gradient
+     * contribution to the first (the owner) in every micro-batch's backward, in f32 */
+    if (s == k->pp - 1 && so->shared_par > 0) {
+      double tied = so->shared_par * S->cm.g_bytes;
+      t += cost_p2p(tied, l), by += tied;
+    }
   }
-  if (k->zero >= 3 && k->dp > 1) { /* params gathered before the forward and again for the backward */
+  if (k->zero >= 3 && k->dp > 1) { /* ZeRO-3: the sharded params gathered, at the compute dtype,
+                                      before the forward and again for the backward (lower.c regather) */
     CostLink l = cost_group_link(&S->cm, k->tp, k->dp);
-    double g = cost_collective(&S->cm, COLL_ALL_GATHER, par * S->cm.act_size, k->dp, l);
-    f += g, t += 2 * g, by += 2 * pl_coll_bytes(COLL_ALL_GATHER, par * S->cm.act_size, k->dp);
+    double u, par = stage_par(S, so, k, s, l0, l1, false, &u), gb = (par - u) * S->cm.act_size;
+    double g = cost_collective(&S->cm, COLL_ALL_GATHER, gb, k->dp, l);
+    f += g, t += 2 * g, by += 2 * pl_coll_bytes(COLL_ALL_GATHER, gb, k->dp);
   }
   if (fwd) *fwd = f;
   if (bytes) *bytes = by;
   return t;
+}
+
+/* Gradient reduction over dp per step for a stage holding `par` param elements per device, `unsh`
+ * of them not sharded by ZeRO (par_unsharded): seconds into *t, bytes one device sends into *by.
+ * All param gradients and updated params travel in f32 (the program's accumulators and master
+ * weights, whatever the precision). ZeRO 0 all-reduces the whole gradients once per step; 1
+ * reduce-scatters them once per step (Megatron's distributed optimizer; the lowering does it where
+ * the update first reads them); 2 and 3 hold only their part, so they reduce-scatter after every
+ * micro-batch; 1 and 2 then gather the updated params (3 gathers them per use: stage_time). The
+ * params ZeRO does not shard are all-reduced once per step. */
+static void dp_sync(const Search *S, const Config *k, double par, double unsh, double *t, double *by) {
+  *t = *by = 0;
+  if (k->dp <= 1) return;
+  const CostModel *cm = &S->cm;
+  CostLink l = cost_group_link(cm, k->tp, k->dp);
+  double f32 = cm->g_bytes; /* f32 gradient accumulators and master weights */
+  double whole = (k->zero == 0 ? par : unsh) * f32, part = k->zero == 0 ? 0 : (par - unsh) * f32;
+  if (whole > 0)
+    *t += cost_collective(cm, COLL_ALL_REDUCE, whole, k->dp, l), *by += pl_coll_bytes(COLL_ALL_REDUCE, whole, k->dp);
+  if (part > 0) {
+    double times = k->zero >= 2 ? (double)k->m : 1;
+    *t += times * cost_collective(cm, COLL_REDUCE_SCATTER, part, k->dp, l);
+    *by += times * pl_coll_bytes(COLL_REDUCE_SCATTER, part, k->dp);
+    if (k->zero <= 2)
+      *t += cost_collective(cm, COLL_ALL_GATHER, part, k->dp, l), *by += pl_coll_bytes(COLL_ALL_GATHER, part, k->dp);
+  }
 }
 
 /* The stages' layers, as the build cuts them (strat_stage_layers: what is priced is what runs),
@@ -864,7 +956,7 @@ static void evaluate(Search *S, const Solved *so, const Config *k) {
   p.stage_layers = cp_alloc(sizeof(int) * (size_t)pp);
   p.stage_fwd = cp_alloc(sizeof(double) * (size_t)pp);
   p.stage_bwd = cp_alloc(sizeof(double) * (size_t)pp);
-  double max_par = 0, comm = 0;
+  double max_par = 0, comm = 0, sync_t = 0;
   for (int s = 0; s < pp; s++) {
     double f, by;
     double t = stage_time(S, so, k, s, cut[s], cut[s + 1], &f, &by);
@@ -874,29 +966,17 @@ static void evaluate(Search *S, const Solved *so, const Config *k) {
     if (m.total > p.mem_total)
       p.mem_params = m.params, p.mem_grads = m.grads, p.mem_optim = m.optim, p.mem_acts = m.acts,
       p.mem_workspace = m.work, p.mem_total = m.total;
-    double par = m.grads * (k->zero >= 2 ? (double)k->dp : 1) / S->cm.g_bytes;
+    double unsh, par = stage_par(S, so, k, s, cut[s], cut[s + 1], true, &unsh);
     if (par > max_par) max_par = par;
-    /* a param both ends of the pipeline read (a tied embedding): the last stage sends its gradient
-     * to the first, which sends the updated value back, once per step, in f32 */
-    double tied = pp > 1 && (s == 0 || s == pp - 1) ? so->shared_par * S->cm.g_bytes : 0;
-    if (by * (double)k->m + tied > comm) comm = by * (double)k->m + tied;
+    double st, sb;
+    dp_sync(S, k, par, unsh, &st, &sb);
+    if (st > sync_t) sync_t = st;
+    /* a tied param's owner (the first stage) sends its updated value to the last, once per step (f32) */
+    double tied = pp > 1 && s == 0 ? so->shared_par * S->cm.g_bytes : 0;
+    if (by * (double)k->m + tied + sb > comm) comm = by * (double)k->m + tied + sb;
   }
-  double tied_t = pp > 1 ? 2 * cost_p2p(so->shared_par * S->cm.g_bytes, cost_group_link(&S->cm, k->dp * k->tp, 2)) : 0;
-  /* Gradient reduction over dp: ZeRO 0 all-reduces the whole gradients once per step; 1 reduce-
-   * scatters them once per step (Megatron's distributed optimizer; the lowering does it where the
-   * update first reads them); 2 and 3 hold only their part, so they reduce-scatter after every
-   * micro-batch; 1 and 2 then gather the updated params (3 gathers them per use: stage_time). */
-  double dpb = 0;
-  if (k->dp > 1) {
-    CostLink l = cost_group_link(&S->cm, k->tp, k->dp);
-    double gb = max_par * S->cm.g_bytes, wb = max_par * S->cm.act_size;
-    bool whole = k->zero == 0;
-    Collective red = whole ? COLL_ALL_REDUCE : COLL_REDUCE_SCATTER;
-    double times = k->zero >= 2 ? (double)k->m : 1;
-    p.dp_sync = times * cost_collective(&S->cm, red, gb, k->dp, l), dpb = times * pl_coll_bytes(red, gb, k->dp);
-    if (k->zero == 1 || k->zero == 2)
-      p.dp_sync += cost_collective(&S->cm, COLL_ALL_GATHER, wb, k->dp, l), dpb += pl_coll_bytes(COLL_ALL_GATHER, wb, k->dp);
-  }
+  double tied_t = pp > 1 ? cost_p2p(so->shared_par * S->cm.g_bytes, cost_group_link(&S->cm, k->dp * k->tp, 2)) : 0;
+  p.dp_sync = sync_t;
   const CostModel *cm = &S->cm;
   double upd_bytes = max_par * (cm->w_bytes + cm->g_bytes + 2 * cm->o_bytes) * 2 / (k->zero >= 1 ? (double)k->dp : 1);
   p.update = cm->dev.hbm > 0 ? upd_bytes / (cm->dev.hbm * cm->eff[CC_MEMORY]) : 0;
@@ -909,7 +989,7 @@ static void evaluate(Search *S, const Solved *so, const Config *k) {
   p.step_time = ((double)k->m + (double)(pp - 1) / v) * tmax + exposed + p.update + tied_t;
   p.bubble = cost_bubble(k->sched, k->pp, k->m, k->v);
   p.p2p = pp > 1 ? cost_p2p(so->boundary, cost_group_link(&S->cm, k->dp * k->tp, 2)) : 0;
-  p.comm_bytes = comm + dpb;
+  p.comm_bytes = comm;
   double flops = 3 * S->flops_per_sample * (double)S->B;
   p.tflops = flops / p.step_time / (double)S->N;
   p.mfu = cm->peak > 0 ? p.tflops / cm->peak : 0;

@@ -4,7 +4,9 @@
  *     GPT layer's attention block) at 2 and 4 devices;
  *   - known answers: a small GPT on 8 devices is pure data parallelism; a model too big for one
  *     device gets a plan that fits; GPT-3 175B on 1,024 A100 80GB is feasible and fits;
- *   - pinned fields are respected. */
+ *   - pinned fields are respected;
+ *   - bytes per device per step are what the programs send (pp crossings, the tied embedding's
+ *     gradient per micro-batch, ZeRO's f32 gathers). */
 #include "search.h"
 
 #include <math.h>
@@ -179,6 +181,32 @@ static void test_known_answers(void) {
   }
 }
 
+/* Bytes per device per step as the programs send them (plan --explain, measured comm_bytes). */
+static const SrchPlan *pinned(const char *mesh, const char *strategy) {
+  SrchResult *r = plan_of(GPT, mesh, strategy);
+  CHECK(r && r->n > 0);
+  return r && r->n > 0 ? &r->plans[0] : NULL;
+}
+
+static void test_comm_bytes(void) {
+  const char *two = "shape = [gpu = 2]\n device = a100_80gb";
+  /* pp 2, 8 micro-batches of 8 samples: the last stage sends the residual stream's gradient (one
+   * bf16 [8, 16, 32] tensor: pipeline.c sums its two contributions there) and the tied embedding's
+   * gradient contribution (f32 [64, 32]) in every micro-batch's backward. */
+  const SrchPlan *p = pinned(two, "strategy = { dp = 1, tp = 1, pp = 2, micro = 8, recompute = \"none\", pipeline = \"1f1b\" }");
+  CHECK(p && p->microbatches == 8);
+  if (p) CHECK(p->comm_bytes == (8.0 * 16 * 32 * 2 + 64.0 * 32 * 4) * 8);
+  /* ZeRO 1 reduce-scatters the f32 gradients and all-gathers the updated f32 params: the bytes of
+   * ZeRO 0's all-reduce. ZeRO 2 reduce-scatters after each of its m micro-batches. */
+  const char *z = "strategy = { dp = 2, tp = 1, pp = 1, micro = 8, zero = %d, recompute = \"none\" }";
+  const SrchPlan *z0 = pinned(two, cp_fmt(z, 0)), *z1 = pinned(two, cp_fmt(z, 1)), *z2 = pinned(two, cp_fmt(z, 2));
+  if (z0 && z1 && z2) {
+    CHECK(z0->comm_bytes > 0);
+    CHECK(fabs(z1->comm_bytes - z0->comm_bytes) <= 1e-9 * z0->comm_bytes);
+    CHECK(fabs(z2->comm_bytes - z0->comm_bytes * (double)(z2->microbatches + 1) / 2) <= 1e-9 * z0->comm_bytes);
+  }
+}
+
 static void test_gpt3(void) {
   const char *model =
       "import \"nn\"\n"
@@ -210,6 +238,7 @@ int main(void) {
   test_random();
   test_graph_ilp();
   test_known_answers();
+  test_comm_bytes();
   test_gpt3();
   if (failures) fprintf(stderr, "%d check%s failed\n", failures, failures == 1 ? "" : "s");
   return failures != 0;
