@@ -138,6 +138,8 @@ const char *strat_axis_name(AxisRole r); /* "dp" */
 /* The first split_heads of g whose head count tp does not divide (tensor parallelism splits the
  * heads), or -1: strat_pin refuses such a tp, and the search does not consider it. */
 int strat_heads_misfit(const Graph *g, int64_t tp);
+/* The span of `strategy`'s field `key` (the whole `key = value`), or the strategy's span. */
+Span strat_field_span(const Program *prog, const TrainConf *t, const char *key);
 /* The pinned tp, pp and sp of t's strategy against model g (heads, layers, sequence length), with
  * the errors strat_pin gives at the fields: for `check`, which builds no plan. */
 bool strat_check_pinned(const Program *prog, const Graph *g, const TrainConf *t);

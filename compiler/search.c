@@ -1054,24 +1054,6 @@ static bool setting_span(const Program *prog, const TrainConf *t, const char *ke
   return false;
 }
 
-/* The span of the strategy's field `key` (as strategy.c's field_span), else the strategy's. */
-static Span strategy_field_span(const Program *prog, const TrainConf *t, const char *key) {
-  Span at = t->strategy.span;
-  for (int i = 0; prog && i < prog->nitems; i++) {
-    const Item *it = prog->items[i];
-    if (it->kind != IT_TRAIN) continue;
-    for (int j = 0; j < it->nsettings; j++) {
-      const Setting *s = it->settings[j];
-      const Expr *e = s->value;
-      if (!e || strcmp(s->key, "strategy") != 0 || e->kind != EX_OBJECT || e->span.lo != at.lo ||
-          e->span.file != at.file)
-        continue;
-      for (int k = 0; k < e->nfields; k++)
-        if (strcmp(e->fields[k].name, key) == 0) return span_join(e->fields[k].name_span, e->fields[k].value->span);
-    }
-  }
-  return at;
-}
 
 /* ---- why no configuration is left ------------------------------------------------------------ */
 
@@ -1205,7 +1187,7 @@ static void why_report(const Search *S, const Why *W) {
                  (long long)vals[k]);
         if (!first) first = keys[k];
       }
-    Span at = first ? strategy_field_span(prog, t, first) : st->span;
+    Span at = first ? strat_field_span(prog, t, first) : st->span;
     const char *lead = cp_fmt("no configuration satisfies the pinned %s on %lld devices and batch %lld: ", pins, N, B);
     why_degrees_report(S, W, &W->pin, at, lead, true);
     diag_hint("dp·tp·pp must be the device count, dp must divide the batch, tp the attention heads, pp must not "
@@ -1225,7 +1207,7 @@ static void why_report(const Search *S, const Why *W) {
     for (int d = 0; d < sh.rank && d < 8; d++)
       if (S->bmask[W->size_node] >> d & 1 && W->size_g->n == S->g1n) sh.d[d] *= W->size_scale;
     bool act = S->bmask[W->size_node] != 0; /* an activation: the micro-batch matters */
-    Span at = act && st->micro > 0 ? strategy_field_span(prog, t, "micro") : t->span;
+    Span at = act && st->micro > 0 ? strat_field_span(prog, t, "micro") : t->span;
     if (act && st->micro > 0)
       diag_error(at, "with the pinned micro = %lld, every configuration puts a tensor of more than 2^31 - 1 elements "
                  "on one device, more than the kernels index (32-bit)", (long long)st->micro);
@@ -1240,11 +1222,11 @@ static void why_report(const Search *S, const Why *W) {
     else if (act) diag_hint("it is over the limit at one sample per micro-batch: more tp (or a shorter sequence) splits it further");
     else diag_hint("tp splits it: more devices for tp (tp must divide the device count and the attention heads), or a smaller model");
   } else if (W->micro == most) {
-    diag_error(strategy_field_span(prog, t, "micro"), "no configuration satisfies the pinned micro = %lld on %lld "
+    diag_error(strat_field_span(prog, t, "micro"), "no configuration satisfies the pinned micro = %lld on %lld "
                "devices and batch %lld: micro must divide batch / dp (batch %lld / dp %lld = %lld)",
                (long long)st->micro, N, B, B, (long long)W->micro_dp, B / (long long)W->micro_dp);
   } else if (W->sched == most) {
-    diag_error(strategy_field_span(prog, t, "pipeline"), "no configuration satisfies the pinned interleaved schedule on "
+    diag_error(strat_field_span(prog, t, "pipeline"), "no configuration satisfies the pinned interleaved schedule on "
                "%lld devices: it needs pp > 1, 2·pp dividing the %d layer%s and the micro-batches per step a multiple of pp",
                N, L, L == 1 ? "" : "s");
   } else {

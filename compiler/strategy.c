@@ -21,8 +21,7 @@ const char *strat_axis_name(AxisRole r) { return r == AX_PP ? "pp" : r == AX_DP 
 
 /* ---- the strategy's fields, for diagnostics -------------------------------------------- */
 
-/* The span of `strategy`'s field `key` (the whole `key = value`), or the strategy's span. */
-static Span field_span(const Program *prog, const TrainConf *t, const char *key) {
+Span strat_field_span(const Program *prog, const TrainConf *t, const char *key) {
   Span at = t->strategy.span;
   for (int i = 0; prog && i < prog->nitems; i++) {
     const Item *it = prog->items[i];
@@ -50,35 +49,35 @@ bool strat_degrees(const Program *prog, const TrainConf *t, int64_t *dp, int64_t
   bool ok = true;
   if (*dp < 1) *dp = 1;
   if (*dp * *tp * *pp != dev) {
-    diag_error(field_span(prog, t, st->dp > 0 ? "dp" : st->tp > 0 ? "tp" : "pp"),
+    diag_error(strat_field_span(prog, t, st->dp > 0 ? "dp" : st->tp > 0 ? "tp" : "pp"),
                "dp*tp*pp = %lld*%lld*%lld = %lld is not the mesh's %lld devices", (long long)*dp, (long long)*tp,
                (long long)*pp, (long long)(*dp * *tp * *pp), (long long)dev);
     diag_hint("leave dp out to give data parallelism the devices tp and pp do not use");
     ok = false;
   }
   if (st->sp > 1 && *tp <= 1) {
-    diag_error(field_span(prog, t, "sp"), "sp = %lld without tp: sequence parallelism splits the sequence "
+    diag_error(strat_field_span(prog, t, "sp"), "sp = %lld without tp: sequence parallelism splits the sequence "
                "over the tensor-parallel group", (long long)st->sp);
     ok = false;
   } else if (st->sp > 1 && st->sp != *tp) {
-    diag_error(field_span(prog, t, "sp"), "sp = %lld differs from tp = %lld: sequence parallelism uses the "
+    diag_error(strat_field_span(prog, t, "sp"), "sp = %lld differs from tp = %lld: sequence parallelism uses the "
                "tensor-parallel group", (long long)st->sp, (long long)*tp);
     ok = false;
   }
   if (st->zero > 0 && *dp <= 1) {
-    diag_error(field_span(prog, t, "zero"), "zero = %lld needs dp > 1: ZeRO shards over the data-parallel "
+    diag_error(strat_field_span(prog, t, "zero"), "zero = %lld needs dp > 1: ZeRO shards over the data-parallel "
                "replicas", (long long)st->zero);
     ok = false;
   }
   if (ok && st->dp <= 0 && t->batch > 0 && t->batch % *dp != 0) { /* settings.c says so at check */
-    diag_error(field_span(prog, t, st->tp > 0 ? "tp" : "pp"), "batch %lld is not divisible by dp = %lld, the devices tp*pp "
+    diag_error(strat_field_span(prog, t, st->tp > 0 ? "tp" : "pp"), "batch %lld is not divisible by dp = %lld, the devices tp*pp "
                "= %lld*%lld leave of the mesh's %lld", (long long)t->batch, (long long)*dp, (long long)*tp, (long long)*pp,
                (long long)dev);
     ok = false;
   }
   *micro = st->micro > 0 ? st->micro : (t->batch > 0 ? t->batch / *dp : 1);
   if (ok && st->dp <= 0 && t->batch > 0 && t->batch % (*dp * *micro) != 0) {
-    diag_error(field_span(prog, t, st->micro > 0 ? "micro" : "dp"),
+    diag_error(strat_field_span(prog, t, st->micro > 0 ? "micro" : "dp"),
                "micro = %lld does not divide the per-replica batch %lld / dp %lld", (long long)*micro,
                (long long)t->batch, (long long)*dp);
     ok = false;
@@ -112,7 +111,7 @@ static int root_param(const Graph *g, int i) {
 static bool param_dim_ok(Ctx *c, int p, int d, const char *why) {
   const Node *pn = &c->g->nodes[p];
   if (pn->shape.d[d] % c->n == 0) return true;
-  diag_error(field_span(c->prog, c->t, "tp"), "tp = %lld does not divide dim %d (%lld) of %s %s, which %s",
+  diag_error(strat_field_span(c->prog, c->t, "tp"), "tp = %lld does not divide dim %d (%lld) of %s %s, which %s",
              (long long)c->n, d, (long long)pn->shape.d[d], pn->name, shape_str(&pn->shape), why);
   diag_note(pn->span, "the param is declared here");
   c->failed = true;
@@ -314,13 +313,13 @@ int strat_heads_misfit(const Graph *g, int64_t tp) {
 static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *t, int64_t tp, int64_t pp, int64_t sp) {
   bool ok = true;
   if (pp > 1 && pp > g->layer_names.n) {
-    diag_error(field_span(prog, t, "pp"), "pp = %lld exceeds the model's %d layer%s: each stage needs at least one",
+    diag_error(strat_field_span(prog, t, "pp"), "pp = %lld exceeds the model's %d layer%s: each stage needs at least one",
                (long long)pp, g->layer_names.n, g->layer_names.n == 1 ? "" : "s");
     ok = false;
   }
   int h = strat_heads_misfit(g, tp);
   if (h >= 0) {
-    diag_error(field_span(prog, t, "tp"), "tp = %lld does not divide the %lld attention heads", (long long)tp,
+    diag_error(strat_field_span(prog, t, "tp"), "tp = %lld does not divide the %lld attention heads", (long long)tp,
                (long long)g->nodes[h].ia[0]);
     diag_note(g->nodes[h].span, "the heads are split here");
     return false;
@@ -328,7 +327,7 @@ static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *
   if (sp > 1 && g->inputs.n > 0) {
     const Node *x = &g->nodes[g->inputs.a[0]];
     if (x->shape.rank < 2 || x->shape.d[1] % sp != 0) {
-      diag_error(field_span(prog, t, "sp"), "sp = %lld does not divide the sequence length (dim 1 of input '%s' %s)",
+      diag_error(strat_field_span(prog, t, "sp"), "sp = %lld does not divide the sequence length (dim 1 of input '%s' %s)",
                  (long long)sp, x->name, shape_str(&x->shape));
       ok = false;
     }
