@@ -11,13 +11,19 @@
 #include "pipeline.h"
 #include "train.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 /* ---- the hash that names a build ----------------------------------------------------------- */
 
@@ -434,6 +440,150 @@ static Argv *launch_argv(const char *prog, int64_t devices, char **args, int nar
   return a;
 }
 
+/* ---- run: stopping a multi-rank run ------------------------------------------------------------- */
+
+/* The program stops on SIGINT/SIGTERM after its step, with a checkpoint, and exits 0 (train.c).
+ * Open MPI's mpirun does not pass those signals on: on the first one it aborts the job (SIGCONT to
+ * every rank, SIGTERM odls_base_sigkill_timeout = 1 s later, SIGKILL 1 s after that) and exits 1
+ * whatever the ranks did, and its ranks run in process groups of their own, so a Ctrl-C at the
+ * terminal reaches mpirun alone. (SIGINT and SIGTERM cannot be added to its forwarded signals,
+ * ess_base_forward_signals.) So `cplanc run` does not exec mpirun: it starts it with SIGINT and
+ * SIGTERM blocked (Open MPI unblocks every signal in the ranks it starts, which install their own
+ * handlers), sends each SIGINT/SIGTERM it gets itself to the ranks (the processes under mpirun that
+ * run the program; one is enough, the ranks agree to stop at the step's all-reduce), and exits
+ * with mpirun's status: 0 when every rank stopped cleanly, a failed rank's status otherwise. The
+ * program's own rule, the same signal again within a second is one request and a later one kills
+ * it, holds as for one rank (below). Everything else (the tty, its job
+ * control signals, stdin, stdout and stderr) mpirun keeps as under an exec. Needs /proc (Linux);
+ * elsewhere cplanc execs mpirun as before. */
+
+/* The parent of process pid, from /proc/PID/stat; -1 when it is gone. */
+static long proc_ppid(long pid) {
+  char path[64], buf[512];
+  snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return -1;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* after the command name, which may hold anything */
+  long ppid;
+  return p && sscanf(p + 1, " %*c %ld", &ppid) == 1 ? ppid : -1;
+}
+
+/* Sends sig to every process below `top` whose executable is the file prog (dev, ino); returns
+ * how many it reached. */
+static int signal_ranks(pid_t top, const struct stat *prog, int sig) {
+  DIR *d = opendir("/proc");
+  if (!d) return 0;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    char *end, path[64];
+    long pid = strtol(e->d_name, &end, 10);
+    if (*end || pid <= 1 || pid == (long)top) continue;
+    struct stat st;
+    snprintf(path, sizeof path, "/proc/%ld/exe", pid);
+    if (stat(path, &st) != 0 || st.st_dev != prog->st_dev || st.st_ino != prog->st_ino) continue;
+    long p = pid;
+    for (int depth = 0; p > 1 && p != (long)top && depth < 32; depth++) p = proc_ppid(p);
+    if (p == (long)top && kill((pid_t)pid, sig) == 0) n++;
+  }
+  closedir(d);
+  return n;
+}
+
+/* Runs the launcher a (mpirun ... prog ...) as above and exits with its status; returns (errno
+ * set) only when it cannot be started. */
+static void launch_and_wait(Argv *a, const char *prog) {
+  struct stat ps;
+  if (stat(prog, &ps) != 0 || access("/proc/self/exe", F_OK) != 0) {
+    execvp(a->a[0], (char *const *)a->a); /* no /proc: as before */
+    return;
+  }
+  sigset_t waited, old;
+  sigemptyset(&waited);
+  sigaddset(&waited, SIGINT);
+  sigaddset(&waited, SIGTERM);
+  sigaddset(&waited, SIGCHLD);
+  int fds[2];
+  if (pipe(fds) != 0) return;
+  fcntl(fds[1], F_SETFD, FD_CLOEXEC); /* closed by a successful exec; an errno comes back else */
+  struct sigaction dfl = {.sa_handler = SIG_DFL}, old_chld;
+  sigaction(SIGCHLD, &dfl, &old_chld); /* an inherited SIG_IGN would reap mpirun behind waitpid */
+  sigprocmask(SIG_BLOCK, &waited, &old);
+  pid_t parent = getpid(), pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    sigaction(SIGCHLD, &old_chld, NULL);
+    sigset_t m = old;
+    sigaddset(&m, SIGINT);
+    sigaddset(&m, SIGTERM);
+    sigprocmask(SIG_SETMASK, &m, NULL);
+#ifdef __linux__
+    /* should cplanc die first (SIGKILL), mpirun aborts the job, as it did when it was cplanc */
+    prctl(PR_SET_PDEATHSIG, SIGHUP);
+    if (getppid() != parent) _exit(1);
+#endif
+    execvp(a->a[0], (char *const *)a->a);
+    int e = errno;
+    if (write(fds[1], &e, sizeof e) < 0) _exit(127);
+    _exit(127);
+  }
+  int e = errno;
+  close(fds[1]);
+  if (pid < 0) {
+    close(fds[0]);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    sigaction(SIGCHLD, &old_chld, NULL);
+    errno = e;
+    return;
+  }
+  ssize_t got;
+  while ((got = read(fds[0], &e, sizeof e)) < 0 && errno == EINTR) {}
+  close(fds[0]);
+  int status;
+  if (got == (ssize_t)sizeof e) { /* the exec failed */
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {}
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    sigaction(SIGCHLD, &old_chld, NULL);
+    errno = e;
+    return;
+  }
+  /* The first SIGINT/SIGTERM goes to the ranks; another within a second of it is the same request
+   * (timeout(1) signals cplanc, then its group) and is not passed on, as the ranks would ignore it
+   * but one that already stopped and put back the default handlers would die of it; a later one is
+   * passed on and kills them (the program's rule). `pending` is a signal no rank has had yet
+   * (mpirun is still starting them), tried again every 50 ms; should a later one come first, it
+   * aborts the launch (SIGHUP makes mpirun end the job, as the signals did when cplanc was it). */
+  int pending = 0, asked = 0;
+  struct timespec first = {0, 0}, now;
+  for (;;) {
+    struct timespec tick = {0, 50 * 1000 * 1000};
+    int sig = pending ? sigtimedwait(&waited, NULL, &tick) : sigwaitinfo(&waited, NULL);
+    if (sig == SIGINT || sig == SIGTERM) {
+      clock_gettime(CLOCK_MONOTONIC, &now);
+      if (!asked) asked = 1, first = now, pending = sig;
+      else if ((double)(now.tv_sec - first.tv_sec) + (double)(now.tv_nsec - first.tv_nsec) * 1e-9 >= 1.0) {
+        if (pending) kill(pid, SIGHUP);
+        else pending = sig;
+      }
+    }
+    if (pending && signal_ranks(pid, &ps, pending) > 0) pending = 0;
+    pid_t w = waitpid(pid, &status, WNOHANG);
+    if (w == pid) break;
+    if (w < 0 && errno != EINTR) _exit(1);
+  }
+  if (WIFEXITED(status)) _exit(WEXITSTATUS(status));
+  int sig = WTERMSIG(status); /* mpirun killed: so is cplanc, as when it was mpirun */
+  signal(sig, SIG_DFL);
+  sigset_t one;
+  sigemptyset(&one);
+  sigaddset(&one, sig);
+  sigprocmask(SIG_UNBLOCK, &one, NULL);
+  raise(sig);
+  _exit(128 + sig);
+}
+
 bool build_run(Graph *g, const TrainConf *t, const char *file, const char *hash, char **args, int nargs) {
   const char *dir = cache_dir(file);
   if (!cp_mkdir_p(dir)) {
@@ -457,7 +607,8 @@ bool build_run(Graph *g, const TrainConf *t, const char *file, const char *hash,
   Argv *a = launch_argv(prog, devices, args, nargs);
   fflush(stdout);
   fflush(stderr);
-  execvp(a->a[0], (char *const *)a->a);
+  if (strcmp(a->a[0], prog) != 0) launch_and_wait(a, prog); /* returns only when it cannot start */
+  else execvp(a->a[0], (char *const *)a->a);
   diag_error(SPAN_NONE, "cannot run %s: %s", a->a[0], strerror(errno));
   if (devices > 1) diag_hint("a plan for %lld devices runs under MPI: is %s installed?", (long long)devices, a->a[0]);
   return false;

@@ -72,4 +72,55 @@ interrupt term TERM ckpt
 resume_same term ckpt
 rm -rf ckpt
 interrupt twice TERM ckpt
+
+# `cplanc run` of a 2-device mesh runs the program under mpirun, which on SIGINT/SIGTERM aborts
+# the job (the ranks get SIGTERM, then SIGKILL a second later) and exits 1, and on a second one
+# before the job is down exits at once, leaving the ranks: cplanc passes the signal to the ranks
+# instead, and the run stops
+# as one program does (exit 0, a checkpoint). SIGINT to cplanc alone (kill), then twice at once to
+# its whole process group (Ctrl-C, twice, at a terminal; timeout(1) also signals both ways).
+e2e_mpi
+{ cat gpt_small.cplan; printf '\nmesh laptop {\n  shape  = [cpu = 2]\n  device = cpu\n}\n'; } >gpt_mr.cplan
+export CPLAN_CACHE=$tmp/cache
+mr=(gpt_mr.cplan --set train.mesh=laptop --set train.strategy.dp=2 --set train.steps=100000)
+e2e_prog 0 run_build "$cplanc" run "${mr[@]}" -- --steps 1 # builds into the cache
+# interrupt_run NAME TO N: `cplanc run` as a process group of its own, as a shell's foreground job
+# (perl's setpgrp, then exec: the same pid; not setsid, whose new session the busy ranks can starve
+# this script's out of the CPUs for the whole run); SIGINT N times to TO (its pid, or its group)
+interrupt_run() {
+  local name=$1 to=$2 n=$3 pid rc
+  perl -e 'setpgrp(0, 0) or die "setpgrp: $!"; exec @ARGV or die "exec: $!"' "$cplanc" run "${mr[@]}" -- \
+    --threads 1 --metrics "$name.jsonl" --checkpoint-dir "$name.ck" 2>"$name.err" &
+  pid=$!
+  sleep 0.2
+  [ "$(ps -o pgid= -p "$pid" | tr -d ' ')" = "$pid" ] || { kill "$pid"; fail "$name: cplanc run is not a group of its own"; }
+  SECONDS=0
+  while [ "$SECONDS" -lt 30 ] && kill -0 "$pid" 2>/dev/null; do
+    [ -n "$(sed -n '3{p;q}' "$name.jsonl" 2>/dev/null)" ] && break
+    sleep 0.05
+  done
+  python3 -c 'import os, signal, sys, time
+pid = int(sys.argv[1]) * (-1 if sys.argv[2] == "group" else 1)
+for k in range(int(sys.argv[3])):
+    if k: time.sleep(0.0005)
+    os.kill(pid, signal.SIGINT)' "$pid" "$to" "$n" 2>/dev/null ||
+    { tail -20 "$name.err"; fail "$name: cplanc run ended before the signal"; }
+  SECONDS=0
+  while [ "$SECONDS" -lt 20 ] && kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -KILL -- "-$pid"
+    pkill -KILL -f -- "$CPLAN_CACHE/" # the ranks, in process groups of their own
+    fail "$name: cplanc run still running 20 s after SIGINT"
+  fi
+  wait "$pid"
+  rc=$?
+  [ "$rc" = 0 ] || { tail -20 "$name.err"; fail "$name: cplanc run exited with $rc after SIGINT, expected 0"; }
+  stopped=$(grep -c . "$name.jsonl")
+  e2e_says "$name" "2 ranks" "interrupted after step $stopped" "--resume $name.ck"
+  [ -f "$name.ck/$(printf 'step_%06d' "$stopped")/state.json" ] ||
+    { ls -R "$name.ck"; fail "$name: no checkpoint of step $stopped in $name.ck"; }
+  echo "$name: SIGINT x$n to the $to of cplanc run (2 ranks) after step $stopped: exit 0, checkpoint"
+}
+interrupt_run run_pid pid 1
+interrupt_run run_group group 2
 echo "ok"
