@@ -471,8 +471,23 @@ static long proc_ppid(long pid) {
   return p && sscanf(p + 1, " %*c %ld", &ppid) == 1 ? ppid : -1;
 }
 
-/* Sends sig to every process below `top` whose executable is the file prog (dev, ino); returns
- * how many it reached. */
+/* Whether process pid has a handler for sig (/proc/PID/status, SigCgt): a rank that has not yet
+ * installed the program's handlers (it is still loading, or in MPI_Init) would die of sig, and one
+ * that has put the default ones back is done. */
+static bool proc_catches(long pid, int sig) {
+  char path[64], line[256];
+  snprintf(path, sizeof path, "/proc/%ld/status", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  unsigned long long mask = 0;
+  bool found = false;
+  while (!found && fgets(line, sizeof line, f)) found = sscanf(line, "SigCgt: %llx", &mask) == 1;
+  fclose(f);
+  return found && sig >= 1 && sig <= 64 && (mask >> (sig - 1) & 1);
+}
+
+/* Sends sig to every process below `top` whose executable is the file prog (dev, ino) and that
+ * catches it; returns how many it reached. */
 static int signal_ranks(pid_t top, const struct stat *prog, int sig) {
   DIR *d = opendir("/proc");
   if (!d) return 0;
@@ -486,7 +501,7 @@ static int signal_ranks(pid_t top, const struct stat *prog, int sig) {
     if (stat(path, &st) != 0 || st.st_dev != prog->st_dev || st.st_ino != prog->st_ino) continue;
     long p = pid;
     for (int depth = 0; p > 1 && p != (long)top && depth < 32; depth++) p = proc_ppid(p);
-    if (p == (long)top && kill((pid_t)pid, sig) == 0) n++;
+    if (p == (long)top && proc_catches(pid, sig) && kill((pid_t)pid, sig) == 0) n++;
   }
   closedir(d);
   return n;
@@ -553,7 +568,7 @@ static void launch_and_wait(Argv *a, const char *prog) {
    * (timeout(1) signals cplanc, then its group) and is not passed on, as the ranks would ignore it
    * but one that already stopped and put back the default handlers would die of it; a later one is
    * passed on and kills them (the program's rule). `pending` is a signal no rank has had yet
-   * (mpirun is still starting them), tried again every 50 ms; should a later one come first, it
+   * (mpirun is still starting them, or none has its handlers yet), tried again every 50 ms; should a later one come first, it
    * aborts the launch (SIGHUP makes mpirun end the job, as the signals did when cplanc was it). */
   int pending = 0, asked = 0;
   struct timespec first = {0, 0}, now;

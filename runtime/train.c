@@ -1493,10 +1493,8 @@ int rt_main(int argc, char **argv, const RtPlan *plan) {
     usage(stdout, t.prog, plan);
     return 0;
   }
-  t.nranks = 1;
-  if (join_ranks(&t, &argc, &argv) != 0) return 2;
-  t.verbose = !t.o.quiet && t.rank == 0;
-  t.tty = isatty(STDERR_FILENO);
+  /* The handlers go in before MPI_Init (which installs none for these two; it takes a while):
+   * a signal from then on stops the run after its first step, with a checkpoint. */
   struct sigaction sa = {.sa_handler = on_signal}, old_int, old_term;
   sigemptyset(&sa.sa_mask); /* the handler runs with both blocked: one stop_at */
   sigaddset(&sa.sa_mask, SIGINT);
@@ -1504,6 +1502,14 @@ int rt_main(int argc, char **argv, const RtPlan *plan) {
   stop_signal = 0;
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
+  t.nranks = 1;
+  if (join_ranks(&t, &argc, &argv) != 0) {
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    return 2;
+  }
+  t.verbose = !t.o.quiet && t.rank == 0;
+  t.tty = isatty(STDERR_FILENO);
   int rc = finish(&t, run_all(&t));
   sigaction(SIGINT, &old_int, NULL);
   sigaction(SIGTERM, &old_term, NULL);

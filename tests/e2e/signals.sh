@@ -84,21 +84,24 @@ e2e_mpi
 export CPLAN_CACHE=$tmp/cache
 mr=(gpt_mr.cplan --set train.mesh=laptop --set train.strategy.dp=2 --set train.steps=100000)
 e2e_prog 0 run_build "$cplanc" run "${mr[@]}" -- --steps 1 # builds into the cache
-# interrupt_run NAME TO N: `cplanc run` as a process group of its own, as a shell's foreground job
-# (perl's setpgrp, then exec: the same pid; not setsid, whose new session the busy ranks can starve
-# this script's out of the CPUs for the whole run); SIGINT N times to TO (its pid, or its group)
+# interrupt_run NAME TO N [AFTER]: `cplanc run` as a process group of its own, as a shell's
+# foreground job (perl's setpgrp, then exec: the same pid; not setsid, whose new session the busy
+# ranks can starve this script's out of the CPUs for the whole run); SIGINT N times to TO (its pid,
+# or its group) once step 3 is done, or AFTER seconds from the start (the ranks are then being
+# started, loading, or in MPI_Init: a rank signalled before its handlers were in died of it).
 interrupt_run() {
-  local name=$1 to=$2 n=$3 pid rc
+  local name=$1 to=$2 n=$3 after=${4:-} pid rc
   perl -e 'setpgrp(0, 0) or die "setpgrp: $!"; exec @ARGV or die "exec: $!"' "$cplanc" run "${mr[@]}" -- \
     --threads 1 --metrics "$name.jsonl" --checkpoint-dir "$name.ck" 2>"$name.err" &
   pid=$!
   sleep 0.2
   [ "$(ps -o pgid= -p "$pid" | tr -d ' ')" = "$pid" ] || { kill "$pid"; fail "$name: cplanc run is not a group of its own"; }
   SECONDS=0
-  while [ "$SECONDS" -lt 30 ] && kill -0 "$pid" 2>/dev/null; do
+  while [ -z "$after" ] && [ "$SECONDS" -lt 30 ] && kill -0 "$pid" 2>/dev/null; do
     [ -n "$(sed -n '3{p;q}' "$name.jsonl" 2>/dev/null)" ] && break
     sleep 0.05
   done
+  [ -z "$after" ] || sleep "$after"
   python3 -c 'import os, signal, sys, time
 pid = int(sys.argv[1]) * (-1 if sys.argv[2] == "group" else 1)
 for k in range(int(sys.argv[3])):
@@ -123,4 +126,5 @@ for k in range(int(sys.argv[3])):
 }
 interrupt_run run_pid pid 1
 interrupt_run run_group group 2
+for after in 0 0.1 0.2 0.3 0.4; do interrupt_run "run_start$after" pid 1 "$after"; done
 echo "ok"
