@@ -481,8 +481,8 @@ void cg_emit_plan_lowered(FILE *out, const StratPlan *sp, const CgGlobal *gt) {
     if (sp->axes[a].role == AX_DP) dpa = a;
     if (sp->axes[a].role == AX_TP) tpa = a;
   }
-  fprintf(out, "    .tp = %lld,\n    .nplan_axes = %d,\n    .plan_axes = plan_axes,\n    .plan_axis_names = plan_axis_names,\n",
-          (long long)sp->tp, sp->naxes);
+  fprintf(out, "    .tp = %lld,\n    .sp = %lld,\n    .zero = %d,\n    .nplan_axes = %d,\n    .plan_axes = plan_axes,\n"
+          "    .plan_axis_names = plan_axis_names,\n", (long long)sp->tp, (long long)sp->sp, (int)sp->zero, sp->naxes);
   fprintf(out, "    .dp_axis = %d,\n    .tp_axis = %d,\n    .gparams = gparams,\n    .gparam_floats = %lld,\n", dpa, tpa,
           (long long)gt->gparam_floats);
   fprintf(out, "    .gstates = gstates,\n    .gstate_floats = %lld,\n    .global_index = global_index,\n    .split_dim = split_dim,\n",

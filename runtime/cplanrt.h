@@ -280,6 +280,8 @@ typedef struct RtPlan {
    * them out), and global_index maps element `local` of the shard of param k (state k when
    * state != 0) held at strategy coordinates coord to its index in the whole tensor. */
   int64_t tp;
+  int64_t sp;                   /* sequence parallelism (Megatron's: over the tp group; 0, 1: none) */
+  int zero;                     /* the ZeRO stage, 0-3 (for messages: the plan already does it) */
   int nplan_axes;
   const int64_t *plan_axes;
   const char *const *plan_axis_names;

@@ -982,9 +982,11 @@ static void banner(Trainer *t) {
     say(t, "data: tensors %s (%lld rows)%s%s", t->data_path, (long long)rt_tsrc_rows(t->ts),
         t->has_val ? ", val " : "", t->has_val ? p->val_path : "");
   if (t->nranks > 1 && lowered(p))
-    say(t, "%d ranks (mesh %s): dp %lld x tp %lld x pp %lld%s, each micro %lld x accum %lld of the batch of %lld",
-        t->nranks, p->mesh ? p->mesh : "?", (long long)plan_dp(p), (long long)plan_tp(p), (long long)plan_pp(p),
-        plan_pp(p) > 1 ? (p->pp_chunks > 1 ? " (interleaved: 2 stages per rank)" : p->pp_schedule == 1 ? " (GPipe)" : " (1F1B)") : "", (long long)p->micro,
+    say(t, "%d ranks (mesh %s): dp %lld x tp %lld%s x pp %lld%s%s, each micro %lld x accum %lld of the batch of %lld",
+        t->nranks, p->mesh ? p->mesh : "?", (long long)plan_dp(p), (long long)plan_tp(p),
+        p->sp > 1 ? " (sequence parallel)" : "", (long long)plan_pp(p),
+        plan_pp(p) > 1 ? (p->pp_chunks > 1 ? " (interleaved: 2 stages per rank)" : p->pp_schedule == 1 ? " (GPipe)" : " (1F1B)") : "",
+        p->zero > 0 ? (p->zero == 1 ? ", ZeRO 1" : p->zero == 2 ? ", ZeRO 2" : ", ZeRO 3") : "", (long long)p->micro,
         (long long)p->accum, (long long)p->batch);
   else if (t->nranks > 1)
     say(t, "data parallel: %d ranks (mesh %s), each micro %lld x accum %lld of the batch of %lld; "

@@ -34,6 +34,7 @@ for m in gpt_small llama_small; do
   e2e_build "$m-sp" "$m.cplan" "${sets[@]}" --set train.strategy.sp=2
   e2e_prog 0 "$m-sp" "$mpirun" -np 4 --oversubscribe "./$m-sp" --save "$m-sp.st" --metrics "$m-sp.jsonl"
   e2e_close "$m dp=2 x tp=2 x sp=2" "$m-1.jsonl" "$m-sp.jsonl" "$m-1.st" "$m-sp.st"
+  e2e_says "$m-sp" "4 ranks (mesh laptop): dp 2 x tp 2 (sequence parallel) x pp 1, each micro"
   # the tp checkpoint after 3 steps holds whole tensors: one device resumes it
   e2e_prog 0 "$m-resume" "./$m-1" --resume "ck-$m/step_000003" --metrics "$m-res.jsonl"
   e2e_tail_close "$m tp=2 -> 1 resume" "$m-1.jsonl" "$m-res.jsonl" 3

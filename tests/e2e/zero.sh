@@ -42,6 +42,7 @@ for m in gpt_small llama_small; do
       --set "train.strategy.dp=$dp" --set "train.strategy.tp=$tp" --set "train.strategy.zero=$z"
     e2e_prog 0 "$name" "$mpirun" -np "$n" --oversubscribe "./$name" --save "$name.st" --metrics "$name.jsonl" \
       --checkpoint-every 3 --checkpoint-dir "ck-$name"
+    e2e_says "$name" "$n ranks (mesh laptop): dp $dp x tp $tp x pp 1, ZeRO $z, each micro"
     e2e_close "$m zero=$z dp=$dp tp=$tp" "$m-1.jsonl" "$name.jsonl" "$m-1.st" "$name.st"
     memory "$m zero=$z dp=$dp tp=$tp" "$m-1.jsonl" "$name.jsonl" "$fp" "$fs"
   done
