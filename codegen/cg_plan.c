@@ -433,7 +433,9 @@ void cg_emit_global_tables(FILE *out, const StratPlan *sp, const Lowered *lw, co
     for (int k = 0; k < ps->g->states.n; k++) fprintf(out, "%s%d", k ? ", " : "", ps->gstate[k]);
     fprintf(out, "%s};\nstatic const unsigned char param_owned[] = {", ps->g->states.n ? "" : "0");
     for (int k = 0; k < ps->g->params.n; k++) fprintf(out, "%s%d", k ? ", " : "", ps->owned[k]);
-    fprintf(out, "%s};\n", ps->g->params.n ? "" : "0");
+    fprintf(out, "%s};\nstatic const int state_part_to[] = {", ps->g->params.n ? "" : "0");
+    for (int k = 0; k < ps->g->states.n; k++) fprintf(out, "%s%d", k ? ", " : "", ps->part_to[k]);
+    fprintf(out, "%s};\n", ps->g->states.n ? "" : "-1");
     kp = "param_global[k]", ks = "state_global[k]";
   }
   fprintf(out, "\n/* The global (row-major) index of element `local` of the shard that the rank at strategy\n"
@@ -492,6 +494,7 @@ void cg_emit_plan_lowered(FILE *out, const StratPlan *sp, const CgGlobal *gt) {
 void cg_emit_plan_pipeline(FILE *out, const StratPlan *sp, const Pipeline *pipe, int stage, int ppa, const TrainConf *t) {
   fprintf(out, "    .pp = %d,\n    .stage = %d,\n    .stage_plans = cplan_stages,\n    .pp_axis = %d,\n    .pp_schedule = %d,\n"
           "    .param_global = param_global,\n    .state_global = state_global,\n    .param_owned = param_owned,\n"
+          "    .state_part_to = state_part_to,\n"
           "    .ngparams = %d,\n    .ngstates = %d,\n    .pp_chunks = %d,\n    .grad_sumsq = update_grad_sumsq,\n",
           pipe->devices, stage, ppa, t->strategy.pipeline == PS_GPIPE ? 1 : 0, sp->g->params.n, sp->g->states.n,
           pipe->chunks);

@@ -2237,7 +2237,7 @@ static void emit_plan(Cu *c, const char *hash) {
   EMIT("    .to_device = to_device,\n    .to_host = to_host,\n    .reduce_grads = %s,\n    .loss_scaler = %s,\n",
        dp > 1 ? "reduce_grads" : "NULL", c->ls ? "loss_scaler" : "NULL");
   if (c->seed >= 0 && c->ls) EMIT("    .step_metrics = ls_step_metrics,\n");
-  if (c->pipe) EMIT("    .param_copy = param_copy,\n");
+  if (c->pipe) EMIT("    .param_copy = param_copy,\n    .state_copy = state_copy,\n");
   EMIT("};\n");
   if (c->pipe) /* plan.c's main (cg_emit_pipeline_main) calls each stage's */
     EMIT("\nvoid cplan_gpu_init_s%d(int argc, char **argv);\nvoid cplan_gpu_init_s%d(int argc, char **argv) { gpu_init(argc, argv); }\n",

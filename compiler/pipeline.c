@@ -148,6 +148,10 @@ typedef struct Cut {
    * them: lst -1) */
   int total;
   bool *chain, *pre, *post;
+  /* tied gradients (pipeline.h): per lowered node, for a param's gradient sum deferred to the
+   * step's end, the input (0, 1) that another stage accumulates itself (-1: none); per lowered
+   * node v, the sum whose contribution v is (-1: none) */
+  int *defer, *part_of;
   char *err;
   size_t errlen;
   bool failed;
@@ -234,6 +238,36 @@ static void find_norm(Cut *c, const StratPlan *sp, const Lowered *lw) {
   }
 }
 
+/* The param gradient sums to defer (pipeline.h, c->defer and c->part_of): a backward ADD of two
+ * contributions whose only reader is the ACCUM into a gradient accumulator (a state, not saved),
+ * on the owner's stage with one contribution, the other computed on another stage and read by
+ * nothing else, of the sum's shape and type. */
+static void find_deferred(Cut *c) {
+  const Graph *lg = c->lg;
+  c->use = consumers(lg);
+  c->defer = cp_alloc(sizeof(int) * (size_t)(lg->n ? lg->n : 1));
+  c->part_of = cp_alloc(sizeof(int) * (size_t)(lg->n ? lg->n : 1));
+  for (int j = 0; j < lg->n; j++) c->defer[j] = c->part_of[j] = -1;
+  for (int j = 0; j < lg->n; j++) {
+    const Node *x = &lg->nodes[j];
+    if (x->op != OP_ADD || x->role != ROLE_BWD || x->nin != 2 || c->use[j].n != 1) continue;
+    int acc = c->use[j].a[0];
+    const Node *a = &lg->nodes[acc];
+    if (a->op != OP_ACCUM || a->nin != 2 || a->in[1] != j || c->lst[acc] != c->lst[j]) continue;
+    const Node *st = &lg->nodes[a->in[0]];
+    if (st->op != OP_STATE || st->ia[1] || !shape_eq(&st->shape, &x->shape)) continue;
+    for (int k = 0; k < 2; k++) {
+      int v = x->in[k], u = x->in[1 - k];
+      const Node *y = &lg->nodes[v];
+      if (c->lst[u] != c->lst[j] || c->lst[v] < 0 || c->lst[v] == c->lst[j] || c->use[v].n != 1 ||
+          c->part_of[v] >= 0 || y->role != ROLE_BWD || y->dtype != x->dtype || !shape_eq(&y->shape, &x->shape))
+        continue;
+      c->defer[j] = k, c->part_of[v] = j;
+      break;
+    }
+  }
+}
+
 typedef struct Build {
   Cut *c;
   int s;
@@ -245,6 +279,8 @@ typedef struct Build {
   int *part;         /* per lowered node of the norm's sum: this stage's part of it (-1: none,
                         -2: not yet known) */
   int total_in;      /* the SCALAR_IN "grad_sumsq" that stands for the whole sum here, -1 */
+  int *part_to;      /* per lowered STATE: the owner stage this stage's partial accumulator of it
+                        goes to (a tied gradient), -1 */
 } Build;
 
 /* The squared gradient norm summed over every stage, which the runtime hands the update
@@ -320,6 +356,12 @@ static void copy_at(Build *b, int j) {
   for (int k = 0; k < o->nin; k++) in[k] = input_of(b, o->in[k]);
   b->local[j] = copy_node(c, b->g, j, in, o->fwd >= 0 ? b->local[o->fwd] : -1);
   if (o->op == OP_GRAD && b->local[o->fwd] < 0) failf(c, "pipeline: the gradient %%%d is not on its forward node's stage", j);
+  if (c->part_of[j] >= 0) { /* a tied gradient's contribution: accumulated here, sent once a step */
+    int acc = c->use[c->part_of[j]].a[0], st = c->lg->nodes[acc].in[0];
+    int ai[2] = {leaf_copy(b, st), b->local[j]};
+    copy_node(c, b->g, acc, ai, -1);
+    b->part_to[st] = c->lst[acc];
+  }
   for (int to = 0; to < pp; to++) {
     if (to == b->s || c->tag[j * pp + to] < 0) continue;
     Role r = c->erole[j * pp + to];
@@ -361,10 +403,13 @@ static PipeStage build_stage(Cut *c, const Lowered *lw, int s) {
   b.local = cp_alloc(sizeof(int) * (size_t)lg->n);
   b.recv = cp_alloc(sizeof(int) * (size_t)lg->n);
   b.part = cp_alloc(sizeof(int) * (size_t)lg->n);
-  for (int j = 0; j < lg->n; j++) b.local[j] = b.recv[j] = -1, b.part[j] = -2;
+  b.part_to = cp_alloc(sizeof(int) * (size_t)lg->n);
+  for (int j = 0; j < lg->n; j++) b.local[j] = b.recv[j] = b.part_to[j] = -1, b.part[j] = -2;
   for (int k = 0; k < lg->inputs.n; k++) leaf_copy(&b, lg->inputs.a[k]); /* every stage reads the data */
   for (int j = 0; j < lg->n && !c->failed; j++)
-    if (c->lst[j] == s && lg->nodes[j].role != ROLE_UPD) copy_at(&b, j);
+    if (c->lst[j] == s && c->defer[j] >= 0) /* the owner's side of a deferred sum: its own part */
+      b.local[j] = input_of(&b, lg->nodes[j].in[1 - c->defer[j]]);
+    else if (c->lst[j] == s && lg->nodes[j].role != ROLE_UPD) copy_at(&b, j);
   flush_pending(&b, ROLE_BWD);
   for (int j = 0; j < lg->n && !c->failed; j++)
     if (c->lst[j] == s && lg->nodes[j].role == ROLE_UPD && c->pre[j]) copy_at(&b, j);
@@ -380,20 +425,22 @@ static PipeStage build_stage(Cut *c, const Lowered *lw, int s) {
   ps.gparam = cp_alloc(sizeof(int) * (size_t)(lg->params.n + 1));
   ps.owned = cp_alloc(sizeof(bool) * (size_t)(lg->params.n + 1));
   ps.gstate = cp_alloc(sizeof(int) * (size_t)(lg->states.n + 1));
+  ps.part_to = cp_alloc(sizeof(int) * (size_t)(lg->states.n + 1));
   for (int k = 0; k < lg->params.n; k++) {
     int v = b.local[lg->params.a[k]];
     if (v < 0) continue;
     ps.gparam[g->params.n] = k;
     ps.owned[g->params.n] = true; /* set by pp_partition */
     VEC_PUSH(g->params, v);
-    int gr = lg->grads.n ? lg->grads.a[k] : -1;
-    VEC_PUSH(g->grads, gr >= 0 && b.local[gr] >= 0 ? b.local[gr] : -1);
+    int gr = lg->grads.n ? lg->grads.a[k] : -1; /* none for a deferred sum: only a part is here */
+    VEC_PUSH(g->grads, gr >= 0 && b.local[gr] >= 0 && c->defer[gr] < 0 ? b.local[gr] : -1);
   }
   for (int k = 0; k < lg->inputs.n; k++) VEC_PUSH(g->inputs, b.local[lg->inputs.a[k]]);
   for (int k = 0; k < lg->states.n; k++) {
     int v = b.local[lg->states.a[k]];
     if (v < 0) continue;
     ps.gstate[g->states.n] = k;
+    ps.part_to[g->states.n] = b.part_to[lg->states.a[k]];
     VEC_PUSH(g->states, v);
   }
   for (int k = 0; k < lg->layer_names.n; k++) VEC_PUSH(g->layer_names, lg->layer_names.a[k]);
@@ -426,6 +473,7 @@ Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, int chunks, char 
   c.lst = cp_alloc(sizeof(int) * (size_t)(lg->n ? lg->n : 1));
   for (int j = 0; j < lg->n; j++) c.lst[j] = replicated(&lg->nodes[j]) ? -1 : gst[lw->origin.a[j]];
   find_norm(&c, sp, lw);
+  find_deferred(&c);
   /* the crossings: value j read on another stage */
   c.tag = cp_alloc(sizeof(int) * (size_t)(lg->n * pp + 1));
   c.erole = cp_alloc(sizeof(Role) * (size_t)(lg->n * pp + 1));
@@ -439,7 +487,7 @@ Pipeline *pp_partition(const StratPlan *sp, const Lowered *lw, int chunks, char 
     if (c.lst[i] < 0) continue;
     for (int k = 0; k < n->nin; k++) {
       int v = n->in[k];
-      if (v == c.total || c.lst[v] < 0 || c.lst[v] == c.lst[i]) continue;
+      if (v == c.total || c.lst[v] < 0 || c.lst[v] == c.lst[i] || c.defer[i] == k) continue;
       if (n->role == ROLE_UPD) { /* the update of a param is on its owner's stage (pipeline.h) */
         snprintf(err, errlen, "the update node %%%d (%s) reads %%%d of another stage", i, ir_ops[n->op].name, v);
         return NULL;

@@ -19,7 +19,13 @@
  * Leaves (params, inputs, constants, states) are copied into every stage that reads them. A param
  * read by several stages (GPT's tied embedding: stage 0 and the last) is held by each, updated by
  * its owner, and the runtime sends the updated value from the owner to the other holders after
- * each update; their gradient contributions reach the owner like any other value.
+ * each update. Their gradient contributions reach the owner once a step, as Megatron's embedding
+ * group all-reduces the tied gradient once a step: a holder accumulates its contribution over the
+ * micro-batches into an accumulator of its own (the owner's gradient state, copied: PipeStage.
+ * part_to names the owner), and the runtime adds it into the owner's after the micro-batches,
+ * before the gradient norm and the dp reduction (RtPlan.state_part_to). A contribution that
+ * cannot be deferred so (read by another node, or summed after a collective) crosses with its
+ * micro-batch like any other value.
  *
  * A value one stage computes and another reads crosses once: PP_SEND after the producer, PP_RECV
  * before the first reader (ops.def), in the phase of the reader (a forward value the other stage
@@ -39,6 +45,8 @@ typedef struct PipeStage {
   int *gparam;       /* per param of g (g->params order): its index among the global params */
   bool *owned;       /* per param of g: this stage owns it (updates it, writes it to files) */
   int *gstate;       /* per state of g: its index among the global states */
+  int *part_to;      /* per state of g: the owner stage its partial gradient accumulator is added
+                        into once a step (a tied param's, pipeline.h), -1 */
   int norm_part;     /* the node of g holding this stage's part of the squared gradient norm, -1:
                         none (its part is 0) */
   int norm_split;    /* the update nodes of g before it compute that part (RtPlan.grad_sumsq); the

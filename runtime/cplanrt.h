@@ -321,6 +321,10 @@ typedef struct RtPlan {
   const int *param_global;
   const int *state_global;
   const unsigned char *param_owned;
+  /* per state: -1, or the stage whose accumulator of the same global state (state_global) this
+   * partial gradient accumulator is added into once a step, after the micro-batches (a tied
+   * param: compiler/pipeline.h); its dp reduction and the norm are the owner's */
+  const int *state_part_to;
   int ngparams, ngstates;       /* the whole params and states (gparams, gstates) */
   int pp_chunks;                /* stages per rank: 2 under the interleaved schedule (0, 1: one) */
   double (*grad_sumsq)(RtRun *run); /* a stage's part of the squared gradient norm */
@@ -350,6 +354,9 @@ typedef struct RtPlan {
    * host mirror after each update (sync_shared_params): it copies it out of the owner's device
    * first and into each holder's device after. */
   void (*param_copy)(int k, float *host, int to_device);
+  /* The same for state k (its numel floats): the runtime adds a partial gradient accumulator
+   * (state_part_to) into its owner's through the host mirrors. */
+  void (*state_copy)(int k, float *host, int to_device);
   /* NULL, or: after the step's update, the plan (each pipeline stage plan that reports metrics)
    * may rewrite sums, its metrics summed over the step's micro-batches, before the runtime averages
    * them: a metric the update decides (f16's skipped_steps: the micro-batches report it before the

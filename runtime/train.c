@@ -499,7 +499,7 @@ static RtComm *dp_group(Trainer *t) { return t->p->dp_axis >= 0 && lowered(t->p)
 /* whether the runtime reduces state i over the dp group: a gradient accumulator held whole on
  * the dp axis (ZeRO 2 and 3 reduce-scatter theirs in the graph) */
 static int runtime_reduced(const RtPlan *p, int i) {
-  if (p->states[i].saved) return 0;
+  if (p->states[i].saved || (p->state_part_to && p->state_part_to[i] >= 0)) return 0; /* the owner's is */
   return !lowered(p) || p->states[i].reduce;
 }
 static int64_t plan_devices(const RtPlan *p) { return p->devices > 0 ? p->devices : 1; }
@@ -629,7 +629,8 @@ static float *whole(Trainer *t, int state) {
     const RtPlan *p = t->p;
     int n = state ? p->nstates : p->nparams;
     for (int k = 0; k < n; k++) {
-      int lead = state || !p->param_owned || p->param_owned[k]; /* a pipeline stage writes what it owns */
+      /* a pipeline stage writes what it owns (a partial gradient accumulator: its owner's state) */
+      int lead = state ? !p->state_part_to || p->state_part_to[k] < 0 : !p->param_owned || p->param_owned[k];
       for (int a = 0; a < p->nplan_axes; a++)
         if (p->split_dim(state, k, a) < 0 && t->run.axis_coord[a] != 0) lead = 0;
       if (!lead) continue;
@@ -1154,6 +1155,47 @@ static void pp_run(Trainer *t, int64_t s, PpOp o, double *lsum, RtError *err) {
   }
 }
 
+/* Pipeline parallelism, after the micro-batches: each partial gradient accumulator of a param
+ * several stages read (a tied embedding's head contribution, compiler/pipeline.h) is added into
+ * its owner's accumulator, to the rank of the owner (pp group; on the same rank, in place), once a
+ * step. Every rank walks the same list, the sends first (they do not wait), then the receives. */
+static void reduce_shared_grads(Trainer *t) {
+  const RtPlan *p = t->p, *const *sp = p->stage_plans;
+  RtComm *g = t->run.axis_comm[p->pp_axis];
+  int P = (int)plan_pp(p), n = P * nstages(t), me = (int)t->run.axis_coord[p->pp_axis];
+  for (int pass = 0; pass < 2; pass++)
+    for (int q = 0; q < n; q++) {
+      const RtPlan *hq = sp[q];
+      for (int k = 0; hq->state_part_to && k < hq->nstates; k++) {
+        int o = hq->state_part_to[k], j = -1;
+        if (o < 0) continue;
+        for (int i = 0; i < sp[o]->nstates && j < 0; i++)
+          if (sp[o]->state_global[i] == hq->state_global[k]) j = i;
+        if (j < 0 || sp[o]->states[j].numel != hq->states[k].numel)
+          rt_comm_abort(t->world, 1, "a partial gradient has no accumulator on its owner stage (a bug in cplan)");
+        int64_t numel = hq->states[k].numel;
+        int tag = (1 << 22) + hq->state_global[k] * n + q;
+        float *src = q % P == me ? stage_view(t, q / P).state + hq->states[k].offset : NULL;
+        float *dst = o % P == me ? stage_view(t, o / P).state + sp[o]->states[j].offset : NULL;
+        if (pass == 0) { /* the holder's part, to the host and on its way */
+          if (src && hq->state_copy) hq->state_copy(k, src, 0);
+          if (src && !dst) rt_comm_isend(g, src, numel, RT_COMM_F32, o % P, tag);
+          continue;
+        }
+        if (!dst) continue;
+        float *part = src;
+        if (!part && !(part = malloc((size_t)numel * sizeof *part + 1)))
+          rt_comm_abort(t->world, 1, "out of memory for a tied gradient");
+        if (!src) rt_comm_recv(g, part, numel, RT_COMM_F32, q % P, tag);
+        if (sp[o]->state_copy) sp[o]->state_copy(j, dst, 0);
+        for (int64_t e = 0; e < numel; e++) dst[e] += part[e];
+        if (sp[o]->state_copy) sp[o]->state_copy(j, dst, 1);
+        if (part != src) free(part);
+      }
+    }
+  rt_comm_wait_sends(g);
+}
+
 /* One step of the rank's pipeline stages: the micro-batches' forwards and backwards in the order
  * of pp_order, on each stage's nslots arenas; then each stage's slot 0 again (the update's). */
 static void pp_micro_batches(Trainer *t, int64_t s, double *lsum, RtError *err) {
@@ -1165,6 +1207,7 @@ static void pp_micro_batches(Trainer *t, int64_t s, double *lsum, RtError *err) 
     t->bufs = t->slot_bufs[0];
   }
   rt_comm_wait_sends(t->run.axis_comm[t->p->pp_axis]);
+  reduce_shared_grads(t);
 }
 
 /* The update of the rank's pipeline stages (pipeline.h): the squared gradient norm is the sum of

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # pp.sh CPLANC SRCDIR: pipeline parallelism on CPU ranks under mpirun. gpt_small (its tied
 # embedding is read by the first and the last stage) and llama_small, cut into pp = 2 stages with
-# 4 micro-batches (micro = 1 of batch 4) under 1F1B and GPipe, and combined with dp = 2, tp = 2,
+# 4 micro-batches (micro = 1 of batch 4) under 1F1B and GPipe (gpt_small's tied gradient crossing
+# once a step, in the trace), and combined with dp = 2, tp = 2,
 # zero = 1 and full recomputation, must train like the single-device program (e2e_close: the 6 losses and gradient norms
 # within 2e-4 relative, the consolidated params within 1e-4); each stage holds only its layers'
 # params; a pp checkpoint resumes on one device. The interleaved schedule (2 stages per rank) on
@@ -44,9 +45,25 @@ for r, x, u in re.findall(r"rank (\d): peak RSS .*?\(params ([\d.]+)(kB|MB|B),",
     if kb(x, u) >= 0.9 * whole:
         sys.exit("FAILED: pp=2 stage of rank %s holds %s%s of params, the whole model %d B" % (r, x, u, whole))
 PY
-  # --init of whole tensors into the stages (and --save-init out of them) under pp
+  # --init of whole tensors into the stages (and --save-init out of them) under pp; traced: gpt_small's
+  # tied embedding gradient (the head's part, wte's 64 x 32 f32 = 8192 B) crosses from the last
+  # stage once a step (Megatron: once a step), not with each of the 4 micro-batches
   e2e_prog 0 "$m-init" "$mpirun" -np 2 --oversubscribe "./$m-1f1b" --init "$m-init.st" --save-init "$m-init2.st" \
-    --save "$m-init.st.out" --metrics "$m-init.jsonl"
+    --save "$m-init.st.out" --metrics "$m-init.jsonl" --trace "$m-init.trace.json"
+  if [ $m = gpt_small ]; then
+    python3 - "$m-init.trace.json" <<'PY' || exit 1
+import collections, json, sys
+t = json.load(open(sys.argv[1]))
+per = collections.Counter()
+for e in (t["traceEvents"] if isinstance(t, dict) else t):
+    a = e.get("args", {})
+    if e.get("pid") == 1 and e.get("name") == "isend" and a.get("bytes") == 8192:
+        per[a["step"]] += 1
+if not per or any(n != 1 for n in per.values()):
+    sys.exit("FAILED: the last stage's sends of wte's gradient per step: %s, expected 1 a step" % dict(per))
+print("pp=2: the tied gradient crosses once a step:", dict(per))
+PY
+  fi
   cmp -s "$m-init.st" "$m-init2.st" || fail "$m: pp --save-init of the loaded params differs from the file loaded"
   e2e_close "$m pp=2 --init" "$m-1.jsonl" "$m-init.jsonl" "$m-1.st" "$m-init.st.out"
   # a wrong rank count: every rank says how the program runs, the degrees included
