@@ -9,9 +9,9 @@
  *
  * Dtype rules (§5): a scalar takes the tensor's dtype; i32 with a float gives the
  * float; two different float dtypes give f32; comparisons give f32; float ops
- * (exp, log, softmax, ...) on i32 give f32. A CONST scalar with an integral value
- * counts as "any dtype" (so `idx + 1` stays i32), one with a fractional value as
- * a float (so `idx * 0.5` is f32). */
+ * (exp, log, softmax, ...) on i32 give f32. An int CONST scalar (i32) counts as
+ * "any dtype" (so `idx + 1` stays i32), a float one (f32) as a float, whatever its
+ * value (so `idx * 0.5` and `idx * 1.0` are f32, as in PyTorch). */
 #include "ir.h"
 #include "placement.h"
 
@@ -61,7 +61,7 @@ static bool is_scalar_operand(const Node *x, const Node *other) {
 /* The dtype a scalar `s` gives together with tensor `t`. */
 static DType scalar_with(const Node *s, const Node *t) {
   if (t->dtype != DT_I32) return t->dtype;
-  if (s->op == OP_CONST) return isfinite(s->fa[0]) && s->fa[0] == floor(s->fa[0]) ? DT_I32 : DT_F32;
+  if (s->op == OP_CONST) return s->dtype == DT_I32 ? DT_I32 : DT_F32; /* `idx + 1` i32, `idx * 1.0` f32 */
   return s->dtype; /* a computed scalar: i32 with a float gives the float */
 }
 
@@ -450,10 +450,16 @@ static bool shape_slice(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *x = in_node(g, n, 0);
   if (!canon_axis(n, &n->ia[0], &x->shape, err, errlen)) return false;
   int64_t dim = x->shape.d[n->ia[0]], s = n->ia[1], e = n->ia[2];
+  /* A negative start or end counts from the end, as Python's x[..., -3:-1] (canonicalised in place). */
+  if (s < 0 && s >= -dim) s += dim;
+  if (e < 0 && e >= -dim) e += dim;
   if (s < 0 || s >= e || e > dim)
-    return fail(err, errlen, "slice: range %lld..%lld is invalid for dim %lld of %s (size %lld): need 0 <= start < end <= %lld",
-                (long long)s, (long long)e, (long long)n->ia[0], shape_str(&x->shape), (long long)dim,
+    return fail(err, errlen,
+                "slice: range %lld..%lld is invalid for dim %lld of %s (size %lld): need 0 <= start < end <= %lld "
+                "(negative values count from the end)",
+                (long long)n->ia[1], (long long)n->ia[2], (long long)n->ia[0], shape_str(&x->shape), (long long)dim,
                 (long long)dim);
+  n->ia[1] = s, n->ia[2] = e;
   n->shape = x->shape;
   n->shape.d[n->ia[0]] = e - s;
   n->dtype = x->dtype;

@@ -14,6 +14,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 enum {
   MAX_NODES = 2000000,   /* a Graph larger than this is an error */
@@ -125,7 +126,11 @@ static void bind(Frame *f, const char *name, Value v) {
 }
 
 static void hint_among(const char *name, const char *const *c, int n) {
-  const char *best = cp_closest(name, c, n);
+  /* A name that differs only in case ('W' for the param 'w') first, then the closest by edits. */
+  const char *best = NULL;
+  for (int i = 0; i < n && !best; i++)
+    if (c[i] && strcmp(c[i], name) != 0 && strcasecmp(c[i], name) == 0) best = c[i];
+  if (!best) best = cp_closest(name, c, n);
   if (best) diag_hint("did you mean '%s'?", best);
 }
 
@@ -144,6 +149,20 @@ static void hint_name(Build *b, Frame *f, const char *name, bool calls) {
   names = ir_op_names(&n);
   for (int i = 0; i < n; i++) VEC_PUSH(c, names[i]);
   hint_among(name, c.a, c.n);
+}
+
+/* Generated from the stdlib .cplan files by tools/embed_stdlib.cmake (grammar/parse.c reads them). */
+extern const struct cp_stdlib_file { const char *name; const char *text; } cp_stdlib[];
+extern const int cp_stdlib_count;
+
+/* The standard-library file (its import name) whose text defines `fn NAME(` at the start of a
+ * line, or NULL: for the hint on a call of a stdlib fn without its import. */
+static const char *stdlib_defining(const char *name) {
+  size_t len = strlen(name);
+  for (int i = 0; i < cp_stdlib_count && cp_stdlib[i].name; i++)
+    for (const char *p = cp_stdlib[i].text; p && *p; p = strchr(p, '\n'), p = p ? p + 1 : NULL)
+      if (strncmp(p, "fn ", 3) == 0 && strncmp(p + 3, name, len) == 0 && p[3 + len] == '(') return cp_stdlib[i].name;
+  return NULL;
 }
 
 /* Whether a body binds `name` anywhere (for the hint on a use before the binding). */
@@ -273,6 +292,13 @@ static Value tensor_binary(Build *b, AstOp op, Value x, Value y, Span at) {
     if (v[k].kind == V_ERR) return v[k];
   }
   int in[2] = {v[0].node, v[1].node};
+  if (id == OP_DIV && b->g->nodes[in[0]].dtype == DT_I32 && b->g->nodes[in[1]].dtype == DT_I32) {
+    /* PyTorch's `/` divides exactly and gives a float; C's truncation would give other numbers. */
+    diag_error(at, "'/' of i32 tensors is not supported: PyTorch divides exactly (a float result), and cplan has "
+                   "no i32-to-float conversion yet");
+    diag_hint("keep the division in float tensors, or in compile-time ints");
+    return sema_v_err();
+  }
   int i = add_node(b, id, in, 2, at);
   return i < 0 ? sema_v_err() : infer(b, i, at);
 }
@@ -348,7 +374,10 @@ static bool match_args(const Expr *call, const char *callee, const char *const *
     }
     if (j < 0 && !(scope_name && strcmp(kw, "name") == 0)) {
       diag_error(fd->name_span, "'%s' has no parameter '%s'", callee, kw);
-      hint_among(kw, pn, np);
+      if (strcmp(kw, "dim") == 0 && find_str(pn, np, "axis") >= 0)
+        diag_hint("cplan calls PyTorch's 'dim' 'axis': axis = ...");
+      else
+        hint_among(kw, pn, np);
       ok = false;
     } else if (j < 0 || slot[j]) {
       diag_error(fd->name_span, "argument '%s' of '%s' is given twice", kw, callee);
@@ -431,12 +460,20 @@ static bool match_pattern(Build *b, Frame *cf, const char *callee, const Param *
   Shape sh = n->shape;
   int star = t->ndims > 0 && t->dims[0]->kind == EX_STAR;
   int fixed = t->ndims - star;
+  /* The dim names bound before this parameter, for the message: "[*, C] with C = 6". */
+  StrBuf bound = {0};
+  for (int j = star; j < t->ndims; j++) {
+    const Expr *d = t->dims[j];
+    const Value *pv = d->kind == EX_NAME ? find_var(cf, d->str) : NULL;
+    if (pv && pv->kind == V_INT)
+      sb_printf(&bound, "%s%s = %lld", bound.len ? ", " : " with ", d->str, (long long)pv->i);
+  }
   bool ok = star ? sh.rank >= fixed : sh.rank == fixed;
   for (int j = 0; ok && j < fixed; j++)
     ok = match_dim(b, cf, t->dims[star + j], sh.d[sh.rank - fixed + j]);
   if (!ok) {
-    diag_error(at, "argument '%s' of '%s': expected shape %s, got %s", p->name, callee,
-               pattern_str(t), shape_str(&sh));
+    diag_error(at, "argument '%s' of '%s': expected shape %s%s, got %s", p->name, callee,
+               pattern_str(t), bound.len ? sb_str(&bound) : "", shape_str(&sh));
     diag_note(p->span, "parameter '%s' declared here", p->name);
   }
   return ok;
@@ -800,8 +837,13 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
   for (int j = 0; j < sg->n; j++) {
     if (put_arg(b, &pn, &sg->a[j], vals[j], other)) continue;
     if (halted(b)) return sema_v_err();
-    diag_error(vals[j].span, "argument '%s' of '%s' must be %s, got %s", sg->a[j].name, opname,
-               kind_desc(sg->a[j].kind), sema_value_desc(vals[j]));
+    if ((sg->a[j].kind == AK_D || sg->a[j].kind == AK_AX) && (vals[j].kind == V_LIST || vals[j].kind == V_TUPLE) &&
+        vals[j].nitems > CP_MAX_RANK)
+      diag_error(vals[j].span, "argument '%s' of '%s' has %d dims: a tensor has at most %d", sg->a[j].name, opname,
+                 vals[j].nitems, CP_MAX_RANK);
+    else
+      diag_error(vals[j].span, "argument '%s' of '%s' must be %s, got %s", sg->a[j].name, opname,
+                 kind_desc(sg->a[j].kind), sema_value_desc(vals[j]));
     return sema_v_err();
   }
   if (id == OP_SPLIT) return expand_split(b, &pn, e->span);
@@ -839,8 +881,11 @@ static Value eval_call(Build *b, Frame *f, const Expr *e) {
     return sema_v_err();
   }
   diag_error(e->name_span, "unknown function '%s'", name);
+  const char *lib = stdlib_defining(name);
   if (find_str(init_names, 5, name) >= 0)
     diag_hint("'%s' initializes a param: param w: [n] = %s(...)", name, name);
+  else if (lib)
+    diag_hint("'%s' is defined in the standard library: add import \"%s\" (nothing is imported implicitly)", name, lib);
   else
     hint_name(b, f, name, true);
   return sema_v_err();
@@ -913,6 +958,11 @@ static bool decl_shape(Build *b, Frame *f, const Stmt *st, bool is_input, DType 
   }
   *dt = DT_F32;
   if (t->dtype && !parse_dtype(t->dtype, t->dtype_span, dt)) return false;
+  if (!is_input && *dt == DT_I32) { /* as PyTorch: only floating-point tensors can require gradients */
+    diag_error(t->dtype_span, "a param must be a float tensor (f32, bf16 or f16), got %s", t->dtype);
+    diag_hint("params are trained by their gradients; feed integer data with 'input NAME: i32[...]'");
+    return false;
+  }
   if (t->ndims > CP_MAX_RANK) {
     diag_error(t->span, "a tensor has at most %d dims, got %d", CP_MAX_RANK, t->ndims);
     return false;
@@ -1205,6 +1255,12 @@ static bool bind_model_params(Build *b, Frame *root, const Item *model, const Ex
       ok = false;
       continue;
     }
+    if (strcmp(p->name, "B") == 0) { /* inputs' B is the batch dim, and the body's B after them */
+      diag_error(p->span, "a model parameter cannot be named 'B': B is the batch dim of the inputs");
+      diag_hint("the plan binds B to the micro-batch: set the batch with train.batch (and strategy.micro)");
+      ok = false;
+      continue;
+    }
     Value v;
     if (slot[j])
       v = sema_eval_const(b->s, slot[j]);
@@ -1237,6 +1293,28 @@ static void check_loss(Build *b, Frame *root, const Item *model) {
   b->g->loss = loss->node;
 }
 
+/* Warns, once per declaration in a run of cplanc, about an input or param that no op reads: an input
+ * the data feeds for nothing (often a mix-up of inputs), a param that is never trained. */
+static void warn_unused(const Graph *g) {
+  static VEC(Span) warned;
+  bool *used = cp_alloc((size_t)(g->n + 1) * sizeof *used);
+  for (int i = 0; i < g->n; i++)
+    for (int k = 0; k < g->nodes[i].nin; k++) used[g->nodes[i].in[k]] = true;
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = &g->nodes[i];
+    if ((n->op != OP_INPUT && n->op != OP_PARAM) || used[i]) continue;
+    bool again = false;
+    for (int k = 0; k < warned.n && !again; k++)
+      again = warned.a[k].file == n->span.file && warned.a[k].lo == n->span.lo && warned.a[k].hi == n->span.hi;
+    if (again) continue;
+    VEC_PUSH(warned, n->span);
+    if (n->op == OP_INPUT)
+      diag_warning(n->span, "input '%s' is never used (the data still feeds it)", n->name);
+    else
+      diag_warning(n->span, "param '%s' is never used: it gets no gradient and is never trained", n->name);
+  }
+}
+
 Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t batch) {
   if (!model || model->kind != IT_MODEL || !model->name) return NULL;
   int errors = diag_errors();
@@ -1255,6 +1333,7 @@ Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t ba
     if (!halted(&b)) check_loss(&b, &root, model);
   }
   if (diag_errors() > errors || b.stop) return NULL;
+  warn_unused(b.g);
   char err[512];
   if (!ir_verify(b.g, err, sizeof err))
     cp_panic(__FILE__, __LINE__, "the graph of model '%s' fails ir_verify: %s", model->name, err);

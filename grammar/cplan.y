@@ -11,6 +11,7 @@
  * not, comparisons (non-associative), + -, * / // % @, unary -, calls/atoms. */
 
 %code top {
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 }
@@ -697,6 +698,18 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, LexS
   if (tok == YYSYMBOL_EQ || tok == YYSYMBOL_NE || tok == YYSYMBOL_LE || tok == YYSYMBOL_GE ||
       !strcmp(yysymbol_name(tok), "'<'") || !strcmp(yysymbol_name(tok), "'>'"))
     diag_hint("comparisons do not chain: write (a < b) and (b < c)");
+  /* Python and PyTorch habits: x ** 2, x[0], for i in range(n). */
+  const char *src = at.file >= 0 ? src_text(at.file) : NULL;
+  char prev = 0;
+  for (int p = at.lo - 1; src && p >= 0 && !prev; p--)
+    if (src[p] != ' ' && src[p] != '\t') prev = src[p];
+  const char *tname = yysymbol_name(tok);
+  if (!strcmp(tname, "'*'") && prev == '*')
+    diag_hint("there is no '**': write pow(x, 2.0) or square(x)");
+  else if (!strcmp(tname, "'['") && prev && (isalnum((unsigned char)prev) || prev == '_' || prev == ')' || prev == ']'))
+    diag_hint("tensors are not indexed with [...]: use slice(x, axis, start, end) (or split)");
+  else if (nw == 1 && !strcmp(words[0], "'..'"))
+    diag_hint("a loop runs over a range written A..B: for i in 0..n");
   return 0;
 }
 

@@ -615,7 +615,7 @@ void kf_rms_norm_backward(float *dx, float *dw, const float *dout, const float *
 static int ce_count(const int32_t *targets, int rows, int v) {
   int count = 0;
   for (int r = 0; r < rows; r++) {
-    k_assert(targets[r] == -1 || (targets[r] >= 0 && targets[r] < v));
+    k_check_target(r, targets[r], v);
     count += targets[r] != -1;
   }
   return count;
@@ -656,7 +656,7 @@ void kf_cross_entropy_backward(float *dlogits, float dloss, const float *logits,
 void kf_embedding_forward(float *out, const float *table, const int32_t *idx, int n, int v, int c) {
   k_assert(n >= 0 && v > 0 && c > 0);
   for (long i = 0; i < n; i++) {
-    k_assert(idx[i] >= 0 && idx[i] < v);
+    k_check_index("embedding", "index", i, idx[i], v);
     memcpy(out + i * c, table + (long)idx[i] * c, sizeof(float) * (size_t)c);
   }
 }
@@ -670,7 +670,7 @@ void kf_embedding_backward(float *dtable, const float *dout, const int32_t *idx,
                            int c) {
   k_assert(n >= 0 && v > 0 && c > 0);
   for (long i = 0; i < n; i++) { /* in index order: repeated rows sum the same way every run */
-    k_assert(idx[i] >= 0 && idx[i] < v);
+    k_check_index("embedding", "index", i, idx[i], v);
     add_to(dtable + (long)idx[i] * c, dout + i * c, c);
   }
 }

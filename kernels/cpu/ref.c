@@ -18,6 +18,13 @@ _Noreturn void k_panic(const char *file, int line, const char *what) {
   abort();
 }
 
+_Noreturn void k_data_error(const char *op, const char *what, long i, long value, long v) {
+  fflush(stdout);
+  fprintf(stderr, "error: %s: %s %ld at position %ld of the micro-batch is out of range: it must be in [0, %ld)%s\n",
+          op, what, value, i, v, strcmp(what, "target") == 0 ? " or -1 (ignored)" : "");
+  exit(1);
+}
+
 const char *const k_unary_names[K_UNARY_COUNT] = {
     "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "square", "pow"};
 const char *const k_binary_names[K_BINARY_COUNT] = {
@@ -593,7 +600,7 @@ void K_NAME(k_dropout_backward)(K_REAL *dx, const K_REAL *dout, const uint8_t *k
 static int K_NAME(ce_count)(const int32_t *targets, int rows, int v) {
   int count = 0;
   for (int r = 0; r < rows; r++) {
-    k_assert(targets[r] == -1 || (targets[r] >= 0 && targets[r] < v));
+    k_check_target(r, targets[r], v);
     count += targets[r] != -1;
   }
   return count;
@@ -635,7 +642,7 @@ void K_NAME(k_embedding_forward)(K_REAL *out, const K_REAL *table, const int32_t
                                  int v, int c) {
   k_assert(n >= 0 && v > 0 && c > 0);
   for (long i = 0; i < n; i++) {
-    k_assert(idx[i] >= 0 && idx[i] < v);
+    k_check_index("embedding", "index", i, idx[i], v);
     memcpy(out + i * c, table + (long)idx[i] * c, sizeof(K_REAL) * (size_t)c);
   }
 }
@@ -644,7 +651,7 @@ void K_NAME(k_embedding_backward)(K_REAL *dtable, const K_REAL *dout, const int3
                                   int v, int c) {
   k_assert(n >= 0 && v > 0 && c > 0);
   for (long i = 0; i < n; i++) { /* in index order: repeated rows sum the same way every run */
-    k_assert(idx[i] >= 0 && idx[i] < v);
+    k_check_index("embedding", "index", i, idx[i], v);
     for (int j = 0; j < c; j++) dtable[(long)idx[i] * c + j] += dout[i * c + j];
   }
 }

@@ -23,6 +23,12 @@
 
 _Noreturn void k_panic(const char *file, int line, const char *what);
 #define k_assert(c) ((c) ? (void)0 : k_panic(__FILE__, __LINE__, #c))
+/* Bad data, not a bug (a class index or token id out of range, as PyTorch's IndexError): prints
+ * "error: OP: WHAT" and exits 1. */
+_Noreturn void k_data_error(const char *op, const char *what, long i, long value, long v);
+#define k_check_index(op, what, i, value, v)                                                          \
+  ((value) >= 0 && (value) < (v) ? (void)0 : k_data_error(op, what, (long)(i), (long)(value), (long)(v)))
+#define k_check_target(i, value, v) ((value) == -1 ? (void)0 : k_check_index("cross_entropy", "target", i, value, v))
 
 #define K_MAXDIM 8 /* the highest rank the broadcast and permute kernels accept */
 

@@ -13,7 +13,7 @@ void kvp_embedding_forward(float *out, const float *table, const int32_t *idx, i
                            int vl, int v, int c) {
   k_assert(n >= 0 && vl > 0 && c > 0 && v0 >= 0 && v0 + vl <= v);
   for (long i = 0; i < n; i++) {
-    k_assert(idx[i] >= 0 && idx[i] < v);
+    k_check_index("embedding", "index", i, idx[i], v);
     if (kvp_mine(idx[i], v0, vl))
       memcpy(out + i * c, table + (long)(idx[i] - v0) * c, sizeof(float) * (size_t)c);
     else
@@ -25,7 +25,7 @@ void kvp_embedding_backward(float *dtable, const float *dout, const int32_t *idx
                             int vl, int v, int c) {
   k_assert(n >= 0 && vl > 0 && c > 0 && v0 >= 0 && v0 + vl <= v);
   for (long i = 0; i < n; i++) {
-    k_assert(idx[i] >= 0 && idx[i] < v);
+    k_check_index("embedding", "index", i, idx[i], v);
     if (!kvp_mine(idx[i], v0, vl)) continue; /* another rank's row */
     float *row = dtable + (long)(idx[i] - v0) * c;
     for (int j = 0; j < c; j++) row[j] += dout[i * c + j];
@@ -63,7 +63,7 @@ void kvp_ce_row_sumexp(float *s, const float *logits, const float *m, int rows, 
 static int kvp_count(const int32_t *targets, int rows, int v) {
   int count = 0;
   for (int r = 0; r < rows; r++) {
-    k_assert(targets[r] == -1 || (targets[r] >= 0 && targets[r] < v));
+    k_check_target(r, targets[r], v);
     count += targets[r] != -1;
   }
   return count;

@@ -49,6 +49,13 @@ static int C(double v) {
   return i;
 }
 
+/* An int literal next to an i32 tensor: sema makes it an i32 CONST. */
+static int CI(int v) {
+  int i = C(v);
+  g->nodes[i].dtype = DT_I32;
+  return i;
+}
+
 /* A node with up to three inputs (-1 ends the list). */
 static int N(OpId op, int a, int b, int c) {
   int in[3] = {a, b, c}, nin = 0;
@@ -146,8 +153,9 @@ static void test_binary(void) {
    * mixed floats give f32 */
   OK(N2(OP_MUL, T(DT_BF16, 1, 4), C(0.5)), "bf16[4]");
   OK(N2(OP_MUL, C(0.5), T(DT_F16, 1, 4)), "f16[4]");
-  OK(N2(OP_ADD, T(DT_I32, 1, 4), C(1)), "i32[4]");
+  OK(N2(OP_ADD, T(DT_I32, 1, 4), CI(1)), "i32[4]");
   OK(N2(OP_MUL, T(DT_I32, 1, 4), C(0.5)), "f32[4]");
+  OK(N2(OP_MUL, T(DT_I32, 1, 4), C(1.0)), "f32[4]"); /* a float scalar gives f32 whatever its value, as PyTorch */
   OK(N2(OP_ADD, T(DT_I32, 1, 4), T(DT_BF16, 1, 4)), "bf16[4]");
   OK(N2(OP_ADD, T(DT_BF16, 1, 4), T(DT_F16, 1, 4)), "f32[4]");
   OK(N2(OP_ADD, T(DT_F32, 1, 4), T(DT_BF16, 0)), "f32[4]");
@@ -344,6 +352,15 @@ static void test_split_concat_slice(void) {
   sl = N1(OP_SLICE, v);
   at(sl)->ia[0] = 0, at(sl)->ia[1] = 0, at(sl)->ia[2] = 4;
   OK(sl, "f32[4, 10]");
+  /* negative start and end count from the end, as Python's x[:, -3:-1], and are canonicalised */
+  sl = N1(OP_SLICE, v);
+  at(sl)->ia[0] = 1, at(sl)->ia[1] = -3, at(sl)->ia[2] = -1;
+  OK(sl, "f32[4, 2]");
+  CHECK(at(sl)->ia[1] == 7 && at(sl)->ia[2] == 9);
+  OK(sl, "f32[4, 2]");
+  sl = N1(OP_SLICE, v);
+  at(sl)->ia[0] = 1, at(sl)->ia[1] = -11, at(sl)->ia[2] = 2;
+  ERR(sl, "range -11..2 is invalid");
 }
 
 static void test_heads(void) {

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# bad_indices.sh CPLANC SRCDIR: `tensors` data whose class targets or embedding indices are out of
+# range (PyTorch raises IndexError there) stop the program with exit 1 and a message naming the op,
+# the value and the range; they used to abort in a kernel assertion ("internal error", SIGABRT).
+set -u
+# shellcheck source=tests/e2e/e2e_lib.sh
+. "$(dirname "$0")/e2e_lib.sh"
+e2e_init "$1" "$2"
+cat >m.cplan <<'CPLAN'
+model m(V: int = 5, D: int = 4, K: int = 3) {
+  input idx: i32[B]
+  input y: i32[B]
+  param wte: [V, D] = normal(0.1)
+  param w: [D, K] = normal(0.1)
+  loss = cross_entropy(embedding(wte, idx) @ w, y)
+}
+train {
+  model = m()
+  data  = tensors("good.safetensors")
+  batch = 4
+  steps = 1
+}
+CPLAN
+python3 - <<'PY' || fail "cannot write the data files"
+import json, struct
+def write(path, tensors):
+    header, blob = {}, b""
+    for name, vals in tensors.items():
+        raw = struct.pack("<%di" % len(vals), *vals)
+        header[name] = {"dtype": "I32", "shape": [len(vals)], "data_offsets": [len(blob), len(blob) + len(raw)]}
+        blob += raw
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + blob)
+write("good.safetensors", {"idx": [0, 1, 4, 2], "y": [0, 2, -1, 1]})
+write("bad_target.safetensors", {"idx": [0, 1, 4, 2], "y": [0, 3, 1, 1]})
+write("neg_target.safetensors", {"idx": [0, 1, 4, 2], "y": [0, 1, -2, 1]})
+write("bad_index.safetensors", {"idx": [0, 5, 4, 2], "y": [0, 1, 1, 1]})
+PY
+e2e_build prog m.cplan
+e2e_prog 0 good ./prog --quiet
+e2e_prog 1 bad_target ./prog --quiet --data bad_target.safetensors
+e2e_says bad_target "error: cross_entropy: target 3 at position 1" "[0, 3) or -1"
+e2e_prog 1 neg_target ./prog --quiet --data neg_target.safetensors
+e2e_says neg_target "target -2 at position 2"
+e2e_prog 1 bad_index ./prog --quiet --data bad_index.safetensors
+e2e_says bad_index "error: embedding: index 5 at position 1" "[0, 5)"
+echo ok

@@ -1,0 +1,180 @@
+#!/usr/bin/python3
+"""user_models.py CPLANC [MODEL...]: models a PyTorch user writes first (tests/pytorch/user_models/*.cplan:
+an MLP classifier, a post-norm BERT encoder with bidirectional attention and -1 targets, a LLaMA block
+with rope and SwiGLU written by hand, shape ops (reshape, permute, transpose, negative slices, concat,
+split, broadcasting), an MSE regression, a tied embedding with i32 arithmetic and a hand-written causal
+mask, and edge cases of maximum/max ties, pow and two-sided broadcasting), each trained one step of
+sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
+the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
+largest element.  Exit 0 when every model agrees."""
+import sys, os, json, subprocess, math, shutil, tempfile
+import numpy as np, torch
+import torch.nn.functional as F
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from ref import st_read, st_write
+torch.set_default_dtype(torch.float64)
+rng = np.random.default_rng(0)
+def lin(x, p, name, bias=True):
+    y = x @ p[name + '.weight']
+    return y + p[name + '.bias'] if bias else y
+def ln(x, p, name, eps=1e-5):
+    return F.layer_norm(x, x.shape[-1:], p[name + '.weight'], p[name + '.bias'], eps)
+def gelu(x): return F.gelu(x, approximate='tanh')
+def heads(x, h):
+    B, T, C = x.shape
+    return x.view(B, T, h, C // h).transpose(1, 2)
+def merge(x):
+    B, h, T, d = x.shape
+    return x.transpose(1, 2).reshape(B, T, h * d)
+def sdpa(q, k, v, is_causal=False):
+    sc = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if is_causal:
+        T = q.shape[-2]
+        sc = sc.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))
+    return torch.softmax(sc, -1) @ v
+def ce(logits, t):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), t.reshape(-1).long(), ignore_index=-1)
+def rope(x, base=10000.0):
+    *_, T, d = x.shape
+    pos = torch.arange(T, dtype=torch.float64)[:, None]
+    inv = base ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = pos * inv
+    c, s = torch.cos(ang), torch.sin(ang)
+    x0, x1 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack([x0 * c - x1 * s, x0 * s + x1 * c], -1)
+    return out.flatten(-2)
+
+MODELS = {}
+def model(name, data):
+    def deco(f):
+        MODELS[name] = (data, f); return f
+    return deco
+
+B = 4
+@model('m1_mlp', lambda: {'x': rng.normal(size=(B, 6)).astype(np.float32), 'y': np.array([0, 2, 1, 2], np.int32)})
+def m1(p, d):
+    h = torch.relu(lin(d['x'], p, 'fc1'))
+    h = torch.tanh(lin(h, p, 'fc2'))
+    return ce(lin(h, p, 'head'), d['y'])
+
+@model('m2_bert', lambda: {'idx': rng.integers(0, 20, size=(B, 8)).astype(np.int32),
+                           'targets': np.where(rng.random((B, 8)) < 0.4, rng.integers(0, 20, size=(B, 8)), -1).astype(np.int32)})
+def m2(p, d):
+    x = ln(p['wte'][d['idx'].long()] + p['wpe'], p, 'ln_emb')
+    for i in range(2):
+        s = f'layers.{i}.block.'
+        q, k, v = (heads(lin(x, p, s + n), 2) for n in 'qkv')
+        a = lin(merge(sdpa(q, k, v)), p, s + 'o')
+        x = ln(x + a, p, s + 'ln1', 1e-12)
+        f = lin(gelu(lin(x, p, s + 'fc1')), p, s + 'fc2')
+        x = ln(x + f, p, s + 'ln2', 1e-12)
+    return ce(x @ p['wte'].T, d['targets'])
+
+@model('m3_llama', lambda: {'idx': rng.integers(0, 16, size=(B, 8)).astype(np.int32),
+                            'targets': rng.integers(0, 16, size=(B, 8)).astype(np.int32)})
+def m3(p, d):
+    x = p['emb'][d['idx'].long()]
+    def rms(x, w, eps=1e-6): return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + eps) * w
+    pr = lambda x, n: x @ p[n + '.weight']
+    h = rms(x, p['attn_norm.weight'])
+    q = rope(heads(pr(h, 'wq'), 2)); k = rope(heads(pr(h, 'wk'), 2)); v = heads(pr(h, 'wv'), 2)
+    x = x + pr(merge(sdpa(q, k, v, is_causal=True)), 'wo')
+    h = rms(x, p['ones_w_0.weight'])
+    x = x + pr(F.silu(pr(h, 'w1')) * pr(h, 'w3'), 'w2')
+    return ce(pr(x, 'out'), d['targets'])
+
+@model('m4_shapes', lambda: {'x': rng.normal(size=(B, 6, 4)).astype(np.float32), 'y': rng.random((B, 2)).astype(np.float32)})
+def m4(p, d):
+    x = d['x']
+    h = torch.relu(x @ p['dense_0.w'] + p['dense_0.b'])
+    h = h.reshape(B, 6, 2, 4).permute(0, 2, 1, 3).transpose(-1, -2)
+    a = h[..., 1:4]; b = h[..., 0:2]
+    c = torch.cat([a, b * 2.0], -1)
+    pp, qq = torch.split(x * p['s'], 3, dim=1)
+    m = c.amax(-1) + c.mean(-1)
+    r = m.sum(-1) + (pp * qq).sum((1, 2)).reshape(B, 1)
+    pred = torch.sigmoid(r @ p['out.w'] + p['out.b'])
+    return ((pred - d['y']) ** 2).mean()
+
+@model('m5_reg', lambda: {'x': rng.normal(size=(B, 5)).astype(np.float32), 'y': rng.normal(size=(B, 1)).astype(np.float32)})
+def m5(p, d):
+    pred = gelu(d['x'] @ p['mlp_0.w1'] + p['mlp_0.b1']) @ p['mlp_0.w2']
+    return ((pred - d['y']) ** 2).mean()
+
+@model('m6_tied', lambda: {'idx': rng.integers(0, 12, size=(B, 6)).astype(np.int32),
+                           'targets': rng.integers(0, 12, size=(B, 6)).astype(np.int32)})
+def m6(p, d):
+    idx = d['idx'].long(); w = p['wte']
+    x = w[idx] + 0.5 * w[12 - 1 - idx]
+    pos = torch.arange(6)
+    mask = (pos[:, None] >= pos[None, :]).double()
+    sc = x @ x.transpose(-1, -2) / math.sqrt(8.0)
+    sc = sc * mask + (1 - mask) * -1e9
+    y = torch.softmax(sc, -1) @ x
+    return ce(y @ w.T, d['targets'])
+
+@model('m7_edge', lambda: {'x': rng.normal(size=(B, 4)).astype(np.float32), 'z': rng.normal(size=(B, 3, 4)).astype(np.float32)})
+def m7(p, d):
+    h = d['x'] @ p['w']; c = p['c']
+    r = torch.maximum(h, torch.tensor(0.0)) + torch.minimum(c, h)
+    t = torch.maximum(c, c * 2.0)  # c = 0: a tie everywhere, whose gradient maximum splits in halves
+    q = torch.pow(h * h + 1.0, 1.5) + torch.pow(h, 2.0) + torch.pow(h, 3.0)
+    tt = t.reshape(1, 4) + 0.0 * h  # ties along the axis: max's gradient goes to the first maximum
+    m = tt.gather(-1, tt.argmax(-1, keepdim=True)).squeeze(-1)
+    lsm = torch.log_softmax(h, -1)
+    bb = h.reshape(B, 1, 4) * p['u']
+    mm = (bb + d['z']) @ p['v']
+    cc = torch.cat([mm, d['z'].sum(-1).reshape(B, 3, 1), mm * mm], -1)
+    cm = cc.mean(0).flatten()
+    return r.mean() + q.mean() * 0.01 + m.mean() + t.mean() - lsm.mean() + (torch.softmax(cc, -1) * cc).mean() + cm[cm.argmax()]
+
+
+def main(cplanc, name, tmp):
+    data_fn, f = MODELS[name]
+    wd = os.path.join(tmp, name)
+    os.makedirs(wd)
+    shutil.copy(os.path.join(HERE, 'user_models', name + '.cplan'), wd)
+    data = data_fn()
+    st_write(f'{wd}/data.safetensors', data)
+    for cmd in ([cplanc, 'build', f'{name}.cplan', '-o', 'prog'],
+                ['./prog', '--save-init', 'init.st', '--save', 'final.st', '--metrics', 'm.jsonl', '--quiet']):
+        r = subprocess.run(cmd, cwd=wd, capture_output=True, text=True)
+        if r.returncode:
+            print(f'FAILED: {name}: {" ".join(cmd)} (exit {r.returncode})\n{r.stdout}{r.stderr}')
+            return False
+    init, final = st_read(f'{wd}/init.st'), st_read(f'{wd}/final.st')
+    rec = [json.loads(l) for l in open(f'{wd}/m.jsonl') if l.strip()][0]
+    p = {k: torch.tensor(v.astype(np.float64), requires_grad=True) for k, v in init.items()}
+    d = {k: torch.tensor(v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in data.items()}
+    loss = f(p, d)
+    loss.backward()
+    rel = abs(rec['loss'] - loss.item()) / abs(loss.item())
+    ok = rel <= 1e-5
+    print(f'{name}: loss cplan {rec["loss"]:.7g} torch {loss.item():.7g} rel {rel:.2e}{"" if ok else "  MISMATCH"}')
+    worst = 0
+    for k in init:
+        g_c = init[k].astype(np.float64) - final[k]
+        g_t = p[k].grad.numpy() if p[k].grad is not None else np.zeros_like(g_c)
+        err = np.abs(g_c - g_t).max() / (1e-3 + np.abs(g_t).max())
+        worst = max(worst, err)
+        if err > 1e-4:
+            ok = False
+            print(f'  GRADIENT MISMATCH {k}: {err:.2e} of max|g| {np.abs(g_t).max():.3e}: cplan {g_c.ravel()[:4]} torch {g_t.ravel()[:4]}')
+    print(f'  worst gradient error {worst:.2e}')
+    return ok
+
+
+if __name__ == '__main__':
+    if len(sys.argv) < 2:
+        raise SystemExit('usage: user_models.py CPLANC [MODEL...]')
+    cplanc = os.path.abspath(sys.argv[1])
+    names = sys.argv[2:] or list(MODELS)
+    tmp = tempfile.mkdtemp(prefix='cplan_user_models.')
+    try:
+        bad = [n for n in names if not main(cplanc, n, tmp)]
+    finally:
+        if os.environ.get('CPLAN_KEEP') == '1': print('keeping', tmp)
+        else: shutil.rmtree(tmp)
+    print('FAILED: ' + ', '.join(bad) if bad else 'ok')
+    sys.exit(1 if bad else 0)
