@@ -171,6 +171,7 @@ static int regather(Ctx *c, int v) {
   Graph *lg = c->lw->g;
   const Node *n = &lg->nodes[v];
   if (n->op != OP_ALL_GATHER || lg->nodes[n->in[0]].op != OP_PARAM || c->sp->axes[n->ia[0]].role != AX_DP) return v;
+  if (n->role != ROLE_FWD) return v; /* gathered in the backward already (for a recomputed node) */
   for (int q = 0; q < c->regathered.n; q++)
     if (c->regathered.a[q].value == v) return c->regathered.a[q].node;
   int k = add_coll(c, OP_ALL_GATHER, n->in[0], (int)n->ia[0], (int)n->ia[1], 0);

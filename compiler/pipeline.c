@@ -238,34 +238,44 @@ static void find_norm(Cut *c, const StratPlan *sp, const Lowered *lw) {
   }
 }
 
-/* The param gradient sums to defer (pipeline.h, c->defer and c->part_of): a backward ADD of two
- * contributions whose only reader is the ACCUM into a gradient accumulator (a state, not saved),
- * on the owner's stage with one contribution, the other computed on another stage and read by
- * nothing else, of the sum's shape and type. */
-static void find_deferred(Cut *c) {
-  const Graph *lg = c->lg;
-  c->use = consumers(lg);
-  c->defer = cp_alloc(sizeof(int) * (size_t)(lg->n ? lg->n : 1));
-  c->part_of = cp_alloc(sizeof(int) * (size_t)(lg->n ? lg->n : 1));
-  for (int j = 0; j < lg->n; j++) c->defer[j] = c->part_of[j] = -1;
-  for (int j = 0; j < lg->n; j++) {
-    const Node *x = &lg->nodes[j];
-    if (x->op != OP_ADD || x->role != ROLE_BWD || x->nin != 2 || c->use[j].n != 1) continue;
-    int acc = c->use[j].a[0];
-    const Node *a = &lg->nodes[acc];
-    if (a->op != OP_ACCUM || a->nin != 2 || a->in[1] != j || c->lst[acc] != c->lst[j]) continue;
-    const Node *st = &lg->nodes[a->in[0]];
-    if (st->op != OP_STATE || st->ia[1] || !shape_eq(&st->shape, &x->shape)) continue;
+/* The param gradient sums to defer (pipeline.h): a backward ADD of two contributions whose only
+ * reader is the ACCUM into a gradient accumulator (a state, not saved), on the owner's stage with
+ * one contribution, the other computed on another stage and read by nothing else, of the sum's
+ * shape and type. */
+int *pp_deferred_sums(const Graph *g, const int *st) {
+  IntVec *use = consumers(g);
+  int *defer = cp_alloc(sizeof(int) * (size_t)(g->n ? g->n : 1));
+  bool *taken = cp_alloc(sizeof(bool) * (size_t)(g->n ? g->n : 1));
+  for (int j = 0; j < g->n; j++) defer[j] = -1;
+  for (int j = 0; j < g->n; j++) {
+    const Node *x = &g->nodes[j];
+    if (x->op != OP_ADD || x->role != ROLE_BWD || x->nin != 2 || use[j].n != 1) continue;
+    int acc = use[j].a[0];
+    const Node *a = &g->nodes[acc];
+    if (a->op != OP_ACCUM || a->nin != 2 || a->in[1] != j || st[acc] != st[j]) continue;
+    const Node *sn = &g->nodes[a->in[0]];
+    if (sn->op != OP_STATE || sn->ia[1] || !shape_eq(&sn->shape, &x->shape)) continue;
     for (int k = 0; k < 2; k++) {
       int v = x->in[k], u = x->in[1 - k];
-      const Node *y = &lg->nodes[v];
-      if (c->lst[u] != c->lst[j] || c->lst[v] < 0 || c->lst[v] == c->lst[j] || c->use[v].n != 1 ||
-          c->part_of[v] >= 0 || y->role != ROLE_BWD || y->dtype != x->dtype || !shape_eq(&y->shape, &x->shape))
+      const Node *y = &g->nodes[v];
+      if (st[u] != st[j] || st[v] < 0 || st[v] == st[j] || use[v].n != 1 || taken[v] || y->role != ROLE_BWD ||
+          y->dtype != x->dtype || !shape_eq(&y->shape, &x->shape))
         continue;
-      c->defer[j] = k, c->part_of[v] = j;
+      defer[j] = k, taken[v] = true;
       break;
     }
   }
+  return defer;
+}
+
+static void find_deferred(Cut *c) {
+  const Graph *lg = c->lg;
+  c->use = consumers(lg);
+  c->defer = pp_deferred_sums(lg, c->lst);
+  c->part_of = cp_alloc(sizeof(int) * (size_t)(lg->n ? lg->n : 1));
+  for (int j = 0; j < lg->n; j++) c->part_of[j] = -1;
+  for (int j = 0; j < lg->n; j++)
+    if (c->defer[j] >= 0) c->part_of[lg->nodes[j].in[c->defer[j]]] = j;
 }
 
 typedef struct Build {

@@ -67,6 +67,14 @@ typedef struct Pipeline {
  * pp_partition makes, and what `cplanc plan --explain` prices. */
 int *pp_global_stages(const StratPlan *sp, int nv, int *own);
 
+/* Per node of g, whose nodes run on stages st (-1: replicated): for a param's gradient sum whose
+ * contribution from another stage is accumulated there and added into the owner's accumulator
+ * once a step (above), the input (0, 1) that contribution is; -1 for every other node. pp_partition
+ * applies it to the lowered graph; under ZeRO 2 and 3 the lowering reduce-scatters the sum first,
+ * so no sum qualifies there (pp_tied_once): `plan --explain` applies it to the global graph. */
+int *pp_deferred_sums(const Graph *g, const int *st);
+static inline bool pp_tied_once(int64_t zero) { return zero < 2; }
+
 /* Cuts lw's graph into sp->pp x chunks stage graphs (each passes ir_verify). With chunks > 1 (the
  * interleaved schedule, Megatron's virtual pipeline) the layers are cut into pp x chunks
  * contiguous stages and stage s runs on device s mod pp: each device holds `chunks` stages that

@@ -134,10 +134,23 @@ bool strat_degrees(const Program *prog, const TrainConf *t, int64_t *dp, int64_t
 /* Assigns placements to every node of the training graph g (train_graph done, B bound to the
  * global micro-batch dp·micro) and lists the collectives. NULL after diagnostics. */
 StratPlan *strat_pin(const Program *prog, const Graph *g, const TrainConf *t);
+/* The tensor-parallel axis of strat_pin alone, for the search to price what the build runs: the
+ * placement of every node of g (a forward graph, or a training graph) on a tp axis of `tp`
+ * devices (with sequence parallelism when seqpar) into out[], and the placements each node
+ * consumed its inputs in into cons[] (NULL for leaves), and into from[] the placements those
+ * inputs had before the reshards (the collective it needed is pl_reshard(from, cons); from equals
+ * cons where an earlier reshard of the same value is reused, or a reduction ran in place). The one rule for which params and
+ * activations tp splits, along which dim, and which stay whole (a dim tp does not divide, as
+ * GPT-2's 50257-row embedding and its tied head). False, quietly, where strat_pin would refuse
+ * tp (a column- or row-parallel weight whose split dim tp does not divide). */
+bool strat_tp_place(const Graph *g, int64_t tp, bool seqpar, Pl *out, Pl **cons, Pl **from);
 const char *strat_axis_name(AxisRole r); /* "dp" */
 /* The first split_heads of g whose head count tp does not divide (tensor parallelism splits the
  * heads), or -1: strat_pin refuses such a tp, and the search does not consider it. */
 int strat_heads_misfit(const Graph *g, int64_t tp);
+/* Whether sequence parallelism of degree sp divides the sequence (dim 1 of g's first input), as
+ * strat_pin requires; true for sp <= 1. */
+bool strat_sp_fits(const Graph *g, int64_t sp);
 /* The span of `strategy`'s field `key` (the whole `key = value`), or the strategy's span. */
 Span strat_field_span(const Program *prog, const TrainConf *t, const char *key);
 /* The pinned tp, pp and sp of t's strategy against model g (heads, layers, sequence length), with

@@ -11,6 +11,7 @@
 #include "train.h"
 
 #include <errno.h>
+#include <limits.h>
 
 #include <cjson/cJSON.h>
 #include <stdlib.h>
@@ -71,6 +72,8 @@ typedef struct Ex {
   int *st;           /* per node: its stage (pp_global_stages); -1: leaves (copied) */
   int *own;          /* per param and state: the stage that owns it (first reader) */
   bool *pg;          /* per node: part of a param's gradient (kept f32 under bf16 / f16) */
+  int *defer;        /* per node: a tied gradient's sum whose input defer[j] is accumulated on its
+                        stage and sent once a step (pp_deferred_sums), -1 */
   int low;           /* bytes of an activation element under bf16 / f16; 0 under f32 */
 } Ex;
 
@@ -88,6 +91,21 @@ static bool ex_leaf(const Node *n) { return (ir_ops[n->op].flags & OPF_LEAF) || 
 static void ex_stages(Ex *e) {
   e->own = cp_alloc(sizeof(int) * (size_t)(e->sp->g->n + 1));
   e->st = pp_global_stages(e->sp, e->nst, e->own);
+  const Graph *g = e->sp->g;
+  e->defer = pp_deferred_sums(g, e->st);
+  for (int j = 0; j < g->n && !pp_tied_once(e->sp->zero); j++) e->defer[j] = -1;
+}
+
+/* Whether param p's gradient contributions from other stages are accumulated there and sent to
+ * its owner once a step (pipeline.h), not with each micro-batch. */
+static bool ex_tied_once(const Ex *e, int p) {
+  const Graph *g = e->sp->g;
+  for (int j = 0; j < g->n; j++)
+    for (int k = 0; k < g->n && e->defer[j] >= 0; k++) { /* the ACCUM reading the sum j */
+      const Node *a = &g->nodes[k];
+      if (a->op == OP_ACCUM && a->in[1] == j && g->nodes[a->in[0]].ia[0] == p) return true;
+    }
+  return false;
 }
 
 /* A value summed into a param's gradient accumulator (the CUDA backend's mark_pg: the sums and
@@ -161,6 +179,85 @@ static int coll_stage(const Ex *e, const CollOp *o) {
   return s < 0 ? 0 : s;
 }
 
+/* ---- collectives the program runs beyond the placements' list ---------------------------------
+ * StratPlan.colls holds one reshard per (value, axis, placement): a value resharded once serves
+ * every later reader. The program (lower.c) makes its copies per phase instead: ZeRO 3 gathers a
+ * param before its forward use and again for its backward (lower.c regather: the whole param is
+ * freed in between, as DeepSpeed's stage 3 does), and a node recomputed in the backward reshards
+ * its inputs again there. These are the collective nodes of the per-rank graph (lower_spmd, what
+ * the build emits) that the list does not account for: per (value, axis, collective), those
+ * beyond the list's count, in program order. */
+typedef struct Extra {
+  CollOp o;          /* node: the value; consumer: the node of the global graph that needs it */
+  bool regather;     /* a ZeRO-3 param gathered again for its backward (a GRAD reads it) */
+} Extra;
+typedef VEC(Extra) ExtraList;
+
+static Collective lowered_coll(OpId op) {
+  switch (op) {
+  case OP_ALL_REDUCE: return COLL_ALL_REDUCE;
+  case OP_ALL_GATHER: return COLL_ALL_GATHER;
+  case OP_REDUCE_SCATTER: return COLL_REDUCE_SCATTER;
+  case OP_ALL_TO_ALL: return COLL_ALL_TO_ALL;
+  default: return COLL_NONE; /* SHARD_SLICE: a local slice, nothing sent */
+  }
+}
+
+static ExtraList ex_extras(const Ex *e) {
+  ExtraList xs = {0};
+  const StratPlan *sp = e->sp;
+  if (sp->naxes == 0) return xs;
+  char err[512] = "";
+  Lowered *lw = lower_spmd(sp, err, sizeof err);
+  if (!lw) return xs; /* the build refuses it too (a lowering limitation), with this message */
+  const Graph *lg = lw->g;
+  int *used = cp_alloc(sizeof(int) * (size_t)(sp->colls.n + 1));
+  for (int x = 0; x < lg->n; x++) {
+    const Node *n = &lg->nodes[x];
+    Collective k = lowered_coll(n->op);
+    if (k == COLL_NONE) continue;
+    int v = n->in[0]; /* the value: a chain of reshards (one per axis) leads back to it */
+    while (lowered_coll(lg->nodes[v].op) != COLL_NONE || lg->nodes[v].op == OP_SHARD_SLICE) v = lg->nodes[v].in[0];
+    int node = lw->origin.a[v], axis = (int)n->ia[0], match = -1, spare = -1;
+    for (int i = 0; i < sp->colls.n && spare < 0; i++) {
+      const CollOp *o = &sp->colls.a[i];
+      if (o->what || o->node != node || o->axis != axis || o->coll != k) continue;
+      if (match < 0) match = i;
+      if (!used[i]) spare = i;
+    }
+    if (spare >= 0) {
+      used[spare] = 1;
+      continue;
+    }
+    int consumer = lw->origin.a[x];
+    const Node *c = &sp->g->nodes[consumer];
+    Extra xe = {.o = {.node = node, .consumer = consumer, .axis = axis, .coll = k,
+                      .per_step = c->role == ROLE_UPD ? 1 : (int)sp->accum}};
+    if (match >= 0) xe.o.from = sp->colls.a[match].from, xe.o.to = sp->colls.a[match].to;
+    else if (k == COLL_ALL_GATHER) xe.o.from = pl_s((int)n->ia[1]), xe.o.to = pl_r();
+    else if (k == COLL_REDUCE_SCATTER) xe.o.from = pl_p(), xe.o.to = pl_s((int)n->ia[1]);
+    else if (k == COLL_ALL_TO_ALL) xe.o.from = pl_s((int)n->ia[1]), xe.o.to = pl_s((int)n->ia[2]);
+    else xe.o.from = pl_p(), xe.o.to = pl_r();
+    /* the tensor on the axis group: the larger side (all-gather: its output; reduce-scatter: its
+     * input); an all-to-all's both sides are one device's part */
+    Shape a = lg->nodes[n->in[0]].shape, b = n->shape;
+    double numel = (double)(shape_numel(&a) > shape_numel(&b) ? shape_numel(&a) : shape_numel(&b));
+    if (k == COLL_ALL_TO_ALL) numel *= (double)sp->axes[axis].n;
+    xe.o.bytes = pl_coll_bytes(k, numel * ex_elem(e, node), sp->axes[axis].n);
+    xe.regather = c->op == OP_GRAD && sp->g->nodes[node].op == OP_PARAM && k == COLL_ALL_GATHER &&
+                  sp->axes[axis].role == AX_DP;
+    VEC_PUSH(xs, xe);
+  }
+  return xs;
+}
+
+/* How the explanation names the node an extra collective's value goes to. */
+static const char *extra_for(const Ex *e, const Extra *x) {
+  const Graph *g = e->sp->g;
+  const Node *c = &g->nodes[x->o.consumer];
+  if (c->op != OP_GRAD && c->role == ROLE_BWD) return cp_fmt("%s (recomputed)", node_label(g, x->o.consumer));
+  return node_label(g, x->o.consumer);
+}
 
 /* The values that cross between stages (pipeline.c: each value once per reading stage), in the
  * order of their readers. */
@@ -173,6 +270,7 @@ static CrossList ex_crossings(const Ex *e) {
     if (e->st[i] < 0 || n->role == ROLE_UPD) continue; /* the update reads its own stage's only */
     for (int k = 0; k < n->nin; k++) {
       int v = n->in[k];
+      if (e->defer[i] == k) continue; /* a tied gradient's part: once a step, below */
       if (e->st[v] < 0 || e->st[v] == e->st[i] || seen[(size_t)v * (size_t)e->nst + (size_t)e->st[i]]) continue;
       seen[(size_t)v * (size_t)e->nst + (size_t)e->st[i]] = true;
       Shape ls = lower_local_shape(e->sp, v);
@@ -238,9 +336,11 @@ static void print_stages(FILE *f, const Ex *e) {
     for (int s = 0; s < e->nst; s++)
       if (held[s] && s != e->own[p]) sb_printf(&b, "%s%d", b.len ? ", " : "", s);
     if (b.len)
-      fprintf(f, "  param %s is also read by stage %s (tied): stage %d owns it (the gradient contributions are "
-                 "sent to it, and it sends the updated value, f32, after each update)\n",
-              g->nodes[p].name, sb_str(&b), e->own[p]);
+      fprintf(f, "  param %s is also read by stage %s (tied): stage %d owns it (%s, and it sends the updated "
+                 "value, f32, after each update)\n", g->nodes[p].name, sb_str(&b), e->own[p],
+              ex_tied_once(e, p) ? "the others accumulate their gradient contributions over the micro-batches and send "
+                                   "them to it once a step, f32"
+                                 : "the gradient contributions are sent to it with each micro-batch");
   }
 }
 
@@ -311,6 +411,26 @@ static void print_colls(FILE *f, const Ex *e) {
       fprintf(f, "  %-9s %-14s %s %s -> %s for %s, %s x%d%s\n", ax, pl_coll_name(o->coll), node_label(g, o->node),
               pl_str(o->from), pl_str(o->to), node_label(g, o->consumer), cp_bytes_str(bytes), o->per_step, at);
   }
+  ExtraList xs = ex_extras(e);
+  for (int i = 0; i < xs.n; i++) {
+    const CollOp *o = &xs.a[i].o;
+    double bytes = o->bytes;
+    int s = coll_stage(e, o);
+    tot[(s % pp) * 4 + o->axis] += bytes * o->per_step;
+    int l = coll_layer(sp, o);
+    if (l > 0 && layer_same(sp, l)) {
+      skipped++;
+      continue;
+    }
+    const char *ax = strat_axis_name(sp->axes[o->axis].role), *at = pp > 1 ? cp_fmt(" (stage %d)", s) : "";
+    fprintf(f, "  %-9s %-14s %s %s -> %s again for %s, %s x%d%s\n", ax, pl_coll_name(o->coll), node_label(g, o->node),
+            pl_str(o->from), pl_str(o->to), extra_for(e, &xs.a[i]), cp_bytes_str(bytes), o->per_step, at);
+  }
+  bool regather = false;
+  for (int i = 0; i < xs.n; i++) regather |= xs.a[i].regather;
+  if (regather)
+    fprintf(f, "  (ZeRO 3 gathers each param again for its backward: the whole param is freed after its forward "
+               "use, as in DeepSpeed's stage 3)\n");
   if (skipped) fprintf(f, "  ... and %d more in the layers identical to %s\n", skipped, g->layer_names.a[0]);
   if (pp > 1) {
     /* point to point on the pp group: the crossings (per micro-batch), a tied param's new value
@@ -326,12 +446,18 @@ static void print_colls(FILE *f, const Ex *e) {
         for (int k = 0; k < g->nodes[i].nin; k++)
           if (g->nodes[i].in[k] == p && e->st[i] >= 0 && g->nodes[i].role != ROLE_UPD) held[e->st[i]] = true;
       Shape ls = lower_local_shape(sp, p);
+      bool once = ex_tied_once(e, p);
       for (int s = 0; s < e->nst; s++)
-        if (held[s] && s != e->own[p]) tot[(e->own[p] % pp) * 4 + 3] += (double)shape_numel(&ls) * 4, tied = 1;
+        if (held[s] && s != e->own[p]) {
+          tot[(e->own[p] % pp) * 4 + 3] += (double)shape_numel(&ls) * 4, tied = 1;
+          if (once) tot[(s % pp) * 4 + 3] += (double)shape_numel(&ls) * 4, tied = 2; /* its accumulated part */
+        }
     }
     for (int d = 0; d < pp; d++) tot[d * 4 + 3] += pl_coll_bytes(COLL_ALL_REDUCE, 8, pp);
     fprintf(f, "  pp        send           each value of the stages above x%lld%s; all-reduce of the stages' parts of the "
-               "squared gradient norm (f64) x1\n", (long long)sp->accum, tied ? "; the tied params' updated values x1" : "");
+               "squared gradient norm (f64) x1\n", (long long)sp->accum,
+            tied == 2 ? "; the tied params' accumulated gradient parts and updated values x1"
+            : tied ? "; the tied params' updated values x1" : "");
   }
   int busy = 0;
   double *dev = cp_alloc(sizeof(double) * (size_t)pp);
@@ -397,6 +523,23 @@ static void add_explain_json(cJSON *root, const StratPlan *sp, const TrainConf *
     cJSON_AddStringToObject(o, "collective", pl_coll_name(c->coll));
     if (c->what) cJSON_AddStringToObject(o, "note", c->what);
     cJSON_AddNumberToObject(o, "bytes", coll_bytes(e, c));
+    cJSON_AddNumberToObject(o, "per_step", c->per_step);
+    if (sp->pp > 1) cJSON_AddNumberToObject(o, "stage", coll_stage(e, c));
+    cJSON_AddItemToArray(colls, o);
+  }
+  ExtraList xs = ex_extras(e);
+  for (int i = 0; i < xs.n; i++) {
+    const CollOp *c = &xs.a[i].o;
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "node", c->node);
+    cJSON_AddNumberToObject(o, "consumer", c->consumer);
+    cJSON_AddStringToObject(o, "axis", strat_axis_name(sp->axes[c->axis].role));
+    cJSON_AddStringToObject(o, "from", pl_str(c->from));
+    cJSON_AddStringToObject(o, "to", pl_str(c->to));
+    cJSON_AddStringToObject(o, "collective", pl_coll_name(c->coll));
+    const char *note = xs.a[i].regather ? "gathered again for the backward (ZeRO 3)" : "again in the backward";
+    cJSON_AddStringToObject(o, "note", note);
+    cJSON_AddNumberToObject(o, "bytes", c->bytes);
     cJSON_AddNumberToObject(o, "per_step", c->per_step);
     if (sp->pp > 1) cJSON_AddNumberToObject(o, "stage", coll_stage(e, c));
     cJSON_AddItemToArray(colls, o);
@@ -467,10 +610,10 @@ static const char *mesh_str(const TrainConf *t) {
 static void print_ranking(FILE *f, const SrchResult *r, const TrainConf *t) {
   fprintf(f, "search for %s on %s: batch %lld, memory limit %s per device\n", r->model, mesh_str(t),
           (long long)t->batch, cp_bytes_str(r->memory));
-  fprintf(f, "  %d layer%s in %d class%s (each class solved once), %lld configurations, %lld ILPs (largest: %d "
-             "variables)\n",
-          r->layers, r->layers == 1 ? "" : "s", r->layer_classes, r->layer_classes == 1 ? "" : "es",
-          (long long)r->considered, (long long)r->ilp_solves, r->ilp_vars);
+  fprintf(f, "  %d layer%s in %d class%s (each class priced once), %lld configurations", r->layers,
+          r->layers == 1 ? "" : "s", r->layer_classes, r->layer_classes == 1 ? "" : "es", (long long)r->considered);
+  if (r->ilp_solves) fprintf(f, ", %lld ILPs (largest: %d variables)", (long long)r->ilp_solves, r->ilp_vars);
+  fprintf(f, "\n");
   fprintf(f, "\n%4s %5s %4s %4s %4s %4s %5s %5s %-9s %-11s %10s %10s %6s %11s %11s %6s\n", "rank", "dp", "tp", "pp",
           "sp", "zero", "micro", "mbs", "recompute", "schedule", "step", "tokens/s", "MFU", "memory/dev", "comm/dev",
           "bubble");
@@ -731,6 +874,58 @@ static bool write_report(const char *path, const SrchResult *r, const TrainConf 
   return ok;
 }
 
+/* ---- one row per plan ------------------------------------------------------------------------
+ * The search tries every recompute mode for every configuration. Where a mode changes nothing in
+ * the program (recompute.c clones no node: `full` in a model without a layer loop, `selective`
+ * in one without attention), its plans are the plain ones under another name; and two plans that
+ * differ only in recompute with the same predictions say nothing the first does not. Such rows
+ * are dropped in favour of recompute none. (ZeRO stages need dp > 1 and pipeline schedules pp > 1,
+ * so the search never pairs those with a plan of the same effect.) */
+
+/* The nodes of the training graph of plan p's micro-batch under recompute mode rc (clones are
+ * extra nodes), or -1 when it cannot be built. */
+static int train_nodes(Sema *s, const TrainConf *t, const SrchPlan *p, Recompute rc) {
+  TrainConf tc = *t;
+  tc.strategy.dp = p->dp, tc.strategy.micro = p->micro, tc.strategy.recompute = rc;
+  Graph *g = sema_build_model(s, t->model, t->model_call, p->dp * p->micro);
+  return g && train_graph(g, &tc) ? g->n : -1;
+}
+
+static bool same_config(const SrchPlan *a, const SrchPlan *b) {
+  return a->dp == b->dp && a->tp == b->tp && a->pp == b->pp && a->sp == b->sp && a->zero == b->zero &&
+         a->micro == b->micro && a->microbatches == b->microbatches && a->v == b->v && a->sched == b->sched;
+}
+
+static bool same_prediction(const SrchPlan *a, const SrchPlan *b) {
+  return a->step_time == b->step_time && a->mem_total == b->mem_total && a->comm_bytes == b->comm_bytes &&
+         a->bubble == b->bubble && a->mem_acts == b->mem_acts && a->mem_workspace == b->mem_workspace;
+}
+
+/* Drops from r's plans (all of them, fastest first) those a plan with recompute none makes
+ * redundant, then keeps the first topk. */
+static void dedup_plans(Sema *s, const TrainConf *t, SrchResult *r, int topk) {
+  int noop[3] = {-1, -1, -1}; /* per recompute mode: 1 when it clones nothing (-1: not known yet) */
+  int kept = 0;
+  for (int i = 0; i < r->n && kept < topk; i++) {
+    const SrchPlan *p = &r->plans[i];
+    bool drop = false;
+    for (int j = 0; j < r->n && !drop && p->recompute != RC_NONE; j++) {
+      const SrchPlan *q = &r->plans[j];
+      if (q->recompute != RC_NONE || !same_config(p, q)) continue;
+      if (same_prediction(p, q)) drop = true;
+      else {
+        if (noop[p->recompute] < 0) {
+          int n0 = train_nodes(s, t, p, RC_NONE), n1 = train_nodes(s, t, p, p->recompute);
+          noop[p->recompute] = n0 >= 0 && n1 == n0;
+        }
+        drop = noop[p->recompute] == 1;
+      }
+    }
+    if (!drop) r->plans[kept++] = *p;
+  }
+  r->n = kept;
+}
+
 void plan_cmd_run(FILE *out, Sema *s, const TrainConf *t, const PlanOpts *o) {
   bool pinned = !t->strategy.is_auto;
   TrainConf tc;
@@ -743,8 +938,9 @@ void plan_cmd_run(FILE *out, Sema *s, const TrainConf *t, const PlanOpts *o) {
       return;
     }
   }
-  SrchResult *r = srch_run(s, t, o->top > 0 ? o->top : 5);
+  SrchResult *r = srch_run(s, t, INT_MAX); /* every plan: dedup_plans keeps the first --top */
   if (!r) return;
+  dedup_plans(s, t, r, o->top > 0 ? o->top : 5);
   /* The strategy explained: the pinned one as build uses it, or the search's best. */
   TrainConf best = *t;
   srch_pin(&r->plans[0], &best.strategy);

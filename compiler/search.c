@@ -12,6 +12,7 @@
  * overestimate); the boundary between layers of different classes is taken as replicated;
  * stages of a pipeline all use submeshes of the same shape (dp x tp). */
 #include "search.h"
+#include "pipeline.h"
 
 #include <coin/Cbc_C_Interface.h>
 #include <math.h>
@@ -163,7 +164,15 @@ typedef struct Seg {
   CostLink link;
   const uint8_t *bmask; /* per node: bit d set when dim d of its output is a batch dim */
   const bool *saved;    /* per node: its output is kept for the backward pass */
-  int sp_mode;          /* -1 search, 0 no sequence splits of norms, 1 norms split along the sequence */
+  /* The build's placements on the tp axis (strat_tp_place), or NULL (srch_graph_problem: every
+   * strategy of every node's rule is a candidate). When set, each node's one candidate is the
+   * placement the build gives it: what is priced is what runs. */
+  const Pl *pin_out;
+  Pl *const *pin_cons;
+  Pl *const *pin_from;  /* per node, per input: its placement before the reshard (strat_tp_place) */
+  uint8_t *bwd_done;    /* per node: the backward collectives its gradient has been charged (bit per
+                           Collective): the consumers' gradient contributions are summed, then
+                           reduced once */
   VEC(Var) vars;
   VEC(Edge) edges;
   int *var_of;          /* per graph node: its variable or -1 */
@@ -192,7 +201,6 @@ static double par_unsharded(const ParDims *p, int64_t dp) {
 /* The summary of a solved segment, per micro-batch on one device. */
 typedef struct SegCost {
   double tf, tb, bytes, act, par, cheap_t, cheap_act, out_act, max_act;
-  bool seq_split;       /* a norm runs split along the sequence (Megatron's sp) */
   ParDims pd;           /* the params of par, by dim 0 */
 } SegCost;
 
@@ -239,16 +247,20 @@ static bool param_value(const Graph *g, int u) {
 /* Forward and backward seconds (and bytes) of changing u's value from `from` to `to` for a
  * consumer that runs split or not. The forward sends u at the compute dtype (a param's low-precision
  * copy); the backward its gradient, in f32 when it is a param's. */
-static void edge_cost(const Seg *s, int u, Pl from, Pl to, bool split, double *tf, double *tb, double *bytes) {
-  double whole = cost_act_bytes(s->cm, s->g, u);
-  double gwhole = param_value(s->g, u) ? (double)shape_numel(&s->g->nodes[u].shape) * s->cm->g_bytes : whole;
-  Collective f = pl_reshard(from, to), b = COLL_NONE;
+static Collective bwd_coll(const Seg *s, int u, Pl from, Pl to, bool split) {
+  Collective b = COLL_NONE;
   if (from.kind == PL_R && to.kind == PL_R) b = split ? COLL_ALL_REDUCE : COLL_NONE;
   else if (from.kind == PL_S && to.kind == PL_R) b = split ? COLL_REDUCE_SCATTER : COLL_NONE;
   else if (from.kind == PL_P) b = to.kind == PL_S ? COLL_ALL_GATHER : COLL_NONE;
   else if (from.kind == PL_S && to.kind == PL_S) b = from.dim != to.dim ? COLL_ALL_TO_ALL : COLL_NONE;
   else if (from.kind == PL_R && to.kind == PL_S) b = COLL_ALL_GATHER;
-  if (no_grad(s->g, u)) b = COLL_NONE;
+  return no_grad(s->g, u) ? COLL_NONE : b;
+}
+
+static void edge_cost(const Seg *s, int u, Pl from, Pl to, bool split, double *tf, double *tb, double *bytes) {
+  double whole = cost_act_bytes(s->cm, s->g, u);
+  double gwhole = param_value(s->g, u) ? (double)shape_numel(&s->g->nodes[u].shape) * s->cm->g_bytes : whole;
+  Collective f = pl_reshard(from, to), b = bwd_coll(s, u, from, to, split);
   *tf = cost_collective(s->cm, f, whole, s->n, s->link);
   *tb = cost_collective(s->cm, b, gwhole, s->n, s->link);
   *bytes = pl_coll_bytes(f, whole, s->n) + pl_coll_bytes(b, gwhole, s->n);
@@ -298,7 +310,15 @@ static void node_cands(Seg *s, int i, Var *var) {
   const CostModel *cm = s->cm;
   VEC(Cand) cs = {0};
   bool leaf = ir_ops[n->op].flags & OPF_LEAF;
-  if (leaf || s->n == 1) {
+  if (s->pin_out && s->n > 1) { /* the build's placement */
+    Cand c = {.in = cp_alloc(sizeof(Pl) * (size_t)(n->nin + 1)), .out = s->pin_out[i]};
+    c.split = c.out.kind == PL_S;
+    for (int k = 0; k < n->nin; k++) {
+      c.in[k] = leaf || !s->pin_cons[i] ? pl_r() : s->pin_cons[i][k];
+      c.split |= !leaf && c.in[k].kind == PL_S;
+    }
+    VEC_PUSH(cs, c);
+  } else if (leaf || s->n == 1) {
     Cand c = {.in = cp_alloc(sizeof(Pl) * (size_t)(n->nin + 1)), .out = pl_r()};
     for (int k = 0; k < n->nin; k++) c.in[k] = pl_r();
     VEC_PUSH(cs, c);
@@ -316,10 +336,6 @@ static void node_cands(Seg *s, int i, Var *var) {
         bad |= batch_split(s, n->in[j], in[j]);
         split |= in[j].kind == PL_S;
       }
-      bool norm = n->op == OP_LAYER_NORM || n->op == OP_RMS_NORM;
-      bool seq = norm && in[0].kind == PL_S && n->shape.rank >= 3 && in[0].dim == n->shape.rank - 2;
-      if (norm && s->sp_mode == 0 && in[0].kind == PL_S) bad = true;
-      if (norm && s->sp_mode == 1 && !seq) bad = true;
       if (!bad) VEC_PUSH(cs, ((Cand){.in = in, .out = outs[k], .split = split}));
     }
     if (cs.n == 0) { /* every strategy splits the batch: run whole */
@@ -351,6 +367,27 @@ static void node_cands(Seg *s, int i, Var *var) {
   var->node = i;
   var->nc = cs.n;
   var->c = cs.a;
+}
+
+/* Under the build's placements: input k of v's node, u's value, costs the reshard strat_pin
+ * records for it forward (from the placement u's value has then: none where an earlier reshard is
+ * reused or a reduction ran in place), and backward its gradient's change to u's placement, where
+ * an input taken whole by an op that ran split is its slice (its gradient split alike); each
+ * backward collective of u once, as the contributions are summed before it. */
+static void add_pinned_in(Seg *s, Var *v, int k, int u) {
+  const Graph *g = s->g;
+  Cand *c = &v->c[0];
+  const Node *n = &g->nodes[v->node];
+  Pl from = s->pin_from[v->node] ? s->pin_from[v->node][k] : s->pin_out[u];
+  Pl to = shard_sliced_input(g, n, k, c->in[k], c->out);
+  double whole = cost_act_bytes(s->cm, g, u);
+  double gwhole = param_value(g, u) ? (double)shape_numel(&g->nodes[u].shape) * s->cm->g_bytes : whole;
+  Collective f = pl_reshard(from, c->in[k]), b = bwd_coll(s, u, s->pin_out[u], to, c->split);
+  if (b != COLL_NONE && (s->bwd_done[u] >> b & 1)) b = COLL_NONE;
+  if (b != COLL_NONE) s->bwd_done[u] |= (uint8_t)(1u << b);
+  c->tf += cost_collective(s->cm, f, whole, s->n, s->link);
+  c->tb += cost_collective(s->cm, b, gwhole, s->n, s->link);
+  c->bytes += pl_coll_bytes(f, whole, s->n) + pl_coll_bytes(b, gwhole, s->n);
 }
 
 /* Adds the forward/backward cost of an edge between a variable and a fixed placement. */
@@ -408,13 +445,17 @@ static void seg_build(Seg *s, const int *nodes, int nn, int plo, int phi, int of
     int i = s->vars.a[vv].node;
     const Node *n = &g->nodes[i];
     for (int k = 0; k < n->nin; k++) {
+      if (s->pin_out && s->n > 1) { /* one candidate each: every edge is a fixed cost of its consumer */
+        if (!(ir_ops[n->op].flags & OPF_LEAF)) add_pinned_in(s, &s->vars.a[vv], k, n->in[k]);
+        continue;
+      }
       int u = n->in[k], uv = s->var_of[u];
       if (uv < 0 && u >= plo && u < phi) uv = s->var_of[u + off];
       if (uv >= 0) add_edge(s, uv, vv, k, u);
-      else add_fixed_in(s, &s->vars.a[vv], k, u, chosen && chosen[u].set ? chosen[u].out : pl_r());
+      else add_fixed_in(s, &s->vars.a[vv], k, u, s->pin_out ? s->pin_out[u] : chosen && chosen[u].set ? chosen[u].out : pl_r());
     }
   }
-  if (!chosen) return;
+  if (!chosen || (s->pin_out && s->n > 1)) return;
   for (int w = 0; w < g->n; w++) {
     if (s->var_of[w] >= 0 || !chosen[w].set || g->nodes[w].role != ROLE_FWD) continue;
     for (int k = 0; k < g->nodes[w].nin; k++) {
@@ -472,7 +513,6 @@ static SegCost seg_cost(const Seg *s, const int *choice, Chosen *chosen, int shi
     if (c->act > sc.max_act) sc.max_act = c->act;
     const Node *n = &g->nodes[V->node];
     if (n->op == OP_PARAM) VEC_PUSH(sc.pd, ((ParDim){n->shape.rank > 0 ? n->shape.d[0] : -1, c->par}));
-    if ((n->op == OP_LAYER_NORM || n->op == OP_RMS_NORM) && c->in[0].kind == PL_S) sc.seq_split = true;
     if (chosen) chosen[V->node + shift] = (Chosen){true, c->out, c->in, c->split};
   }
   for (int e = 0; e < s->edges.n; e++) {
@@ -484,8 +524,10 @@ static SegCost seg_cost(const Seg *s, const int *choice, Chosen *chosen, int shi
 }
 
 static Seg seg_new(const Graph *g, const CostModel *cm, int64_t n, CostLink link, const uint8_t *bmask,
-                   const bool *saved, int sp_mode) {
-  Seg s = {.g = g, .cm = cm, .n = n, .link = link, .bmask = bmask, .saved = saved, .sp_mode = sp_mode};
+                   const bool *saved, const Pl *pin_out, Pl *const *pin_cons, Pl *const *pin_from,
+                   uint8_t *bwd_done) {
+  Seg s = {.g = g, .cm = cm, .n = n, .link = link, .bmask = bmask, .saved = saved, .pin_out = pin_out,
+           .pin_cons = pin_cons, .pin_from = pin_from, .bwd_done = bwd_done};
   return s;
 }
 
@@ -493,7 +535,7 @@ IlpProblem *srch_graph_problem(const Graph *g, const CostModel *cm, int64_t n) {
   uint8_t *bmask = cp_alloc((size_t)g->n);
   for (int i = 0; i < g->n; i++) /* dim 0 of the inputs and of what inherits it: the batch */
     if (g->nodes[i].op == OP_INPUT && g->nodes[i].shape.rank > 0) bmask[i] = 1;
-  Seg s = seg_new(g, cm, n, cost_group_link(cm, 1, n), bmask, saved_outputs(g), -1);
+  Seg s = seg_new(g, cm, n, cost_group_link(cm, 1, n), bmask, saved_outputs(g), NULL, NULL, NULL, NULL);
   VEC(int) nodes = {0};
   for (int i = 0; i < g->n; i++)
     if (g->nodes[i].role == ROLE_FWD) VEC_PUSH(nodes, i);
@@ -560,31 +602,23 @@ static Layers find_layers(const Graph *g) {
   return ly;
 }
 
-/* Everything solved for one (tp, micro-batch size). */
+/* Everything solved for one (tp, sp, micro-batch size). */
 typedef struct Solved {
-  int64_t tp, b;
+  int64_t tp, sp, b;
   const Graph *g;
   SegCost *layer;       /* per class */
+  int *cls;             /* per layer: its class (the layers' classes; under tp each layer its own) */
   SegCost pre, post;    /* nodes before the first layer / after the last */
   double pre_par, post_par, shared_par; /* param elements: pre only, post only, both (tied) */
   ParDims shared_pd;    /* the tied params, by dim 0 (pre's and post's: in pre.pd, post.pd) */
   double boundary;      /* bytes of one layer's output per device (pipeline sends, full recompute) */
-  bool seq_split;
   bool ok;
+  bool refused;         /* not ok because the build refuses this tp (strat_tp_place) */
   int64_t over;         /* not ok because a tensor passes 2^31 - 1 elements per rank: the fewest
                            elements the worst node can hold (Seg.over) */
   int over_node;
-  Seg *seg;             /* a single layer class: its segment, for the re-solves under a budget */
   Chosen *chosen;
 } Solved;
-
-/* A re-solve of the (single) layer class under a memory budget (solved_fit), cached. */
-typedef struct Fit {
-  int64_t tp, b;
-  double budget, wa, wp;
-  Recompute rc;
-  const struct Solved *r; /* NULL when nothing fits the budget */
-} Fit;
 
 typedef struct Search {
   Sema *sema;
@@ -607,7 +641,6 @@ typedef struct Search {
   double min_mem;       /* the smallest per-device memory of the configurations that did not fit */
   SrchPlan min_plan;
   bool report;
-  VEC(Fit) fits;        /* re-solves of the layer under a memory budget */
 } Search;
 
 static const Graph *graph_at(Search *S, int64_t b) {
@@ -619,38 +652,56 @@ static const Graph *graph_at(Search *S, int64_t b) {
 
 static bool solve(Search *S, Seg *s, IlpProblem *p, int *choice) {
   double obj;
-  S->ilp_solves++;
-  if (p->nvars > S->ilp_vars) S->ilp_vars = p->nvars;
   bool trivial = true;
   for (int v = 0; v < p->nvars && trivial; v++) trivial = p->ncand[v] == 1;
-  if (trivial) {
+  if (trivial) { /* one choice each (the build's placements under tp): priced, not an ILP */
     memset(choice, 0, sizeof(int) * (size_t)p->nvars);
     return p->mem_limit <= 0 || ilp_mem(p, choice) <= p->mem_limit;
   }
   (void)s;
+  S->ilp_solves++;
+  if (p->nvars > S->ilp_vars) S->ilp_vars = p->nvars;
   return srch_ilp_solve(p, choice, &obj);
 }
 
-static int sp_mode(const TrainConf *t) {
-  int64_t sp = t->strategy.sp;
-  return sp > 1 ? 1 : sp == 1 ? 0 : -1;
-}
-
-/* Solves the layer classes and the rest for tp = n at micro-batch b (memory unconstrained: the
- * fastest strategy per node; solved_fit re-solves under a budget when a config needs it). */
-static Solved *solved_at(Search *S, int64_t n, int64_t b) {
+/* Prices the layer classes and the rest for tp = n (sequence parallel when sp > 1) at micro-batch
+ * b, every node placed as the build places it (strat_tp_place). */
+static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
   for (int i = 0; i < S->solved.n; i++)
-    if (S->solved.a[i]->tp == n && S->solved.a[i]->b == b) return S->solved.a[i];
+    if (S->solved.a[i]->tp == n && S->solved.a[i]->sp == sp && S->solved.a[i]->b == b) return S->solved.a[i];
   Solved *r = cp_alloc(sizeof *r);
-  r->tp = n, r->b = b;
+  r->tp = n, r->sp = sp, r->b = b;
   VEC_PUSH(S->solved, r);
   const Graph *g = graph_at(S, b);
   if (!g || g->n != S->g1n) return r; /* the structure the layers were found on */
   r->g = g;
+  Pl *pin_out = NULL, **pin_cons = NULL, **pin_from = NULL;
+  uint8_t *bwd_done = NULL;
+  Layers lyp = S->ly;
+  if (n > 1) {
+    pin_out = cp_alloc(sizeof(Pl) * (size_t)g->n);
+    pin_cons = cp_alloc(sizeof(Pl *) * (size_t)g->n);
+    pin_from = cp_alloc(sizeof(Pl *) * (size_t)g->n);
+    bwd_done = cp_alloc((size_t)g->n);
+    if (!strat_tp_place(g, n, sp > 1, pin_out, pin_cons, pin_from)) {
+      r->refused = true;
+      return r;
+    }
+    /* The build places the first layer apart from the rest where its input arrives otherwise (whole
+     * from the embedding, split along the sequence from a layer under sp): every layer is priced
+     * on its own placements. */
+    lyp.ncls = lyp.L;
+    lyp.rep = cp_alloc(sizeof(int) * (size_t)(lyp.L + 1));
+    for (int l = 0; l < lyp.L; l++) lyp.rep[l] = l;
+    lyp.cls = cp_alloc(sizeof(int) * (size_t)(lyp.L + 1));
+    lyp.periodic = cp_alloc((size_t)(lyp.L + 1));
+    for (int l = 0; l < lyp.L; l++) lyp.cls[l] = l;
+  }
+  r->cls = lyp.cls;
   const bool *saved = saved_outputs(g);
   CostLink link = cost_group_link(&S->cm, 1, n);
   Chosen *chosen = cp_alloc(sizeof(Chosen) * (size_t)g->n);
-  const Layers *ly = &S->ly;
+  const Layers *ly = &lyp;
   r->layer = cp_alloc(sizeof(SegCost) * (size_t)(ly->ncls + 1));
   bool *in_layer = cp_alloc((size_t)g->n);
   for (int c = 0; c < ly->ncls; c++) {
@@ -658,7 +709,7 @@ static Solved *solved_at(Search *S, int64_t n, int64_t b) {
     VEC(int) nodes = {0};
     for (int i = lo; i < hi; i++) VEC_PUSH(nodes, i);
     Seg *s = cp_alloc(sizeof *s);
-    *s = seg_new(g, &S->cm, n, link, S->bmask, saved, sp_mode(S->t));
+    *s = seg_new(g, &S->cm, n, link, S->bmask, saved, pin_out, pin_cons, pin_from, bwd_done);
     int plo = 0, phi = 0, off = 0;
     if (ly->periodic[c]) plo = ly->lo[l - 1], phi = ly->hi[l - 1], off = lo - plo;
     seg_build(s, nodes.a, nodes.n, plo, phi, off, NULL);
@@ -669,7 +720,6 @@ static Solved *solved_at(Search *S, int64_t n, int64_t b) {
     IlpProblem *p = seg_problem(s, 1, 0, RC_NONE, 0);
     int *choice = cp_alloc(sizeof(int) * (size_t)(p->nvars + 1));
     if (!solve(S, s, p, choice)) return r;
-    if (ly->ncls == 1) r->seg = s;
     /* Every layer of the class takes the representative's choices. */
     for (int m = 0; m < ly->L; m++) {
       if (ly->cls[m] != c) continue;
@@ -677,7 +727,6 @@ static Solved *solved_at(Search *S, int64_t n, int64_t b) {
       if (m == l) r->layer[c] = sc;
       for (int i = ly->lo[m]; i < ly->hi[m]; i++) in_layer[i] = true;
     }
-    r->seq_split |= r->layer[c].seq_split;
     int last = hi - 1;
     r->boundary = cost_act_bytes(&S->cm, g, last) / (chosen[last].out.kind == PL_S ? (double)n : 1);
   }
@@ -687,7 +736,7 @@ static Solved *solved_at(Search *S, int64_t n, int64_t b) {
   for (int i = 0; i < g->n; i++)
     if (g->nodes[i].role == ROLE_FWD && !in_layer[i]) VEC_PUSH(rest, i);
   Seg *s = cp_alloc(sizeof *s);
-  *s = seg_new(g, &S->cm, n, link, S->bmask, saved, sp_mode(S->t));
+  *s = seg_new(g, &S->cm, n, link, S->bmask, saved, pin_out, pin_cons, pin_from, bwd_done);
   seg_build(s, rest.a, rest.n, 0, 0, 0, chosen);
   if (s->over > 0) {
     r->over = s->over, r->over_node = s->over_node;
@@ -738,7 +787,7 @@ static Solved *solved_at(Search *S, int64_t n, int64_t b) {
 
 /* One configuration of the outer loop. */
 typedef struct Config {
-  int64_t dp, tp, pp, b, m, zero, v;
+  int64_t dp, tp, pp, sp, b, m, zero, v;
   Recompute rc;
   PipeSched sched;
 } Config;
@@ -765,7 +814,7 @@ static StageMem stage_mem(const Search *S, const Solved *so, const Config *k, in
   const CostModel *cm = &S->cm;
   double par = 0, act = 0, work = 0;
   for (int l = l0; l < l1; l++) {
-    const SegCost *c = &so->layer[S->ly.cls[l]];
+    const SegCost *c = &so->layer[so->cls[l]];
     par += c->par;
     act += layer_act(c, k->rc, so->boundary);
     if (k->rc == RC_FULL && c->act > work) work = c->act; /* one layer's activations while it reruns */
@@ -796,7 +845,7 @@ static double stage_par(const Search *S, const Solved *so, const Config *k, int 
                         double *unsh) {
   double par = 0, u = 0;
   for (int l = l0; l < l1; l++) {
-    const SegCost *c = &so->layer[S->ly.cls[l]];
+    const SegCost *c = &so->layer[so->cls[l]];
     par += c->par, u += par_unsharded(&c->pd, k->dp);
   }
   bool first = s == 0, last = s == k->pp - 1;
@@ -807,12 +856,16 @@ static double stage_par(const Search *S, const Solved *so, const Config *k, int 
   return par;
 }
 
+/* Whether the last pipeline stage's gradient contribution to a tied param crosses once a step
+ * (pipeline.h pp_deferred_sums), not with each micro-batch. */
+static bool tied_once(const Config *k) { return pp_tied_once(k->zero); }
+
 /* Seconds per micro-batch of stage s holding layers [l0, l1), and its bytes sent per micro-batch. */
 static double stage_time(const Search *S, const Solved *so, const Config *k, int s, int l0, int l1, double *fwd,
                          double *bytes) {
   double f = 0, t = 0, by = 0;
   for (int l = l0; l < l1; l++) {
-    const SegCost *c = &so->layer[S->ly.cls[l]];
+    const SegCost *c = &so->layer[so->cls[l]];
     f += c->tf, t += layer_time(c, k->rc), by += c->bytes;
   }
   if (s == 0) f += so->pre.tf, t += layer_time(&so->pre, RC_NONE), by += so->pre.bytes;
@@ -826,8 +879,9 @@ static double stage_time(const Search *S, const Solved *so, const Config *k, int
     double sends = 2 * (double)k->v - (double)(s == 0) - (double)(s == k->pp - 1);
     f += p, t += 2 * p, by += sends * so->boundary;
     /* a param both ends of the pipeline read (a tied embedding): the last stage sends its gradient
-     * contribution to the first (the owner) in every micro-batch's backward, in f32 */
-    if (s == k->pp - 1 && so->shared_par > 0) {
+     * contribution to the first (the owner), in f32: once a step (tied_once; pipeline.h), but
+     * under ZeRO 2 and 3, which reduce-scatter the sum after each micro-batch, with each one */
+    if (s == k->pp - 1 && so->shared_par > 0 && !tied_once(k)) {
       double tied = so->shared_par * S->cm.g_bytes;
       t += cost_p2p(tied, l), by += tied;
     }
@@ -889,66 +943,14 @@ static double pipeline_cut(const Search *S, const Solved *so, const Config *k, i
   return *need <= S->memory ? tmax : INFINITY;
 }
 
-/* When the fastest layer strategy does not fit a configuration: the layer's ILP again, under the
- * per-layer memory budget the configuration leaves on its fullest stage (stage 0 of an even split),
- * with the configuration's weights for activations (in flight, after recompute) and params (grads
- * and optimizer state after ZeRO). A single layer class only; at most MAX_FIT solves per search
- * (distinct budgets within 2% share one). NULL when none fits or the budget is spent. */
-enum { MAX_FIT = 200 };
-static const Solved *solved_fit(Search *S, const Solved *so, const Config *k) {
-  if (!so->seg || S->ly.L == 0) return NULL;
-  const CostModel *cm = &S->cm;
-  double dp = (double)k->dp;
-  double wa = cost_inflight(k->sched, k->pp, 0, k->m, k->v);
-  double wp = cm->w_bytes / (k->zero >= 3 ? dp : 1) + cm->g_bytes / (k->zero >= 2 ? dp : 1) +
-              cm->o_bytes / (k->zero >= 1 ? dp : 1);
-  int lst = (int)((S->ly.L + k->pp - 1) / k->pp);
-  StageMem m = stage_mem(S, so, k, 0, 0, lst);
-  const SegCost *c = &so->layer[0];
-  double per = wa * layer_act(c, k->rc, so->boundary) + wp * c->par;
-  double budget = (S->memory - (m.total - lst * per)) / lst;
-  /* full recompute keeps only the layer boundary: the layer's strategy barely changes memory */
-  if (budget <= 0 || k->rc == RC_FULL) return NULL;
-  for (int i = 0; i < S->fits.n; i++) {
-    const Fit *f = &S->fits.a[i];
-    if (f->tp == so->tp && f->b == so->b && f->rc == k->rc && f->wa == wa && f->wp == wp &&
-        fabs(f->budget - budget) <= 0.02 * budget)
-      return f->r;
-  }
-  if (S->fits.n >= MAX_FIT) return NULL;
-  VEC_PUSH(S->fits, ((Fit){so->tp, so->b, budget, wa, wp, k->rc, NULL}));
-  Fit *fit = &S->fits.a[S->fits.n - 1];
-  IlpProblem *p = seg_problem(so->seg, wa, wp, k->rc, budget);
-  int *choice = cp_alloc(sizeof(int) * (size_t)(p->nvars + 1));
-  if (!solve(S, so->seg, p, choice)) return NULL;
-  Solved *r = cp_alloc(sizeof *r);
-  *r = *so;
-  r->layer = cp_alloc(sizeof(SegCost));
-  r->layer[0] = seg_cost(so->seg, choice, NULL, 0);
-  int last = S->ly.hi[S->ly.rep[0]] - 1;
-  const Var *lv = &so->seg->vars.a[so->seg->var_of[last]];
-  r->boundary = cost_act_bytes(cm, so->g, last) / (lv->c[choice[so->seg->var_of[last]]].out.kind == PL_S ? (double)so->tp : 1);
-  r->seq_split = so->seq_split || r->layer[0].seq_split;
-  fit->r = r;
-  return r;
-}
-
 /* Evaluates one configuration; pushes it as a plan when it fits. */
 static void evaluate(Search *S, const Solved *so, const Config *k) {
   int pp = (int)k->pp;
   int *cut = cp_alloc(sizeof(int) * (size_t)(pp + 1));
   double need;
   double tmax = pipeline_cut(S, so, k, cut, &need);
-  if (tmax == INFINITY) { /* the fastest layer strategy does not fit: a layer strategy that does */
-    const Solved *f = solved_fit(S, so, k);
-    double need2;
-    double t2 = f ? pipeline_cut(S, f, k, cut, &need2) : INFINITY;
-    if (f && need2 < need) need = need2;
-    if (t2 < INFINITY) tmax = t2, so = f;
-  }
-  SrchPlan p = {.dp = k->dp, .tp = k->tp, .pp = k->pp, .zero = k->zero, .micro = k->b, .microbatches = k->m,
-                .v = k->v, .recompute = k->rc, .sched = k->sched};
-  p.sp = so->seq_split && k->tp > 1 ? k->tp : 1;
+  SrchPlan p = {.dp = k->dp, .tp = k->tp, .pp = k->pp, .sp = k->sp, .zero = k->zero, .micro = k->b,
+                .microbatches = k->m, .v = k->v, .recompute = k->rc, .sched = k->sched};
   if (tmax == INFINITY) {
     if (need < S->min_mem) S->min_mem = need, S->min_plan = p;
     return;
@@ -971,11 +973,13 @@ static void evaluate(Search *S, const Solved *so, const Config *k) {
     double st, sb;
     dp_sync(S, k, par, unsh, &st, &sb);
     if (st > sync_t) sync_t = st;
-    /* a tied param's owner (the first stage) sends its updated value to the last, once per step (f32) */
-    double tied = pp > 1 && s == 0 ? so->shared_par * S->cm.g_bytes : 0;
+    /* a tied param's owner (the first stage) sends its updated value to the last, and the last
+     * its accumulated gradient contribution to the first (tied_once), once per step (f32) */
+    double tied = pp > 1 && (s == 0 || (s == pp - 1 && tied_once(k))) ? so->shared_par * S->cm.g_bytes : 0;
     if (by * (double)k->m + tied + sb > comm) comm = by * (double)k->m + tied + sb;
   }
-  double tied_t = pp > 1 ? cost_p2p(so->shared_par * S->cm.g_bytes, cost_group_link(&S->cm, k->dp * k->tp, 2)) : 0;
+  double tied_t = pp > 1 ? cost_p2p(so->shared_par * S->cm.g_bytes, cost_group_link(&S->cm, k->dp * k->tp, 2)) *
+                               (tied_once(k) ? 2 : 1) : 0;
   p.dp_sync = sync_t;
   const CostModel *cm = &S->cm;
   double upd_bytes = max_par * (cm->w_bytes + cm->g_bytes + 2 * cm->o_bytes) * 2 / (k->zero >= 1 ? (double)k->dp : 1);
@@ -1310,7 +1314,10 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
           size = true;
           continue;
         }
-        Solved *so = solved_at(S, tp, b);
+        /* sequence parallelism: pinned, or both ways where it divides the sequence (strat_pin's rule) */
+        for (int64_t sp = 1; sp <= tp; sp += tp > 1 ? tp - 1 : 1) {
+        if (st->sp > 1 ? sp != st->sp : st->sp == 1 ? sp != 1 : sp > 1 && !strat_sp_fits(g1, sp)) continue;
+        Solved *so = solved_at(S, tp, sp, b);
         if (!so->ok) {
           if (so->over > 0) why_size(&W, so->over, so->g, so->over_node, 1, dp, tp, pp, b), size = true;
           else ilp = true;
@@ -1324,12 +1331,13 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
               if (st->pipeline != PS_SEARCH ? sc != (int)st->pipeline : (pp == 1 && sc != PS_1F1B)) continue;
               int64_t v = sc == PS_INTERLEAVED ? 2 : 1;
               if (v > 1 && (pp == 1 || L % (pp * v) != 0)) continue;
-              Config k = {dp, tp, pp, b, per / b, zero, v, (Recompute)rc, (PipeSched)sc};
+              Config k = {dp, tp, pp, sp, b, per / b, zero, v, (Recompute)rc, (PipeSched)sc};
               if (sc == PS_INTERLEAVED && k.m % pp != 0) continue; /* Megatron's interleaving needs it */
               evaluate(S, so, &k);
               considered++;
             }
           }
+        }
         }
       }
       if (considered > before) continue;

@@ -99,7 +99,9 @@ typedef struct Ctx {
   Pl *out;           /* per node, this axis: the placement it produces */
   Pl *avail;         /* per node: its value as later readers find it (after an in-place reduction) */
   Pl **cons;         /* per node: its inputs as it consumed them */
+  Pl **from;         /* or NULL; per node: its inputs' placements before the reshards it needed */
   bool *lazy;        /* per node: a param not placed yet (tp axis) */
+  bool quiet;        /* the search's pricing (strat_tp_place): a refusal says nothing */
   bool failed;
 } Ctx;
 
@@ -111,10 +113,11 @@ static int root_param(const Graph *g, int i) {
 static bool param_dim_ok(Ctx *c, int p, int d, const char *why) {
   const Node *pn = &c->g->nodes[p];
   if (pn->shape.d[d] % c->n == 0) return true;
+  c->failed = true;
+  if (c->quiet) return false;
   diag_error(strat_field_span(c->prog, c->t, "tp"), "tp = %lld does not divide dim %d (%lld) of %s %s, which %s",
              (long long)c->n, d, (long long)pn->shape.d[d], pn->name, shape_str(&pn->shape), why);
   diag_note(pn->span, "the param is declared here");
-  c->failed = true;
   return false;
 }
 
@@ -165,18 +168,21 @@ static void place_leaf(Ctx *c, int i) {
   }
 }
 
-/* Records the reshard of node `from`'s value for `consumer` (collectives only; local slices are free). */
-static void record(Ctx *c, int from, int consumer, Pl to) {
-  Collective k = pl_reshard(c->avail[from], to);
-  if (k == COLL_NONE || k == COLL_LOCAL_SLICE || k == COLL_LOCAL_ZERO) return;
+/* Records the reshard of node `from`'s value for `consumer` (collectives only; local slices are free).
+ * Returns the placement the reshard starts from: `to` itself when an earlier reshard is reused. */
+static Pl record(Ctx *c, int from, int consumer, Pl to) {
+  Pl was = c->avail[from];
+  Collective k = pl_reshard(was, to);
+  if (k == COLL_NONE || k == COLL_LOCAL_SLICE || k == COLL_LOCAL_ZERO) return was;
   for (int i = 0; i < c->sp->colls.n; i++) {
     const CollOp *o = &c->sp->colls.a[i];
-    if (o->node == from && o->axis == c->axis && pl_eq(o->to, to) && !o->what) return; /* reused */
+    if (o->node == from && o->axis == c->axis && pl_eq(o->to, to) && !o->what) return to; /* reused */
   }
   CollOp op = {.node = from, .consumer = consumer, .axis = c->axis, .from = c->avail[from], .to = to, .coll = k};
   VEC_PUSH(c->sp->colls, op);
   /* Reductions run in place: later readers get the reduced value, never reduce it twice. */
   if (op.from.kind == PL_P) c->avail[from] = to;
+  return was;
 }
 
 /* The generic repair when a rule gives no advice: partial sums first, then splits. */
@@ -240,7 +246,12 @@ static void apply_node(Ctx *c, int i) {
     }
     cp_assert(++tries < 16);
   }
-  for (int k = 0; k < (grad ? 1 : n->nin); k++) record(c, n->in[k], i, in[k]);
+  Pl *was = c->from ? cp_alloc(sizeof(Pl) * (size_t)(n->nin ? n->nin : 1)) : NULL;
+  for (int k = 0; k < (grad ? 1 : n->nin); k++) {
+    Pl w = record(c, n->in[k], i, in[k]);
+    if (was) was[k] = w;
+  }
+  if (c->from) c->from[i] = was;
   if (io.extra) {
     CollOp op = {.node = i, .consumer = i, .axis = c->axis, .from = io.out, .to = io.out,
                  .coll = COLL_ALL_REDUCE, .bytes = io.extra_bytes, .what = io.extra};
@@ -263,6 +274,15 @@ static void run_axis(Ctx *c) {
     if (c->failed) return;
     apply_node(c, i);
   }
+}
+
+bool strat_tp_place(const Graph *g, int64_t tp, bool seqpar, Pl *out, Pl **cons, Pl **from) {
+  StratPlan tmp = {.g = g, .dp = 1, .tp = tp, .pp = 1, .sp = seqpar ? tp : 1, .micro = 1, .accum = 1};
+  Ctx c = {.sp = &tmp, .g = g, .axis = 0, .role = AX_TP, .n = tp, .seqpar = seqpar, .out = out,
+           .avail = cp_alloc(sizeof(Pl) * (size_t)(g->n + 1)), .cons = cons, .from = from, .lazy = cp_alloc((size_t)g->n + 1),
+           .quiet = true};
+  run_axis(&c);
+  return !c.failed;
 }
 
 /* ---- stages ---------------------------------------------------------------------------------- */
@@ -309,6 +329,12 @@ int strat_heads_misfit(const Graph *g, int64_t tp) {
   return -1;
 }
 
+bool strat_sp_fits(const Graph *g, int64_t sp) {
+  if (sp <= 1 || g->inputs.n == 0) return true;
+  const Node *x = &g->nodes[g->inputs.a[0]];
+  return x->shape.rank >= 2 && x->shape.d[1] % sp == 0;
+}
+
 /* Checks that need the graph: heads and layers, of degrees tp, pp, sp (0 or 1: none). */
 static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *t, int64_t tp, int64_t pp, int64_t sp) {
   bool ok = true;
@@ -324,13 +350,11 @@ static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *
     diag_note(g->nodes[h].span, "the heads are split here");
     return false;
   }
-  if (sp > 1 && g->inputs.n > 0) {
+  if (!strat_sp_fits(g, sp)) {
     const Node *x = &g->nodes[g->inputs.a[0]];
-    if (x->shape.rank < 2 || x->shape.d[1] % sp != 0) {
-      diag_error(strat_field_span(prog, t, "sp"), "sp = %lld does not divide the sequence length (dim 1 of input '%s' %s)",
-                 (long long)sp, x->name, shape_str(&x->shape));
-      ok = false;
-    }
+    diag_error(strat_field_span(prog, t, "sp"), "sp = %lld does not divide the sequence length (dim 1 of input '%s' %s)",
+               (long long)sp, x->name, shape_str(&x->shape));
+    ok = false;
   }
   return ok;
 }
@@ -350,7 +374,12 @@ static void finish_bytes(StratPlan *sp) {
     CollOp *o = &sp->colls.a[i];
     const Node *c = &sp->g->nodes[o->consumer];
     o->per_step = c->role == ROLE_UPD ? 1 : (int)sp->accum;
-    if (o->what) continue;
+    if (o->what) { /* an exchange per row of the op's first input: the rows this device holds */
+      int x = sp->g->nodes[o->node].in[0];
+      for (int a = 0; a < sp->naxes; a++)
+        if (a != o->axis && sp->pl[x].ax[a].kind == PL_S) o->bytes /= (double)sp->axes[a].n;
+      continue;
+    }
     double bytes = ir_node_bytes(sp->g, o->node);
     for (int a = 0; a < sp->naxes; a++)
       if (a != o->axis && sp->pl[o->node].ax[a].kind == PL_S) bytes /= (double)sp->axes[a].n;

@@ -3,7 +3,9 @@
 # candidates, search_seconds and the fields every plan must have), --trace (a Chrome trace with a
 # forward and a backward per micro-batch and stage), --report (a page with three inline SVGs),
 # `build --plan` with the saved plan (it builds, and the built program's strategy is the plan's),
-# and the errors: a file that is not a plan, a missing file, a bad --top.  A few seconds.
+# pinned tensor-parallel strategies priced as the build places them (plan --json's row against
+# its explained collectives and params), and the errors: a file that is not a plan, a missing
+# file, a bad --top.  A few seconds.
 set -u
 cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 here=$(cd "$(dirname "$0")" && pwd)
@@ -74,6 +76,51 @@ got=$(awk '/^\/\* ==== plan_s[0-9]+\.c/ { f = $3 } /^static const RtPlanParam pa
            t && /^};/ { t = 0 } t && match($0, /"h\.[0-9]+\./) { print f, substr($0, RSTART + 1, RLENGTH - 2) }' pp.c | sort -u | tr '\n' ' ')
 [ "$got" = "plan_s0.c h.0 plan_s0.c h.1 plan_s0.c h.2 plan_s1.c h.3 plan_s1.c h.4 " ] ||
   fail "the built stages hold the layers '$got', not h.0-h.2 then h.3-h.4"
+
+# the search prices the placements the build makes: for a pinned strategy, the ranked row's bytes
+# per device per step are the explained collectives' (what the lowering runs), and its gradient
+# memory is the params as placed (f32, 4 bytes per element on a device). GPT-2's 50257-row
+# embedding stays whole under tp (its tied head too), a 50304-row one is vocab-parallel; LLaMA's
+# q, k and v read one norm's output (one gradient all-reduce, not three); sp, ZeRO, bf16 and f32.
+ex="$here/../../examples"
+while IFS='|' read -r file strat extra; do
+  args=(plan "$ex/$file" --set "train.strategy=$strat")
+  [ -n "$extra" ] && args+=(--set "$extra")
+  "$cplanc" "${args[@]}" --json >pin.json 2>pin.err || { cat pin.err; fail "plan --json $file $strat $extra"; }
+  python3 - "$file $strat $extra" <<'PY' || fail "the search does not price what the build runs: $file $strat $extra"
+import json, re, sys
+p = json.load(open("pin.json"))
+b = p["best"]
+names = [a["name"] for a in p["axes"]]
+size = {a["name"]: a["size"] for a in p["axes"]}
+comm = sum(c["bytes"] * c["per_step"] for c in p["collectives"])
+elems = 0.0
+for t in p["tensors"]:
+    if t["op"] != "param":
+        continue
+    n = 1
+    for d in re.findall(r"\d+", t["shape"].split("[", 1)[1]):
+        n *= int(d)
+    pl = t["placement"].strip("[]").split(", ")
+    if "tp" in names and pl[names.index("tp")].startswith("S"):
+        n /= size["tp"]
+    elems += n
+zero = b["zero"]
+grads = elems * 4 / (size.get("dp", 1) if zero >= 2 else 1)
+def close(a, e): return abs(a - e) <= 1e-6 * max(abs(e), 1)
+ok = close(b["comm_bytes_per_device"], comm) and close(b["memory"]["grads"], grads)
+print(f"{sys.argv[1]}: comm/dev {b['comm_bytes_per_device']:.0f} explained {comm:.0f}; grads {b['memory']['grads']:.0f} "
+      f"placed {grads:.0f}", file=sys.stderr if ok else sys.stdout)
+assert ok
+PY
+done <<'CASES'
+gpt2.cplan|{dp=4, tp=2, sp=1, micro=16, zero=0, recompute="none"}|
+gpt2.cplan|{dp=4, tp=2, sp=2, micro=16, zero=3, recompute="none"}|
+gpt2.cplan|{dp=2, tp=4, sp=1, micro=16, zero=1, recompute="selective"}|
+gpt2.cplan|{dp=4, tp=2, sp=2, micro=16, zero=1, recompute="none"}|train.model.vocab=50304
+llama.cplan|{dp=1, tp=2, sp=1, micro=8, zero=0, recompute="none"}|
+llama.cplan|{dp=1, tp=2, sp=2, micro=8, zero=0, recompute="none"}|train.precision="f32"
+CASES
 
 # errors
 echo '{"format": "other"}' >bad.json
