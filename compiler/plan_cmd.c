@@ -382,6 +382,22 @@ static void print_activations(FILE *f, const Ex *e, int first) {
 
 static int coll_layer(const StratPlan *sp, const CollOp *o) { return sp->g->nodes[o->consumer].layer; }
 
+/* Adds collective o (bytes per execution) to its stage's devices' totals tot[device * 4 + axis];
+ * false (counting it in *skipped) when it is in a layer identical to the first, which is printed
+ * for all, else its axis and stage labels for the line. */
+static bool coll_count(const Ex *e, const CollOp *o, double bytes, double *tot, int *skipped, const char **ax,
+                       const char **at) {
+  const StratPlan *sp = e->sp;
+  int pp = (int)sp->pp, s = coll_stage(e, o), l = coll_layer(sp, o);
+  tot[(s % pp) * 4 + o->axis] += bytes * o->per_step;
+  if (l > 0 && layer_same(sp, l)) {
+    (*skipped)++;
+    return false;
+  }
+  *ax = strat_axis_name(sp->axes[o->axis].role), *at = pp > 1 ? cp_fmt(" (stage %d)", s) : "";
+  return true;
+}
+
 /* Every collective (identical layers once) with its bytes per device per execution, then what one
  * device sends per step: under pp, the devices of one stage run its collectives and send its
  * crossings, so the figures are those of the busiest stage's devices (each stage's total listed). */
@@ -393,17 +409,11 @@ static void print_colls(FILE *f, const Ex *e) {
   fprintf(f, "\ncollectives (bytes sent per device; xN: executions per optimizer step%s):\n",
           pp > 1 ? "; stage: whose devices run it" : "");
   if (sp->colls.n == 0) fprintf(f, "  none\n");
+  const char *ax, *at;
   for (int i = 0; i < sp->colls.n; i++) {
     const CollOp *o = &sp->colls.a[i];
     double bytes = coll_bytes(e, o);
-    int s = coll_stage(e, o);
-    tot[(s % pp) * 4 + o->axis] += bytes * o->per_step;
-    int l = coll_layer(sp, o);
-    if (l > 0 && layer_same(sp, l)) {
-      skipped++;
-      continue;
-    }
-    const char *ax = strat_axis_name(sp->axes[o->axis].role), *at = pp > 1 ? cp_fmt(" (stage %d)", s) : "";
+    if (!coll_count(e, o, bytes, tot, &skipped, &ax, &at)) continue;
     if (o->what)
       fprintf(f, "  %-9s %-14s %s: %s, %s x%d%s\n", ax, pl_coll_name(o->coll), node_label(g, o->node), o->what,
               cp_bytes_str(bytes), o->per_step, at);
@@ -415,14 +425,7 @@ static void print_colls(FILE *f, const Ex *e) {
   for (int i = 0; i < xs.n; i++) {
     const CollOp *o = &xs.a[i].o;
     double bytes = o->bytes;
-    int s = coll_stage(e, o);
-    tot[(s % pp) * 4 + o->axis] += bytes * o->per_step;
-    int l = coll_layer(sp, o);
-    if (l > 0 && layer_same(sp, l)) {
-      skipped++;
-      continue;
-    }
-    const char *ax = strat_axis_name(sp->axes[o->axis].role), *at = pp > 1 ? cp_fmt(" (stage %d)", s) : "";
+    if (!coll_count(e, o, bytes, tot, &skipped, &ax, &at)) continue;
     fprintf(f, "  %-9s %-14s %s %s -> %s again for %s, %s x%d%s\n", ax, pl_coll_name(o->coll), node_label(g, o->node),
             pl_str(o->from), pl_str(o->to), extra_for(e, &xs.a[i]), cp_bytes_str(bytes), o->per_step, at);
   }
