@@ -25,6 +25,7 @@ struct Sema {
   Value *cval;            /* per item: the const's value once CS_DONE */
   const char **names[IT_TRAIN + 1]; /* item names per kind, for "did you mean" */
   int nnames[IT_TRAIN + 1];
+  VEC(Span) warned_unused; /* the unused inputs and params warned about (sema_model.c warn_unused) */
 };
 
 /* ---- sema.c: values ---- */

@@ -1293,10 +1293,10 @@ static void check_loss(Build *b, Frame *root, const Item *model) {
   b->g->loss = loss->node;
 }
 
-/* Warns, once per declaration in a run of cplanc, about an input or param that no op reads: an input
- * the data feeds for nothing (often a mix-up of inputs), a param that is never trained. */
-static void warn_unused(const Graph *g) {
-  static VEC(Span) warned;
+/* Warns, once per declaration and Sema (check elaborates a model twice), about an input or param
+ * that no op reads: an input the data feeds for nothing (often a mix-up of inputs), a param that is
+ * never trained. */
+static void warn_unused(Sema *s, const Graph *g) {
   bool *used = cp_alloc((size_t)(g->n + 1) * sizeof *used);
   for (int i = 0; i < g->n; i++)
     for (int k = 0; k < g->nodes[i].nin; k++) used[g->nodes[i].in[k]] = true;
@@ -1304,10 +1304,12 @@ static void warn_unused(const Graph *g) {
     const Node *n = &g->nodes[i];
     if ((n->op != OP_INPUT && n->op != OP_PARAM) || used[i]) continue;
     bool again = false;
-    for (int k = 0; k < warned.n && !again; k++)
-      again = warned.a[k].file == n->span.file && warned.a[k].lo == n->span.lo && warned.a[k].hi == n->span.hi;
+    for (int k = 0; k < s->warned_unused.n && !again; k++) {
+      Span w = s->warned_unused.a[k];
+      again = w.file == n->span.file && w.lo == n->span.lo && w.hi == n->span.hi;
+    }
     if (again) continue;
-    VEC_PUSH(warned, n->span);
+    VEC_PUSH(s->warned_unused, n->span);
     if (n->op == OP_INPUT)
       diag_warning(n->span, "input '%s' is never used (the data still feeds it)", n->name);
     else
@@ -1333,7 +1335,7 @@ Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t ba
     if (!halted(&b)) check_loss(&b, &root, model);
   }
   if (diag_errors() > errors || b.stop) return NULL;
-  warn_unused(b.g);
+  warn_unused(s, b.g);
   char err[512];
   if (!ir_verify(b.g, err, sizeof err))
     cp_panic(__FILE__, __LINE__, "the graph of model '%s' fails ir_verify: %s", model->name, err);
