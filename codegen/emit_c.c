@@ -203,6 +203,7 @@ static void emit_binary(Cg *c, int i) {
          shape_ints(&a->shape), a->shape.rank, ptr(c, n->in[1]), shape_ints(&b->shape), b->shape.rank);
   } else if (a->dtype == DT_I32 || b->dtype == DT_I32) {
     unsupported(c, i, "arithmetic mixing i32 and float tensors");
+    diag_hint("convert the i32 operand first: float(x)");
   } else if (periodic(&a->shape, &n->shape) && periodic(&b->shape, &n->shape)) {
     EMIT("  kf_binary_period_forward(%s, %s, %s, %lld, %s, %lld, %lld);\n", op, ptr(c, i), ptr(c, n->in[0]),
          (long long)numel(a), ptr(c, n->in[1]), (long long)numel(b), (long long)numel(n));
@@ -529,6 +530,9 @@ static void emit_forward(Cg *c, int i) {
          (long long)cg_dims_prod(&x->shape, ax + 1, x->shape.rank));
     break;
   }
+  case OP_FLOAT: /* i32 -> f32 (fusion.c never fuses it) */
+    EMIT("  k_float_forward(%s, %s, %lld);\n", ptr(c, i), ptr(c, n->in[0]), (long long)numel(n));
+    break;
   case OP_ASSIGN:
     if (cg_root(&c->pl, n->in[1]) != cg_root(&c->pl, n->in[0]))
       EMIT("  memcpy(%s, %s, %lld);\n", ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)ir_node_bytes(c->g, i));

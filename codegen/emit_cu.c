@@ -362,6 +362,7 @@ static void emit_binary(Cu *c, int i) {
   int op = (int)(n->op - OP_ADD);
   if (a->dtype != b->dtype) {
     unsupported(c, i, "arithmetic mixing i32 and float tensors");
+    diag_hint("convert the i32 operand first: float(x)");
     return;
   }
   const char *args[7] = {ai(op), ai(tcodes(c, 3, (int[]){i, n->in[0], n->in[1]})), ap(ptr(c, i)), ap(ptr(c, n->in[0])),
@@ -1472,6 +1473,11 @@ static void emit_forward(Cu *c, int i) {
     const char *args[6] = {ai(tcodes(c, 2, (int[]){-1, n->in[0]})), ap(ptr(c, i)), ap(ptr(c, n->in[0])),
                            al(cg_dims_prod(&x->shape, 0, ax)), al(x->shape.d[ax]), al(cg_dims_prod(&x->shape, ax + 1, x->shape.rank))};
     emit_lk(c, "cps_argmax", numel(n), i, 6, args);
+    break;
+  }
+  case OP_FLOAT: { /* i32 -> f32 (fusion.c never fuses it) */
+    const char *args[4] = {ai(tcodes(c, 1, (int[]){i})), ap(ptr(c, i)), ap(ptr(c, n->in[0])), al(numel(n))};
+    emit_lk(c, "cps_float", numel(n), i, 4, args);
     break;
   }
   case OP_ASSIGN:

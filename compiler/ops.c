@@ -11,7 +11,8 @@
  * float; two different float dtypes give f32; comparisons give f32; float ops
  * (exp, log, softmax, ...) on i32 give f32. An int CONST scalar (i32) counts as
  * "any dtype" (so `idx + 1` stays i32), a float one (f32) as a float, whatever its
- * value (so `idx * 0.5` and `idx * 1.0` are f32, as in PyTorch). */
+ * value (so `idx * 0.5` and `idx * 1.0` are f32, as in PyTorch). float(x) converts
+ * i32 to f32 explicitly. */
 #include "ir.h"
 #include "placement.h"
 
@@ -626,6 +627,18 @@ static bool shape_argmax(const Graph *g, Node *n, char *err, size_t errlen) {
   if (!canon_axis(n, &n->ia[0], &x->shape, err, errlen)) return false;
   n->shape = drop_dim(&x->shape, (int)n->ia[0]);
   n->dtype = DT_I32;
+  return true;
+}
+
+/* float(x): an i32 tensor as f32, same shape. Sema never makes the node of an f32 argument (it
+ * returns the argument), so anything but i32 here is a dtype float() does not convert. */
+static bool shape_float(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (x->dtype != DT_I32)
+    return fail(err, errlen, "float: converts i32 tensors to f32 (an f32 one is returned as it is), got %s%s",
+                dtype_name(x->dtype), shape_str(&x->shape));
+  n->shape = x->shape;
+  n->dtype = DT_F32;
   return true;
 }
 

@@ -273,7 +273,18 @@ static OpId tensor_op(AstOp op) {
   }
 }
 
-static Value tensor_binary(Build *b, AstOp op, Value x, Value y, Span at) {
+/* An operand of an i32 `/` as the hint writes it converted: float(TEXT) for a tensor, an int
+ * literal with ".0" (so `idx / 2` reads float(idx) / 2.0). */
+static const char *div_operand(Value v, Span at) {
+  const char *t = sema_span_text(at);
+  if (v.kind == V_TENSOR) return cp_fmt("float(%s)", t);
+  bool digits = *t != 0;
+  for (const char *p = t; *p; p++) digits &= *p >= '0' && *p <= '9';
+  return digits ? cp_fmt("%s.0", t) : t;
+}
+
+/* xs, ys: the operands' source text (a returned value's span can lie in the fn that made it). */
+static Value tensor_binary(Build *b, AstOp op, Value x, Value y, Span at, Span xs, Span ys) {
   OpId id = tensor_op(op);
   if (id == OP__COUNT) {
     diag_error(at, "'%s' is not defined on tensors", ast_op_text(op));
@@ -294,9 +305,9 @@ static Value tensor_binary(Build *b, AstOp op, Value x, Value y, Span at) {
   int in[2] = {v[0].node, v[1].node};
   if (id == OP_DIV && b->g->nodes[in[0]].dtype == DT_I32 && b->g->nodes[in[1]].dtype == DT_I32) {
     /* PyTorch's `/` divides exactly and gives a float; C's truncation would give other numbers. */
-    diag_error(at, "'/' of i32 tensors is not supported: PyTorch divides exactly (a float result), and cplan has "
-                   "no i32-to-float conversion yet");
-    diag_hint("keep the division in float tensors, or in compile-time ints");
+    diag_error(at, "'/' of i32 tensors is not supported: PyTorch divides exactly (a float result), where an i32 "
+                   "division would truncate");
+    diag_hint("convert to f32 first, as PyTorch's x.float(): %s / %s", div_operand(x, xs), div_operand(y, ys));
     return sema_v_err();
   }
   int i = add_node(b, id, in, 2, at);
@@ -323,7 +334,8 @@ static Value eval_binary(Build *b, Frame *f, const Expr *e) {
     return sema_v_bool(x.i, e->span);
   Value y = eval(b, f, e->rhs);
   if (!usable(y)) return sema_v_err();
-  if (x.kind == V_TENSOR || y.kind == V_TENSOR) return tensor_binary(b, e->op, x, y, e->span);
+  if (x.kind == V_TENSOR || y.kind == V_TENSOR)
+    return tensor_binary(b, e->op, x, y, e->span, e->lhs->span, e->rhs->span);
   return sema_fold_binary(e->op, x, y, e->span);
 }
 
@@ -832,6 +844,11 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
   for (int j = 0; j < sg->n; j++) {
     if (!slot[j]) vals[j] = default_value(&sg->a[j], e->span);
     if (other < 0 && sg->a[j].kind == AK_T && vals[j].kind == V_TENSOR) other = vals[j].node;
+  }
+  if (id == OP_FLOAT) { /* Python's float() of a number; PyTorch's x.float() of an f32 tensor: itself */
+    if (vals[0].kind == V_INT) return sema_v_float((double)vals[0].i, e->span);
+    if (vals[0].kind == V_FLOAT) return vals[0];
+    if (vals[0].kind == V_TENSOR && b->g->nodes[vals[0].node].dtype == DT_F32) return vals[0];
   }
   PrimNode pn = {0};
   for (int j = 0; j < sg->n; j++) {

@@ -274,6 +274,11 @@ void K_NAME(k_argmax_forward)(int32_t *out, const K_REAL *x, int outer, int n, i
     for (int i = 0; i < inner; i++) out[(long)o * inner + i] = K_NAME(argmax_at)(x, o, n, inner, i);
 }
 
+void K_NAME(k_float_forward)(K_REAL *out, const int32_t *x, long n) {
+  k_assert(n >= 0);
+  for (long i = 0; i < n; i++) out[i] = (K_REAL)x[i];
+}
+
 /* ---- linear algebra ------------------------------------------------------------------------- */
 
 void K_NAME(k_matmul_forward)(K_REAL *out, const K_REAL *a, const K_REAL *b, int nb, int m, int k,

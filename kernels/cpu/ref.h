@@ -98,6 +98,8 @@ void K_NAME(k_max_backward)(K_REAL *dx, const K_REAL *dout, const K_REAL *x, int
                             int inner);
 /* argmax over the middle axis (no gradient); the first maximum wins */
 void K_NAME(k_argmax_forward)(int32_t *out, const K_REAL *x, int outer, int n, int inner);
+/* float(x): out[i] = x[i] converted (i32 -> float, exact below 2^24 in f32); no gradient */
+void K_NAME(k_float_forward)(K_REAL *out, const int32_t *x, long n);
 
 /* out [nb, m, n] = a [nb, m, k] @ b, where b is [nb, k, n], or [k, n] shared by every batch
  * when b_batched is 0 (a weight); then db sums over the batch. */

@@ -477,6 +477,11 @@ static void fwd_misc(void) {
   k_argmax_forward(am, ax, 2, 3, 1);
   report(am[0] == 1 && am[1] == 0, "fwd argmax, first maximum wins", "");
 
+  int32_t fi[4] = {-3, 0, 7, 16777217};
+  float ff[4];
+  k_float_forward(ff, fi, 4);
+  expect("fwd float (i32 -> f32, rounded past 2^24)", ff, (double[]){-3, 0, 7, 16777216}, 4);
+
   float ca[3] = {1, 2, 3}, cb[3] = {2, 2, 2}, cy[3];
   int s3[1] = {3};
   k_binary_forward(K_LT, cy, ca, s3, 1, cb, s3, 1);

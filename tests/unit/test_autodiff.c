@@ -260,6 +260,12 @@ static void forward(Interp *I, const Node *f, double *out) {
     free(r);
     return;
   }
+  case OP_FLOAT: {
+    int32_t *xv = to_i32(a, n);
+    k_float_forward_f64(out, xv, n);
+    free(xv);
+    return;
+  }
   default: cp_panic(__FILE__, __LINE__, "interpreter: no forward for %s", ir_ops[f->op].name);
   }
 }
@@ -496,7 +502,8 @@ static void test_gradients(void) {
                       "  y = dropout(x * a, 0.1)\n"
                       "  z = y - 1\n"
                       "  loss = sum(neg(y)) + sum(exp(y)) + sum(log(y)) + sum(sqrt(y)) + sum(rsqrt(y)) + sum(tanh(y))"
-                      " + sum(sigmoid(z)) + sum(relu(z)) + sum(gelu(z)) + sum(silu(z)) + sum(square(z)) + sum(pow(y, 1.5))\n"
+                      " + sum(sigmoid(z)) + sum(relu(z)) + sum(gelu(z)) + sum(silu(z)) + sum(square(z)) + sum(pow(y, 1.5))"
+                      " + sum(float(y) * float(z))\n" /* float of f32: the identity, its gradient passing */
                       "}\n", 1);
   GRAD_CHECK("binary, broadcasting, a value used twice",
              "model m() {\n"
@@ -535,7 +542,7 @@ static void test_gradients(void) {
              "  sh = split_heads(s, 3)\n"
              "  loss = sum(merge_heads(square(sh)) * s) + sum(square(p) * q)\n"
              "}\n", 1);
-  GRAD_CHECK("embedding, norms, rope, sdpa, softmax, cross_entropy, tied head",
+  GRAD_CHECK("embedding, norms, rope, sdpa, softmax, cross_entropy, tied head, float of i32",
              "model m(V: int = 7, T: int = 4, C: int = 8) {\n"
              "  input idx: i32[B, T]\n"
              "  input targets: i32[B, T]\n"
@@ -552,7 +559,9 @@ static void test_gradients(void) {
              "  y = rms_norm(merge_heads(y) + x, rw)\n"
              "  logits = y @ transpose(wte)\n"
              "  metric acc = mean(argmax(logits + unused) == targets)\n"
-             "  loss = cross_entropy(logits, targets) + mean(softmax(logits) * logits) + mean(log_softmax(y) * x)\n"
+             "  metric half = mean(float(idx) / 2.0)\n"
+             "  loss = cross_entropy(logits, targets) + mean(softmax(logits) * logits) + mean(log_softmax(y) * x)"
+             " + mean(sum(y, axis = -1) * float(idx + 1))\n"
              "}\n", 7);
   /* Checklist: a new differentiable op in ops.def needs a case above. */
   for (int op = 0; op < OP__COUNT; op++) {
@@ -597,6 +606,32 @@ static void test_structure(void) {
   CHECK(bad_role == 0);
   CHECK(ngrad == 5); /* cross_entropy, matmul (a and b), transpose, embedding (not idx) */
   CHECK(nstate == 1 && g->states.n == 1);
+}
+
+/* float(): of an i32 tensor one no-grad node (nothing flows back into the integers); of an f32
+ * tensor no node at all (the value itself, so the gradient passes); of a number a number. */
+static void test_float(void) {
+  Graph *g = build("model m() {\n"
+                   "  input x: f32[B, 3]\n"
+                   "  input idx: i32[B, 3]\n"
+                   "  param w: [3] = zeros\n"
+                   "  h = float(x * w)\n"
+                   "  loss = mean(h * float(idx)) + float(2)\n"
+                   "}\n", 2);
+  CHECK(g != NULL);
+  if (!g) return;
+  int nfwd = g->n, nfloat = 0;
+  for (int i = 0; i < nfwd; i++) {
+    const Node *n = &g->nodes[i];
+    if (n->op != OP_FLOAT) continue;
+    nfloat++;
+    CHECK(n->dtype == DT_F32 && g->nodes[n->in[0]].dtype == DT_I32 && g->nodes[n->in[0]].op == OP_INPUT);
+  }
+  CHECK(nfloat == 1);
+  CHECK(ad_backward(g, 1));
+  CHECK(g->grads.n == 1 && g->grads.a[0] >= 0);
+  for (int i = nfwd; i < g->n; i++)
+    if (g->nodes[i].op == OP_GRAD) CHECK(g->nodes[g->nodes[i].fwd].op != OP_FLOAT);
 }
 
 /* Gradient accumulation: two micro-batches with seed 1/2 sum to the mean gradient. */
@@ -774,6 +809,7 @@ static void test_lars(void) {
 int main(void) {
   test_gradients();
   test_structure();
+  test_float();
   test_accumulation();
   test_adamw();
   test_sgd(false);

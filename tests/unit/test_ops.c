@@ -488,6 +488,13 @@ static void test_loss(void) {
   a = N1(OP_ARGMAX, lg);
   at(a)->ia[0] = 3;
   ERR(a, "argmax: axis 3 is out of range");
+
+  /* float: i32 -> f32, same shape (sema returns an f32 argument itself, so the rule refuses it) */
+  OK(N1(OP_FLOAT, T(DT_I32, 2, 4, 16)), "f32[4, 16]");
+  OK(N1(OP_FLOAT, T(DT_I32, 0)), "f32[]");
+  CHECK(ir_node_flops(g, g->n - 1) == 1);
+  ERR(N1(OP_FLOAT, T(DT_BF16, 1, 4)), "float: converts i32 tensors to f32 (an f32 one is returned as it is), got bf16[4]");
+  ERR(N1(OP_FLOAT, lg), "got f32[4, 16, 100]");
 }
 
 static void test_arity(void) {
@@ -538,6 +545,7 @@ static void test_names(void) {
   CHECK(ir_op_by_name("add", NULL) == NULL);
   CHECK(ir_op_by_name("param", NULL) == NULL);
   CHECK(ir_op_by_name("maximum", NULL) != NULL);
+  CHECK(ir_op_by_name("float", &id) == &ir_ops[OP_FLOAT] && id == OP_FLOAT);
   CHECK(ir_op_by_name("gelu2", NULL) == NULL);
   int n = 0;
   const char *const *names = ir_op_names(&n);

@@ -1,5 +1,5 @@
 /* test_placement.c: the resharding table (collective and bytes per device) and the sharding rules
- * of matmul, embedding, reductions and sdpa: each rule with a strategy it accepts and one it
+ * of matmul, embedding, reductions, sdpa and float: each rule with a strategy it accepts and one it
  * rejects. */
 #include "placement.h"
 
@@ -113,12 +113,28 @@ static void test_sdpa(void) {
   CHECK(!rule(g, a, 3, pl_s(1), pl_s(1), pl_s(1), &o));                     /* 3 does not divide 4 heads */
 }
 
+/* float (i32 -> f32): elementwise, so splits pass through; partial sums of integers do not (they are
+ * reduced in i32 first, as comparisons want theirs). */
+static void test_float(void) {
+  Graph *g = ir_new("t");
+  int x = leaf(g, OP_INPUT, (Shape){2, {4, 8}}, DT_I32);
+  int f = node(g, OP_FLOAT, (int[]){x}, 1);
+  Pl o;
+  CHECK(g->nodes[f].dtype == DT_F32);
+  CHECK(rule(g, f, 2, pl_s(0), pl_r(), pl_r(), &o) && pl_eq(o, pl_s(0)));
+  CHECK(rule(g, f, 2, pl_s(1), pl_r(), pl_r(), &o) && pl_eq(o, pl_s(1)));
+  CHECK(rule(g, f, 2, pl_r(), pl_r(), pl_r(), &o) && pl_eq(o, pl_r()));
+  CHECK(!rule(g, f, 2, pl_p(), pl_r(), pl_r(), &o));
+  CHECK(!rule(g, f, 3, pl_s(1), pl_r(), pl_r(), &o)); /* 3 does not divide 8 */
+}
+
 int main(void) {
   test_reshard();
   test_matmul();
   test_embedding();
   test_reduce();
   test_sdpa();
+  test_float();
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
   else printf("test_placement: ok\n");
   return failures ? 1 : 0;
