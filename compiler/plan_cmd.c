@@ -483,6 +483,23 @@ static void print_colls(FILE *f, const Ex *e) {
 
 static cJSON *pl_json(const StratPlan *sp, int i) { return cJSON_CreateString(placement_str(&sp->pl[i])); }
 
+/* One collective of the explanation as a --json object, appended to colls (note: NULL, or why). */
+static void coll_json(cJSON *colls, const Ex *e, const CollOp *c, const char *note, double bytes) {
+  const StratPlan *sp = e->sp;
+  cJSON *o = cJSON_CreateObject();
+  cJSON_AddNumberToObject(o, "node", c->node);
+  cJSON_AddNumberToObject(o, "consumer", c->consumer);
+  cJSON_AddStringToObject(o, "axis", strat_axis_name(sp->axes[c->axis].role));
+  cJSON_AddStringToObject(o, "from", pl_str(c->from));
+  cJSON_AddStringToObject(o, "to", pl_str(c->to));
+  cJSON_AddStringToObject(o, "collective", pl_coll_name(c->coll));
+  if (note) cJSON_AddStringToObject(o, "note", note);
+  cJSON_AddNumberToObject(o, "bytes", bytes);
+  cJSON_AddNumberToObject(o, "per_step", c->per_step);
+  if (sp->pp > 1) cJSON_AddNumberToObject(o, "stage", coll_stage(e, c));
+  cJSON_AddItemToArray(colls, o);
+}
+
 /* The explanation of a pinned strategy as JSON fields of root. */
 static void add_explain_json(cJSON *root, const StratPlan *sp, const TrainConf *t) {
   const Graph *g = sp->g;
@@ -515,38 +532,11 @@ static void add_explain_json(cJSON *root, const StratPlan *sp, const TrainConf *
     cJSON_AddItemToArray(tensors, o);
   }
   cJSON *colls = cJSON_AddArrayToObject(root, "collectives");
-  for (int i = 0; i < sp->colls.n; i++) {
-    const CollOp *c = &sp->colls.a[i];
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "node", c->node);
-    cJSON_AddNumberToObject(o, "consumer", c->consumer);
-    cJSON_AddStringToObject(o, "axis", strat_axis_name(sp->axes[c->axis].role));
-    cJSON_AddStringToObject(o, "from", pl_str(c->from));
-    cJSON_AddStringToObject(o, "to", pl_str(c->to));
-    cJSON_AddStringToObject(o, "collective", pl_coll_name(c->coll));
-    if (c->what) cJSON_AddStringToObject(o, "note", c->what);
-    cJSON_AddNumberToObject(o, "bytes", coll_bytes(e, c));
-    cJSON_AddNumberToObject(o, "per_step", c->per_step);
-    if (sp->pp > 1) cJSON_AddNumberToObject(o, "stage", coll_stage(e, c));
-    cJSON_AddItemToArray(colls, o);
-  }
+  for (int i = 0; i < sp->colls.n; i++) coll_json(colls, e, &sp->colls.a[i], sp->colls.a[i].what, coll_bytes(e, &sp->colls.a[i]));
   ExtraList xs = ex_extras(e);
-  for (int i = 0; i < xs.n; i++) {
-    const CollOp *c = &xs.a[i].o;
-    cJSON *o = cJSON_CreateObject();
-    cJSON_AddNumberToObject(o, "node", c->node);
-    cJSON_AddNumberToObject(o, "consumer", c->consumer);
-    cJSON_AddStringToObject(o, "axis", strat_axis_name(sp->axes[c->axis].role));
-    cJSON_AddStringToObject(o, "from", pl_str(c->from));
-    cJSON_AddStringToObject(o, "to", pl_str(c->to));
-    cJSON_AddStringToObject(o, "collective", pl_coll_name(c->coll));
-    const char *note = xs.a[i].regather ? "gathered again for the backward (ZeRO 3)" : "again in the backward";
-    cJSON_AddStringToObject(o, "note", note);
-    cJSON_AddNumberToObject(o, "bytes", c->bytes);
-    cJSON_AddNumberToObject(o, "per_step", c->per_step);
-    if (sp->pp > 1) cJSON_AddNumberToObject(o, "stage", coll_stage(e, c));
-    cJSON_AddItemToArray(colls, o);
-  }
+  for (int i = 0; i < xs.n; i++)
+    coll_json(colls, e, &xs.a[i].o, xs.a[i].regather ? "gathered again for the backward (ZeRO 3)" : "again in the backward",
+              xs.a[i].o.bytes);
 }
 
 /* Pins t's strategy on its training graph (strat_degrees fills what is left out). NULL after a
