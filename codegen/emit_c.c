@@ -179,7 +179,8 @@ static const char *shape_ints(const Shape *s) {
 #define EMIT(...) fprintf(c->out, __VA_ARGS__)
 
 static const char *const unary_k[] = {"K_NEG", "K_EXP", "K_LOG", "K_SQRT", "K_RSQRT", "K_TANH",
-                                       "K_SIGMOID", "K_RELU", "K_GELU", "K_SILU", "K_SQUARE", "K_POW"};
+                                       "K_SIGMOID", "K_RELU", "K_GELU", "K_SILU", "K_SQUARE", "K_POW",
+                                       "K_ABS", "K_CLAMP_MIN", "K_CLAMP_MAX"};
 static const char *const binary_k[] = {"K_ADD", "K_SUB", "K_MUL", "K_DIV", "K_MAXIMUM", "K_MINIMUM",
                                         "K_EQ", "K_NE", "K_LT", "K_LE", "K_GT", "K_GE"};
 
@@ -213,6 +214,11 @@ static void emit_binary(Cg *c, int i) {
   }
 }
 
+/* A unary kernel's `c`: pow's exponent, clamp_min's and clamp_max's bound. */
+static double unary_c(const Node *n) {
+  return n->op == OP_POW || n->op == OP_CLAMP_MIN || n->op == OP_CLAMP_MAX ? n->fa[0] : 0;
+}
+
 static void emit_unary(Cg *c, int i) {
   const Node *n = nd(c, i);
   if (n->dtype != DT_F32 || in(c, i, 0)->dtype != DT_F32) {
@@ -220,7 +226,15 @@ static void emit_unary(Cg *c, int i) {
     return;
   }
   EMIT("  kf_unary_forward(%s, %s, %s, %lld, %s);\n", unary_k[n->op - OP_NEG], ptr(c, i), ptr(c, n->in[0]),
-       (long long)numel(n), cg_flt(n->op == OP_POW ? n->fa[0] : 0));
+       (long long)numel(n), cg_flt(unary_c(n)));
+}
+
+/* where(cond, a, b) in float (shape_where refuses i32 operands) */
+static void emit_where(Cg *c, int i) {
+  const Node *n = nd(c, i), *q = in(c, i, 0), *a = in(c, i, 1), *b = in(c, i, 2);
+  EMIT("  k_where_forward(%s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %s, %d);\n", ptr(c, i), shape_ints(&n->shape),
+       n->shape.rank, ptr(c, n->in[0]), shape_ints(&q->shape), q->shape.rank, ptr(c, n->in[1]), shape_ints(&a->shape),
+       a->shape.rank, ptr(c, n->in[2]), shape_ints(&b->shape), b->shape.rank);
 }
 
 static void emit_reduce(Cg *c, int i) {
@@ -490,7 +504,9 @@ static void emit_forward(Cg *c, int i) {
   case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
   case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: emit_binary(c, i); break;
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
-  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: emit_unary(c, i); break;
+  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
+  case OP_CLAMP_MAX: emit_unary(c, i); break;
+  case OP_WHERE: emit_where(c, i); break;
   case OP_SUM: case OP_MEAN: case OP_MAX: emit_reduce(c, i); break;
   case OP_MATMUL: emit_matmul(c, i); break;
   case OP_TRANSPOSE: case OP_PERMUTE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS: emit_shape_op(c, i); break;
@@ -737,11 +753,20 @@ static void emit_grad(Cg *c, int i) {
     emit_grad_binary(c, i, f);
     break;
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
-  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW:
+  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
+  case OP_CLAMP_MAX:
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
     EMIT("  kf_unary_backward(%s, %s, %s, %s, %s, %lld, %s);\n", unary_k[f->op - OP_NEG], dx, dy, x, ptr(c, n->fwd),
-         (long long)numel(n), cg_flt(f->op == OP_POW ? f->fa[0] : 0));
+         (long long)numel(n), cg_flt(unary_c(f)));
     break;
+  case OP_WHERE: { /* one call per wanted input (a: ia[0] 1, b: 2) */
+    const Node *q = nd(c, f->in[0]), *a = nd(c, f->in[1]), *b = nd(c, f->in[2]);
+    EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
+    EMIT("  k_where_backward(%s, %s, %s, %s, %d, %s, %s, %d, %s, %d, %s, %d);\n", n->ia[0] == 1 ? dx : "NULL",
+         n->ia[0] == 2 ? dx : "NULL", dy, shape_ints(&f->shape), f->shape.rank, ptr(c, f->in[0]), shape_ints(&q->shape),
+         q->shape.rank, shape_ints(&a->shape), a->shape.rank, shape_ints(&b->shape), b->shape.rank);
+    break;
+  }
   case OP_SUM: case OP_MEAN: case OP_MAX: {
     int64_t o, l, r;
     if (!cg_reduce_dims(f, &nd(c, f->in[0])->shape, &o, &l, &r)) {

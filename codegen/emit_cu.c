@@ -370,6 +370,11 @@ static void emit_binary(Cu *c, int i) {
   emit_lk(c, a->dtype == DT_I32 ? "cps_binary_i32" : "cps_binary", numel(n), i, 7, args);
 }
 
+/* A unary kernel's `c`: pow's exponent, clamp_min's and clamp_max's bound. */
+static double unary_c(const Node *n) {
+  return n->op == OP_POW || n->op == OP_CLAMP_MIN || n->op == OP_CLAMP_MAX ? n->fa[0] : 0;
+}
+
 static void emit_unary(Cu *c, int i) {
   const Node *n = nd(c, i);
   if (n->dtype != DT_F32 || in(c, i, 0)->dtype != DT_F32) {
@@ -377,8 +382,18 @@ static void emit_unary(Cu *c, int i) {
     return;
   }
   const char *args[6] = {ai((int)(n->op - OP_NEG)), ai(tcodes(c, 2, (int[]){i, n->in[0]})), ap(ptr(c, i)),
-                         ap(ptr(c, n->in[0])), al(numel(n)), af(n->op == OP_POW ? n->fa[0] : 0)};
+                         ap(ptr(c, n->in[0])), al(numel(n)), af(unary_c(n))};
   emit_lk(c, "cps_unary", numel(n), i, 6, args);
+}
+
+/* where(cond, a, b): float operands (shape_where refuses i32 ones) */
+static void emit_where(Cu *c, int i) {
+  const Node *n = nd(c, i), *q = in(c, i, 0), *a = in(c, i, 1), *b = in(c, i, 2);
+  const char *args[8] = {ai(tcodes(c, 4, (int[]){i, n->in[0], n->in[1], n->in[2]})), ap(ptr(c, i)),
+                         ap(ptr(c, n->in[0])), ap(ptr(c, n->in[1])), ap(ptr(c, n->in[2])),
+                         cps_idx(&q->shape, &a->shape, &n->shape), cps_idx(&b->shape, &b->shape, &n->shape),
+                         al(numel(n))};
+  emit_lk(c, "cps_where", numel(n), i, 8, args);
 }
 
 static void emit_reduce(Cu *c, int i) {
@@ -1395,7 +1410,9 @@ static void emit_forward(Cu *c, int i) {
   case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
   case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: emit_binary(c, i); break;
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
-  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: emit_unary(c, i); break;
+  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
+  case OP_CLAMP_MAX: emit_unary(c, i); break;
+  case OP_WHERE: emit_where(c, i); break;
   case OP_SUM: case OP_MEAN: case OP_MAX: emit_reduce(c, i); break;
   case OP_MATMUL: {
     Mm mm;
@@ -1776,11 +1793,21 @@ static void emit_grad(Cu *c, int i) {
     emit_grad_binary(c, i, f);
     break;
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
-  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: {
+  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
+  case OP_CLAMP_MAX: {
     emit_zero(c, dx, bytes);
     const char *args[8] = {ai((int)(f->op - OP_NEG)), ai(tcodes(c, 4, (int[]){i, n->in[0], f->in[n->ia[0]], n->fwd})),
-                           ap(dx), ap(dy), ap(x), ap(ptr(c, n->fwd)), al(numel(n)), af(f->op == OP_POW ? f->fa[0] : 0)};
+                           ap(dx), ap(dy), ap(x), ap(ptr(c, n->fwd)), al(numel(n)), af(unary_c(f))};
     emit_lk(c, "cps_unary_bwd", numel(n), i, 8, args);
+    break;
+  }
+  case OP_WHERE: { /* a (ia[0] 1) or b (2): dy where cond gives it that element */
+    const Node *q = nd(c, f->in[0]), *xv = nd(c, f->in[n->ia[0]]);
+    emit_zero(c, dx, bytes);
+    const char *args[8] = {ai((int)n->ia[0]), ai(tcodes(c, 3, (int[]){i, n->in[0], f->in[0]})), ap(dx), ap(dy),
+                           ap(ptr(c, f->in[0])), cps_idx(&q->shape, &q->shape, &f->shape),
+                           cps_red(&xv->shape, &f->shape), al(numel(n))};
+    emit_lk(c, "cps_where_bwd", numel(n), i, 8, args);
     break;
   }
   case OP_SUM: case OP_MEAN: case OP_MAX: {

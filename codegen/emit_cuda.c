@@ -204,6 +204,13 @@ static void emit_unary(FILE *f, int j, int op, int a, float c) {
       fprintf(f, "    float v%d = powf(v%d, %s);\n", j, a, flit(lit, sizeof lit, c));
     }
     return;
+  case K_ABS: fprintf(f, "    float v%d = fabsf(v%d);\n", j, a); return;
+  /* as ref.c: a NaN stays NaN */
+  case K_CLAMP_MIN:
+  case K_CLAMP_MAX:
+    flit(lit, sizeof lit, c);
+    fprintf(f, "    float v%d = v%d %s %s ? %s : v%d;\n", j, a, op == K_CLAMP_MIN ? "<" : ">", lit, lit, a);
+    return;
   case K_UNARY_COUNT: break;
   }
 }
@@ -274,6 +281,7 @@ static void emit_elementwise(FILE *f, const CgKernel *k) {
     if (!live[j]) continue;
     if (n->kind == CG_UNARY) live[n->a] = true;
     if (n->kind == CG_BINARY) live[n->a] = live[n->b] = true;
+    if (n->kind == CG_SELECT) live[n->a] = live[n->b] = live[n->c] = true;
   }
   char lit[64];
   for (int j = 0; j < k->nnodes; j++) {
@@ -298,6 +306,7 @@ static void emit_elementwise(FILE *f, const CgKernel *k) {
     case CG_CONST: fprintf(f, "    float v%d = %s;\n", j, flit(lit, sizeof lit, n->value)); break;
     case CG_UNARY: emit_unary(f, j, n->op, n->a, n->value); break;
     case CG_BINARY: emit_binary(f, j, n->op, n->a, n->b); break;
+    case CG_SELECT: fprintf(f, "    float v%d = v%d != 0.0f ? v%d : v%d;\n", j, n->a, n->b, n->c); break;
     }
   }
   fprintf(f, "    out[i] = v%d;\n  }\n}\n\n", k->nnodes - 1);

@@ -76,6 +76,10 @@ static bool node_ok(const CgKernel *k, int j, char *err, size_t errlen) {
     if (n->a < 0 || n->a >= j || n->b < 0 || n->b >= j)
       return fail(err, errlen, "kernel %s: node %d reads nodes %d, %d", k->name, j, n->a, n->b);
     return true;
+  case CG_SELECT:
+    if (n->a < 0 || n->a >= j || n->b < 0 || n->b >= j || n->c < 0 || n->c >= j)
+      return fail(err, errlen, "kernel %s: node %d reads nodes %d, %d, %d", k->name, j, n->a, n->b, n->c);
+    return true;
   }
   return fail(err, errlen, "kernel %s: node %d has kind %d", k->name, j, (int)n->kind);
 }
@@ -368,6 +372,10 @@ static LLVMValueRef gen_unary(Gen *g, int op, LLVMValueRef x, float c) {
   case K_SILU: return over_1_exp(g, x, x);
   case K_SQUARE: return fmul(g, x, x);
   case K_POW: return gen_pow(g, x, c);
+  case K_ABS: return call1(g, "llvm.fabs", x);
+  /* as ref.c: x < c ? c : x, so a NaN stays NaN */
+  case K_CLAMP_MIN: return sel(g, fcmp(g, LLVMRealOLT, x, cf(g, c)), cf(g, c), x);
+  case K_CLAMP_MAX: return sel(g, fcmp(g, LLVMRealOGT, x, cf(g, c)), cf(g, c), x);
   case K_UNARY_COUNT: break;
   }
   return NULL; /* cg_llvm_check rejected it */
@@ -410,6 +418,7 @@ static LLVMValueRef gen_element(Gen *g, LLVMValueRef *offs) {
     case CG_CONST: v[j] = cf(g, n->value); break;
     case CG_UNARY: v[j] = gen_unary(g, n->op, v[n->a], n->value); break;
     case CG_BINARY: v[j] = gen_binary(g, n->op, v[n->a], v[n->b]); break;
+    case CG_SELECT: v[j] = sel(g, fcmp(g, LLVMRealUNE, v[n->a], cf(g, 0.0)), v[n->b], v[n->c]); break;
     }
   }
   r = v[k->nnodes - 1];

@@ -42,14 +42,15 @@ typedef enum CgKind {
   CG_CONST,  /* the scalar `value` */
   CG_UNARY,  /* op (KUnary) of node a; K_POW's exponent is `value` */
   CG_BINARY, /* op (KBinary) of nodes a and b */
+  CG_SELECT, /* where: node a != 0 ? node b : node c */
 } CgKind;
 
 typedef struct CgNode {
   CgKind kind;
   int op;      /* CG_UNARY: a KUnary; CG_BINARY: a KBinary */
-  int a, b;    /* operands: indices of earlier nodes of the same kernel */
+  int a, b, c; /* operands: indices of earlier nodes of the same kernel (c: CG_SELECT's third) */
   int input;   /* CG_INPUT: index into CgKernel.inputs (and into the in[] argument) */
-  float value; /* CG_CONST: the value; CG_UNARY K_POW: the exponent */
+  float value; /* CG_CONST: the value; CG_UNARY K_POW: the exponent, K_CLAMP_MIN/MAX: the bound */
 } CgNode;
 
 typedef struct CgInput {

@@ -11,6 +11,9 @@
 
 static bool is_float(DType t) { return t != DT_I32; }
 
+/* Does input k of n carry a gradient? where's cond does not (it only selects). */
+static bool grad_input(const Node *n, int k) { return !(n->op == OP_WHERE && k == 0); }
+
 /* needs[i]: node i is a float value that depends on a param through differentiable ops, so a
  * gradient flows into it. Integer values (indices, targets) and no-grad ops cut the flow. */
 static bool *depends_on_params(const Graph *g, int nfwd) {
@@ -22,7 +25,7 @@ static bool *depends_on_params(const Graph *g, int nfwd) {
       continue;
     }
     if (ir_ops[n->op].flags & (OPF_LEAF | OPF_NOGRAD)) continue;
-    for (int k = 0; k < n->nin && !needs[i]; k++) needs[i] = needs[n->in[k]];
+    for (int k = 0; k < n->nin && !needs[i]; k++) needs[i] = grad_input(n, k) && needs[n->in[k]];
     needs[i] = needs[i] && is_float(n->dtype);
   }
   return needs;
@@ -139,7 +142,7 @@ bool ad_backward(Graph *g, int64_t accum) {
     if (grad[i] < 0 || (ir_ops[n->op].flags & (OPF_LEAF | OPF_NOGRAD))) continue;
     for (int k = 0; k < g->nodes[i].nin; k++) {
       int x = g->nodes[i].in[k];
-      if (!needs[x]) continue;
+      if (!needs[x] || !grad_input(n, k)) continue;
       contribute(g, grad, x, grad_node(g, i, k, grad[i]));
     }
   }

@@ -17,6 +17,7 @@ bool fusion_kernel_op(OpId op, bool *unary, int *kop) {
       {OP_SQRT, true, K_SQRT},      {OP_RSQRT, true, K_RSQRT},      {OP_TANH, true, K_TANH},
       {OP_SIGMOID, true, K_SIGMOID}, {OP_RELU, true, K_RELU},       {OP_GELU, true, K_GELU},
       {OP_SILU, true, K_SILU},      {OP_SQUARE, true, K_SQUARE},    {OP_POW, true, K_POW},
+      {OP_ABS, true, K_ABS},        {OP_CLAMP_MIN, true, K_CLAMP_MIN}, {OP_CLAMP_MAX, true, K_CLAMP_MAX},
   };
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
     if (map[i].op == op) {
@@ -42,12 +43,18 @@ static bool *graph_outputs(const Graph *g) {
 }
 
 /* The GRADs fusion.c writes as expressions (grad_expr): of the unary elementwise ops with the
- * kernels' op, and of mul, sub (input b: -dy) and div when nothing broadcasts. The gradients of
+ * kernels' op, of mul, sub (input b: -dy) and div when nothing broadcasts, and of where's branches
+ * (a select of dy and 0) when cond and the branch have the output's shape. The gradients of
  * add and of sub's input a are dy itself (the emitter makes them views, not kernels). */
 static bool grad_fusable(const Graph *g, const Node *n) {
   const Node *f = &g->nodes[n->fwd];
   bool unary;
   int kop;
+  if (f->op == OP_WHERE) { /* cond and the input it selects for, without broadcasting */
+    const Node *q = &g->nodes[f->in[0]], *x = &g->nodes[f->in[n->ia[0]]];
+    return f->dtype == DT_F32 && q->dtype == DT_F32 && x->dtype == DT_F32 && shape_eq(&q->shape, &f->shape) &&
+           shape_eq(&x->shape, &f->shape);
+  }
   if (!fusion_kernel_op(f->op, &unary, &kop) || f->dtype != DT_F32) return false;
   for (int k = 0; k < f->nin; k++) {
     const Node *x = &g->nodes[f->in[k]];
@@ -63,7 +70,8 @@ static bool fusable(const Graph *g, int i, const bool *outputs) {
   int kop;
   if (n->dtype != DT_F32 || outputs[i] || n->shape.rank > CG_MAX_RANK) return false;
   if (n->op == OP_GRAD) return grad_fusable(g, n);
-  if (!(ir_ops[n->op].flags & OPF_ELEMENTWISE) || !fusion_kernel_op(n->op, &unary, &kop)) return false;
+  if (!(ir_ops[n->op].flags & OPF_ELEMENTWISE) || (n->op != OP_WHERE && !fusion_kernel_op(n->op, &unary, &kop)))
+    return false;
   for (int k = 0; k < n->nin; k++) {
     const Node *x = &g->nodes[n->in[k]];
     if (x->dtype != DT_F32 && !is_scalar_const(x)) return false;
@@ -187,6 +195,9 @@ static int unary_df(KBuild *b, const Node *f, int x, int y) {
     CgNode p = {.kind = CG_UNARY, .op = K_POW, .a = x, .value = (float)(f->fa[0] - 1)};
     return kbin(b, K_MUL, kconst(b, f->fa[0]), push_node(b, p));
   }
+  case OP_ABS: return kbin(b, K_SUB, kbin(b, K_GT, x, kconst(b, 0)), kbin(b, K_LT, x, kconst(b, 0)));
+  case OP_CLAMP_MIN: return kbin(b, K_GE, x, kconst(b, f->fa[0]));
+  case OP_CLAMP_MAX: return kbin(b, K_LE, x, kconst(b, f->fa[0]));
   default: cp_unreachable();
   }
 }
@@ -197,6 +208,11 @@ static int grad_expr(KBuild *b, const Node *n) {
   int dy = outside_value(b, n->in[0]);
   if (f->op == OP_SUB) return kun(b, K_NEG, dy);
   if (f->op == OP_NEG) return kun(b, K_NEG, dy);
+  if (f->op == OP_WHERE) { /* dy where cond gives this input the element, else 0 */
+    int q = outside_value(b, n->in[1]), zero = kconst(b, 0);
+    bool a = n->ia[0] == 1;
+    return push_node(b, (CgNode){.kind = CG_SELECT, .a = q, .b = a ? dy : zero, .c = a ? zero : dy});
+  }
   /* the forward inputs as this GRAD reads them (n->in[1 + k]: under ZeRO 3 a param gathered again) */
   if (f->op == OP_MUL) return kbin(b, K_MUL, dy, outside_value(b, n->in[1 + (1 - n->ia[0])]));
   if (f->op == OP_DIV) {
@@ -216,12 +232,17 @@ static void add_member(KBuild *b, int m) {
     b->kidx[m] = grad_expr(b, n);
     return;
   }
+  if (n->op == OP_WHERE) {
+    int q = outside_value(b, n->in[0]), x = outside_value(b, n->in[1]), y = outside_value(b, n->in[2]);
+    b->kidx[m] = push_node(b, (CgNode){.kind = CG_SELECT, .a = q, .b = x, .c = y});
+    return;
+  }
   int ops[2] = {-1, -1}, kop;
   bool unary;
   cp_assert(fusion_kernel_op(n->op, &unary, &kop) && n->nin == (unary ? 1 : 2));
   for (int k = 0; k < n->nin; k++) ops[k] = outside_value(b, n->in[k]);
   CgNode kn = {.kind = unary ? CG_UNARY : CG_BINARY, .op = kop, .a = ops[0], .b = ops[1]};
-  if (n->op == OP_POW) kn.value = (float)n->fa[0];
+  if (n->op == OP_POW || n->op == OP_CLAMP_MIN || n->op == OP_CLAMP_MAX) kn.value = (float)n->fa[0];
   b->kidx[m] = push_node(b, kn);
 }
 

@@ -256,6 +256,34 @@ static bool shape_unary_float(const Graph *g, Node *n, char *err, size_t errlen)
   return true;
 }
 
+/* clamp_min/clamp_max (and the clamp macro's check): a float tensor, same shape and dtype. */
+static bool shape_clamp(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (!is_float(x->dtype))
+    return fail(err, errlen, "%s: clamps float tensors, got %s%s", op_name(n), dtype_name(x->dtype),
+                shape_str(&x->shape));
+  n->shape = x->shape;
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* where(cond, a, b): the broadcast of the three; the dtype of a and b as a binary op's (a number
+ * takes the tensor's). cond is a comparison's 1/0 (f32): an i32 one is refused, as are i32
+ * branches (the kernels select floats; float(x) converts). */
+static bool shape_where(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *c = in_node(g, n, 0), *a = in_node(g, n, 1), *b = in_node(g, n, 2);
+  Shape ab;
+  if (!broadcast_or_fail(n, &a->shape, &b->shape, &ab, err, errlen)) return false;
+  if (!broadcast_or_fail(n, &c->shape, &ab, &n->shape, err, errlen)) return false;
+  if (c->dtype == DT_I32)
+    return fail(err, errlen, "where: cond must be a comparison (1.0 where true), got i32%s", shape_str(&c->shape));
+  if (a->dtype == DT_I32 || b->dtype == DT_I32)
+    return fail(err, errlen, "where: i32 branches are not supported, got %s%s and %s%s: convert them with float(x)",
+                dtype_name(a->dtype), shape_str(&a->shape), dtype_name(b->dtype), shape_str(&b->shape));
+  n->dtype = binary_dtype(a, b);
+  return true;
+}
+
 /* ---- reductions ---------------------------------------------------------------------- */
 
 static int cmp_i64(const void *a, const void *b) {

@@ -12,6 +12,7 @@
  * by fixed limits, never a hang. */
 #include "sema_impl.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -810,6 +811,56 @@ static Value expand_split(Build *b, const PrimNode *pn, Span at) {
   return t;
 }
 
+/* One node op(x, y) of a desugaring, inferred: y is a number (a CONST of x's dtype); sub is y - x. */
+static Value desugar_binary(Build *b, OpId op, int x, Value y, Span at) {
+  Value c = make_const(b, y, x, at);
+  if (c.kind == V_ERR) return c;
+  int in[2] = {x, c.node};
+  if (op == OP_SUB) in[0] = c.node, in[1] = x;
+  int i = add_node(b, op, in, 2, at);
+  return i < 0 ? sema_v_err() : infer(b, i, at);
+}
+
+/* abs of an i32 tensor: maximum(x, 0 - x), with the i32 kernels every backend has (the abs
+ * kernel is a float one; i32 values have no gradient). */
+static Value abs_i32(Build *b, int x, Span at) {
+  Value neg = desugar_binary(b, OP_SUB, x, sema_v_int(0, at), at);
+  if (neg.kind == V_ERR) return neg;
+  int in[2] = {x, neg.node};
+  int i = add_node(b, OP_MAXIMUM, in, 2, at);
+  return i < 0 ? sema_v_err() : infer(b, i, at);
+}
+
+/* clamp(x, min, max), clamp_min, clamp_max: a clamp_min node (when there is a lower bound) then a
+ * clamp_max node (an upper one), so min > max gives max everywhere as in PyTorch. An i32 tensor
+ * with whole-number bounds is clamped with maximum/minimum of i32 constants (PyTorch keeps its
+ * dtype); a fractional bound would make PyTorch's result float, which cplan asks to write. */
+static Value expand_clamp(Build *b, int x, bool has_min, double lo, bool has_max, double hi, const char *opname,
+                          Span at, Span xs) {
+  Value v = tensor_val(x, at);
+  if (b->g->nodes[x].dtype == DT_I32) {
+    double bad = has_min && lo != floor(lo) ? lo : has_max && hi != floor(hi) ? hi : 0;
+    if (bad != 0 || (has_min && fabs(lo) > 2147483647.0) || (has_max && fabs(hi) > 2147483647.0)) {
+      diag_error(at, "%s of an i32 tensor with the bound %g: PyTorch's result would be float", opname,
+                 bad != 0 ? bad : has_min ? lo : hi);
+      diag_hint("convert first: %s(float(%s), ...), or use whole-number bounds", opname, sema_span_text(xs));
+      return sema_v_err();
+    }
+    if (has_min) v = desugar_binary(b, OP_MAXIMUM, v.node, sema_v_int((int64_t)lo, at), at);
+    if (has_max && v.kind != V_ERR) v = desugar_binary(b, OP_MINIMUM, v.node, sema_v_int((int64_t)hi, at), at);
+    return v;
+  }
+  for (int k = 0; k < 2; k++) {
+    if (!(k == 0 ? has_min : has_max)) continue;
+    int i = add_node(b, k == 0 ? OP_CLAMP_MIN : OP_CLAMP_MAX, &v.node, 1, at);
+    if (i < 0) return sema_v_err();
+    b->g->nodes[i].fa[0] = k == 0 ? lo : hi;
+    v = infer(b, i, at);
+    if (v.kind == V_ERR) return v;
+  }
+  return v;
+}
+
 /* Evaluates one primitive argument; `axis = all` reads the word all. */
 static Value eval_prim_arg(Build *b, Frame *f, const SigArg *a, const Expr *x) {
   if (a->kind == AK_AX && x->kind == EX_NAME && strcmp(x->str, "all") == 0 && !find_var(f, "all"))
@@ -840,11 +891,20 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
       }
   }
   if (!ok) return sema_v_err();
-  int other = -1; /* the first tensor operand: numbers take its dtype */
+  if (id == OP_CLAMP && !slot[1] && !slot[2]) { /* PyTorch: "At least one of 'min' or 'max' must not be None" */
+    diag_error(e->span, "clamp needs a bound: at least one of 'min' and 'max'");
+    diag_hint("clamp(x, min = 0.0), clamp(x, max = 1.0) or clamp(x, -1.0, 1.0)");
+    return sema_v_err();
+  }
+  int other = -1; /* the first tensor operand: numbers take its dtype (where's: a's or b's, not cond's) */
   for (int j = 0; j < sg->n; j++) {
     if (!slot[j]) vals[j] = default_value(&sg->a[j], e->span);
-    if (other < 0 && sg->a[j].kind == AK_T && vals[j].kind == V_TENSOR) other = vals[j].node;
+    if (other < 0 && sg->a[j].kind == AK_T && vals[j].kind == V_TENSOR && !(id == OP_WHERE && j == 0))
+      other = vals[j].node;
   }
+  if (id == OP_WHERE && other < 0 && vals[0].kind == V_TENSOR) other = vals[0].node;
+  if (id == OP_ABS && vals[0].kind == V_INT) return sema_v_int(vals[0].i < 0 ? -vals[0].i : vals[0].i, e->span);
+  if (id == OP_ABS && vals[0].kind == V_FLOAT) return sema_v_float(fabs(vals[0].f), e->span);
   if (id == OP_FLOAT) { /* Python's float() of a number; PyTorch's x.float() of an f32 tensor: itself */
     if (vals[0].kind == V_INT) return sema_v_float((double)vals[0].i, e->span);
     if (vals[0].kind == V_FLOAT) return vals[0];
@@ -861,9 +921,32 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
     else
       diag_error(vals[j].span, "argument '%s' of '%s' must be %s, got %s", sg->a[j].name, opname,
                  kind_desc(sg->a[j].kind), sema_value_desc(vals[j]));
+    if ((id == OP_CLAMP || id == OP_CLAMP_MIN || id == OP_CLAMP_MAX) && vals[j].kind == V_TENSOR)
+      diag_hint("clamp's bounds are numbers; with a tensor bound write maximum(x, lo) or minimum(x, hi)");
     return sema_v_err();
   }
   if (id == OP_SPLIT) return expand_split(b, &pn, e->span);
+  if (id == OP_CLAMP || id == OP_CLAMP_MIN || id == OP_CLAMP_MAX) {
+    bool has_min = id == OP_CLAMP_MIN || (id == OP_CLAMP && slot[1]);
+    bool has_max = id == OP_CLAMP_MAX || (id == OP_CLAMP && slot[2]);
+    double lo = id == OP_CLAMP_MAX ? -INFINITY : pn.fa[0], hi = id == OP_CLAMP ? pn.fa[1] : pn.fa[0];
+    return expand_clamp(b, pn.in.a[0], has_min, lo, has_max, hi, opname, e->span, vals[0].span);
+  }
+  if (id == OP_WHERE)
+    for (int j = 0; j < 3; j++) { /* i32 operands: at the argument, with the conversion to write */
+      if (vals[j].kind != V_TENSOR || b->g->nodes[pn.in.a[j]].dtype != DT_I32) continue;
+      const char *t = sema_span_text(vals[j].span);
+      if (j == 0) {
+        diag_error(vals[j].span,
+                   "where's cond must be a comparison (1.0 where true, as PyTorch's bool), got an i32 tensor");
+        diag_hint("compare it: where(%s != 0, ...)", t);
+      } else {
+        diag_error(vals[j].span, "where's branches must be float tensors or numbers, got an i32 tensor");
+        diag_hint("convert it, as PyTorch promotes it: float(%s)", t);
+      }
+      return sema_v_err();
+    }
+  if (id == OP_ABS && b->g->nodes[pn.in.a[0]].dtype == DT_I32) return abs_i32(b, pn.in.a[0], e->span);
   int i = add_node(b, id, pn.in.a, pn.in.n, e->span);
   if (i < 0) return sema_v_err();
   Node *n = &b->g->nodes[i];

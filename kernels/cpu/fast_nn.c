@@ -207,6 +207,9 @@ void kf_unary_forward(KUnary op, float *out, const float *x, long n, float c) {
   case K_SILU: MAP(v / (1.0f + f_exp(-v)));
   case K_SQUARE: MAP(v * v);
   case K_POW: MAP(c == 2.0f ? v * v : powf(v, c));
+  case K_ABS: MAP(fabsf(v));
+  case K_CLAMP_MIN: MAP(v < c ? c : v);
+  case K_CLAMP_MAX: MAP(v > c ? c : v);
   default: k_assert(!"bad KUnary");
   }
 }
@@ -248,6 +251,9 @@ void kf_unary_backward(KUnary op, float *dx, const float *dout, const float *x, 
   case K_SILU: GRAD(silu_df(V));
   case K_SQUARE: GRAD(2.0f * V);
   case K_POW: GRAD(c * powf(V, c - 1.0f));
+  case K_ABS: GRAD(V > 0 ? 1.0f : V < 0 ? -1.0f : 0.0f);
+  case K_CLAMP_MIN: GRAD(V >= c ? 1.0f : 0.0f);
+  case K_CLAMP_MAX: GRAD(V <= c ? 1.0f : 0.0f);
   default: k_assert(!"bad KUnary");
   }
 }

@@ -26,7 +26,8 @@ _Noreturn void k_data_error(const char *op, const char *what, long i, long value
 }
 
 const char *const k_unary_names[K_UNARY_COUNT] = {
-    "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "square", "pow"};
+    "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "square", "pow",
+    "abs", "clamp_min", "clamp_max"};
 const char *const k_binary_names[K_BINARY_COUNT] = {
     "add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"};
 
@@ -103,6 +104,9 @@ static double K_NAME(unary_f)(KUnary op, double x, double c) {
   case K_SILU: return x / (1.0 + exp(-x));
   case K_SQUARE: return x * x;
   case K_POW: return pow(x, c);
+  case K_ABS: return fabs(x);
+  case K_CLAMP_MIN: return x < c ? c : x;
+  case K_CLAMP_MAX: return x > c ? c : x;
   default: k_assert(!"bad KUnary");
   }
   return 0;
@@ -129,6 +133,10 @@ static double K_NAME(unary_df)(KUnary op, double x, double y, double c) {
   }
   case K_SQUARE: return 2.0 * x;
   case K_POW: return c * pow(x, c - 1.0);
+  /* PyTorch's: sign(x) (0 at 0); clamp passes the gradient inside the closed range */
+  case K_ABS: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
+  case K_CLAMP_MIN: return x >= c ? 1.0 : 0.0;
+  case K_CLAMP_MAX: return x <= c ? 1.0 : 0.0;
   default: k_assert(!"bad KUnary");
   }
   return 0;
@@ -207,6 +215,31 @@ void K_NAME(k_binary_backward)(KBinary op, K_REAL *da, K_REAL *db, const K_REAL 
     K_NAME(binary_df)(op, a[ia], b[ib], &pa, &pb);
     if (da) da[ia] += (K_REAL)(dout[i] * pa);
     if (db) db[ib] += (K_REAL)(dout[i] * pb);
+  }
+}
+
+/* ---- where, broadcasting three operands ----------------------------------------------------- */
+
+void K_NAME(k_where_forward)(K_REAL *out, const int *oshape, int orank, const K_REAL *cond, const int *cshape,
+                             int crank, const K_REAL *a, const int *ashape, int arank, const K_REAL *b,
+                             const int *bshape, int brank) {
+  long n = k_numel(oshape, orank);
+  for (long i = 0; i < n; i++) {
+    long ic = k_bcast_index(i, oshape, orank, cshape, crank);
+    out[i] = cond[ic] != 0 ? a[k_bcast_index(i, oshape, orank, ashape, arank)]
+                           : b[k_bcast_index(i, oshape, orank, bshape, brank)];
+  }
+}
+
+void K_NAME(k_where_backward)(K_REAL *da, K_REAL *db, const K_REAL *dout, const int *oshape, int orank,
+                              const K_REAL *cond, const int *cshape, int crank, const int *ashape, int arank,
+                              const int *bshape, int brank) {
+  long n = k_numel(oshape, orank);
+  /* += through the index map is the sum over the broadcast dims */
+  for (long i = 0; i < n; i++) {
+    int take_a = cond[k_bcast_index(i, oshape, orank, cshape, crank)] != 0;
+    if (take_a && da) da[k_bcast_index(i, oshape, orank, ashape, arank)] += dout[i];
+    if (!take_a && db) db[k_bcast_index(i, oshape, orank, bshape, brank)] += dout[i];
   }
 }
 

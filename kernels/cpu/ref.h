@@ -32,9 +32,12 @@ _Noreturn void k_data_error(const char *op, const char *what, long i, long value
 
 #define K_MAXDIM 8 /* the highest rank the broadcast and permute kernels accept */
 
-/* Elementwise unary ops; pow takes its exponent as the kernel's `c` argument. */
+/* Elementwise unary ops; pow takes its exponent as the kernel's `c` argument, clamp_min and
+ * clamp_max their bound (x < c ? c : x and x > c ? c : x: a NaN stays NaN, as in PyTorch).
+ * Checklist: the order is ops.def's (OP_NEG ..), emit_c.c's unary_k and emit_cu_support.h's cps_un. */
 typedef enum {
   K_NEG, K_EXP, K_LOG, K_SQRT, K_RSQRT, K_TANH, K_SIGMOID, K_RELU, K_GELU, K_SILU, K_SQUARE, K_POW,
+  K_ABS, K_CLAMP_MIN, K_CLAMP_MAX,
   K_UNARY_COUNT
 } KUnary;
 
@@ -86,6 +89,16 @@ void K_NAME(k_binary_forward)(KBinary op, K_REAL *out, const K_REAL *a, const in
 void K_NAME(k_binary_backward)(KBinary op, K_REAL *da, K_REAL *db, const K_REAL *dout,
                                const K_REAL *a, const int *ashape, int arank, const K_REAL *b,
                                const int *bshape, int brank);
+
+/* where(cond, a, b): out[i] = cond != 0 ? a : b, the three broadcast together (out has the
+ * broadcast shape of all three, rank orank). Backward: da += dout where cond != 0, db += dout
+ * elsewhere, each summed over the dims it broadcasts along; cond gets no gradient. */
+void K_NAME(k_where_forward)(K_REAL *out, const int *oshape, int orank, const K_REAL *cond, const int *cshape,
+                             int crank, const K_REAL *a, const int *ashape, int arank, const K_REAL *b,
+                             const int *bshape, int brank);
+void K_NAME(k_where_backward)(K_REAL *da, K_REAL *db, const K_REAL *dout, const int *oshape, int orank,
+                              const K_REAL *cond, const int *cshape, int crank, const int *ashape, int arank,
+                              const int *bshape, int brank);
 
 /* reductions over the middle axis of x [outer, n, inner] -> out [outer, inner] */
 void K_NAME(k_sum_forward)(K_REAL *out, const K_REAL *x, int outer, int n, int inner);

@@ -31,6 +31,7 @@ check "$src/examples/gpt.cplan"
 check "$src/examples/llama.cplan" "${f32[@]}" --set mesh.workstation.device=cpu
 check "$src/examples/llama.cplan" # its CUDA mesh: the GPU program's kernels.cu, bf16
 check "$src/tests/e2e/fusion_ops.cplan"
+check "$src/tests/pytorch/user_models/m8_select.cplan" # abs, clamp, where fused with broadcast operands
 # a file without a train block: exit 1 with a diagnostic, not a crash
 "$cplanc" emit --stage=cuda "$src/tests/golden/empty_file.cplan" >/dev/null 2>"$tmp/none.err"; rc=$?
 if [ $rc -eq 1 ] && grep -q "error: .*no train block" "$tmp/none.err"; then echo "ok: no train block: exit 1 with a diagnostic"

@@ -283,7 +283,9 @@ static void run_case(Case c) {
 static void grad_unary(void) {
   for (int op = 0; op < K_UNARY_COUNT; op++) {
     int positive = op == K_LOG || op == K_SQRT || op == K_RSQRT || op == K_POW;
-    Case c = {.name = k_unary_names[op], .nin = 1, .nx = {9}, .nout = 9, .op = op, .f = 2.5,
+    /* clamp's bound inside the inputs' range, so that both sides of it are checked */
+    double f = op == K_CLAMP_MIN || op == K_CLAMP_MAX ? 0.3 : 2.5;
+    Case c = {.name = k_unary_names[op], .nin = 1, .nx = {9}, .nout = 9, .op = op, .f = f,
               .fwd = unary_fwd, .bwd = unary_bwd};
     c.x[0] = positive ? rnd_buf(9, 0.5, 2.0) : rnd_away_from_zero(9, 0.1, 2.0);
     run_case(c);
@@ -300,6 +302,24 @@ static void grad_binary(void) {
     c.x[1] = rnd_away_from_zero(3, 0.5, 2); /* a divisor away from 0 */
     run_case(c);
   }
+}
+
+/* where(cond [2,1,4], a [3,1], b [4]) -> [2,3,4]: a's gradient sums over dims 0 and 2, b's over 0
+ * and 1; cond mixes 0, 1 and other nonzero values (true) */
+static const double where_cond[8] = {1, 0, 0, 2, -1, 0, 1, 0};
+static const int where_os[3] = {2, 3, 4}, where_cs[3] = {2, 1, 4}, where_as[2] = {3, 1}, where_bs[1] = {4};
+static void where_fwd(const Case *c, double *out) {
+  k_where_forward_f64(out, where_os, 3, where_cond, where_cs, 3, c->x[0], where_as, 2, c->x[1], where_bs, 1);
+}
+static void where_bwd(const Case *c, double **dx, const double *dout, const double *out) {
+  k_where_backward_f64(dx[0], dx[1], dout, where_os, 3, where_cond, where_cs, 3, where_as, 2, where_bs, 1);
+}
+
+static void grad_where(void) {
+  Case c = {.name = "where [2,1,4]?[3,1]:[4]", .nin = 2, .nx = {3, 4}, .nout = 24, .fwd = where_fwd, .bwd = where_bwd};
+  c.x[0] = rnd_buf(3, -2, 2);
+  c.x[1] = rnd_buf(4, -2, 2);
+  run_case(c);
 }
 
 static void grad_reductions(void) {
@@ -482,6 +502,40 @@ static void fwd_misc(void) {
   k_float_forward(ff, fi, 4);
   expect("fwd float (i32 -> f32, rounded past 2^24)", ff, (double[]){-3, 0, 7, 16777216}, 4);
 
+  /* PyTorch's values: abs'(0) = 0; clamp's gradient is 1 on its bounds (the closed range); min >
+   * max gives max everywhere with no gradient; a NaN stays NaN */
+  float ux[4] = {-2, 0, 0.5f, 3}, uy[4], ug[4], one4[4] = {1, 1, 1, 1};
+  k_unary_forward(K_ABS, uy, ux, 4, 0);
+  expect("fwd abs", uy, (double[]){2, 0, 0.5, 3}, 4);
+  memset(ug, 0, sizeof ug);
+  k_unary_backward(K_ABS, ug, one4, ux, uy, 4, 0);
+  expect("bwd abs: sign, 0 at 0", ug, (double[]){-1, 0, 1, 1}, 4);
+  k_unary_forward(K_CLAMP_MIN, uy, ux, 4, 0.5f);
+  memset(ug, 0, sizeof ug);
+  k_unary_backward(K_CLAMP_MIN, ug, one4, ux, uy, 4, 0.5f);
+  expect("fwd clamp_min 0.5", uy, (double[]){0.5, 0.5, 0.5, 3}, 4);
+  expect("bwd clamp_min: 1 on the bound", ug, (double[]){0, 0, 1, 1}, 4);
+  k_unary_forward(K_CLAMP_MAX, uy, ux, 4, 0.0f);
+  memset(ug, 0, sizeof ug);
+  k_unary_backward(K_CLAMP_MAX, ug, one4, ux, uy, 4, 0.0f);
+  expect("fwd clamp_max 0", uy, (double[]){-2, 0, 0, 0}, 4);
+  expect("bwd clamp_max: 1 on the bound", ug, (double[]){1, 1, 0, 0}, 4);
+  float mid[4], ucl[4];
+  k_unary_forward(K_CLAMP_MIN, mid, ux, 4, 1.0f); /* clamp(x, min = 1, max = -1) */
+  k_unary_forward(K_CLAMP_MAX, ucl, mid, 4, -1.0f);
+  expect("fwd clamp min > max: max everywhere", ucl, (double[]){-1, -1, -1, -1}, 4);
+  float nan1[1] = {NAN}, nano[2];
+  k_unary_forward(K_CLAMP_MIN, nano, nan1, 1, 0.0f);
+  k_unary_forward(K_CLAMP_MAX, nano + 1, nan1, 1, 0.0f);
+  report(isnan(nano[0]) && isnan(nano[1]), "fwd clamp of NaN is NaN", "");
+  float wc[3] = {1, 0, 1}, wa[3] = {1, 2, 3}, wb[1] = {-INFINITY}, wy[3];
+  int w3[1] = {3}, w0[1] = {1};
+  k_where_forward(wy, w3, 1, wc, w3, 1, wa, w3, 1, wb, w0, 1);
+  report(wy[0] == 1 && wy[1] == -INFINITY && wy[2] == 3, "fwd where with a -inf branch", "");
+  wb[0] = NAN; /* the branch not taken never leaks (no 0 * NaN) */
+  k_where_forward(wy, w3, 1, wc, w3, 1, wa, w3, 1, wb, w0, 1);
+  report(wy[0] == 1 && isnan(wy[1]) && wy[2] == 3, "fwd where with a NaN branch", "");
+
   float ca[3] = {1, 2, 3}, cb[3] = {2, 2, 2}, cy[3];
   int s3[1] = {3};
   k_binary_forward(K_LT, cy, ca, s3, 1, cb, s3, 1);
@@ -545,6 +599,7 @@ static void fwd_float_matches_double(void) {
 int main(void) {
   grad_unary();
   grad_binary();
+  grad_where();
   grad_reductions();
   grad_linear();
   grad_nn();

@@ -3,7 +3,7 @@
 an MLP classifier, a post-norm BERT encoder with bidirectional attention and -1 targets, a LLaMA block
 with rope and SwiGLU written by hand, shape ops (reshape, permute, transpose, negative slices, concat,
 split, broadcasting), an MSE regression, a tied embedding with i32 arithmetic and a hand-written causal
-mask, and edge cases of maximum/max ties, pow and two-sided broadcasting), each trained one step of
+mask, edge cases of maximum/max ties, pow and two-sided broadcasting, and abs, clamp and where), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -128,6 +128,24 @@ def m7(p, d):
     cc = torch.cat([mm, d['z'].sum(-1).reshape(B, 3, 1), mm * mm], -1)
     cm = cc.mean(0).flatten()
     return r.mean() + q.mean() * 0.01 + m.mean() + t.mean() - lsm.mean() + (torch.softmax(cc, -1) * cc).mean() + cm[cm.argmax()]
+
+@model('m8_select', lambda: {'x': rng.normal(size=(B, 4)).astype(np.float32), 'y': rng.normal(size=(B, 4)).astype(np.float32),
+                             'k': rng.integers(-4, 6, size=(B, 4)).astype(np.int32)})
+def m8(p, d):
+    x, y, g = d['x'], d['y'], p['g']
+    h = x @ p['w']
+    a = h.abs() + g.abs()
+    c2 = torch.clamp(h, min=-0.3, max=0.4)
+    c1 = torch.clamp(h * 2.0, min=0.1)
+    cm = torch.clamp(g, max=0.2)
+    cp = torch.clamp(h, 0.5, -0.5)  # min > max: max everywhere, no gradient
+    wn = torch.where(h > 0, h * g, 0.0)
+    wb = torch.where(x < y, p['b0'], h)
+    wc = torch.where(g > 0, h, -h)
+    ki = (d['k'] - 2).abs() + torch.clamp(d['k'], 0, 3)
+    assert ki.dtype == torch.int32
+    return (a.mean() + (c2 * c2).mean() + c1.mean() + cm.mean() + cp.mean() + (wn * wn).mean() + (wb * y).mean() + wc.mean()
+            + (ki.double() * h).mean())
 
 
 def main(cplanc, name, tmp):

@@ -181,9 +181,16 @@ static void forward(Interp *I, const Node *f, double *out) {
     return;
   }
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
-  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW:
+  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
+  case OP_CLAMP_MAX:
     k_unary_forward_f64((KUnary)(f->op - OP_NEG), out, a, n, f->fa[0]);
     return;
+  case OP_WHERE: {
+    int so[CP_MAX_RANK], sc[CP_MAX_RANK], ro = ishape(f, so), rc = ishape(x, sc), ra = ishape(input(I, f, 1), sa),
+        rb = ishape(input(I, f, 2), sb);
+    k_where_forward_f64(out, so, ro, a, sc, rc, b, sa, ra, vin(I, f, 2), sb, rb);
+    return;
+  }
   case OP_SUM: case OP_MEAN: case OP_MAX: {
     Red r;
     red_forward(f, x, a, &r);
@@ -284,9 +291,17 @@ static void backward(Interp *I, const Node *f, int k, const double *dy, double *
     return;
   }
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
-  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW:
+  case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
+  case OP_CLAMP_MAX:
     k_unary_backward_f64((KUnary)(f->op - OP_NEG), dx, dy, a, I->v[f - I->g->nodes], n, f->fa[0]);
     return;
+  case OP_WHERE: {
+    cp_assert(k == 1 || k == 2); /* autodiff never asks for cond's */
+    int so[CP_MAX_RANK], sc[CP_MAX_RANK], ro = ishape(f, so), rc = ishape(x, sc), ra = ishape(input(I, f, 1), sa),
+        rb = ishape(input(I, f, 2), sb);
+    k_where_backward_f64(k == 1 ? dx : NULL, k == 2 ? dx : NULL, dy, so, ro, a, sc, rc, sa, ra, sb, rb);
+    return;
+  }
   case OP_SUM: case OP_MEAN: case OP_MAX: {
     Red r;
     red_forward(f, x, a, &r);
@@ -512,6 +527,18 @@ static void test_gradients(void) {
              "  param c: [4] = zeros\n"
              "  s = a + b\n"
              "  loss = sum(s * s) + mean((a - b) * c) + sum(a / (b + 2)) + sum(maximum(a, b) * c) + sum(minimum(a * c, b))\n"
+             "}\n", 1);
+  /* params are in [0.5, 1.5]: the bounds and comparisons split them; where(a - 1.0, b, c): a float
+   * cond that depends on a param gets no gradient through where */
+  GRAD_CHECK("abs, clamp (both bounds, one, min > max), where (broadcast, a number branch, a param cond)",
+             "model m() {\n"
+             "  param a: [2, 1, 4] = zeros\n"
+             "  param b: [3, 1] = zeros\n"
+             "  param c: [4] = zeros\n"
+             "  s = a + b\n"
+             "  loss = sum(abs(s - 2.0) * c) + sum(clamp(s, min = 1.6, max = 2.4) * c) + sum(clamp(a * 2.0, min = 2.0))"
+             " + sum(clamp(b, max = 1.0) * b) + sum(clamp(s, 2.5, 1.5) * c) + sum(where(s > 2.0, a * c, b))"
+             " + sum(where(c < 1.0, s, 0.0) * s) + sum(where(a - 1.0, b, c)) + sum(clamp_min(c, 1.0) + clamp_max(b, 1.1))\n"
              "}\n", 1);
   GRAD_CHECK("reductions",
              "model m() {\n"

@@ -14,6 +14,7 @@
 #include "../../compiler/fusion.h"
 #include "sema.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,10 +88,12 @@ static int cst(TK *t, float v) { return add(t, (CgNode){.kind = CG_CONST, .value
 static int un(TK *t, KUnary op, int a) { return add(t, (CgNode){.kind = CG_UNARY, .op = op, .a = a}); }
 static int pw(TK *t, int a, float c) { return add(t, (CgNode){.kind = CG_UNARY, .op = K_POW, .a = a, .value = c}); }
 static int bin(TK *t, KBinary op, int a, int b) { return add(t, (CgNode){.kind = CG_BINARY, .op = op, .a = a, .b = b}); }
+static int sel(TK *t, int q, int a, int b) { return add(t, (CgNode){.kind = CG_SELECT, .a = q, .b = a, .c = b}); }
 
 /* names for kernel symbols (ref.c's k_unary_names is not linked into this test) */
 static const char *const unames[K_UNARY_COUNT] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh",
-                                                  "sigmoid", "relu", "gelu", "silu", "square", "pow"};
+                                                  "sigmoid", "relu", "gelu", "silu", "square", "pow",
+                                                  "abs", "clamp_min", "clamp_max"};
 static const char *const bnames[K_BINARY_COUNT] = {"add", "sub", "mul", "div", "maximum", "minimum",
                                                    "eq", "ne", "lt", "le", "gt", "ge"};
 
@@ -101,6 +104,7 @@ static void unary_kernels(void) {
     TK *t = kernel(cp_fmt("u_%s", unames[op]), pos ? 0.01f : -9.0f, pos ? 30.0f : 9.0f, 2, 7, 45);
     int x = in(t, 2, 7, 45);
     if (op == K_POW) pw(t, x, 1.5f);
+    else if (op == K_CLAMP_MIN || op == K_CLAMP_MAX) add(t, (CgNode){.kind = CG_UNARY, .op = op, .a = x, .value = 0.7f});
     else un(t, op, x);
   }
   TK *t = kernel("u_exp_wide", -100.0f, 100.0f, 1, 1000); /* overflow to inf, underflow to 0 */
@@ -152,6 +156,14 @@ static void pattern_kernels(void) {
   t->quant = 1;
   int x = in(t, 1, 64);
   bin(t, K_MUL, bin(t, K_GE, x, cst(t, 0.25f)), x);
+  /* where(x > 0 [2, 3, 70], y [3, 1], -inf): each operand broadcast differently, the -inf never
+   * leaking (a select, not a blend) */
+  t = kernel("t_select", -1.0f, 1.0f, 3, 2, 3, 70);
+  x = in(t, 3, 2, 3, 70);
+  sel(t, bin(t, K_GT, x, cst(t, 0.0f)), in(t, 2, 3, 1), cst(t, -INFINITY));
+  t = kernel("t_select_cond_bcast", -1.0f, 1.0f, 2, 5, 80); /* cond [80], branches [5, 80] and [5, 1] */
+  sel(t, in(t, 1, 80), in(t, 2, 5, 80), in(t, 2, 5, 1));
+  t->quant = 1; /* a cond of 0.0 often, and of nonzero values other than 1 */
 }
 
 /* min(max(silu(x) / sigmoid(y) + tanh(x), log(z)), pow(z, 1.5)) - exp(x * 0.5) + relu(-x)^2 */
@@ -170,7 +182,7 @@ static void chain_kernel(void) {
 
 static const char *harness_types =
     "#include \"ref.h\"\n#include <math.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n"
-    "typedef struct { int kind, op, a, b, input; float value; } HNode;\n"
+    "typedef struct { int kind, op, a, b, c, input; float value; } HNode;\n"
     "typedef struct { const char *name; void (*fn)(float *restrict, const float *const *);\n"
     "  int rank, shape[8], ninputs, irank[8], ishape[8][8], nnodes; const HNode *nodes;\n"
     "  float lo, hi; int quant; } HKernel;\n";
@@ -198,6 +210,11 @@ static const char *harness_body =
     "    else if (h->kind == 1) { o->rank = 0; o->n = 1; o->v = malloc(sizeof(float)); o->v[0] = h->value; }\n"
     "    else if (h->kind == 2) { *o = v[h->a]; o->v = malloc(sizeof(float) * (size_t)(o->n + 1));\n"
     "      k_unary_forward(h->op, o->v, v[h->a].v, o->n, h->value); }\n"
+    "    else if (h->kind == 4) { int s2[8]; int r2 = k_bcast_shape(s2, v[h->b].shape, v[h->b].rank, v[h->c].shape, v[h->c].rank);\n"
+    "      o->rank = k_bcast_shape(o->shape, v[h->a].shape, v[h->a].rank, s2, r2);\n"
+    "      o->n = k_numel(o->shape, o->rank); o->v = malloc(sizeof(float) * (size_t)(o->n + 1));\n"
+    "      k_where_forward(o->v, o->shape, o->rank, v[h->a].v, v[h->a].shape, v[h->a].rank, v[h->b].v, v[h->b].shape,\n"
+    "                      v[h->b].rank, v[h->c].v, v[h->c].shape, v[h->c].rank); }\n"
     "    else { o->rank = k_bcast_shape(o->shape, v[h->a].shape, v[h->a].rank, v[h->b].shape, v[h->b].rank);\n"
     "      o->n = k_numel(o->shape, o->rank); o->v = malloc(sizeof(float) * (size_t)(o->n + 1));\n"
     "      k_binary_forward(h->op, o->v, v[h->a].v, v[h->a].shape, v[h->a].rank, v[h->b].v, v[h->b].shape, v[h->b].rank); }\n"
@@ -231,7 +248,8 @@ static void write_kernel_table(FILE *f, const CgKernel *ks, const TK *meta, int 
     fprintf(f, "static const HNode nodes_%d[] = {", i);
     for (int j = 0; j < k->nnodes; j++) {
       const CgNode *h = &k->nodes[j];
-      fprintf(f, "{%d, %d, %d, %d, %d, (float)%.9g},", (int)h->kind, h->op, h->a, h->b, h->input, h->value);
+      const char *v = isinf(h->value) ? (h->value < 0 ? "-INFINITY" : "INFINITY") : cp_fmt("(float)%.9g", h->value);
+      fprintf(f, "{%d, %d, %d, %d, %d, %d, %s},", (int)h->kind, h->op, h->a, h->b, h->c, h->input, v);
     }
     fprintf(f, "};\n");
   }

@@ -186,6 +186,37 @@ static void test_unary(void) {
   }
 }
 
+/* abs keeps the dtype (i32 too: sema writes it with i32 maximum/sub); clamp_min/clamp_max and the
+ * clamp macro's check want a float tensor; where broadcasts three and types like a binary op */
+static void test_abs_clamp_where(void) {
+  OK(N1(OP_ABS, T(DT_BF16, 2, 3, 5)), "bf16[3, 5]");
+  OK(N1(OP_ABS, T(DT_I32, 1, 7)), "i32[7]");
+  CHECK(ir_node_flops(g, g->n - 1) == 7);
+  static const OpId cl[] = {OP_CLAMP_MIN, OP_CLAMP_MAX, OP_CLAMP};
+  for (size_t k = 0; k < sizeof cl / sizeof cl[0]; k++) {
+    OK(N1(cl[k], T(DT_F16, 2, 3, 5)), "f16[3, 5]");
+    OK(N1(cl[k], T(DT_F32, 0)), "f32[]");
+    ERR(N1(cl[k], T(DT_I32, 1, 4)), cp_fmt("%s: clamps float tensors, got i32[4]", ir_ops[cl[k]].name));
+  }
+  int c = N1(OP_CLAMP_MIN, T(DT_F32, 2, 4, 8));
+  OK(c, "f32[4, 8]");
+  CHECK(ir_node_flops(g, c) == 32);
+
+  int cond = T(DT_F32, 2, 4, 1);
+  OK(N(OP_WHERE, cond, T(DT_F32, 1, 8), C(0.0)), "f32[4, 8]");
+  CHECK(ir_node_flops(g, g->n - 1) == 32);
+  OK(N(OP_WHERE, T(DT_F32, 1, 8), T(DT_F32, 3, 2, 1, 1), T(DT_F32, 2, 3, 1)), "f32[2, 3, 8]");
+  OK(N(OP_WHERE, cond, T(DT_BF16, 1, 1), C(-1)), "bf16[4, 1]");        /* a number takes the tensor's dtype */
+  OK(N(OP_WHERE, cond, T(DT_BF16, 1, 8), T(DT_F16, 1, 8)), "f32[4, 8]"); /* two floats: f32, as binary ops */
+  OK(N(OP_WHERE, T(DT_F32, 0), C(1.0), C(2.0)), "f32[]");
+  ERR(N(OP_WHERE, cond, T(DT_F32, 1, 8), T(DT_F32, 1, 3)), "where: shapes [8] and [3] do not broadcast");
+  ERR(N(OP_WHERE, T(DT_F32, 1, 5), T(DT_F32, 1, 8), C(0.0)), "where: shapes [5] and [8] do not broadcast");
+  ERR(N(OP_WHERE, T(DT_I32, 1, 8), T(DT_F32, 1, 8), C(0.0)), "where: cond must be a comparison (1.0 where true), got i32[8]");
+  ERR(N(OP_WHERE, cond, T(DT_I32, 1, 8), CI(0)), "where: i32 branches are not supported, got i32[8] and i32[]");
+  ERR(N(OP_WHERE, cond, T(DT_I32, 1, 8), C(0.5)), "got i32[8] and f32[]: convert them with float(x)");
+  ERR(N2(OP_WHERE, cond, cond), "where: expected 3 inputs, got 2");
+}
+
 /* ---- reductions ----------------------------------------------------------------------- */
 
 static void test_reduce(void) {
@@ -546,6 +577,10 @@ static void test_names(void) {
   CHECK(ir_op_by_name("param", NULL) == NULL);
   CHECK(ir_op_by_name("maximum", NULL) != NULL);
   CHECK(ir_op_by_name("float", &id) == &ir_ops[OP_FLOAT] && id == OP_FLOAT);
+  CHECK(ir_op_by_name("abs", &id) == &ir_ops[OP_ABS] && id == OP_ABS);
+  CHECK(ir_op_by_name("clamp", &id) == &ir_ops[OP_CLAMP] && id == OP_CLAMP);
+  CHECK(ir_op_by_name("clamp_min", &id) == &ir_ops[OP_CLAMP_MIN] && id == OP_CLAMP_MIN);
+  CHECK(ir_op_by_name("where", &id) == &ir_ops[OP_WHERE] && id == OP_WHERE);
   CHECK(ir_op_by_name("gelu2", NULL) == NULL);
   int n = 0;
   const char *const *names = ir_op_names(&n);
@@ -756,6 +791,7 @@ int main(void) {
   test_binary();
   test_compare();
   test_unary();
+  test_abs_clamp_where();
   test_reduce();
   test_matmul();
   test_reshape();

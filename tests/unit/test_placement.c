@@ -1,6 +1,6 @@
 /* test_placement.c: the resharding table (collective and bytes per device) and the sharding rules
- * of matmul, embedding, reductions, sdpa and float: each rule with a strategy it accepts and one it
- * rejects. */
+ * of matmul, embedding, reductions, sdpa, float, abs, clamp and where: each rule with a strategy it
+ * accepts and one it rejects. */
 #include "placement.h"
 
 #include <math.h>
@@ -128,6 +128,31 @@ static void test_float(void) {
   CHECK(!rule(g, f, 3, pl_s(1), pl_r(), pl_r(), &o)); /* 3 does not divide 8 */
 }
 
+/* abs, clamp_min/clamp_max and where are elementwise but not linear: splits pass through (a
+ * broadcast cond or branch replicated), partial sums do not (|p1 + p2| is not |p1| + |p2|, and
+ * where(c, P, 5) would add the 5 once per device). */
+static void test_abs_clamp_where(void) {
+  Graph *g = ir_new("t");
+  int x = leaf(g, OP_INPUT, (Shape){2, {4, 8}}, DT_F32);
+  int q = leaf(g, OP_INPUT, (Shape){1, {8}}, DT_F32); /* a cond broadcast along dim 0 */
+  int five = leaf(g, OP_CONST, (Shape){0}, DT_F32);
+  int ab = node(g, OP_ABS, (int[]){x}, 1), cl = node(g, OP_CLAMP_MIN, (int[]){x}, 1);
+  int w = node(g, OP_WHERE, (int[]){q, x, five}, 3);
+  Pl o;
+  for (int k = 0; k < 2; k++) {
+    int u = k ? cl : ab;
+    CHECK(rule(g, u, 2, pl_s(1), pl_r(), pl_r(), &o) && pl_eq(o, pl_s(1)));
+    CHECK(!rule(g, u, 2, pl_p(), pl_r(), pl_r(), &o));
+  }
+  CHECK(g->nodes[w].dtype == DT_F32 && g->nodes[w].shape.rank == 2);
+  CHECK(rule(g, w, 2, pl_r(), pl_s(0), pl_r(), &o) && pl_eq(o, pl_s(0)));    /* rows split, cond replicated */
+  CHECK(rule(g, w, 2, pl_s(0), pl_s(1), pl_r(), &o) && pl_eq(o, pl_s(1)));   /* cond's dim 0 is output dim 1 */
+  CHECK(!rule(g, w, 2, pl_s(0), pl_s(0), pl_r(), &o));                        /* different output dims */
+  CHECK(!rule(g, w, 2, pl_r(), pl_p(), pl_r(), &o));                          /* where(c, P, 5) */
+  CHECK(!rule(g, w, 2, pl_r(), pl_p(), pl_p(), &o));
+  CHECK(!rule(g, w, 3, pl_r(), pl_s(1), pl_r(), &o));                         /* 3 does not divide 8 */
+}
+
 int main(void) {
   test_reshard();
   test_matmul();
@@ -135,6 +160,7 @@ int main(void) {
   test_reduce();
   test_sdpa();
   test_float();
+  test_abs_clamp_where();
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
   else printf("test_placement: ok\n");
   return failures ? 1 : 0;
