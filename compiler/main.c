@@ -256,7 +256,14 @@ static int64_t graph_batch(const TrainConf *t) {
 
 static Graph *elaborate(Front *fe, const Item *model) {
   const TrainConf *t = fe->train && fe->train->model == model ? fe->train : NULL;
-  return sema_build_model(fe->sema, model, t ? t->model_call : NULL, graph_batch(t));
+  int errors = diag_errors();
+  long shapes = ir_shape_strs;
+  Graph *g = sema_build_model(fe->sema, model, t ? t->model_call : NULL, graph_batch(t));
+  /* Shapes in the errors printed B as the 1 the graph was built with. */
+  if (!g && !t && diag_errors() > errors && ir_shape_strs > shapes)
+    diag_note(model->name_span, "shapes in these messages take the batch dim B as 1: no train block of model '%s' "
+              "sets the batch", model->name);
+  return g;
 }
 
 /* ---- commands ------------------------------------------------------------------ */
