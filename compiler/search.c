@@ -531,11 +531,10 @@ static SegCost seg_cost(const Seg *s, const int *choice, Chosen *chosen, int shi
 }
 
 static Seg seg_new(const Graph *g, const CostModel *cm, int64_t n, CostLink link, const uint8_t *bmask,
-                   const bool *saved, const Pl *pin_out, Pl *const *pin_cons, Pl *const *pin_from,
+                   const bool *saved, const bool *flows, const Pl *pin_out, Pl *const *pin_cons, Pl *const *pin_from,
                    uint8_t *bwd_done) {
-  Seg s = {.g = g, .cm = cm, .n = n, .link = link, .bmask = bmask, .saved = saved, .flows = ad_grad_flows(g),
-           .pin_out = pin_out,
-           .pin_cons = pin_cons, .pin_from = pin_from, .bwd_done = bwd_done};
+  Seg s = {.g = g, .cm = cm, .n = n, .link = link, .bmask = bmask, .saved = saved, .flows = flows,
+           .pin_out = pin_out, .pin_cons = pin_cons, .pin_from = pin_from, .bwd_done = bwd_done};
   return s;
 }
 
@@ -543,7 +542,8 @@ IlpProblem *srch_graph_problem(const Graph *g, const CostModel *cm, int64_t n) {
   uint8_t *bmask = cp_alloc((size_t)g->n);
   for (int i = 0; i < g->n; i++) /* dim 0 of the inputs and of what inherits it: the batch */
     if (g->nodes[i].op == OP_INPUT && g->nodes[i].shape.rank > 0) bmask[i] = 1;
-  Seg s = seg_new(g, cm, n, cost_group_link(cm, 1, n), bmask, saved_outputs(g), NULL, NULL, NULL, NULL);
+  Seg s = seg_new(g, cm, n, cost_group_link(cm, 1, n), bmask, saved_outputs(g), ad_grad_flows(g), NULL, NULL, NULL,
+                  NULL);
   VEC(int) nodes = {0};
   for (int i = 0; i < g->n; i++)
     if (g->nodes[i].role == ROLE_FWD) VEC_PUSH(nodes, i);
@@ -706,7 +706,7 @@ static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
     for (int l = 0; l < lyp.L; l++) lyp.cls[l] = l;
   }
   r->cls = lyp.cls;
-  const bool *saved = saved_outputs(g);
+  const bool *saved = saved_outputs(g), *flows = ad_grad_flows(g);
   CostLink link = cost_group_link(&S->cm, 1, n);
   Chosen *chosen = cp_alloc(sizeof(Chosen) * (size_t)g->n);
   const Layers *ly = &lyp;
@@ -717,7 +717,7 @@ static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
     VEC(int) nodes = {0};
     for (int i = lo; i < hi; i++) VEC_PUSH(nodes, i);
     Seg *s = cp_alloc(sizeof *s);
-    *s = seg_new(g, &S->cm, n, link, S->bmask, saved, pin_out, pin_cons, pin_from, bwd_done);
+    *s = seg_new(g, &S->cm, n, link, S->bmask, saved, flows, pin_out, pin_cons, pin_from, bwd_done);
     int plo = 0, phi = 0, off = 0;
     if (ly->periodic[c]) plo = ly->lo[l - 1], phi = ly->hi[l - 1], off = lo - plo;
     seg_build(s, nodes.a, nodes.n, plo, phi, off, NULL);
@@ -744,7 +744,7 @@ static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
   for (int i = 0; i < g->n; i++)
     if (g->nodes[i].role == ROLE_FWD && !in_layer[i]) VEC_PUSH(rest, i);
   Seg *s = cp_alloc(sizeof *s);
-  *s = seg_new(g, &S->cm, n, link, S->bmask, saved, pin_out, pin_cons, pin_from, bwd_done);
+  *s = seg_new(g, &S->cm, n, link, S->bmask, saved, flows, pin_out, pin_cons, pin_from, bwd_done);
   seg_build(s, rest.a, rest.n, 0, 0, 0, chosen);
   if (s->over > 0) {
     r->over = s->over, r->over_node = s->over_node;
