@@ -126,6 +126,17 @@ llama.cplan|{dp=1, tp=2, sp=2, micro=8, zero=0, recompute="none"}|train.precisio
 ../tests/cli/plan_nograd.cplan|{dp=1, tp=2, sp=1, micro=8, zero=0, recompute="none"}|
 CASES
 
+# a partly pinned strategy builds the defaults of the fields it leaves out, unless they do not fit:
+# GPT-2 at batch 512 with { dp = 8 } makes micro-batches of 64 (logits past 2^31 elements), so the
+# search chooses micro, zero and recompute, keeping dp 8; with micro 16 pinned the defaults fit
+"$cplanc" emit --stage=c "$ex/gpt2.cplan" --set 'train.strategy={dp=8}' >dp8.c 2>dp8.err || { cat dp8.err; fail "emit {dp=8}"; }
+grep -q 'cplanc: strategy: the defaults of the fields it leaves out (dp 8, micro 64, zero 0, recompute none) do not fit, so the search chose dp 8, tp 1, pp 1' dp8.err ||
+  { cat dp8.err; fail "{dp=8}: no line saying the search chose"; }
+grep -q '^    \.dp = 8,' dp8.c && ! grep -q '^    \.micro = 64,' dp8.c || fail "{dp=8}: the program is not the search's dp 8 plan"
+"$cplanc" emit --stage=c "$ex/gpt2.cplan" --set 'train.strategy={dp=8, micro=16}' >dp8m.c 2>dp8m.err ||
+  { cat dp8m.err; fail "emit {dp=8, micro=16}"; }
+grep -q 'search chose' dp8m.err && { cat dp8m.err; fail "{dp=8, micro=16}: the defaults fit, yet the search chose"; }
+
 # errors
 echo '{"format": "other"}' >bad.json
 "$cplanc" build m.cplan --plan bad.json -o x 2>err.txt && fail "a file that is not a plan was accepted"
