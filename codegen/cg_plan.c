@@ -181,8 +181,14 @@ void cg_plan_phase(CgPlan *p, int ph) {
       VEC_PUSH(wof, -1);
     }
   }
-  p->work[ph] = mp_plan(bufs.a, bufs.n);
-  cp_assert(mp_check(bufs.a, bufs.n, p->work[ph]) < 0);
+  if (p->recording) { /* the discarded emission needs no shared memory: each buffer its own bytes */
+    int64_t end = 0;
+    for (int k = 0; k < bufs.n; k++) bufs.a[k].offset = end, end += (bufs.a[k].size + MP_ALIGN - 1) / MP_ALIGN * MP_ALIGN;
+    p->work[ph] = end;
+  } else {
+    p->work[ph] = mp_plan(bufs.a, bufs.n);
+    cp_assert(mp_check(bufs.a, bufs.n, p->work[ph]) < 0);
+  }
   for (int k = 0; k < bufs.n; k++) {
     *dest.a[k] = bufs.a[k].offset;
     if (wof.a[k] >= 0) p->nc[wof.a[k]].wlo[ph] = bufs.a[k].first, p->nc[wof.a[k]].whi[ph] = bufs.a[k].last;

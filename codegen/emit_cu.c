@@ -72,6 +72,9 @@ typedef struct Cu {
   int ph;
   bool ok;
   VEC(const char *) knames;  /* the kernels plan.c launches, by index */
+  CpMap kindex;              /* name -> index in knames */
+  int *rd_off, *rd;          /* index_graph: each value's readers */
+  int *grads_of, *next_grad; /* index_graph: each forward node's GRAD nodes */
   int lpc;                   /* the low-precision storage code: 0 (f32 plan), 1 bf16, 2 f16 */
   bool upd;                  /* emitting the update: params are the f32 master weights */
   bool *wlp;                 /* per node: a work buffer stored in the low type */
@@ -136,9 +139,10 @@ static bool unsupported(Cu *c, int i, const char *what) {
 
 /* The index of kernel `name` in plan.c's table, added on first use. */
 static int kid(Cu *c, const char *name) {
-  for (int k = 0; k < c->knames.n; k++)
-    if (strcmp(c->knames.a[k], name) == 0) return k;
+  int k = cp_map_get(&c->kindex, name);
+  if (k >= 0) return k;
   VEC_PUSH(c->knames, name);
+  cp_map_put(&c->kindex, name, c->knames.n - 1);
   return c->knames.n - 1;
 }
 
@@ -529,12 +533,10 @@ static bool alone(const Cu *c, int i) {
 
 /* Node v's readers (nodes with v among their inputs) are all in set[0..n). */
 static bool read_only_by(const Cu *c, int v, const int *set, int n) {
-  for (int r = 0; r < c->g->n; r++) {
-    const Node *m = nd(c, r);
-    bool reads = false, in_set = false;
-    for (int k = 0; k < m->nin && !reads; k++) reads = m->in[k] == v;
-    for (int k = 0; k < n && reads; k++) in_set |= set[k] == r;
-    if (reads && !in_set) return false;
+  for (int j = c->rd_off[v]; j < c->rd_off[v + 1]; j++) {
+    bool in_set = false;
+    for (int k = 0; k < n; k++) in_set |= set[k] == c->rd[j];
+    if (!in_set) return false;
   }
   return true;
 }
@@ -542,14 +544,44 @@ static bool read_only_by(const Cu *c, int v, const int *set, int n) {
 /* The GRAD of forward node f for its input k, if exactly one; else -1. */
 static int grad_of(const Cu *c, int f, int k) {
   int found = -1;
-  for (int i = 0; i < c->g->n; i++) {
-    const Node *n = nd(c, i);
-    if (n->op == OP_GRAD && n->fwd == f && n->ia[0] == k) {
+  for (int i = c->grads_of[f]; i >= 0; i = c->next_grad[i])
+    if (nd(c, i)->ia[0] == k) {
       if (found >= 0) return -1;
       found = i;
     }
-  }
   return found;
+}
+
+/* The graph's indices the passes below query (instead of walking the graph per query): the
+ * readers of each value (rd[rd_off[v] .. rd_off[v + 1]), a reader once however many of its inputs
+ * v is) and the GRAD nodes of each forward node (grads_of[f], then next_grad[i], in graph order). */
+static void index_graph(Cu *c) {
+  const Graph *g = c->g;
+  c->rd_off = cp_alloc(sizeof(int) * (size_t)(g->n + 2));
+  c->grads_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  c->next_grad = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) c->grads_of[i] = c->next_grad[i] = -1;
+  for (int pass = 0; pass < 2; pass++) {
+    int *fill = pass ? cp_alloc(sizeof(int) * (size_t)(g->n + 1)) : NULL;
+    if (pass) {
+      for (int v = 0; v < g->n; v++) c->rd_off[v + 1] += c->rd_off[v];
+      c->rd = cp_alloc(sizeof(int) * (size_t)(c->rd_off[g->n] + 1));
+    }
+    for (int i = 0; i < g->n; i++) {
+      const Node *n = nd(c, i);
+      for (int k = 0; k < n->nin; k++) {
+        bool again = false; /* an earlier input of i is the same value */
+        for (int j = 0; j < k && !again; j++) again = n->in[j] == n->in[k];
+        if (again) continue;
+        if (pass) c->rd[c->rd_off[n->in[k]] + fill[n->in[k]]++] = i;
+        else c->rd_off[n->in[k] + 1]++;
+      }
+    }
+  }
+  for (int i = g->n - 1; i >= 0; i--) {
+    const Node *n = nd(c, i);
+    if (n->op == OP_GRAD && n->fwd >= 0 && n->fwd < g->n) c->next_grad[i] = c->grads_of[n->fwd], c->grads_of[n->fwd] = i;
+  }
 }
 
 /* The adds of a tree rooted at r whose leaves are l[0..3), each once: marks them in in_tree. */
@@ -578,15 +610,23 @@ static void find_qkv(Cu *c) {
   c->qkv_ops = cp_alloc(sizeof(int[4]) * (size_t)(g->n + 1));
   c->qkv_skip = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
   bool *in_tree = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  /* the executed forward slices of each node, as a list (slices[x], then next_slice[i]), so a
+   * candidate costs its own slices, not a walk of the graph */
+  int *slices = cp_alloc(sizeof(int) * (size_t)(g->n + 1)), *next_slice = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) slices[i] = -1;
+  for (int i = g->n - 1; i >= 0; i--) {
+    const Node *n = nd(c, i);
+    if (n->op != OP_SLICE || n->role != ROLE_FWD || !cg_executed(n)) continue;
+    next_slice[i] = slices[n->in[0]], slices[n->in[0]] = i;
+  }
   for (int x = 0; x < g->n; x++) {
     const Node *xn = nd(c, x);
-    if (xn->shape.rank != 3 || xn->dtype != DT_F32 || xn->shape.d[2] % 3) continue;
+    if (slices[x] < 0 || xn->shape.rank != 3 || xn->dtype != DT_F32 || xn->shape.d[2] % 3) continue;
     int64_t cc = xn->shape.d[2] / 3;
     int sl[3] = {-1, -1, -1}, q[3], ns = 0;
     bool ok = true;
-    for (int i = 0; i < g->n && ok; i++) {
+    for (int i = slices[x]; i >= 0 && ok; i = next_slice[i]) {
       const Node *n = nd(c, i);
-      if (n->op != OP_SLICE || n->in[0] != x || n->role != ROLE_FWD || !cg_executed(n)) continue;
       int p = (int)(n->ia[1] / cc);
       ok = n->ia[0] == 2 && n->ia[1] == p * cc && n->ia[2] == (p + 1) * cc && sl[p] < 0;
       if (ok) sl[p] = i, ns++;
@@ -2357,7 +2397,8 @@ static char *typed_kernels(const Cu *c, char *src, char *err, size_t errlen, boo
     const int *ty = c->ftypes[gi];
     const FusionGroup *gr = &c->pl.fu->groups[gi];
     if (!ty) continue;
-    const char *sig = strstr(src, cp_fmt("void %s(", gr->kernel.name)), *end = sig ? strstr(sig, ") {") : NULL;
+    /* the kernels come in group order: each signature is after the previous one (at) */
+    const char *sig = strstr(src + at, cp_fmt("void %s(", gr->kernel.name)), *end = sig ? strstr(sig, ") {") : NULL;
     size_t lo = sig ? (size_t)(sig - src) : 0, hi = end ? (size_t)(end - src) : 0;
     bool found = sig && end && lo >= at &&
                  replace_in(&b, src, lo, hi, "float *__restrict__ out", cp_fmt("%s *__restrict__ out", type_name(ty[0])), &at);
@@ -2394,6 +2435,7 @@ static void emit_loss_scaling(Cu *c) {
 static bool emit_phases(void *ctx) {
   Cu *c = ctx;
   c->knames.n = c->norm_shapes.n = 0;
+  c->kindex = (CpMap){0};
   emit_tables(c);
   cg_emit_lr(c->out, c->t);
   if (c->pipe) {
@@ -2432,6 +2474,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   c->ftypes = cp_alloc(sizeof(int *) * (size_t)(c->pl.fu->ngroups + 1));
   cg_plan_place(&c->pl);
   decide_storage(c);
+  index_graph(c);
   find_accums(c);
   find_epilogues(c);
   find_qkv(c);

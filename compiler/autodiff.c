@@ -101,6 +101,19 @@ static void accumulate(Graph *g) {
   }
 }
 
+bool *ad_grad_flows(const Graph *g) {
+  int nfwd = g->n;
+  bool *needs = depends_on_params(g, nfwd);
+  bool *flows = cp_alloc((size_t)(nfwd > 0 ? nfwd : 1) * sizeof *flows);
+  if (g->loss >= 0 && g->loss < nfwd && needs[g->loss]) flows[g->loss] = true;
+  for (int i = g->loss; i >= 0; i--) { /* as ad_backward walks: a consumer with a gradient feeds its inputs */
+    const Node *n = &g->nodes[i];
+    if (!flows[i] || (ir_ops[n->op].flags & (OPF_LEAF | OPF_NOGRAD))) continue;
+    for (int k = 0; k < n->nin; k++) flows[n->in[k]] |= needs[n->in[k]];
+  }
+  return flows;
+}
+
 bool ad_loss_trainable(const Graph *g) {
   if (g->loss < 0 || g->params.n == 0) return true;
   int nfwd = g->loss + 1;

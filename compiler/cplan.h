@@ -103,6 +103,15 @@ char *cp_read_text(const char *path);
 bool cp_copy_file(const char *from, const char *to);
 bool cp_mkdir_p(const char *path); /* mkdir -p */
 
+/* A string -> int map in the arena (open addressing; keys are not copied): CpMap m = {0}. */
+typedef struct CpMap {
+  const char **keys;
+  int *vals;
+  int cap, n;
+} CpMap;
+int cp_map_get(const CpMap *m, const char *key); /* -1 when absent */
+void cp_map_put(CpMap *m, const char *key, int val);
+
 /* A command line being built for cp_run_logged (NULL-terminated before it runs). */
 typedef VEC(const char *) CpArgv;
 void cp_argv_words(CpArgv *a, const char *s); /* appends each space-separated word of s */

@@ -27,7 +27,10 @@ bool shape_eq(const Shape *a, const Shape *b) {
   return true;
 }
 
+long ir_shape_strs;
+
 char *shape_str(const Shape *s) {
+  ir_shape_strs++;
   StrBuf b = {0};
   sb_puts(&b, "[");
   for (int k = 0; k < s->rank && k < CP_MAX_RANK; k++) sb_printf(&b, "%s%lld", k ? ", " : "", (long long)s->d[k]);

@@ -120,6 +120,7 @@ const char *const *ir_op_names(int *n);
 int64_t shape_numel(const Shape *s);
 bool shape_eq(const Shape *a, const Shape *b);
 char *shape_str(const Shape *s); /* "[1, 1024, 768]" (arena) */
+extern long ir_shape_strs;        /* shape_str calls so far: whether a message printed a shape */
 const char *dtype_name(DType t); /* "f32" */
 bool dtype_parse(const char *s, DType *out);
 size_t dtype_size(DType t);

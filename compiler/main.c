@@ -256,7 +256,14 @@ static int64_t graph_batch(const TrainConf *t) {
 
 static Graph *elaborate(Front *fe, const Item *model) {
   const TrainConf *t = fe->train && fe->train->model == model ? fe->train : NULL;
-  return sema_build_model(fe->sema, model, t ? t->model_call : NULL, graph_batch(t));
+  int errors = diag_errors();
+  long shapes = ir_shape_strs;
+  Graph *g = sema_build_model(fe->sema, model, t ? t->model_call : NULL, graph_batch(t));
+  /* Shapes in the errors printed B as the 1 the graph was built with. */
+  if (!g && !t && diag_errors() > errors && ir_shape_strs > shapes)
+    diag_note(model->name_span, "shapes in these messages take the batch dim B as 1: no train block of model '%s' "
+              "sets the batch", model->name);
+  return g;
 }
 
 /* ---- commands ------------------------------------------------------------------ */
@@ -293,19 +300,47 @@ static int cmd_check(Options *o) {
 
 /* The train block's model, elaborated; NULL after a diagnostic (also when there is no train
  * block: build, run and `emit --stage=c` need one). */
+/* A partly pinned strategy with the fields it leaves out at their defaults (language.md §3). */
+static StrategyConf strategy_defaults(const TrainConf *t) {
+  StrategyConf d = t->strategy;
+  d.dp = train_dp(t), d.micro = train_micro(t);
+  if (d.tp <= 0) d.tp = 1;
+  if (d.pp <= 0) d.pp = 1;
+  if (d.sp <= 0) d.sp = 1;
+  if (d.zero < 0) d.zero = 0;
+  if (d.recompute == RC_SEARCH) d.recompute = RC_NONE;
+  if (d.pipeline == PS_SEARCH) d.pipeline = PS_1F1B;
+  return d;
+}
+
 /* `strategy = auto` on a mesh of several devices: the search's best plan (search_best_runnable),
- * else, when it finds none, pure data parallelism (train_dp). One line on stderr says which. */
+ * else, when it finds none, pure data parallelism (train_dp). A strategy that pins some fields
+ * builds the others' defaults, unless that plan does not fit (device memory, or a tensor past the
+ * kernels' 2^31 - 1 elements per rank) where one that pins those fields does: then the search
+ * chooses the rest. One line on stderr says what the search chose. */
 static void use_search(Sema *s, TrainConf *t) {
   const StrategyConf *st = &t->strategy;
-  if (!st->is_auto || !t->mesh || t->mesh->ndevices <= 1) return;
+  if (!t->mesh || t->mesh->ndevices <= 1) return;
   StrategyConf best = *st;
-  if (!search_best_runnable(s, t, &best)) {
+  const char *why = "strategy = auto:";
+  if (!st->is_auto) {
+    if (st->dp > 0 && st->tp > 0 && st->pp > 0 && st->sp > 0 && st->micro > 0 && st->zero >= 0 &&
+        st->recompute != RC_SEARCH && (st->pp == 1 || st->pipeline != PS_SEARCH))
+      return; /* everything pinned */
+    TrainConf d = *t;
+    d.strategy = strategy_defaults(t);
+    StrategyConf ignored;
+    if (search_best_runnable(s, &d, &ignored) || !search_best_runnable(s, t, &best)) return;
+    StrategyConf def = d.strategy;
+    why = cp_fmt("strategy: the defaults of the fields it leaves out (dp %lld, micro %lld, zero %lld, recompute none) "
+                 "do not fit, so", (long long)def.dp, (long long)def.micro, (long long)def.zero);
+  } else if (!search_best_runnable(s, t, &best)) {
     fprintf(stderr, "cplanc: strategy = auto: the search found no plan; pure data parallelism\n");
     return;
   }
   static const char *const rc[] = {"none", "selective", "full"}, *const ps[] = {"1f1b", "gpipe", "interleaved"};
-  fprintf(stderr, "cplanc: strategy = auto: the search chose dp %lld, tp %lld, pp %lld, sp %lld, zero %lld, micro %lld, "
-          "recompute %s%s%s (`cplanc plan` ranks the alternatives)\n", (long long)best.dp, (long long)best.tp,
+  fprintf(stderr, "cplanc: %s the search chose dp %lld, tp %lld, pp %lld, sp %lld, zero %lld, micro %lld, "
+          "recompute %s%s%s (`cplanc plan` ranks the alternatives)\n", why, (long long)best.dp, (long long)best.tp,
           (long long)best.pp, (long long)(best.sp > 0 ? best.sp : 1), (long long)best.zero, (long long)best.micro,
           best.recompute >= 0 ? rc[best.recompute] : "none", best.pp > 1 ? ", schedule " : "",
           best.pp > 1 && best.pipeline >= 0 ? ps[best.pipeline] : "");

@@ -13,6 +13,7 @@
  * stages of a pipeline all use submeshes of the same shape (dp x tp). */
 #include "search.h"
 #include "pipeline.h"
+#include "train.h"
 
 #include <coin/Cbc_C_Interface.h>
 #include <math.h>
@@ -164,6 +165,7 @@ typedef struct Seg {
   CostLink link;
   const uint8_t *bmask; /* per node: bit d set when dim d of its output is a batch dim */
   const bool *saved;    /* per node: its output is kept for the backward pass */
+  const bool *flows;    /* per node: the backward gives it a gradient (ad_grad_flows) */
   /* The build's placements on the tp axis (strat_tp_place), or NULL (srch_graph_problem: every
    * strategy of every node's rule is a candidate). When set, each node's one candidate is the
    * placement the build gives it: what is priced is what runs. */
@@ -232,9 +234,11 @@ static bool *saved_outputs(const Graph *g) {
   return need;
 }
 
-static bool no_grad(const Graph *g, int u) {
-  const Node *n = &g->nodes[u];
-  return n->dtype == DT_I32 || n->op == OP_INPUT || n->op == OP_CONST || n->op == OP_ARANGE;
+/* Whether the backward gives u a gradient through `consumer` (ad_backward's rule): u has one, and
+ * the consumer has one and passes it on (a no-grad op, argmax or a comparison, does not). */
+static bool gets_grad(const Seg *s, int u, int consumer) {
+  const Node *c = &s->g->nodes[consumer];
+  return s->flows[u] && s->flows[consumer] && !(ir_ops[c->op].flags & (OPF_LEAF | OPF_NOGRAD));
 }
 
 /* Whether u is a param or a view of one (the head's transpose of a tied embedding): its gradient
@@ -247,20 +251,22 @@ static bool param_value(const Graph *g, int u) {
 /* Forward and backward seconds (and bytes) of changing u's value from `from` to `to` for a
  * consumer that runs split or not. The forward sends u at the compute dtype (a param's low-precision
  * copy); the backward its gradient, in f32 when it is a param's. */
-static Collective bwd_coll(const Seg *s, int u, Pl from, Pl to, bool split) {
+static Collective bwd_coll(const Seg *s, int u, int consumer, Pl from, Pl to, bool split) {
   Collective b = COLL_NONE;
   if (from.kind == PL_R && to.kind == PL_R) b = split ? COLL_ALL_REDUCE : COLL_NONE;
   else if (from.kind == PL_S && to.kind == PL_R) b = split ? COLL_REDUCE_SCATTER : COLL_NONE;
-  else if (from.kind == PL_P) b = to.kind == PL_S ? COLL_ALL_GATHER : COLL_NONE;
+  else if (from.kind == PL_P) /* reduced forward; a split consumer's gradient of the sum is partial */
+    b = to.kind == PL_S ? COLL_ALL_GATHER : split ? COLL_ALL_REDUCE : COLL_NONE;
   else if (from.kind == PL_S && to.kind == PL_S) b = from.dim != to.dim ? COLL_ALL_TO_ALL : COLL_NONE;
   else if (from.kind == PL_R && to.kind == PL_S) b = COLL_ALL_GATHER;
-  return no_grad(s->g, u) ? COLL_NONE : b;
+  return gets_grad(s, u, consumer) ? b : COLL_NONE;
 }
 
-static void edge_cost(const Seg *s, int u, Pl from, Pl to, bool split, double *tf, double *tb, double *bytes) {
+static void edge_cost(const Seg *s, int u, int consumer, Pl from, Pl to, bool split, double *tf, double *tb,
+                      double *bytes) {
   double whole = cost_act_bytes(s->cm, s->g, u);
   double gwhole = param_value(s->g, u) ? (double)shape_numel(&s->g->nodes[u].shape) * s->cm->g_bytes : whole;
-  Collective f = pl_reshard(from, to), b = bwd_coll(s, u, from, to, split);
+  Collective f = pl_reshard(from, to), b = bwd_coll(s, u, consumer, from, to, split);
   *tf = cost_collective(s->cm, f, whole, s->n, s->link);
   *tb = cost_collective(s->cm, b, gwhole, s->n, s->link);
   *bytes = pl_coll_bytes(f, whole, s->n) + pl_coll_bytes(b, gwhole, s->n);
@@ -355,7 +361,8 @@ static void node_cands(Seg *s, int i, Var *var) {
     if (leaf) continue;
     double t = cost_node(cm, g, i, div);
     c->tf = t;
-    c->tb = n->op == OP_CROSS_ENTROPY || (n->dtype == DT_I32) ? t : 2 * t;
+    /* No gradient flows through it (integer values, comparisons, float(), metrics): no backward. */
+    c->tb = !s->flows[i] || (ir_ops[n->op].flags & OPF_NOGRAD) ? 0 : n->op == OP_CROSS_ENTROPY ? t : 2 * t;
     if (s->saved[i]) c->act = cost_act_bytes(cm, g, i) / out_div;
     if (cost_class(g, i) == CC_MEMORY && !is_view(n->op)) c->cheap_t = t;
     ShardIO io = {.in = c->in, .n = s->n};
@@ -382,7 +389,7 @@ static void add_pinned_in(Seg *s, Var *v, int k, int u) {
   Pl to = shard_sliced_input(g, n, k, c->in[k], c->out);
   double whole = cost_act_bytes(s->cm, g, u);
   double gwhole = param_value(g, u) ? (double)shape_numel(&g->nodes[u].shape) * s->cm->g_bytes : whole;
-  Collective f = pl_reshard(from, c->in[k]), b = bwd_coll(s, u, s->pin_out[u], to, c->split);
+  Collective f = pl_reshard(from, c->in[k]), b = bwd_coll(s, u, v->node, s->pin_out[u], to, c->split);
   if (b != COLL_NONE && (s->bwd_done[u] >> b & 1)) b = COLL_NONE;
   if (b != COLL_NONE) s->bwd_done[u] |= (uint8_t)(1u << b);
   c->tf += cost_collective(s->cm, f, whole, s->n, s->link);
@@ -394,15 +401,15 @@ static void add_pinned_in(Seg *s, Var *v, int k, int u) {
 static void add_fixed_in(Seg *s, Var *v, int k, int u, Pl from) {
   for (int c = 0; c < v->nc; c++) {
     double tf, tb, by;
-    edge_cost(s, u, from, v->c[c].in[k], v->c[c].split, &tf, &tb, &by);
+    edge_cost(s, u, v->node, from, v->c[c].in[k], v->c[c].split, &tf, &tb, &by);
     v->c[c].tf += tf, v->c[c].tb += tb, v->c[c].bytes += by;
   }
 }
 
-static void add_fixed_out(Seg *s, Var *v, const Chosen *w, int k) {
+static void add_fixed_out(Seg *s, Var *v, int wnode, const Chosen *w, int k) {
   for (int a = 0; a < v->nc; a++) {
     double tf, tb, by;
-    edge_cost(s, v->node, v->c[a].out, w->in[k], w->split, &tf, &tb, &by);
+    edge_cost(s, v->node, wnode, v->c[a].out, w->in[k], w->split, &tf, &tb, &by);
     v->c[a].tf += tf, v->c[a].tb += tb, v->c[a].bytes += by;
   }
 }
@@ -421,7 +428,7 @@ static void add_edge(Seg *s, int uv, int vv, int k, int u_node) {
   for (int a = 0; a < U->nc; a++)
     for (int c = 0; c < V->nc; c++) {
       double tf, tb, by;
-      edge_cost(s, u_node, U->c[a].out, V->c[c].in[k], V->c[c].split, &tf, &tb, &by);
+      edge_cost(s, u_node, V->node, U->c[a].out, V->c[c].in[k], V->c[c].split, &tf, &tb, &by);
       int j = a * V->nc + c;
       e->f[j] += tf, e->b[j] += tb, e->bytes[j] += by;
     }
@@ -460,7 +467,7 @@ static void seg_build(Seg *s, const int *nodes, int nn, int plo, int phi, int of
     if (s->var_of[w] >= 0 || !chosen[w].set || g->nodes[w].role != ROLE_FWD) continue;
     for (int k = 0; k < g->nodes[w].nin; k++) {
       int u = g->nodes[w].in[k];
-      if (s->var_of[u] >= 0 && !(u >= plo && u < phi)) add_fixed_out(s, &s->vars.a[s->var_of[u]], &chosen[w], k);
+      if (s->var_of[u] >= 0 && !(u >= plo && u < phi)) add_fixed_out(s, &s->vars.a[s->var_of[u]], w, &chosen[w], k);
     }
   }
 }
@@ -524,10 +531,10 @@ static SegCost seg_cost(const Seg *s, const int *choice, Chosen *chosen, int shi
 }
 
 static Seg seg_new(const Graph *g, const CostModel *cm, int64_t n, CostLink link, const uint8_t *bmask,
-                   const bool *saved, const Pl *pin_out, Pl *const *pin_cons, Pl *const *pin_from,
+                   const bool *saved, const bool *flows, const Pl *pin_out, Pl *const *pin_cons, Pl *const *pin_from,
                    uint8_t *bwd_done) {
-  Seg s = {.g = g, .cm = cm, .n = n, .link = link, .bmask = bmask, .saved = saved, .pin_out = pin_out,
-           .pin_cons = pin_cons, .pin_from = pin_from, .bwd_done = bwd_done};
+  Seg s = {.g = g, .cm = cm, .n = n, .link = link, .bmask = bmask, .saved = saved, .flows = flows,
+           .pin_out = pin_out, .pin_cons = pin_cons, .pin_from = pin_from, .bwd_done = bwd_done};
   return s;
 }
 
@@ -535,7 +542,8 @@ IlpProblem *srch_graph_problem(const Graph *g, const CostModel *cm, int64_t n) {
   uint8_t *bmask = cp_alloc((size_t)g->n);
   for (int i = 0; i < g->n; i++) /* dim 0 of the inputs and of what inherits it: the batch */
     if (g->nodes[i].op == OP_INPUT && g->nodes[i].shape.rank > 0) bmask[i] = 1;
-  Seg s = seg_new(g, cm, n, cost_group_link(cm, 1, n), bmask, saved_outputs(g), NULL, NULL, NULL, NULL);
+  Seg s = seg_new(g, cm, n, cost_group_link(cm, 1, n), bmask, saved_outputs(g), ad_grad_flows(g), NULL, NULL, NULL,
+                  NULL);
   VEC(int) nodes = {0};
   for (int i = 0; i < g->n; i++)
     if (g->nodes[i].role == ROLE_FWD) VEC_PUSH(nodes, i);
@@ -698,7 +706,7 @@ static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
     for (int l = 0; l < lyp.L; l++) lyp.cls[l] = l;
   }
   r->cls = lyp.cls;
-  const bool *saved = saved_outputs(g);
+  const bool *saved = saved_outputs(g), *flows = ad_grad_flows(g);
   CostLink link = cost_group_link(&S->cm, 1, n);
   Chosen *chosen = cp_alloc(sizeof(Chosen) * (size_t)g->n);
   const Layers *ly = &lyp;
@@ -709,7 +717,7 @@ static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
     VEC(int) nodes = {0};
     for (int i = lo; i < hi; i++) VEC_PUSH(nodes, i);
     Seg *s = cp_alloc(sizeof *s);
-    *s = seg_new(g, &S->cm, n, link, S->bmask, saved, pin_out, pin_cons, pin_from, bwd_done);
+    *s = seg_new(g, &S->cm, n, link, S->bmask, saved, flows, pin_out, pin_cons, pin_from, bwd_done);
     int plo = 0, phi = 0, off = 0;
     if (ly->periodic[c]) plo = ly->lo[l - 1], phi = ly->hi[l - 1], off = lo - plo;
     seg_build(s, nodes.a, nodes.n, plo, phi, off, NULL);
@@ -736,7 +744,7 @@ static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
   for (int i = 0; i < g->n; i++)
     if (g->nodes[i].role == ROLE_FWD && !in_layer[i]) VEC_PUSH(rest, i);
   Seg *s = cp_alloc(sizeof *s);
-  *s = seg_new(g, &S->cm, n, link, S->bmask, saved, pin_out, pin_cons, pin_from, bwd_done);
+  *s = seg_new(g, &S->cm, n, link, S->bmask, saved, flows, pin_out, pin_cons, pin_from, bwd_done);
   seg_build(s, rest.a, rest.n, 0, 0, 0, chosen);
   if (s->over > 0) {
     r->over = s->over, r->over_node = s->over_node;

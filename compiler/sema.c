@@ -6,41 +6,6 @@
 
 #include <string.h>
 
-/* ---- a string -> int map ---------------------------------------------------- */
-
-static unsigned hash_str(const char *s) {
-  unsigned h = 2166136261u; /* FNV-1a */
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
-  return h;
-}
-
-static void map_grow(SemaMap *m) {
-  SemaMap old = *m;
-  m->cap = old.cap ? 2 * old.cap : 64;
-  m->keys = cp_alloc((size_t)m->cap * sizeof *m->keys);
-  m->vals = cp_alloc((size_t)m->cap * sizeof *m->vals);
-  m->n = 0;
-  for (int i = 0; i < old.cap; i++)
-    if (old.keys[i]) sema_map_put(m, old.keys[i], old.vals[i]);
-}
-
-int sema_map_get(const SemaMap *m, const char *key) {
-  if (!m->cap) return -1;
-  for (unsigned i = hash_str(key) & (unsigned)(m->cap - 1);; i = (i + 1) & (unsigned)(m->cap - 1)) {
-    if (!m->keys[i]) return -1;
-    if (strcmp(m->keys[i], key) == 0) return m->vals[i];
-  }
-}
-
-void sema_map_put(SemaMap *m, const char *key, int val) {
-  if (2 * (m->n + 1) > m->cap) map_grow(m);
-  unsigned i = hash_str(key) & (unsigned)(m->cap - 1);
-  while (m->keys[i] && strcmp(m->keys[i], key) != 0) i = (i + 1) & (unsigned)(m->cap - 1);
-  if (!m->keys[i]) m->n++;
-  m->keys[i] = key;
-  m->vals[i] = val;
-}
-
 /* ---- values -------------------------------------------------------------------- */
 
 const char *value_kind_name(ValueKind k) {
@@ -109,14 +74,14 @@ static void check_param_names(const Item *it) {
 static void index_item(Sema *s, int i) {
   const Item *it = s->prog->items[i];
   if (!it->name) return;
-  int prev = sema_map_get(&s->index, it->name);
+  int prev = cp_map_get(&s->index, it->name);
   if (prev >= 0) {
     const Item *first = s->prog->items[prev];
     diag_error(it->name_span, "'%s' is already defined", it->name);
     diag_note(first->name_span, "first defined here (as a %s)", sema_item_kind_name(first->kind));
     return;
   }
-  sema_map_put(&s->index, it->name, i);
+  cp_map_put(&s->index, it->name, i);
   OpId id;
   if ((it->kind == IT_FN || it->kind == IT_MODEL) && ir_op_by_name(it->name, &id)) {
     diag_error(it->name_span, "%s '%s' has the name of a built-in operation",
@@ -131,7 +96,7 @@ static void collect_names(Sema *s) {
     s->names[k] = cp_alloc((size_t)(s->prog->nitems + 1) * sizeof(char *));
     for (int i = 0; i < s->prog->nitems; i++) {
       const Item *it = s->prog->items[i];
-      if (it->name && (int)it->kind == k && sema_map_get(&s->index, it->name) == i)
+      if (it->name && (int)it->kind == k && cp_map_get(&s->index, it->name) == i)
         s->names[k][s->nnames[k]++] = it->name;
     }
   }
@@ -151,7 +116,7 @@ Sema *sema_new(Program *prog) {
    * bad const is reported even when nothing uses it. */
   for (int i = 0; i < n && !diag_too_many(); i++) {
     const Item *it = s->prog->items[i];
-    if (it && it->kind == IT_CONST && it->name && sema_map_get(&s->index, it->name) == i)
+    if (it && it->kind == IT_CONST && it->name && cp_map_get(&s->index, it->name) == i)
       sema_const_of(s, i, it->name_span);
   }
   return s;
@@ -160,7 +125,7 @@ Sema *sema_new(Program *prog) {
 Program *sema_program(Sema *s) { return s->prog; }
 
 int sema_item_index(Sema *s, const char *name) {
-  return name ? sema_map_get(&s->index, name) : -1;
+  return name ? cp_map_get(&s->index, name) : -1;
 }
 
 const Item *sema_find_item(Sema *s, const char *name) {

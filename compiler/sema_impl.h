@@ -7,20 +7,11 @@
 
 #include "sema.h"
 
-/* A string -> int map (open addressing, in the arena). Zero-initialised is empty. */
-typedef struct SemaMap {
-  const char **keys;
-  int *vals;
-  int cap, n;
-} SemaMap;
-int sema_map_get(const SemaMap *m, const char *key); /* -1 when absent */
-void sema_map_put(SemaMap *m, const char *key, int val);
-
 typedef enum ConstState { CS_TODO, CS_BUSY, CS_DONE } ConstState;
 
 struct Sema {
   Program *prog;
-  SemaMap index;          /* item name -> index in prog->items (the first one) */
+  CpMap index;          /* item name -> index in prog->items (the first one) */
   ConstState *cstate;     /* per item: lazy evaluation of consts, with cycle detection */
   Value *cval;            /* per item: the const's value once CS_DONE */
   const char **names[IT_TRAIN + 1]; /* item names per kind, for "did you mean" */

@@ -59,7 +59,7 @@ typedef struct Build {
   Sema *s;
   Graph *g;
   int64_t batch;
-  SemaMap paths;         /* param path -> index into sites */
+  CpMap paths;         /* param path -> index into sites */
   VEC(Span) sites;       /* where each param path came from, for duplicate errors */
   int loop_depth;        /* loops being unrolled, across calls: only depth 0 makes layers */
   int64_t work;
@@ -1185,7 +1185,7 @@ static void do_param(Build *b, Frame *f, const Stmt *st, const char *name) {
   if (!ok) return;
   const char *path = path_join(f->scope->path, name);
   Span site = f->is_model ? st->span : f->site;
-  int prev = sema_map_get(&b->paths, path);
+  int prev = cp_map_get(&b->paths, path);
   if (prev >= 0) {
     diag_error(site, "two params have the path '%s'", path);
     diag_note(b->sites.a[prev], "the first one comes from here");
@@ -1204,7 +1204,7 @@ static void do_param(Build *b, Frame *f, const Stmt *st, const char *name) {
   n->fa[0] = fa[0];
   n->fa[1] = fa[1];
   if (b->g->params.n == 0 || b->g->params.a[b->g->params.n - 1] != i) VEC_PUSH(b->g->params, i);
-  sema_map_put(&b->paths, path, b->sites.n);
+  cp_map_put(&b->paths, path, b->sites.n);
   VEC_PUSH(b->sites, site);
   bind(f, name, tensor_val(i, st->span));
 }

@@ -350,6 +350,20 @@ static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *
     diag_note(g->nodes[h].span, "the heads are split here");
     return false;
   }
+  for (int i = 0; i < g->n && tp > 1; i++) { /* a vocabulary tp cannot split (place_lazy keeps it whole) */
+    const Node *n = &g->nodes[i], *tb = n->op == OP_EMBEDDING ? &g->nodes[n->in[0]] : NULL;
+    if (!tb || tb->op != OP_PARAM || g->nodes[n->in[1]].op != OP_INPUT || tb->shape.d[0] % tp == 0) continue;
+    int64_t m = tb->shape.d[0] >= 1024 ? 128 : tp; /* large: also a multiple of 128, as nanoGPT's 50304 */
+    while (m % tp) m += 128;
+    int64_t pad = (tb->shape.d[0] + m - 1) / m * m;
+    diag_warning(strat_field_span(prog, t, "tp"), "tp = %lld does not divide the %lld rows of '%s' %s: it stays whole on "
+                 "every tp rank (not vocab-parallel), so its lookups, a head that reads it and their gradient's "
+                 "all-reduce are not split", (long long)tp, (long long)tb->shape.d[0], tb->name, shape_str(&tb->shape));
+    diag_note(tb->span, "the param is declared here");
+    diag_hint("pad the vocabulary to a multiple of tp, e.g. %lld%s: the extra rows are never looked up nor targets, "
+              "and the model learns to give them no probability", (long long)pad,
+              m > tp ? " (of 128 too, as nanoGPT's GPT-2 uses 50304)" : "");
+  }
   if (!strat_sp_fits(g, sp)) {
     const Node *x = &g->nodes[g->inputs.a[0]];
     diag_error(strat_field_span(prog, t, "sp"), "sp = %lld does not divide the sequence length (dim 1 of input '%s' %s)",

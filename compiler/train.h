@@ -20,6 +20,9 @@ bool ad_backward(Graph *g, int64_t accum);
  * else an error at the loss, with a note at each op without a gradient that cuts a param off (as
  * PyTorch's "does not require grad"). check calls it too. */
 bool ad_loss_trainable(const Graph *g);
+/* Of a forward graph: per node, whether the backward pass gives it a gradient (it depends on a
+ * param and the loss on it, both through differentiable ops), as ad_backward decides. */
+bool *ad_grad_flows(const Graph *g);
 
 /* Appends global-norm clipping (g->grad_norm is always set) and the optimizer update of every
  * param that has a gradient, reading the ACCUM nodes ad_backward made. Requires ad_backward. */

@@ -255,3 +255,38 @@ bool cp_run_logged(const CpArgv *a, const char *log) {
     if (errno != EINTR) return false;
   return WIFEXITED(st) && WEXITSTATUS(st) == 0;
 }
+
+/* ---- a string -> int map ------------------------------------------------------------------- */
+
+static unsigned hash_str(const char *s) {
+  unsigned h = 2166136261u; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * 16777619u;
+  return h;
+}
+
+static void map_grow(CpMap *m) {
+  CpMap old = *m;
+  m->cap = old.cap ? 2 * old.cap : 64;
+  m->keys = cp_alloc((size_t)m->cap * sizeof *m->keys);
+  m->vals = cp_alloc((size_t)m->cap * sizeof *m->vals);
+  m->n = 0;
+  for (int i = 0; i < old.cap; i++)
+    if (old.keys[i]) cp_map_put(m, old.keys[i], old.vals[i]);
+}
+
+int cp_map_get(const CpMap *m, const char *key) {
+  if (!m->cap) return -1;
+  for (unsigned i = hash_str(key) & (unsigned)(m->cap - 1);; i = (i + 1) & (unsigned)(m->cap - 1)) {
+    if (!m->keys[i]) return -1;
+    if (strcmp(m->keys[i], key) == 0) return m->vals[i];
+  }
+}
+
+void cp_map_put(CpMap *m, const char *key, int val) {
+  if (2 * (m->n + 1) > m->cap) map_grow(m);
+  unsigned i = hash_str(key) & (unsigned)(m->cap - 1);
+  while (m->keys[i] && strcmp(m->keys[i], key) != 0) i = (i + 1) & (unsigned)(m->cap - 1);
+  if (!m->keys[i]) m->n++;
+  m->keys[i] = key;
+  m->vals[i] = val;
+}
