@@ -109,7 +109,7 @@ bool *ad_grad_flows(const Graph *g) {
   for (int i = g->loss; i >= 0; i--) { /* as ad_backward walks: a consumer with a gradient feeds its inputs */
     const Node *n = &g->nodes[i];
     if (!flows[i] || (ir_ops[n->op].flags & (OPF_LEAF | OPF_NOGRAD))) continue;
-    for (int k = 0; k < n->nin; k++) flows[n->in[k]] |= needs[n->in[k]];
+    for (int k = 0; k < n->nin; k++) flows[n->in[k]] |= needs[n->in[k]] && grad_input(n, k);
   }
   return flows;
 }

@@ -329,9 +329,10 @@ static void use_search(Sema *s, TrainConf *t) {
       return; /* everything pinned */
     TrainConf d = *t;
     d.strategy = strategy_defaults(t);
-    StrategyConf ignored;
+    StrategyConf def = d.strategy, ignored;
+    /* defaults that do not cover the devices or divide the batch stay the build's errors */
+    if (def.dp * def.tp * def.pp != t->mesh->ndevices || t->batch % (def.dp * def.micro) != 0) return;
     if (search_best_runnable(s, &d, &ignored) || !search_best_runnable(s, t, &best)) return;
-    StrategyConf def = d.strategy;
     why = cp_fmt("strategy: the defaults of the fields it leaves out (dp %lld, micro %lld, zero %lld, recompute none) "
                  "do not fit, so", (long long)def.dp, (long long)def.micro, (long long)def.zero);
   } else if (!search_best_runnable(s, t, &best)) {
