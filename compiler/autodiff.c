@@ -11,8 +11,7 @@
 
 static bool is_float(DType t) { return t != DT_I32; }
 
-/* Does input k of n carry a gradient? where's cond does not (it only selects). */
-static bool grad_input(const Node *n, int k) { return !(n->op == OP_WHERE && k == 0); }
+bool ad_grad_input(const Node *n, int k) { return !(n->op == OP_WHERE && k == 0); }
 
 /* needs[i]: node i is a float value that depends on a param through differentiable ops, so a
  * gradient flows into it. Integer values (indices, targets) and no-grad ops cut the flow. */
@@ -25,7 +24,7 @@ static bool *depends_on_params(const Graph *g, int nfwd) {
       continue;
     }
     if (ir_ops[n->op].flags & (OPF_LEAF | OPF_NOGRAD)) continue;
-    for (int k = 0; k < n->nin && !needs[i]; k++) needs[i] = grad_input(n, k) && needs[n->in[k]];
+    for (int k = 0; k < n->nin && !needs[i]; k++) needs[i] = ad_grad_input(n, k) && needs[n->in[k]];
     needs[i] = needs[i] && is_float(n->dtype);
   }
   return needs;
@@ -109,7 +108,7 @@ bool *ad_grad_flows(const Graph *g) {
   for (int i = g->loss; i >= 0; i--) { /* as ad_backward walks: a consumer with a gradient feeds its inputs */
     const Node *n = &g->nodes[i];
     if (!flows[i] || (ir_ops[n->op].flags & (OPF_LEAF | OPF_NOGRAD))) continue;
-    for (int k = 0; k < n->nin; k++) flows[n->in[k]] |= needs[n->in[k]] && grad_input(n, k);
+    for (int k = 0; k < n->nin; k++) flows[n->in[k]] |= needs[n->in[k]] && ad_grad_input(n, k);
   }
   return flows;
 }
@@ -155,7 +154,7 @@ bool ad_backward(Graph *g, int64_t accum) {
     if (grad[i] < 0 || (ir_ops[n->op].flags & (OPF_LEAF | OPF_NOGRAD))) continue;
     for (int k = 0; k < g->nodes[i].nin; k++) {
       int x = g->nodes[i].in[k];
-      if (!needs[x] || !grad_input(n, k)) continue;
+      if (!needs[x] || !ad_grad_input(n, k)) continue;
       contribute(g, grad, x, grad_node(g, i, k, grad[i]));
     }
   }

@@ -234,11 +234,12 @@ static bool *saved_outputs(const Graph *g) {
   return need;
 }
 
-/* Whether the backward gives u a gradient through `consumer` (ad_backward's rule): u has one, and
- * the consumer has one and passes it on (a no-grad op, argmax or a comparison, does not). */
-static bool gets_grad(const Seg *s, int u, int consumer) {
+/* Whether the backward gives u a gradient through `consumer`'s input k (ad_backward's rule): u has
+ * one, and the consumer has one and passes it on (a no-grad op, argmax or a comparison, does not;
+ * nor does where to its cond). */
+static bool gets_grad(const Seg *s, int u, int consumer, int k) {
   const Node *c = &s->g->nodes[consumer];
-  return s->flows[u] && s->flows[consumer] && !(ir_ops[c->op].flags & (OPF_LEAF | OPF_NOGRAD));
+  return s->flows[u] && s->flows[consumer] && !(ir_ops[c->op].flags & (OPF_LEAF | OPF_NOGRAD)) && ad_grad_input(c, k);
 }
 
 /* Whether u is a param or a view of one (the head's transpose of a tied embedding): its gradient
@@ -251,7 +252,7 @@ static bool param_value(const Graph *g, int u) {
 /* Forward and backward seconds (and bytes) of changing u's value from `from` to `to` for a
  * consumer that runs split or not. The forward sends u at the compute dtype (a param's low-precision
  * copy); the backward its gradient, in f32 when it is a param's. */
-static Collective bwd_coll(const Seg *s, int u, int consumer, Pl from, Pl to, bool split) {
+static Collective bwd_coll(const Seg *s, int u, int consumer, int k, Pl from, Pl to, bool split) {
   Collective b = COLL_NONE;
   if (from.kind == PL_R && to.kind == PL_R) b = split ? COLL_ALL_REDUCE : COLL_NONE;
   else if (from.kind == PL_S && to.kind == PL_R) b = split ? COLL_REDUCE_SCATTER : COLL_NONE;
@@ -259,14 +260,14 @@ static Collective bwd_coll(const Seg *s, int u, int consumer, Pl from, Pl to, bo
     b = to.kind == PL_S ? COLL_ALL_GATHER : split ? COLL_ALL_REDUCE : COLL_NONE;
   else if (from.kind == PL_S && to.kind == PL_S) b = from.dim != to.dim ? COLL_ALL_TO_ALL : COLL_NONE;
   else if (from.kind == PL_R && to.kind == PL_S) b = COLL_ALL_GATHER;
-  return gets_grad(s, u, consumer) ? b : COLL_NONE;
+  return gets_grad(s, u, consumer, k) ? b : COLL_NONE;
 }
 
-static void edge_cost(const Seg *s, int u, int consumer, Pl from, Pl to, bool split, double *tf, double *tb,
-                      double *bytes) {
+static void edge_cost(const Seg *s, int u, int consumer, int k, Pl from, Pl to, bool split, double *tf,
+                      double *tb, double *bytes) {
   double whole = cost_act_bytes(s->cm, s->g, u);
   double gwhole = param_value(s->g, u) ? (double)shape_numel(&s->g->nodes[u].shape) * s->cm->g_bytes : whole;
-  Collective f = pl_reshard(from, to), b = bwd_coll(s, u, consumer, from, to, split);
+  Collective f = pl_reshard(from, to), b = bwd_coll(s, u, consumer, k, from, to, split);
   *tf = cost_collective(s->cm, f, whole, s->n, s->link);
   *tb = cost_collective(s->cm, b, gwhole, s->n, s->link);
   *bytes = pl_coll_bytes(f, whole, s->n) + pl_coll_bytes(b, gwhole, s->n);
@@ -389,7 +390,7 @@ static void add_pinned_in(Seg *s, Var *v, int k, int u) {
   Pl to = shard_sliced_input(g, n, k, c->in[k], c->out);
   double whole = cost_act_bytes(s->cm, g, u);
   double gwhole = param_value(g, u) ? (double)shape_numel(&g->nodes[u].shape) * s->cm->g_bytes : whole;
-  Collective f = pl_reshard(from, c->in[k]), b = bwd_coll(s, u, v->node, s->pin_out[u], to, c->split);
+  Collective f = pl_reshard(from, c->in[k]), b = bwd_coll(s, u, v->node, k, s->pin_out[u], to, c->split);
   if (b != COLL_NONE && (s->bwd_done[u] >> b & 1)) b = COLL_NONE;
   if (b != COLL_NONE) s->bwd_done[u] |= (uint8_t)(1u << b);
   c->tf += cost_collective(s->cm, f, whole, s->n, s->link);
@@ -401,7 +402,7 @@ static void add_pinned_in(Seg *s, Var *v, int k, int u) {
 static void add_fixed_in(Seg *s, Var *v, int k, int u, Pl from) {
   for (int c = 0; c < v->nc; c++) {
     double tf, tb, by;
-    edge_cost(s, u, v->node, from, v->c[c].in[k], v->c[c].split, &tf, &tb, &by);
+    edge_cost(s, u, v->node, k, from, v->c[c].in[k], v->c[c].split, &tf, &tb, &by);
     v->c[c].tf += tf, v->c[c].tb += tb, v->c[c].bytes += by;
   }
 }
@@ -409,7 +410,7 @@ static void add_fixed_in(Seg *s, Var *v, int k, int u, Pl from) {
 static void add_fixed_out(Seg *s, Var *v, int wnode, const Chosen *w, int k) {
   for (int a = 0; a < v->nc; a++) {
     double tf, tb, by;
-    edge_cost(s, v->node, wnode, v->c[a].out, w->in[k], w->split, &tf, &tb, &by);
+    edge_cost(s, v->node, wnode, k, v->c[a].out, w->in[k], w->split, &tf, &tb, &by);
     v->c[a].tf += tf, v->c[a].tb += tb, v->c[a].bytes += by;
   }
 }
@@ -428,7 +429,7 @@ static void add_edge(Seg *s, int uv, int vv, int k, int u_node) {
   for (int a = 0; a < U->nc; a++)
     for (int c = 0; c < V->nc; c++) {
       double tf, tb, by;
-      edge_cost(s, u_node, V->node, U->c[a].out, V->c[c].in[k], V->c[c].split, &tf, &tb, &by);
+      edge_cost(s, u_node, V->node, k, U->c[a].out, V->c[c].in[k], V->c[c].split, &tf, &tb, &by);
       int j = a * V->nc + c;
       e->f[j] += tf, e->b[j] += tb, e->bytes[j] += by;
     }

@@ -23,6 +23,8 @@ bool ad_loss_trainable(const Graph *g);
 /* Of a forward graph: per node, whether the backward pass gives it a gradient (it depends on a
  * param and the loss on it, both through differentiable ops), as ad_backward decides. */
 bool *ad_grad_flows(const Graph *g);
+/* Whether input k of n carries a gradient back (where's cond does not: it only selects). */
+bool ad_grad_input(const Node *n, int k);
 
 /* Appends global-norm clipping (g->grad_norm is always set) and the optimizer update of every
  * param that has a gradient, reading the ACCUM nodes ad_backward made. Requires ad_backward. */
