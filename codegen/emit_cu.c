@@ -584,16 +584,52 @@ static void index_graph(Cu *c) {
   }
 }
 
-/* The adds of a tree rooted at r whose leaves are l[0..3), each once: marks them in in_tree. */
-static bool add_tree(const Cu *c, int r, const int *l, int *seen, bool *in_tree) {
+/* The nodes whose memory is each root's (cg_root), as a tree: kids[r], then sib[x], the nodes
+ * that are views (CG_L_ALIAS) of r directly, and stack, room for a walk of one. A pass that makes a
+ * node a view as it goes adds it (alias_kid); built per pass, from the plan as it stands. */
+typedef struct Views {
+  int *kids, *sib, *stack;
+} Views;
+
+static Views index_views(const Cu *c) {
+  int n = c->g->n;
+  Views v = {cp_alloc(sizeof(int) * (size_t)(n + 1)), cp_alloc(sizeof(int) * (size_t)(n + 1)),
+             cp_alloc(sizeof(int) * (size_t)(n + 1))};
+  for (int i = 0; i < n; i++) v.kids[i] = v.sib[i] = -1;
+  for (int i = n - 1; i >= 0; i--)
+    if (c->pl.nc[i].kind == CG_L_ALIAS) v.sib[i] = v.kids[c->pl.nc[i].alias], v.kids[c->pl.nc[i].alias] = i;
+  return v;
+}
+
+static void alias_kid(Views *v, int x, int to) { v->sib[x] = v->kids[to], v->kids[to] = x; }
+
+/* Whether an executed node other than `skip` reads the memory of root r (an input whose cg_root is
+ * r) with its leader at or after `from` (after > 0) or at or before it (after < 0). */
+static bool root_read(const Cu *c, Views *v, int r, int skip, int from, int after) {
+  int top = 0;
+  v->stack[top++] = r;
+  while (top) {
+    int x = v->stack[--top];
+    for (int j = c->rd_off[x]; j < c->rd_off[x + 1]; j++) {
+      int m = c->rd[j], lead = c->pl.nc[m].leader;
+      if (m != skip && cg_executed(nd(c, m)) && (after > 0 ? lead >= from : lead <= from)) return true;
+    }
+    for (int k = v->kids[x]; k >= 0; k = v->sib[k]) v->stack[top++] = k;
+  }
+  return false;
+}
+
+/* The adds of a tree rooted at r whose leaves are l[0..3), each once: marks them in in_tree, and
+ * lists them in tree[0 .. *nt) (a node as often as it is marked). */
+static bool add_tree(const Cu *c, int r, const int *l, int *seen, bool *in_tree, int *tree, int *nt) {
   for (int k = 0; k < 3; k++)
     if (r == l[k]) return !seen[k]++;
   const Node *n = nd(c, r);
   if (n->op != OP_ADD || n->nin != 2 || !shape_eq(&nd(c, n->in[0])->shape, &n->shape) ||
       !shape_eq(&nd(c, n->in[1])->shape, &n->shape))
     return false;
-  in_tree[r] = true;
-  return add_tree(c, n->in[0], l, seen, in_tree) && add_tree(c, n->in[1], l, seen, in_tree);
+  in_tree[r] = true, tree[(*nt)++] = r;
+  return add_tree(c, n->in[0], l, seen, in_tree, tree, nt) && add_tree(c, n->in[1], l, seen, in_tree, tree, nt);
 }
 
 /* GPT-2's attention input, x @ W_qkv + b split into q, k and v heads: three slices of x's last
@@ -610,6 +646,7 @@ static void find_qkv(Cu *c) {
   c->qkv_ops = cp_alloc(sizeof(int[4]) * (size_t)(g->n + 1));
   c->qkv_skip = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
   bool *in_tree = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  int *tree = cp_alloc(sizeof(int) * (size_t)(g->n + 1)), nt = 0; /* the nodes in_tree marks */
   /* the executed forward slices of each node, as a list (slices[x], then next_slice[i]), so a
    * candidate costs its own slices, not a walk of the graph */
   int *slices = cp_alloc(sizeof(int) * (size_t)(g->n + 1)), *next_slice = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
@@ -635,8 +672,8 @@ static void find_qkv(Cu *c) {
     int64_t h = 0;
     for (int p = 0; p < 3 && ok; p++) {
       q[p] = c->reader[sl[p]];
-      for (int i = 0; i < g->n && q[p] < 0; i++)
-        if (nd(c, i)->op == OP_SPLIT_HEADS && nd(c, i)->in[0] == sl[p]) q[p] = i;
+      for (int e = c->rd_off[sl[p]]; e < c->rd_off[sl[p] + 1] && q[p] < 0; e++) /* its readers, in graph order */
+        if (nd(c, c->rd[e])->op == OP_SPLIT_HEADS && nd(c, c->rd[e])->in[0] == sl[p]) q[p] = c->rd[e];
       ok = q[p] >= 0 && nd(c, q[p])->op == OP_SPLIT_HEADS && (p == 0 || nd(c, q[p])->ia[0] == h) &&
            c->pl.fu->group[q[p]] < 0 && c->pl.fu->group[sl[p]] < 0 && scode(c, q[p]) == scode(c, q[0]);
       if (!ok) break;
@@ -667,16 +704,17 @@ static void find_qkv(Cu *c) {
     int r = gs[0];
     while (c->reader[r] >= 0 && nd(c, c->reader[r])->op == OP_ADD) r = c->reader[r];
     int seen[3] = {0, 0, 0};
-    memset(in_tree, 0, sizeof(bool) * (size_t)g->n);
-    ok = r != gs[0] && add_tree(c, r, gs, seen, in_tree) && seen[0] == 1 && seen[1] == 1 && seen[2] == 1 &&
+    for (int k = 0; k < nt; k++) in_tree[tree[k]] = false; /* the last candidate's */
+    nt = 0;
+    ok = r != gs[0] && add_tree(c, r, gs, seen, in_tree, tree, &nt) && seen[0] == 1 && seen[1] == 1 && seen[2] == 1 &&
          scode(c, r) == scode(c, x) && c->pl.nc[r].kind == CG_L_WORK;
     /* a fused tree: its group must be the tree's adds */
-    for (int i = 0; i < g->n && ok; i++) {
-      int gi = c->pl.fu->group[i];
-      if (in_tree[i] && gi >= 0) ok = c->pl.fu->groups[gi].root == r;
-      if (!in_tree[i] && gi >= 0 && gi == c->pl.fu->group[r]) ok = false;
-      if (in_tree[i] && i != r && c->reader[i] < 0) ok = false;
+    for (int k = 0; k < nt && ok; k++) {
+      int i = tree[k], gi = c->pl.fu->group[i];
+      ok = (gi < 0 || c->pl.fu->groups[gi].root == r) && (i == r || c->reader[i] >= 0);
     }
+    int gr = c->pl.fu->group[r];
+    for (int k = 0; ok && gr >= 0 && k < c->pl.fu->groups[gr].nodes.n; k++) ok = in_tree[c->pl.fu->groups[gr].nodes.a[k]];
     if (!ok) continue;
     c->qkv[r] = 2;
     c->qkv_ops[r][0] = r;
@@ -685,8 +723,8 @@ static void find_qkv(Cu *c) {
       c->qkv_skip[hg[p]] = c->qkv_skip[gs[p]] = true;
       c->pl.nc[hg[p]].leader = c->pl.nc[gs[p]].leader = r;
     }
-    for (int i = 0; i < g->n; i++)
-      if (in_tree[i] && i != r) c->qkv_skip[i] = true, c->pl.nc[i].leader = r;
+    for (int k = 0; k < nt; k++)
+      if (tree[k] != r) c->qkv_skip[tree[k]] = true, c->pl.nc[tree[k]].leader = r;
   }
 }
 
@@ -713,6 +751,7 @@ static void find_inplace_adds(Cu *c) {
   c->add_into = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
   c->add_skip = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
   for (int i = 0; i < g->n; i++) c->add_into[i] = -1;
+  Views views = index_views(c);
   for (int a = 0; a < g->n; a++) {
     const Node *an = nd(c, a);
     if (an->op != OP_ADD || an->role != ROLE_BWD || !cg_executed(an) || !alone(c, a) || c->pl.nc[a].kind != CG_L_WORK ||
@@ -728,16 +767,10 @@ static void find_inplace_adds(Cu *c) {
           c->pl.nc[rr].leader >= lead || numel(nd(c, rr)) != numel(an) || !shape_eq(&jn->shape, &an->shape) ||
           scode(c, rr) != scode(c, j) || scode(c, a) != scode(c, j) || nd(c, rr)->dtype != DT_F32)
         continue;
-      bool ok = true; /* r's buffer changes at the norm's launch: nothing else may read it from then on */
-      for (int m = 0; m < g->n && ok; m++) {
-        const Node *mn = nd(c, m);
-        if (m == a || !cg_executed(mn)) continue;
-        for (int k = 0; k < mn->nin && ok; k++)
-          if (cg_root(&c->pl, mn->in[k]) == rr && c->pl.nc[m].leader >= lead) ok = false;
-      }
-      if (!ok) continue;
+      /* r's buffer changes at the norm's launch: nothing else may read it from then on */
+      if (root_read(c, &views, rr, a, lead, 1)) continue;
       c->add_into[j] = rr, c->add_skip[a] = true;
-      c->pl.nc[a].kind = CG_L_ALIAS, c->pl.nc[a].alias = rr;
+      c->pl.nc[a].kind = CG_L_ALIAS, c->pl.nc[a].alias = rr, alias_kid(&views, a, rr);
       break;
     }
   }
@@ -761,6 +794,11 @@ static void find_attn_inplace(Cu *c) {
     *arrs[k] = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
     for (int i = 0; i <= g->n; i++) (*arrs[k])[i] = -1;
   }
+  /* find_qkv's launches by their first operand (q, or dq backward): launch_at[q], then next_launch[j] */
+  int *launch_at = cp_alloc(sizeof(int) * (size_t)(g->n + 1)), *next_launch = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int j = 0; j < g->n; j++) launch_at[j] = -1;
+  for (int j = 0; j < g->n; j++)
+    if (c->qkv[j]) next_launch[j] = launch_at[c->qkv_ops[j][1]], launch_at[c->qkv_ops[j][1]] = j;
   for (int s = 0; s < g->n; s++) {
     const Node *sn = nd(c, s);
     if (sn->op != OP_SDPA || sn->role != ROLE_FWD || !cg_executed(sn) || !alone(c, s) || c->pl.nc[s].kind != CG_L_WORK)
@@ -776,8 +814,8 @@ static void find_attn_inplace(Cu *c) {
     int code = scode(c, s);
     /* the merge */
     int m = -1;
-    for (int j = 0; j < g->n; j++)
-      if (nd(c, j)->op == OP_MERGE_HEADS && nd(c, j)->in[0] == s) m = m < 0 ? j : -2;
+    for (int e = c->rd_off[s]; e < c->rd_off[s + 1]; e++) /* s's readers */
+      if (nd(c, c->rd[e])->op == OP_MERGE_HEADS && nd(c, c->rd[e])->in[0] == s) m = m < 0 ? c->rd[e] : -2;
     int gm = m >= 0 ? grad_of(c, m, 0) : -1, dy2 = gm >= 0 ? nd(c, gm)->in[0] : -1;
     bool merge = m >= 0 && gm >= 0 && nd(c, m)->role == ROLE_FWD && alone(c, m) && c->pl.nc[m].kind == CG_L_WORK &&
                  c->pl.nc[m].leader == m && !c->ep_done[m] && !c->qkv[m] && !c->qkv_skip[m] && scode(c, m) == code &&
@@ -787,11 +825,12 @@ static void find_attn_inplace(Cu *c) {
                  scode(c, gm) == code && scode(c, dy2) == code;
     /* the projection and the gradients' sum */
     int first = -1, r = -1;
-    for (int j = 0; j < g->n; j++) {
-      const int *o = c->qkv_ops[j];
-      if (c->qkv[j] == 1 && o[1] == sn->in[0] && o[2] == sn->in[1] && o[3] == sn->in[2]) first = j;
-      if (c->qkv[j] == 2 && o[1] == gr[0] && o[2] == gr[1] && o[3] == gr[2]) r = j;
-    }
+    for (int side = 0; side < 2; side++) /* the launches whose first operand is q or dq, the last that fits */
+      for (int j = launch_at[side ? gr[0] : sn->in[0]]; j >= 0; j = next_launch[j]) {
+        const int *o = c->qkv_ops[j];
+        if (c->qkv[j] == 1 && o[1] == sn->in[0] && o[2] == sn->in[1] && o[3] == sn->in[2] && j > first) first = j;
+        if (c->qkv[j] == 2 && o[1] == gr[0] && o[2] == gr[1] && o[3] == gr[2] && j > r) r = j;
+      }
     int x = first >= 0 ? c->qkv_ops[first][0] : -1;
     bool qkv = first >= 0 && r >= 0 && c->pl.nc[x].kind == CG_L_WORK && scode(c, x) == code && scode(c, r) == code;
     for (int p = 0; p < 3 && qkv; p++) {
@@ -848,8 +887,10 @@ static void find_epilogues(Cu *c) {
     c->ep_of[i] = j, c->pl.nc[j].leader = i;
     /* gelu(x @ W + b): the GEMM writes the gelu too, and the add's value (the pre-activation) as its aux */
     int k = -1;
-    for (int r = 0; r < g->n && k < 0; r++)
-      if (nd(c, r)->op == OP_GELU && nd(c, r)->in[0] == j && nd(c, r)->role == n->role) k = r;
+    for (int e = c->rd_off[j]; e < c->rd_off[j + 1] && k < 0; e++) { /* j's readers, in graph order */
+      const Node *r = nd(c, c->rd[e]);
+      if (r->op == OP_GELU && r->in[0] == j && r->role == n->role) k = c->rd[e];
+    }
     if (k < 0 || !alone(c, k)) continue;
     /* the add's value: read by the gelu and its gradient; named (not read) by the add's own gradients */
     int gk = grad_of(c, k, 0), allowed[4] = {k, gk, grad_of(c, j, 0), grad_of(c, j, 1)};
@@ -889,6 +930,21 @@ static void find_bgrads(Cu *c) {
   c->bgrad_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
   c->bgrad_host = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
   for (int i = 0; i < g->n; i++) c->bgrad_of[i] = c->bgrad_host[i] = -1;
+  /* the pass moves no leader and makes no view: indexed once, the GRADs by leader (led[l], then
+   * next_led[j]) and the GRADs h with a gelu_of by the root of that (gelu_at[r], then next_gelu[h]),
+   * each list in graph order */
+  int *led = cp_alloc(sizeof(int) * (size_t)(g->n + 1)), *next_led = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  int *gelu_at = cp_alloc(sizeof(int) * (size_t)(g->n + 1)), *next_gelu = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) led[i] = gelu_at[i] = -1;
+  for (int j = g->n - 1; j >= 0; j--) {
+    if (nd(c, j)->op != OP_GRAD) continue;
+    int l = c->pl.nc[j].leader;
+    if (l >= 0 && l < g->n) next_led[j] = led[l], led[l] = j;
+    if (c->gelu_of[j] >= 0) {
+      int r = cg_root(&c->pl, c->gelu_of[j]);
+      next_gelu[j] = gelu_at[r], gelu_at[r] = j;
+    }
+  }
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
     if (n->op != OP_GRAD || !cg_executed(n) || !alone(c, i) || c->pl.fu->group[i] >= 0 ||
@@ -900,13 +956,11 @@ static void find_bgrads(Cu *c) {
     const Node *x = nd(c, f->in[w]);
     if (x->shape.rank != 1 || !trailing_of(&x->shape, &f->shape)) continue;
     bool solo = true; /* no other gradient computed with it (group_outputs) */
-    for (int j = 0; j < g->n && solo; j++)
-      solo = j == i || nd(c, j)->op != OP_GRAD || c->pl.nc[j].leader != i || c->pl.nc[j].kind == CG_L_ALIAS;
+    for (int j = led[i]; j >= 0 && solo; j = next_led[j]) solo = j == i || c->pl.nc[j].kind == CG_L_ALIAS;
     if (!solo) continue;
     int dy = cg_root(&c->pl, n->in[0]), host = -1;
-    for (int h = 0; h < g->n && host < 0; h++)
-      if (nd(c, h)->op == OP_GRAD && c->gelu_of[h] >= 0 && cg_root(&c->pl, c->gelu_of[h]) == dy && c->bgrad_of[h] < 0)
-        host = h;
+    for (int h = gelu_at[dy]; h >= 0 && host < 0; h = next_gelu[h])
+      if (c->bgrad_of[h] < 0) host = h;
     int mi = f->in[1 - w];
     if (host < 0 && nd(c, mi)->op == OP_MATMUL) {
       int gw = grad_of(c, mi, 1);
@@ -1034,6 +1088,7 @@ static void find_res_norms(Cu *c) {
   c->res_of = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
   c->res_skip = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
   for (int i = 0; i <= g->n; i++) c->res_of[i] = c->res_skip[i] = -1;
+  Views views = index_views(c);
   for (int nn = 0; nn < g->n; nn++) {
     const Node *n = nd(c, nn);
     if ((n->op != OP_LAYER_NORM && n->op != OP_RMS_NORM) || n->role != ROLE_FWD || !cg_executed(n) || !alone(c, nn) ||
@@ -1050,13 +1105,7 @@ static void find_res_norms(Cu *c) {
       const Node *x = nd(c, an->in[k]);
       ok = x->dtype == DT_F32 && shape_eq(&x->shape, &an->shape) && scode(c, an->in[k]) == scode(c, a);
     }
-    ok &= !is_metric(g, a);
-    for (int m = 0; m < g->n && ok; m++) { /* nothing reads the sum before the norm's launch */
-      const Node *mn = nd(c, m);
-      if (m == nn || !cg_executed(mn)) continue;
-      for (int k = 0; k < mn->nin && ok; k++)
-        if (cg_root(&c->pl, mn->in[k]) == a && c->pl.nc[m].leader <= nn) ok = false;
-    }
+    ok = ok && !is_metric(g, a) && !root_read(c, &views, a, nn, nn, -1); /* nothing reads the sum before the norm's launch */
     if (!ok) continue;
     c->res_of[nn] = a, c->res_skip[a] = nn, c->pl.nc[a].leader = nn;
   }
@@ -1947,11 +1996,22 @@ static void emit_fused(Cu *c, int i) {
 /* The bytes node i's launch moves, about: its operands and its result in their storage types (a
  * fused group: its leaves and its root; a gradient: dy and the forward's inputs), for the achieved
  * bandwidth of the CPLAN_PROFILE=1 report. */
-static double prof_bytes(const Cu *c, int i) {
+static double prof_bytes(const Cu *c, int i, double *leaf_bytes) {
   const Node *n = nd(c, i);
   double b = (double)numel(n) * (scode(c, i) ? 2 : 4);
-  if (c->pl.fu->group[i] >= 0) {
-    const FusionGroup *gr = &c->pl.fu->groups[c->pl.fu->group[i]];
+  int gi = c->pl.fu->group[i];
+  if (gi >= 0) {
+    /* a group's leaves once per group (leaf_bytes[gi], < 0 until then), not per member: a group of
+     * many nodes and leaves (the update's sum over every param, 3600 adds at 300 layers) made this
+     * quadratic. Whole numbers of bytes, so the sum is exact, in any order, below 2^53 (else summed
+     * as before). */
+    const FusionGroup *gr = &c->pl.fu->groups[gi];
+    if (leaf_bytes[gi] < 0) {
+      leaf_bytes[gi] = 0;
+      for (int k = 0; k < gr->leaves.n; k++)
+        leaf_bytes[gi] += (double)numel(nd(c, gr->leaves.a[k])) * (scode(c, gr->leaves.a[k]) ? 2 : 4);
+    }
+    if (b + leaf_bytes[gi] < 0x1p53) return b + leaf_bytes[gi];
     for (int k = 0; k < gr->leaves.n; k++) b += (double)numel(nd(c, gr->leaves.a[k])) * (scode(c, gr->leaves.a[k]) ? 2 : 4);
     return b;
   }
@@ -2591,9 +2651,11 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   /* per node: its FLOPs (the op table's count: causal attention counted whole, a gradient as its
    * forward) and about the bytes it moves; the report divides them by the node's measured time */
   EMIT("static const double prof_work[2 * PROF_NODES + 2] = {");
+  double *leaf_bytes = cp_alloc(sizeof(double) * (size_t)(c->pl.fu->ngroups + 1));
+  for (int k = 0; k < c->pl.fu->ngroups; k++) leaf_bytes[k] = -1;
   for (int i = 0; i < g->n; i++)
     EMIT("%s%.6g, %.6g", i ? ", " : "", cg_executed(nd(c, i)) ? ir_node_flops(g, i) : 0.0,
-         cg_executed(nd(c, i)) ? prof_bytes(c, i) : 0.0);
+         cg_executed(nd(c, i)) ? prof_bytes(c, i, leaf_bytes) : 0.0);
   EMIT("%s0, 0};\n", g->n ? ", " : "");
   EMIT("\nstatic const char *const kernel_names[NKERNELS + 1] = {");
   for (int k = 0; k < c->knames.n; k++) EMIT("%s\"%s\"", k ? ", " : "", c->knames.a[k]);

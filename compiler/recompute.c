@@ -189,11 +189,19 @@ static void rebuild(Graph *g, const int *grp, const int *at, int ngroups) {
   r.map = cp_alloc((size_t)g->n * sizeof *r.map);
   r.clone = cp_alloc((size_t)g->n * sizeof *r.clone);
   for (int v = 0; v < g->n; v++) r.clone[v] = -1;
+  /* the groups by insertion point (at_first[j], then at_next[q]) and each group's nodes (first[q],
+   * then next[v]), in increasing order, so each j costs its own groups, not all of them */
+  int *at_first = cp_alloc((size_t)(g->n + 1) * sizeof *at_first), *at_next = cp_alloc((size_t)(ngroups + 1) * sizeof *at_next);
+  int *first = cp_alloc((size_t)(ngroups + 1) * sizeof *first), *next = cp_alloc((size_t)(g->n + 1) * sizeof *next);
+  for (int j = 0; j < g->n; j++) at_first[j] = -1;
+  for (int q = ngroups - 1; q >= 0; q--)
+    if (at[q] >= 0 && at[q] < g->n) at_next[q] = at_first[at[q]], at_first[at[q]] = q;
+  for (int q = 0; q < ngroups; q++) first[q] = -1;
+  for (int v = g->n - 1; v >= 0; v--)
+    if (grp[v] >= 0 && grp[v] < ngroups) next[v] = first[grp[v]], first[grp[v]] = v;
   for (int j = 0; j < g->n; j++) {
-    for (int q = 0; q < ngroups; q++)
-      if (at[q] == j)
-        for (int v = 0; v < j; v++)
-          if (grp[v] == q) emit_clone(&r, v, q, grp);
+    for (int q = at_first[j]; q >= 0; q = at_next[q])
+      for (int v = first[q]; v >= 0 && v < j; v = next[v]) emit_clone(&r, v, q, grp);
     emit_node(&r, j);
   }
   cp_assert(r.n == g->n + nclones);

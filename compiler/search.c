@@ -177,7 +177,6 @@ typedef struct Seg {
                            reduced once */
   VEC(Var) vars;
   VEC(Edge) edges;
-  int *var_of;          /* per graph node: its variable or -1 */
   int64_t over;         /* > 0: a node none of whose strategies keeps its tensors within the kernels'
                            2^31 - 1 elements per rank; the fewest elements its best one holds */
   int over_node;        /* that node (the worst such) */
@@ -441,12 +440,21 @@ static void add_edge(Seg *s, int uv, int vv, int k, int u_node) {
  * chosen strategy add their edge's cost to the producer. */
 static void seg_build(Seg *s, const int *nodes, int nn, int plo, int phi, int off, const Chosen *chosen) {
   const Graph *g = s->g;
-  s->var_of = cp_alloc(sizeof(int) * (size_t)g->n);
-  for (int i = 0; i < g->n; i++) s->var_of[i] = -1;
+  /* per graph node: its variable or -1; kept all -1 between calls (a search builds a segment per
+   * layer: an array of the graph's size for each made the search quadratic in the layers) */
+  static int *var_of;
+  static int var_cap;
+  if (var_cap < g->n + 1) {
+    free(var_of);
+    var_cap = 2 * (g->n + 1);
+    var_of = malloc(sizeof(int) * (size_t)var_cap);
+    if (!var_of) cp_panic(__FILE__, __LINE__, "out of memory");
+    for (int i = 0; i < var_cap; i++) var_of[i] = -1;
+  }
   for (int k = 0; k < nn; k++) {
     Var v;
     node_cands(s, nodes[k], &v);
-    s->var_of[nodes[k]] = s->vars.n;
+    var_of[nodes[k]] = s->vars.n;
     VEC_PUSH(s->vars, v);
   }
   for (int vv = 0; vv < s->vars.n; vv++) {
@@ -457,20 +465,20 @@ static void seg_build(Seg *s, const int *nodes, int nn, int plo, int phi, int of
         if (!(ir_ops[n->op].flags & OPF_LEAF)) add_pinned_in(s, &s->vars.a[vv], k, n->in[k]);
         continue;
       }
-      int u = n->in[k], uv = s->var_of[u];
-      if (uv < 0 && u >= plo && u < phi) uv = s->var_of[u + off];
+      int u = n->in[k], uv = var_of[u];
+      if (uv < 0 && u >= plo && u < phi) uv = var_of[u + off];
       if (uv >= 0) add_edge(s, uv, vv, k, u);
       else add_fixed_in(s, &s->vars.a[vv], k, u, s->pin_out ? s->pin_out[u] : chosen && chosen[u].set ? chosen[u].out : pl_r());
     }
   }
-  if (!chosen || (s->pin_out && s->n > 1)) return;
-  for (int w = 0; w < g->n; w++) {
-    if (s->var_of[w] >= 0 || !chosen[w].set || g->nodes[w].role != ROLE_FWD) continue;
+  for (int w = 0; chosen && !(s->pin_out && s->n > 1) && w < g->n; w++) {
+    if (var_of[w] >= 0 || !chosen[w].set || g->nodes[w].role != ROLE_FWD) continue;
     for (int k = 0; k < g->nodes[w].nin; k++) {
       int u = g->nodes[w].in[k];
-      if (s->var_of[u] >= 0 && !(u >= plo && u < phi)) add_fixed_out(s, &s->vars.a[s->var_of[u]], w, &chosen[w], k);
+      if (var_of[u] >= 0 && !(u >= plo && u < phi)) add_fixed_out(s, &s->vars.a[var_of[u]], w, &chosen[w], k);
     }
   }
+  for (int k = 0; k < nn; k++) var_of[nodes[k]] = -1;
 }
 
 /* The ILP of a segment: time per micro-batch, and memory wa·(activations kept under rc) + wp·par

@@ -103,6 +103,9 @@ typedef struct Ctx {
   bool *lazy;        /* per node: a param not placed yet (tp axis) */
   bool quiet;        /* the search's pricing (strat_tp_place): a refusal says nothing */
   bool failed;
+  int *coll_at;      /* per node: the last of sp->colls[0 .. ncolls_at) on it, then coll_next[i] (NULL: none yet) */
+  VEC(int) coll_next;
+  int ncolls_at;
 } Ctx;
 
 static int root_param(const Graph *g, int i) {
@@ -174,7 +177,17 @@ static Pl record(Ctx *c, int from, int consumer, Pl to) {
   Pl was = c->avail[from];
   Collective k = pl_reshard(was, to);
   if (k == COLL_NONE || k == COLL_LOCAL_SLICE || k == COLL_LOCAL_ZERO) return was;
-  for (int i = 0; i < c->sp->colls.n; i++) {
+  /* the collectives so far by node (a walk of them all per reshard was quadratic in the layers) */
+  if (!c->coll_at) {
+    c->coll_at = cp_alloc(sizeof(int) * (size_t)(c->g->n + 1));
+    for (int i = 0; i < c->g->n; i++) c->coll_at[i] = -1;
+  }
+  for (; c->ncolls_at < c->sp->colls.n; c->ncolls_at++) {
+    int node = c->sp->colls.a[c->ncolls_at].node;
+    VEC_PUSH(c->coll_next, c->coll_at[node]);
+    c->coll_at[node] = c->ncolls_at;
+  }
+  for (int i = c->coll_at[from]; i >= 0; i = c->coll_next.a[i]) {
     const CollOp *o = &c->sp->colls.a[i];
     if (o->node == from && o->axis == c->axis && pl_eq(o->to, to) && !o->what) return to; /* reused */
   }

@@ -125,11 +125,39 @@ static void test_against_reference(void) {
   }
 }
 
+/* A bigger case, shaped like a training step's: activations that live from the forward pass to
+ * the backward, temporaries of a step or a few, sizes from a few shapes (many ties) and some odd
+ * ones; mp_plan must still give the reference's offsets. */
+static void test_big_against_reference(void) {
+  srand(4242);
+  for (int round = 0; round < 3; round++) {
+    int n = 2500 + round * 500, steps = 4 * n;
+    MpBuf *b = cp_alloc(sizeof(MpBuf) * (size_t)n), *r = cp_alloc(sizeof(MpBuf) * (size_t)n);
+    for (int i = 0; i < n; i++) {
+      int kind = rand() % 4, first = rand() % steps, last;
+      if (kind == 0) last = steps - 1 - first / 2 - rand() % 50; /* saved for the backward pass */
+      else if (kind == 1) last = first + rand() % (steps / 10);
+      else last = first + rand() % 4;
+      if (last < first) last = first;
+      int64_t size = rand() % 3 == 0 ? 64 * (1 + rand() % 200) - rand() % 64 : (int64_t)4096 << (rand() % 4);
+      if (rand() % 20 == 0) size = 0;
+      b[i] = r[i] = (MpBuf){.size = size, .first = first, .last = last};
+    }
+    int64_t arena = mp_plan(b, n), rarena = ref_plan(r, n);
+    CHECK(arena == rarena, "big round %d: arena %lld, the reference's %lld", round, (long long)arena, (long long)rarena);
+    int bad = 0;
+    for (int i = 0; i < n; i++) bad += b[i].offset != r[i].offset;
+    CHECK(bad == 0, "big round %d: %d of %d buffers away from the reference's offsets", round, bad, n);
+    CHECK(mp_check(b, n, arena) < 0, "big round %d: plan unsound", round);
+  }
+}
+
 int main(void) {
   test_chain();
   test_random();
   test_check_catches();
   test_against_reference();
+  test_big_against_reference();
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
   else printf("memplan: ok\n");
   return failures != 0;
