@@ -30,10 +30,17 @@ within("flops_f32", 1e9, 1e13)
 assert p["flops_bf16"] == p["flops_f32"], "bf16 runs at the f32 rate on CPU"
 within("hbm", 1e8, 1e12)  # 1e8: the triad of an ASan build under load still passes; nonsense does not
 within("memory", 1e8, 1e13)
-within("intra_bw", 1e7, 1e12)
-within("intra_latency", 1e-8, 1e-2)
+# The link fit needs all_reduce's time to grow with its size; on a machine busy with other work
+# the times are noise and calibrate says so (not fitted, the cpu defaults), which is no failure:
+# this test checks what is written, not how fast the machine was (bench/ measures).
+fitted = "intra_bw" in p
+if fitted:
+    within("intra_bw", 1e7, 1e12)
+    within("intra_latency", 1e-10, 1e-2)  # calibrate floors a noisy intercept at alpha = 1e-9
+else:
+    assert "intra_latency" not in p and "not fitted" in p["source"], p["source"]
 assert p["kind"] == "cpu" and "inter_bw" not in p and "inter_latency" not in p
-assert "2 ranks" in p["source"] and "ring fit" in p["source"] and "NCCL: not measured" in p["source"], p["source"]
+assert "2 ranks" in p["source"] and ("ring fit" in p["source"]) == fitted and "NCCL: not measured" in p["source"], p["source"]
 g = p["gemm_efficiency"]
 assert len(g) == 3 and [e["n"] for e in g] == [128, 256, 512], g
 for e in g:
@@ -49,12 +56,16 @@ for op in ("all_reduce", "all_gather", "reduce_scatter", "broadcast"):
     assert [b for b, _ in pts] == [4096, 65536, 1048576], pts
     for b, t in pts:
         within(op + " seconds", 1e-8, 1.0, t)
-    assert pts[-1][1] > pts[0][1], f"{op}: 1 MiB no slower than 4 KiB: {pts}"
+    if c[op]["beta"] == 0:  # not fitted: the times did not grow with the size (noise)
+        assert c[op]["alpha"] == 0, c[op]
+        continue
     within(op + ".alpha", 1e-9, 1e-2, c[op]["alpha"])
     within(op + ".beta", 1e-13, 1e-7, c[op]["beta"])
 ar = c["all_reduce"]  # the ring model with p = 2: t = 2 latency + bytes / bandwidth
-assert abs(p["intra_latency"] - ar["alpha"] / 2) <= 1e-9 * ar["alpha"], (p["intra_latency"], ar)
-assert abs(p["intra_bw"] * ar["beta"] - 1) < 1e-9, (p["intra_bw"], ar)
+assert fitted == (ar["beta"] > 0), ar
+if fitted:
+    assert abs(p["intra_latency"] - ar["alpha"] / 2) <= 1e-9 * ar["alpha"], (p["intra_latency"], ar)
+    assert abs(p["intra_bw"] * ar["beta"] - 1) < 1e-9, (p["intra_bw"], ar)
 assert 2 <= p["calibration"]["ranks"] == 2 and p["calibration"]["quick"] is True
 print("profile (2 ranks) ok")
 PY
@@ -89,10 +100,10 @@ import json, sys
 p, c = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 d, m = c["mesh"]["device"], c["mesh"]
 for k in ("memory", "flops_f32", "flops_bf16", "hbm", "intra_bw", "intra_latency"):
-    assert d[k] == p[k], (k, d[k], p[k])
+    assert k not in p or d[k] == p[k], (k, d[k], p[k])  # intra_*: absent when not fitted (noise)
 assert m["peak_flops"] == p["flops_f32"]
 ax = m["axes"][0]  # the one axis is the innermost: it gets the measured in-node link
-assert ax["bandwidth"] == p["intra_bw"] and ax["latency"] == p["intra_latency"], ax
+assert "intra_bw" not in p or (ax["bandwidth"] == p["intra_bw"] and ax["latency"] == p["intra_latency"]), ax
 print("check reports the measured figures ok")
 PY
 
