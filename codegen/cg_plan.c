@@ -57,7 +57,7 @@ static bool grad_is_dy(const CgPlan *p, const Node *n) {
 
 /* The forward ops one backward kernel computes several input gradients of. */
 static bool multi_grad(OpId op) {
-  return (op >= OP_ADD && op <= OP_MINIMUM) || op == OP_LAYER_NORM || op == OP_RMS_NORM || op == OP_SDPA;
+  return (op >= OP_ADD && op <= OP_MOD) || op == OP_LAYER_NORM || op == OP_RMS_NORM || op == OP_SDPA;
 }
 
 static void set_alias(CgPlan *p, int i, int to) {

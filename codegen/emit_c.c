@@ -181,8 +181,8 @@ static const char *shape_ints(const Shape *s) {
 static const char *const unary_k[] = {"K_NEG", "K_EXP", "K_LOG", "K_SQRT", "K_RSQRT", "K_TANH",
                                        "K_SIGMOID", "K_RELU", "K_GELU", "K_SILU", "K_SQUARE", "K_POW",
                                        "K_ABS", "K_CLAMP_MIN", "K_CLAMP_MAX"};
-static const char *const binary_k[] = {"K_ADD", "K_SUB", "K_MUL", "K_DIV", "K_MAXIMUM", "K_MINIMUM",
-                                        "K_EQ", "K_NE", "K_LT", "K_LE", "K_GT", "K_GE"};
+static const char *const binary_k[] = {"K_ADD", "K_SUB", "K_MUL", "K_DIV", "K_MAXIMUM", "K_MINIMUM", "K_MOD",
+                                        "K_FLOORDIV", "K_EQ", "K_NE", "K_LT", "K_LE", "K_GT", "K_GE"};
 
 /* An operand repeats with period numel(x) over the output when x's shape, leading 1s dropped, is
  * a suffix of the output's shape. */
@@ -501,7 +501,7 @@ static void emit_forward(Cg *c, int i) {
   if (cg_forward_skip(c->out, &c->pl, i)) return;
   switch (n->op) {
   case OP_ARANGE: EMIT("  k_arange_forward(%s, %lld);\n", ptr(c, i), (long long)n->ia[0]); break;
-  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
+  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM: case OP_MOD: case OP_FLOORDIV:
   case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: emit_binary(c, i); break;
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
@@ -749,7 +749,7 @@ static void emit_grad(Cg *c, int i) {
   int64_t bytes = (int64_t)ir_node_bytes(c->g, i);
   const char *dx = ptr(c, i), *dy = ptr(c, n->in[0]), *x = ptr(c, f->in[n->ia[0]]);
   switch (f->op) {
-  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
+  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM: case OP_MOD:
     emit_grad_binary(c, i, f);
     break;
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:

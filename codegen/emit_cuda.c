@@ -226,6 +226,11 @@ static void emit_binary(FILE *f, int j, int op, int a, int b) {
   /* as ref.c: a > b ? a : b, so a NaN in a gives b */
   case K_MAXIMUM: fprintf(f, "    float v%d = v%d > v%d ? v%d : v%d;\n", j, a, b, a, b); return;
   case K_MINIMUM: fprintf(f, "    float v%d = v%d < v%d ? v%d : v%d;\n", j, a, b, a, b); return;
+  case K_MOD: /* as ref.c's k_mod_f */
+    fprintf(f, "    float v%d = fmodf(v%d, v%d);\n    if (v%d != 0.0f && (v%d < 0.0f) != (v%d < 0.0f)) v%d += v%d;\n", j, a, b, j,
+            j, b, j, b);
+    return;
+  case K_FLOORDIV: fprintf(f, "    float v%d = floorf(v%d / v%d);\n", j, a, b); return;
   case K_EQ: case K_NE: case K_LT: case K_LE: case K_GT: case K_GE:
     fprintf(f, "    float v%d = v%d %s v%d ? 1.0f : 0.0f;\n", j, a, cmp[op], b);
     return;

@@ -381,6 +381,22 @@ static LLVMValueRef gen_unary(Gen *g, int op, LLVMValueRef x, float c) {
   return NULL; /* cg_llvm_check rejected it */
 }
 
+/* Python's mod of f32 (ref.h's k_mod_f: fmod, moved to the divisor's sign) without a libm call:
+ * in f64, a - trunc(a / b) * b is fmod exactly while the quotient stays below 2^24. */
+static LLVMValueRef gen_mod(Gen *g, LLVMValueRef a, LLVMValueRef b) {
+  LLVMTypeRef sd = LLVMDoubleTypeInContext(g->ctx), d = g->lanes > 1 ? LLVMVectorType(sd, g->lanes) : sd;
+  LLVMValueRef ad = LLVMBuildFPExt(g->b, a, d, ""), bd = LLVMBuildFPExt(g->b, b, d, "");
+  unsigned id = LLVMLookupIntrinsicID("llvm.trunc", strlen("llvm.trunc"));
+  LLVMTypeRef ty[1] = {d};
+  LLVMValueRef quot = LLVMBuildFDiv(g->b, ad, bd, "");
+  LLVMValueRef q = LLVMBuildCall2(g->b, LLVMIntrinsicGetType(g->ctx, id, ty, 1),
+                                  LLVMGetIntrinsicDeclaration(g->mod, id, ty, 1), &quot, 1, "");
+  LLVMValueRef r = LLVMBuildFPTrunc(g->b, LLVMBuildFSub(g->b, ad, LLVMBuildFMul(g->b, q, bd, ""), ""), g->f32, "");
+  LLVMValueRef zero = cf(g, 0.0);
+  LLVMValueRef off = LLVMBuildXor(g->b, fcmp(g, LLVMRealOLT, r, zero), fcmp(g, LLVMRealOLT, b, zero), "");
+  return sel(g, LLVMBuildAnd(g->b, fcmp(g, LLVMRealONE, r, zero), off, ""), fadd(g, r, b), r);
+}
+
 static LLVMValueRef gen_binary(Gen *g, int op, LLVMValueRef a, LLVMValueRef b) {
   static const LLVMRealPredicate cmp[] = {
       [K_EQ] = LLVMRealOEQ, [K_NE] = LLVMRealUNE, [K_LT] = LLVMRealOLT,
@@ -393,6 +409,8 @@ static LLVMValueRef gen_binary(Gen *g, int op, LLVMValueRef a, LLVMValueRef b) {
   /* as ref.c: a > b ? a : b, so a NaN in a gives b */
   case K_MAXIMUM: return sel(g, fcmp(g, LLVMRealOGT, a, b), a, b);
   case K_MINIMUM: return sel(g, fcmp(g, LLVMRealOLT, a, b), a, b);
+  case K_MOD: return gen_mod(g, a, b);
+  case K_FLOORDIV: return call1(g, "llvm.floor", fdiv(g, a, b));
   case K_EQ: case K_NE: case K_LT: case K_LE: case K_GT: case K_GE:
     return sel(g, fcmp(g, cmp[op], a, b), cf(g, 1.0), cf(g, 0.0));
   case K_BINARY_COUNT: break;

@@ -11,6 +11,7 @@ bool fusion_kernel_op(OpId op, bool *unary, int *kop) {
   static const struct { OpId op; bool unary; int k; } map[] = {
       {OP_ADD, false, K_ADD},       {OP_SUB, false, K_SUB},         {OP_MUL, false, K_MUL},
       {OP_DIV, false, K_DIV},       {OP_MAXIMUM, false, K_MAXIMUM}, {OP_MINIMUM, false, K_MINIMUM},
+      {OP_MOD, false, K_MOD},       {OP_FLOORDIV, false, K_FLOORDIV},
       {OP_EQ, false, K_EQ},         {OP_NE, false, K_NE},           {OP_LT, false, K_LT},
       {OP_LE, false, K_LE},         {OP_GT, false, K_GT},           {OP_GE, false, K_GE},
       {OP_NEG, true, K_NEG},        {OP_EXP, true, K_EXP},          {OP_LOG, true, K_LOG},

@@ -263,6 +263,8 @@ static OpId tensor_op(AstOp op) {
   case AOP_SUB: return OP_SUB;
   case AOP_MUL: return OP_MUL;
   case AOP_DIV: return OP_DIV;
+  case AOP_MOD: return OP_MOD;
+  case AOP_FLOORDIV: return OP_FLOORDIV;
   case AOP_MATMUL: return OP_MATMUL;
   case AOP_EQ: return OP_EQ;
   case AOP_NE: return OP_NE;
@@ -308,7 +310,8 @@ static Value tensor_binary(Build *b, AstOp op, Value x, Value y, Span at, Span x
     /* PyTorch's `/` divides exactly and gives a float; C's truncation would give other numbers. */
     diag_error(at, "'/' of i32 tensors is not supported: PyTorch divides exactly (a float result), where an i32 "
                    "division would truncate");
-    diag_hint("convert to f32 first, as PyTorch's x.float(): %s / %s", div_operand(x, xs), div_operand(y, ys));
+    diag_hint("convert to f32 first, as PyTorch's x.float(): %s / %s; or floor-divide: %s // %s", div_operand(x, xs),
+              div_operand(y, ys), sema_span_text(xs), sema_span_text(ys));
     return sema_v_err();
   }
   int i = add_node(b, id, in, 2, at);

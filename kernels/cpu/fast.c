@@ -42,6 +42,8 @@ static float binary_f(KBinary op, float x, float y) {
   case K_DIV: return x / y;
   case K_MAXIMUM: return x > y ? x : y;
   case K_MINIMUM: return x < y ? x : y;
+  case K_MOD: return (float)k_mod_f(x, y);
+  case K_FLOORDIV: return floorf(x / y);
   case K_EQ: return x == y;
   case K_NE: return x != y;
   case K_LT: return x < y;
@@ -61,6 +63,8 @@ static int32_t binary_i(KBinary op, int32_t x, int32_t y) {
   case K_DIV: return y == 0 || (x == INT32_MIN && y == -1) ? 0 : x / y;
   case K_MAXIMUM: return x > y ? x : y;
   case K_MINIMUM: return x < y ? x : y;
+  case K_MOD: return k_mod_i(x, y);
+  case K_FLOORDIV: return k_floordiv_i(x, y);
   default: return binary_f(op, (float)x, (float)y) != 0; /* comparisons, exact on small ints */
   }
 }

@@ -314,6 +314,8 @@ void kf_binary_period_forward(KBinary op, float *out, const float *a, long na, c
   case K_DIV: BIN_LOOPS(x / y);
   case K_MAXIMUM: BIN_LOOPS(x > y ? x : y);
   case K_MINIMUM: BIN_LOOPS(x < y ? x : y);
+  case K_MOD: BIN_LOOPS((float)k_mod_f(x, y));
+  case K_FLOORDIV: BIN_LOOPS(floorf(x / y));
   case K_EQ: BIN_LOOPS(x == y ? 1.0f : 0.0f);
   case K_NE: BIN_LOOPS(x != y ? 1.0f : 0.0f);
   case K_LT: BIN_LOOPS(x < y ? 1.0f : 0.0f);
@@ -408,6 +410,7 @@ void kf_binary_period_backward(KBinary op, float *da, long na, float *db, long n
   case K_DIV: BIN_GRAD(g / y, -g * x / (y * y));
   case K_MAXIMUM: BIN_GRAD(g * share_max(x, y), g * (1.0f - share_max(x, y)));
   case K_MINIMUM: BIN_GRAD(g * share_min(x, y), g * (1.0f - share_min(x, y)));
+  case K_MOD: BIN_GRAD(g, -g * floorf(x / y));
   default: k_assert(!"binary op without a gradient");
   }
 }

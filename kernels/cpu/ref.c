@@ -29,7 +29,7 @@ const char *const k_unary_names[K_UNARY_COUNT] = {
     "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "square", "pow",
     "abs", "clamp_min", "clamp_max"};
 const char *const k_binary_names[K_BINARY_COUNT] = {
-    "add", "sub", "mul", "div", "maximum", "minimum", "eq", "ne", "lt", "le", "gt", "ge"};
+    "add", "sub", "mul", "div", "maximum", "minimum", "mod", "floordiv", "eq", "ne", "lt", "le", "gt", "ge"};
 
 long k_numel(const int *shape, int rank) {
   long n = 1;
@@ -163,6 +163,8 @@ static double K_NAME(binary_f)(KBinary op, double a, double b) {
   case K_DIV: return a / b;
   case K_MAXIMUM: return a > b ? a : b;
   case K_MINIMUM: return a < b ? a : b;
+  case K_MOD: return k_mod_f(a, b);
+  case K_FLOORDIV: return floor(a / b);
   case K_EQ: return a == b;
   case K_NE: return a != b;
   case K_LT: return a < b;
@@ -184,6 +186,7 @@ static void K_NAME(binary_df)(KBinary op, double a, double b, double *pa, double
   /* ties split the gradient evenly, as PyTorch's maximum/minimum do */
   case K_MAXIMUM: *pa = a > b ? 1 : a < b ? 0 : 0.5, *pb = 1 - *pa; break;
   case K_MINIMUM: *pa = a < b ? 1 : a > b ? 0 : 0.5, *pb = 1 - *pa; break;
+  case K_MOD: *pa = 1, *pb = -floor(a / b); break; /* PyTorch's remainder */
   default: k_assert(!"KBinary without a gradient");
   }
 }

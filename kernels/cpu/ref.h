@@ -18,6 +18,7 @@
 #ifndef CPLAN_KERNELS_REF_H
 #define CPLAN_KERNELS_REF_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,6 +33,25 @@ _Noreturn void k_data_error(const char *op, const char *what, long i, long value
 
 #define K_MAXDIM 8 /* the highest rank the broadcast and permute kernels accept */
 
+/* Python's % and // (PyTorch's remainder and floor_divide), the one definition every CPU kernel
+ * uses: the remainder takes the divisor's sign, the quotient rounds toward -inf. Of i32 a zero
+ * divisor gives 0 (PyTorch raises) and INT32_MIN // -1 wraps to INT32_MIN, as PyTorch's. */
+static inline double k_mod_f(double a, double b) {
+  double r = fmod(a, b);
+  return r != 0 && (r < 0) != (b < 0) ? r + b : r;
+}
+static inline int32_t k_floordiv_i(int32_t a, int32_t b) {
+  if (b == 0) return 0;
+  if (b == -1) return (int32_t)(0u - (uint32_t)a);
+  int32_t q = a / b;
+  return a % b != 0 && (a < 0) != (b < 0) ? q - 1 : q;
+}
+static inline int32_t k_mod_i(int32_t a, int32_t b) {
+  if (b == 0 || b == -1) return 0;
+  int32_t r = a % b;
+  return r != 0 && (r < 0) != (b < 0) ? r + b : r;
+}
+
 /* Elementwise unary ops; pow takes its exponent as the kernel's `c` argument, clamp_min and
  * clamp_max their bound (x < c ? c : x and x > c ? c : x: a NaN stays NaN, as in PyTorch).
  * Checklist: the order is ops.def's (OP_NEG ..), emit_c.c's unary_k and emit_cu_support.h's cps_un. */
@@ -41,12 +61,13 @@ typedef enum {
   K_UNARY_COUNT
 } KUnary;
 
-/* Elementwise binary ops with NumPy broadcasting. The comparisons give 1.0/0.0 and have no
- * backward (OPF_NOGRAD in ops.def); K_BINARY_GRAD_END marks where they start. */
+/* Elementwise binary ops with NumPy broadcasting, in ops.def's order (ADD to GE). floordiv and the
+ * comparisons have no backward (OPF_NOGRAD in ops.def); K_BINARY_GRAD_END marks where they start.
+ * The comparisons give 1.0/0.0 (a float even of i32 operands). mod and floordiv are Python's. */
 typedef enum {
-  K_ADD, K_SUB, K_MUL, K_DIV, K_MAXIMUM, K_MINIMUM,
+  K_ADD, K_SUB, K_MUL, K_DIV, K_MAXIMUM, K_MINIMUM, K_MOD,
   K_BINARY_GRAD_END,
-  K_EQ = K_BINARY_GRAD_END, K_NE, K_LT, K_LE, K_GT, K_GE,
+  K_FLOORDIV = K_BINARY_GRAD_END, K_EQ, K_NE, K_LT, K_LE, K_GT, K_GE,
   K_BINARY_COUNT
 } KBinary;
 

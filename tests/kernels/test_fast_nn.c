@@ -174,7 +174,9 @@ static void period_grad_f64(KBinary op, float *da, long na, float *db, long nb, 
     case K_MUL: pa = y, pb = x; break;
     case K_DIV: pa = 1 / y, pb = -x / (y * y); break;
     case K_MAXIMUM: pa = x > y ? 1 : x < y ? 0 : 0.5, pb = 1 - pa; break;
-    default: pa = x < y ? 1 : x > y ? 0 : 0.5, pb = 1 - pa; break;
+    case K_MINIMUM: pa = x < y ? 1 : x > y ? 0 : 0.5, pb = 1 - pa; break;
+    case K_MOD: pa = 1, pb = -floor(x / y); break; /* PyTorch's remainder */
+    default: abort(); /* a differentiable KBinary without a case here */
     }
     sa[i % na] += dout[i] * pa;
     sb[i % nb] += dout[i] * pb;
@@ -197,8 +199,9 @@ static void test_binary_period(long na, long nb, long n) {
   for (int op = 0; op < K_BINARY_COUNT; op++) {
     /* values on a coarse grid, so maximum/minimum and the comparisons meet ties */
     float *a = fbuf(na), *b = fbuf(nb), *of = fbuf(n), *or = fbuf(n), *dout = rand_buf(n, -1, 1);
-    for (long i = 0; i < na; i++) a[i] = (float)((int)rnd(0, 7) - 3) + (op == K_DIV ? 0.5f : 0);
-    for (long i = 0; i < nb; i++) b[i] = (float)((int)rnd(0, 7) - 3) + (op == K_DIV ? 0.5f : 0);
+    float off = op == K_DIV || op == K_MOD || op == K_FLOORDIV ? 0.5f : 0; /* no division by 0 */
+    for (long i = 0; i < na; i++) a[i] = (float)((int)rnd(0, 7) - 3) + off;
+    for (long i = 0; i < nb; i++) b[i] = (float)((int)rnd(0, 7) - 3) + off;
     kf_binary_period_forward(op, of, a, na, b, nb, n);
     period_fwd_ref(op, or, a, na, b, nb, n);
     snprintf(what, sizeof what, "binary_period_forward %s", k_binary_names[op]);

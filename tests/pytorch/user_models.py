@@ -147,6 +147,19 @@ def m8(p, d):
     return (a.mean() + (c2 * c2).mean() + c1.mean() + cm.mean() + cp.mean() + (wn * wn).mean() + (wb * y).mean() + wc.mean()
             + (ki.double() * h).mean())
 
+@model('m9_divmod', lambda: {'x': (rng.normal(size=(B, 4)) * 2).astype(np.float32),
+                             'k': rng.integers(-9, 10, size=(B, 4)).astype(np.int32)})
+def m9(p, d):
+    x, k = d['x'], d['k']
+    h = x @ p['w']
+    r = torch.remainder(h, 0.7)
+    s = torch.remainder(h, p['m'].abs() + 0.5)
+    n = torch.remainder(h * 3.0, -1.3)
+    q = torch.div(h.detach(), 0.25, rounding_mode='floor')
+    ki = torch.remainder(k, 3) + torch.div(k, -2, rounding_mode='floor') + torch.remainder(k * 7, -4)
+    assert ki.dtype == torch.int32
+    return r.mean() + (s * s).mean() + n.mean() + (q * h).mean() + (ki.double() * h).mean()
+
 
 def main(cplanc, name, tmp):
     data_fn, f = MODELS[name]

@@ -174,7 +174,7 @@ static void forward(Interp *I, const Node *f, double *out) {
   switch (f->op) {
   case OP_CONST: out[0] = f->fa[0]; return;
   case OP_ARANGE: for (long i = 0; i < n; i++) out[i] = (double)i; return;
-  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM:
+  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM: case OP_MOD: case OP_FLOORDIV:
   case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: {
     int ra = ishape(x, sa), rb = ishape(input(I, f, 1), sb);
     k_binary_forward_f64((KBinary)(f->op - OP_ADD), out, a, sa, ra, b, sb, rb);
@@ -285,7 +285,7 @@ static void backward(Interp *I, const Node *f, int k, const double *dy, double *
   int sa[CP_MAX_RANK], sb[CP_MAX_RANK], o, m, in;
   covered[f->op] = true;
   switch (f->op) {
-  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM: {
+  case OP_ADD: case OP_SUB: case OP_MUL: case OP_DIV: case OP_MAXIMUM: case OP_MINIMUM: case OP_MOD: {
     int ra = ishape(x, sa), rb = ishape(input(I, f, 1), sb);
     k_binary_backward_f64((KBinary)(f->op - OP_ADD), k == 0 ? dx : NULL, k == 1 ? dx : NULL, dy, a, sa, ra, b, sb, rb);
     return;
@@ -527,6 +527,16 @@ static void test_gradients(void) {
              "  param c: [4] = zeros\n"
              "  s = a + b\n"
              "  loss = sum(s * s) + mean((a - b) * c) + sum(a / (b + 2)) + sum(maximum(a, b) * c) + sum(minimum(a * c, b))\n"
+             "}\n", 1);
+  /* Python's %: gradient 1 to a, -floor(a / b) to b; // has none (a loss term through it alone
+   * changes nothing) */
+  GRAD_CHECK("mod (by a number, by a param, a negative divisor), floordiv",
+             "model m() {\n"
+             "  param a: [2, 1, 4] = zeros\n"
+             "  param b: [3, 1] = zeros\n"
+             "  param c: [4] = zeros\n"
+             "  s = a + b\n"
+             "  loss = sum((a * 3.0) % 0.7 * c) + sum(s % (b * 0.3)) + sum((c * 5.0) % -0.9) + sum((s // 0.4) * c)\n"
              "}\n", 1);
   /* params are in [0.5, 1.5]: the bounds and comparisons split them; where(a - 1.0, b, c): a float
    * cond that depends on a param gets no gradient through where */

@@ -94,8 +94,8 @@ static int sel(TK *t, int q, int a, int b) { return add(t, (CgNode){.kind = CG_S
 static const char *const unames[K_UNARY_COUNT] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh",
                                                   "sigmoid", "relu", "gelu", "silu", "square", "pow",
                                                   "abs", "clamp_min", "clamp_max"};
-static const char *const bnames[K_BINARY_COUNT] = {"add", "sub", "mul", "div", "maximum", "minimum",
-                                                   "eq", "ne", "lt", "le", "gt", "ge"};
+static const char *const bnames[K_BINARY_COUNT] = {"add", "sub", "mul", "div", "maximum", "minimum", "mod",
+                                                   "floordiv", "eq", "ne", "lt", "le", "gt", "ge"};
 
 static void unary_kernels(void) {
   for (int op = 0; op < K_UNARY_COUNT; op++) {
@@ -132,7 +132,7 @@ static void binary_kernels(void) {
     TK *t = kernel(cp_fmt("b_%s", bnames[op]), -2.0f, 2.0f, 3, 2, 3, 130);
     t->quant = 1;
     bin(t, op, in(t, 3, 2, 3, 130), in(t, 2, 3, 1));
-    if (op == K_DIV) t->quant = 0; /* no division by 0 from quantized values */
+    if (op == K_DIV || op == K_MOD || op == K_FLOORDIV) t->quant = 0; /* no division by 0 from quantized values */
   }
 }
 

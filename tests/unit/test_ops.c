@@ -140,7 +140,7 @@ static void test_leaves(void) {
 /* ---- elementwise -------------------------------------------------------------------- */
 
 static void test_binary(void) {
-  static const OpId ops[] = {OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAXIMUM, OP_MINIMUM};
+  static const OpId ops[] = {OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_MAXIMUM, OP_MINIMUM, OP_MOD, OP_FLOORDIV};
   for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
     OpId op = ops[k];
     OK(N2(op, T(DT_F32, 2, 4, 8), T(DT_F32, 1, 8)), "f32[4, 8]");
@@ -154,6 +154,9 @@ static void test_binary(void) {
   OK(N2(OP_MUL, T(DT_BF16, 1, 4), C(0.5)), "bf16[4]");
   OK(N2(OP_MUL, C(0.5), T(DT_F16, 1, 4)), "f16[4]");
   OK(N2(OP_ADD, T(DT_I32, 1, 4), CI(1)), "i32[4]");
+  OK(N2(OP_MOD, T(DT_I32, 1, 4), CI(3)), "i32[4]"); /* Python's % and // keep i32 */
+  OK(N2(OP_FLOORDIV, T(DT_I32, 2, 2, 4), T(DT_I32, 1, 4)), "i32[2, 4]");
+  OK(N2(OP_MOD, T(DT_F32, 1, 4), C(0.5)), "f32[4]");
   OK(N2(OP_MUL, T(DT_I32, 1, 4), C(0.5)), "f32[4]");
   OK(N2(OP_MUL, T(DT_I32, 1, 4), C(1.0)), "f32[4]"); /* a float scalar gives f32 whatever its value, as PyTorch */
   OK(N2(OP_ADD, T(DT_I32, 1, 4), T(DT_BF16, 1, 4)), "bf16[4]");
