@@ -322,6 +322,7 @@ static void use_search(Sema *s, TrainConf *t) {
   const StrategyConf *st = &t->strategy;
   if (!t->mesh || t->mesh->ndevices <= 1) return;
   StrategyConf best = *st;
+  static const char *const rc[] = {"none", "selective", "full"}, *const ps[] = {"1f1b", "gpipe", "interleaved"};
   const char *why = "strategy = auto:";
   if (!st->is_auto) {
     if (st->dp > 0 && st->tp > 0 && st->pp > 0 && st->sp > 0 && st->micro > 0 && st->zero >= 0 &&
@@ -333,13 +334,12 @@ static void use_search(Sema *s, TrainConf *t) {
     /* defaults that do not cover the devices or divide the batch stay the build's errors */
     if (def.dp * def.tp * def.pp != t->mesh->ndevices || t->batch % (def.dp * def.micro) != 0) return;
     if (search_best_runnable(s, &d, &ignored) || !search_best_runnable(s, t, &best)) return;
-    why = cp_fmt("strategy: the defaults of the fields it leaves out (dp %lld, micro %lld, zero %lld, recompute none) "
-                 "do not fit, so", (long long)def.dp, (long long)def.micro, (long long)def.zero);
+    why = cp_fmt("strategy: the defaults of the fields it leaves out (dp %lld, micro %lld, zero %lld, recompute %s) "
+                 "do not fit, so", (long long)def.dp, (long long)def.micro, (long long)def.zero, rc[def.recompute]);
   } else if (!search_best_runnable(s, t, &best)) {
     fprintf(stderr, "cplanc: strategy = auto: the search found no plan; pure data parallelism\n");
     return;
   }
-  static const char *const rc[] = {"none", "selective", "full"}, *const ps[] = {"1f1b", "gpipe", "interleaved"};
   fprintf(stderr, "cplanc: %s the search chose dp %lld, tp %lld, pp %lld, sp %lld, zero %lld, micro %lld, "
           "recompute %s%s%s (`cplanc plan` ranks the alternatives)\n", why, (long long)best.dp, (long long)best.tp,
           (long long)best.pp, (long long)(best.sp > 0 ? best.sp : 1), (long long)best.zero, (long long)best.micro,
