@@ -286,6 +286,28 @@ static const char *div_operand(Value v, Span at) {
   return digits ? cp_fmt("%s.0", t) : t;
 }
 
+/* float(x) of an i32 tensor node: the new node, or -1 on an error (reported). */
+static int to_float(Build *b, int x, Span at) {
+  int i = add_node(b, OP_FLOAT, &x, 1, at);
+  return i < 0 || infer(b, i, at).kind == V_ERR ? -1 : i;
+}
+
+/* PyTorch's type promotion: an i32 tensor meeting a float one in an elementwise op is converted
+ * first (a float(x) node), so the op computes in float on every backend, as `idx * x` does in
+ * PyTorch. in[0..n) are the operands; false on an error (reported). */
+static bool promote_i32(Build *b, int *in, int n, Span at) {
+  bool has_i = false, has_f = false;
+  for (int k = 0; k < n; k++) {
+    bool i32 = b->g->nodes[in[k]].dtype == DT_I32;
+    has_i |= i32;
+    has_f |= !i32;
+  }
+  if (!has_i || !has_f) return true;
+  for (int k = 0; k < n; k++)
+    if (b->g->nodes[in[k]].dtype == DT_I32 && (in[k] = to_float(b, in[k], at)) < 0) return false;
+  return true;
+}
+
 /* xs, ys: the operands' source text (a returned value's span can lie in the fn that made it). */
 static Value tensor_binary(Build *b, AstOp op, Value x, Value y, Span at, Span xs, Span ys) {
   OpId id = tensor_op(op);
@@ -314,9 +336,12 @@ static Value tensor_binary(Build *b, AstOp op, Value x, Value y, Span at, Span x
               div_operand(y, ys), sema_span_text(xs), sema_span_text(ys));
     return sema_v_err();
   }
+  if (id != OP_MATMUL && !promote_i32(b, in, 2, at)) return sema_v_err();
   int i = add_node(b, id, in, 2, at);
   return i < 0 ? sema_v_err() : infer(b, i, at);
 }
+
+static Value unary_i32(Build *b, OpId id, int x, Span at);
 
 static Value eval_unary(Build *b, Frame *f, const Expr *e) {
   Value a = eval(b, f, e->lhs);
@@ -326,6 +351,7 @@ static Value eval_unary(Build *b, Frame *f, const Expr *e) {
     diag_error(e->span, "'%s' is not defined on tensors", ast_op_text(e->op));
     return sema_v_err();
   }
+  if (b->g->nodes[a.node].dtype == DT_I32) return unary_i32(b, OP_NEG, a.node, e->span);
   int i = add_node(b, OP_NEG, &a.node, 1, e->span);
   return i < 0 ? sema_v_err() : infer(b, i, e->span);
 }
@@ -834,6 +860,17 @@ static Value abs_i32(Build *b, int x, Span at) {
   return i < 0 ? sema_v_err() : infer(b, i, at);
 }
 
+/* neg, relu, square and abs of an i32 tensor keep i32, as in PyTorch, computed with the i32
+ * arithmetic every backend has: 0 - x, maximum(x, 0), x * x, maximum(x, 0 - x). (The float math,
+ * exp, sqrt, sigmoid, pow, ..., converts its i32 operand first: call_prim.) */
+static Value unary_i32(Build *b, OpId id, int x, Span at) {
+  if (id == OP_ABS) return abs_i32(b, x, at);
+  if (id != OP_SQUARE) return desugar_binary(b, id == OP_NEG ? OP_SUB : OP_MAXIMUM, x, sema_v_int(0, at), at);
+  int in[2] = {x, x};
+  int i = add_node(b, OP_MUL, in, 2, at);
+  return i < 0 ? sema_v_err() : infer(b, i, at);
+}
+
 /* clamp(x, min, max), clamp_min, clamp_max: a clamp_min node (when there is a lower bound) then a
  * clamp_max node (an upper one), so min > max gives max everywhere as in PyTorch. An i32 tensor
  * with whole-number bounds is clamped with maximum/minimum of i32 constants (PyTorch keeps its
@@ -935,21 +972,26 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
     double lo = id == OP_CLAMP_MAX ? -INFINITY : pn.fa[0], hi = id == OP_CLAMP ? pn.fa[1] : pn.fa[0];
     return expand_clamp(b, pn.in.a[0], has_min, lo, has_max, hi, opname, e->span, vals[0].span);
   }
-  if (id == OP_WHERE)
-    for (int j = 0; j < 3; j++) { /* i32 operands: at the argument, with the conversion to write */
-      if (vals[j].kind != V_TENSOR || b->g->nodes[pn.in.a[j]].dtype != DT_I32) continue;
-      const char *t = sema_span_text(vals[j].span);
-      if (j == 0) {
-        diag_error(vals[j].span,
-                   "where's cond must be a comparison (1.0 where true, as PyTorch's bool), got an i32 tensor");
-        diag_hint("compare it: where(%s != 0, ...)", t);
-      } else {
-        diag_error(vals[j].span, "where's branches must be float tensors or numbers, got an i32 tensor");
-        diag_hint("convert it, as PyTorch promotes it: float(%s)", t);
-      }
-      return sema_v_err();
-    }
-  if (id == OP_ABS && b->g->nodes[pn.in.a[0]].dtype == DT_I32) return abs_i32(b, pn.in.a[0], e->span);
+  bool i32[3] = {false};
+  for (int j = 0; j < pn.in.n && j < 3; j++) i32[j] = b->g->nodes[pn.in.a[j]].dtype == DT_I32;
+  if (id == OP_WHERE && i32[0]) {
+    diag_error(vals[0].span, "where's cond must be a comparison (1.0 where true, as PyTorch's bool), got an i32 tensor");
+    diag_hint("compare it: where(%s != 0, ...)", sema_span_text(vals[0].span));
+    return sema_v_err();
+  }
+  if (id == OP_WHERE && i32[1] && i32[2]) { /* one i32 branch is promoted below, as PyTorch does */
+    int j = vals[1].kind == V_TENSOR ? 1 : 2;
+    diag_error(vals[j].span, "where of two i32 branches is not supported yet (PyTorch's result would be i32)");
+    diag_hint("convert a branch: float(%s), and the result is f32", sema_span_text(vals[j].span));
+    return sema_v_err();
+  }
+  if (id == OP_WHERE || id == OP_MAXIMUM || id == OP_MINIMUM) {
+    int first = id == OP_WHERE;
+    if (!promote_i32(b, pn.in.a + first, 2, e->span)) return sema_v_err();
+  } else if ((ir_ops[id].flags & OPF_ELEMENTWISE) && pn.in.n == 1 && i32[0] && id != OP_FLOAT) {
+    if (id == OP_NEG || id == OP_RELU || id == OP_SQUARE || id == OP_ABS) return unary_i32(b, id, pn.in.a[0], e->span);
+    if ((pn.in.a[0] = to_float(b, pn.in.a[0], e->span)) < 0) return sema_v_err(); /* exp(idx) is f32 */
+  }
   int i = add_node(b, id, pn.in.a, pn.in.n, e->span);
   if (i < 0) return sema_v_err();
   Node *n = &b->g->nodes[i];

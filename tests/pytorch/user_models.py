@@ -3,7 +3,8 @@
 an MLP classifier, a post-norm BERT encoder with bidirectional attention and -1 targets, a LLaMA block
 with rope and SwiGLU written by hand, shape ops (reshape, permute, transpose, negative slices, concat,
 split, broadcasting), an MSE regression, a tied embedding with i32 arithmetic and a hand-written causal
-mask, edge cases of maximum/max ties, pow and two-sided broadcasting, and abs, clamp and where), each trained one step of
+mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp and where, % and //, and
+PyTorch's type promotion of i32 tensors meeting floats), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -159,6 +160,21 @@ def m9(p, d):
     ki = torch.remainder(k, 3) + torch.div(k, -2, rounding_mode='floor') + torch.remainder(k * 7, -4)
     assert ki.dtype == torch.int32
     return r.mean() + (s * s).mean() + n.mean() + (q * h).mean() + (ki.double() * h).mean()
+
+@model('m11_promote', lambda: {'x': rng.normal(size=(B, 4)).astype(np.float32),
+                               'k': rng.integers(-4, 6, size=(B, 4)).astype(np.int32)})
+def m11(p, d):
+    x, k, g = d['x'], d['k'], p['g']
+    h = x @ p['w']
+    a = k * h
+    b = h / (k * k + 1)
+    c = torch.maximum(h, k) + torch.minimum(k - 2, h * g)
+    e = torch.where(h > 0, k, h * g)
+    s = torch.sqrt(k * k) + torch.exp(-(k * k)) + torch.sigmoid(k) + torch.pow(k.abs(), 1.5)
+    n = -k + torch.relu(k) + torch.square(k)
+    assert n.dtype == torch.int32 and s.dtype == torch.float64
+    m = k.sum() * 0.01 + (k > 0.5) + k * 1.0
+    return a.mean() + (b * b).mean() + c.mean() + e.mean() + (s * h).mean() + (n.double() * h).mean() + (m * h).mean()
 
 
 def main(cplanc, name, tmp):
