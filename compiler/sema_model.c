@@ -871,6 +871,26 @@ static Value unary_i32(Build *b, OpId id, int x, Span at) {
   return i < 0 ? sema_v_err() : infer(b, i, at);
 }
 
+/* cross_entropy(logits, targets, ignore_index = N): the targets equal to N become -1, the target
+ * every backend's kernels ignore, by i32 arithmetic: z = 1 - min(|clamp(t) - N|, 1) is 1 exactly
+ * where t == N (else 0), and t + z * (-1 - N) maps those to -1, leaving the others as they are (an
+ * out-of-range target still reaches the kernels' check). t is clamped to ±(2^30 - 1) for the test
+ * so that nothing overflows; |N| ≤ 10^9 < 2^30 - 1, so a clamped t never equals N. */
+static Value ignore_index_targets(Build *b, int t, int64_t ig, Span at) {
+  const int64_t lim = (INT64_C(1) << 30) - 1;
+  Value v = desugar_binary(b, OP_MAXIMUM, t, sema_v_int(-lim, at), at);
+  if (v.kind != V_ERR) v = desugar_binary(b, OP_MINIMUM, v.node, sema_v_int(lim, at), at);
+  if (v.kind != V_ERR) v = desugar_binary(b, OP_ADD, v.node, sema_v_int(-ig, at), at);
+  if (v.kind != V_ERR) v = abs_i32(b, v.node, at);
+  if (v.kind != V_ERR) v = desugar_binary(b, OP_MINIMUM, v.node, sema_v_int(1, at), at);
+  if (v.kind != V_ERR) v = desugar_binary(b, OP_SUB, v.node, sema_v_int(1, at), at); /* 1 - min */
+  if (v.kind != V_ERR) v = desugar_binary(b, OP_MUL, v.node, sema_v_int(-1 - ig, at), at);
+  if (v.kind == V_ERR) return v;
+  int in[2] = {t, v.node};
+  int i = add_node(b, OP_ADD, in, 2, at);
+  return i < 0 ? sema_v_err() : infer(b, i, at);
+}
+
 /* clamp(x, min, max), clamp_min, clamp_max: a clamp_min node (when there is a lower bound) then a
  * clamp_max node (an upper one), so min > max gives max everywhere as in PyTorch. An i32 tensor
  * with whole-number bounds is clamped with maximum/minimum of i32 constants (PyTorch keeps its
@@ -985,6 +1005,18 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
     diag_hint("convert a branch: float(%s), and the result is f32", sema_span_text(vals[j].span));
     return sema_v_err();
   }
+  if (id == OP_CROSS_ENTROPY && pn.ia[0] != -1) {
+    if (pn.ia[0] < -1000000000 || pn.ia[0] > 1000000000) {
+      diag_error(vals[2].span, "ignore_index must lie within ±1e9, got %lld", (long long)pn.ia[0]);
+      return sema_v_err();
+    }
+    if (b->g->nodes[pn.in.a[1]].dtype == DT_I32) { /* (float targets are the shape rule's error) */
+      Value t = ignore_index_targets(b, pn.in.a[1], pn.ia[0], vals[2].span);
+      if (t.kind == V_ERR) return t;
+      pn.in.a[1] = t.node;
+    }
+  }
+  if (id == OP_CROSS_ENTROPY) pn.ia[0] = -1; /* the node ignores -1, what the kernels ignore */
   if (id == OP_WHERE || id == OP_MAXIMUM || id == OP_MINIMUM) {
     int first = id == OP_WHERE;
     if (!promote_i32(b, pn.in.a + first, 2, e->span)) return sema_v_err();

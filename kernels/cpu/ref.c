@@ -20,8 +20,12 @@ _Noreturn void k_panic(const char *file, int line, const char *what) {
 
 _Noreturn void k_data_error(const char *op, const char *what, long i, long value, long v) {
   fflush(stdout);
+  int target = strcmp(what, "target") == 0;
   fprintf(stderr, "error: %s: %s %ld at position %ld of the micro-batch is out of range: it must be in [0, %ld)%s\n",
-          op, what, value, i, v, strcmp(what, "target") == 0 ? " or -1 (ignored)" : "");
+          op, what, value, i, v, target ? " or -1 (ignored)" : "");
+  if (target && value < 0) /* PyTorch's ignored target is -100: cplan ignores -1 unless told */
+    fprintf(stderr, "hint: to ignore the targets %ld, pass them to the loss: cross_entropy(logits, targets, "
+                    "ignore_index = %ld)\n", value, value);
   exit(1);
 }
 

@@ -2,6 +2,8 @@
 # bad_indices.sh CPLANC SRCDIR: `tensors` data whose class targets or embedding indices are out of
 # range (PyTorch raises IndexError there) stop the program with exit 1 and a message naming the op,
 # the value and the range; they used to abort in a kernel assertion ("internal error", SIGABRT).
+# PyTorch's ignored target -100 is such an error, with a hint to pass ignore_index = -100, which
+# the last program does.
 set -u
 # shellcheck source=tests/e2e/e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
@@ -35,6 +37,7 @@ def write(path, tensors):
 write("good.safetensors", {"idx": [0, 1, 4, 2], "y": [0, 2, -1, 1]})
 write("bad_target.safetensors", {"idx": [0, 1, 4, 2], "y": [0, 3, 1, 1]})
 write("neg_target.safetensors", {"idx": [0, 1, 4, 2], "y": [0, 1, -2, 1]})
+write("torch_ignore.safetensors", {"idx": [0, 1, 4, 2], "y": [0, -100, 2, 1]})
 write("bad_index.safetensors", {"idx": [0, 5, 4, 2], "y": [0, 1, 1, 1]})
 PY
 e2e_build prog m.cplan
@@ -43,6 +46,12 @@ e2e_prog 1 bad_target ./prog --quiet --data bad_target.safetensors
 e2e_says bad_target "error: cross_entropy: target 3 at position 1" "[0, 3) or -1"
 e2e_prog 1 neg_target ./prog --quiet --data neg_target.safetensors
 e2e_says neg_target "target -2 at position 2"
+# PyTorch's ignored target -100: cplan ignores -1 unless told, and the hint says how
+e2e_prog 1 torch_ignore ./prog --quiet --data torch_ignore.safetensors
+e2e_says torch_ignore "target -100 at position 1" "ignore_index = -100)"
+sed 's/cross_entropy(embedding(wte, idx) @ w, y)/cross_entropy(embedding(wte, idx) @ w, y, ignore_index = -100)/' m.cplan >m100.cplan
+e2e_build prog100 m100.cplan
+e2e_prog 0 torch_ignore100 ./prog100 --quiet --data torch_ignore.safetensors
 e2e_prog 1 bad_index ./prog --quiet --data bad_index.safetensors
 e2e_says bad_index "error: embedding: index 5 at position 1" "[0, 5)"
 echo ok

@@ -3,8 +3,8 @@
 an MLP classifier, a post-norm BERT encoder with bidirectional attention and -1 targets, a LLaMA block
 with rope and SwiGLU written by hand, shape ops (reshape, permute, transpose, negative slices, concat,
 split, broadcasting), an MSE regression, a tied embedding with i32 arithmetic and a hand-written causal
-mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp and where, % and //, and
-PyTorch's type promotion of i32 tensors meeting floats), each trained one step of
+mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp and where, % and //,
+PyTorch's type promotion of i32 tensors meeting floats, and cross_entropy's ignore_index), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -175,6 +175,14 @@ def m11(p, d):
     assert n.dtype == torch.int32 and s.dtype == torch.float64
     m = k.sum() * 0.01 + (k > 0.5) + k * 1.0
     return a.mean() + (b * b).mean() + c.mean() + e.mean() + (s * h).mean() + (n.double() * h).mean() + (m * h).mean()
+
+@model('m12_ignore', lambda: {'idx': rng.integers(0, 7, size=(B, 6)).astype(np.int32),
+                              'targets': np.where(rng.random((B, 6)) < 0.5, rng.integers(0, 7, size=(B, 6)), -100).astype(np.int32)})
+def m12(p, d):
+    logits = F.embedding(d['idx'].long(), p['wte']) @ p['w']
+    ce100 = F.cross_entropy(logits.reshape(-1, 7), d['targets'].reshape(-1).long(), ignore_index=-100)
+    ce0 = F.cross_entropy(logits.reshape(-1, 7), d['idx'].reshape(-1).long(), ignore_index=0)
+    return ce100 + 0.5 * ce0
 
 
 def main(cplanc, name, tmp):
