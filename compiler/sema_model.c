@@ -928,6 +928,55 @@ static Value eval_prim_arg(Build *b, Frame *f, const SigArg *a, const Expr *x) {
   return eval(b, f, x);
 }
 
+/* One node op(x) with the given dims (axes or a permutation) and ia[0], inferred. */
+static int dims_node(Build *b, OpId op, int x, const int64_t *dims, int ndims, int64_t ia0, Span at) {
+  int i = add_node(b, op, &x, 1, at);
+  if (i < 0) return -1;
+  Node *n = &b->g->nodes[i];
+  n->ia[0] = ia0;
+  n->ndims = ndims;
+  if (ndims > 0) memcpy(n->dims, dims, sizeof(int64_t) * (size_t)ndims);
+  return infer(b, i, at).kind == V_ERR ? -1 : i;
+}
+
+/* Forms the backends compute only in a simpler shape, rewritten as PyTorch's results in that
+ * shape: node i (inferred, the graph's last) is replaced. A sum, mean or max over axes that are not
+ * adjacent (sum(x, axis = (0, 2))) becomes one reduction per run of adjacent axes, the last run
+ * first so the earlier axes keep their numbers (a mean of equal-count means is the mean; max's
+ * gradient still goes to the first maximal element in row-major order). A softmax or log_softmax
+ * over an axis other than the last becomes a permute swapping it with the last, the op over the
+ * last axis, and the same permute back. */
+static Value rewrite_for_backends(Build *b, int i, Span at) {
+  const Node n = b->g->nodes[i];
+  if (n.nin != 1) return tensor_val(i, at);
+  const int rank = b->g->nodes[n.in[0]].shape.rank;
+  int x = n.in[0];
+  if ((n.op == OP_SUM || n.op == OP_MEAN || n.op == OP_MAX) && n.ndims > 1) {
+    bool adjacent = true;
+    for (int k = 1; k < n.ndims; k++) adjacent &= n.dims[k] == n.dims[k - 1] + 1;
+    if (adjacent) return tensor_val(i, at);
+    b->g->n--; /* the dims are canonical and sorted (shape_reduce) */
+    for (int hi = n.ndims - 1; hi >= 0;) {
+      int lo = hi;
+      while (lo > 0 && n.dims[lo - 1] == n.dims[lo] - 1) lo--;
+      if ((x = dims_node(b, n.op, x, &n.dims[lo], hi - lo + 1, n.ia[0], at)) < 0) return sema_v_err();
+      hi = lo - 1;
+    }
+    return tensor_val(x, at);
+  }
+  if ((n.op == OP_SOFTMAX || n.op == OP_LOG_SOFTMAX) && n.ia[0] != rank - 1) {
+    b->g->n--; /* ia[0] is the canonical axis (shape_softmax) */
+    int64_t perm[CP_MAX_RANK];
+    for (int k = 0; k < rank; k++) perm[k] = k;
+    perm[n.ia[0]] = rank - 1, perm[rank - 1] = n.ia[0];
+    if ((x = dims_node(b, OP_PERMUTE, x, perm, rank, 0, at)) < 0 || (x = dims_node(b, n.op, x, NULL, 0, -1, at)) < 0 ||
+        (x = dims_node(b, OP_PERMUTE, x, perm, rank, 0, at)) < 0)
+      return sema_v_err();
+    return tensor_val(x, at);
+  }
+  return tensor_val(i, at);
+}
+
 static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
   const Sig *sg = op_sig(id);
   const char *opname = ir_ops[id].name;
@@ -1031,7 +1080,8 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
   memcpy(n->fa, pn.fa, sizeof pn.fa);
   memcpy(n->dims, pn.dims, sizeof pn.dims);
   n->ndims = pn.ndims;
-  return infer(b, i, e->span);
+  Value r = infer(b, i, e->span);
+  return r.kind == V_ERR ? r : rewrite_for_backends(b, i, e->span);
 }
 
 /* ---- calls ------------------------------------------------------------------------------ */

@@ -4,7 +4,8 @@ an MLP classifier, a post-norm BERT encoder with bidirectional attention and -1 
 with rope and SwiGLU written by hand, shape ops (reshape, permute, transpose, negative slices, concat,
 split, broadcasting), an MSE regression, a tied embedding with i32 arithmetic and a hand-written causal
 mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp and where, % and //,
-PyTorch's type promotion of i32 tensors meeting floats, and cross_entropy's ignore_index), each trained one step of
+PyTorch's type promotion of i32 tensors meeting floats, cross_entropy's ignore_index,
+and softmax over an axis other than the last and reductions over axes that are not adjacent), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -183,6 +184,18 @@ def m12(p, d):
     ce100 = F.cross_entropy(logits.reshape(-1, 7), d['targets'].reshape(-1).long(), ignore_index=-100)
     ce0 = F.cross_entropy(logits.reshape(-1, 7), d['idx'].reshape(-1).long(), ignore_index=0)
     return ce100 + 0.5 * ce0
+
+@model('m13_axes', lambda: {'x': rng.normal(size=(B, 6)).astype(np.float32)})
+def m13(p, d):
+    h = (d['x'] @ p['w']).reshape(-1, 3, 4) * p['u']
+    g = h.reshape(-1, 3, 2, 2)
+    s1 = torch.softmax(h, 1)
+    s0 = torch.log_softmax(g, -3)
+    r1 = g.sum((1, 3))
+    r2 = (g * g).mean((0, 2), keepdim=True)
+    r3 = g.max(3).values.max(1).values  # cplan's max gives a tie all to the first maximal element
+    r4 = g.sum((0, 2, 3))
+    return (s1 * h).mean() + (s0 * g).mean() + (r1 * r1).mean() + r2.mean() + r3.mean() + (r4 * r4).mean()
 
 
 def main(cplanc, name, tmp):
