@@ -939,6 +939,47 @@ static int dims_node(Build *b, OpId op, int x, const int64_t *dims, int ndims, i
   return infer(b, i, at).kind == V_ERR ? -1 : i;
 }
 
+static int binary_node(Build *b, OpId op, int x, int y, Span at) {
+  int in[2] = {x, y};
+  int i = add_node(b, op, in, 2, at);
+  return i < 0 || infer(b, i, at).kind == V_ERR ? -1 : i;
+}
+
+/* An sdpa whose keys differ in length from the queries (cross-attention) or whose values differ in
+ * width, which the attention kernels do not take, as PyTorch's math form: softmax(q @ kᵀ / sqrt(d)
+ * [masked]) @ v, the [Tq, Tk] scores in memory. causal masks as PyTorch's is_causal does (top-left:
+ * query i sees keys j <= i), with where(arange(Tq)[:, None] >= arange(Tk), s, -inf). */
+static Value sdpa_math(Build *b, int i, Span at) {
+  const Node n = b->g->nodes[i];
+  const int64_t *Q = b->g->nodes[n.in[0]].shape.d, *K = b->g->nodes[n.in[1]].shape.d, *V = b->g->nodes[n.in[2]].shape.d;
+  if (Q[2] == K[2] && V[3] == Q[3]) return tensor_val(i, at);
+  const int64_t tq = Q[2], tk = K[2], d = Q[3];
+  b->g->n--;
+  int kt = dims_node(b, OP_TRANSPOSE, n.in[1], NULL, 0, 0, at);
+  int sc = kt < 0 ? -1 : binary_node(b, OP_MATMUL, n.in[0], kt, at);
+  if (sc < 0) return sema_v_err();
+  Value s = desugar_binary(b, OP_MUL, sc, sema_v_float(1.0 / sqrt((double)d), at), at);
+  if (s.kind == V_ERR) return s;
+  if (n.ia[0]) {
+    int64_t rq[2] = {tq, 1}, rk[2] = {1, tk};
+    int aq = add_node(b, OP_ARANGE, NULL, 0, at), ak = aq < 0 ? -1 : add_node(b, OP_ARANGE, NULL, 0, at);
+    if (ak < 0) return sema_v_err();
+    b->g->nodes[aq].ia[0] = tq, b->g->nodes[ak].ia[0] = tk;
+    if (infer(b, aq, at).kind == V_ERR || infer(b, ak, at).kind == V_ERR) return sema_v_err();
+    if ((aq = dims_node(b, OP_RESHAPE, aq, rq, 2, 0, at)) < 0 || (ak = dims_node(b, OP_RESHAPE, ak, rk, 2, 0, at)) < 0)
+      return sema_v_err();
+    int m = binary_node(b, OP_GE, aq, ak, at);
+    Value ninf = m < 0 ? sema_v_err() : make_const(b, sema_v_float(-INFINITY, at), s.node, at);
+    if (ninf.kind == V_ERR) return ninf;
+    int in[3] = {m, s.node, ninf.node};
+    int w = add_node(b, OP_WHERE, in, 3, at);
+    if (w < 0 || (s = infer(b, w, at)).kind == V_ERR) return sema_v_err();
+  }
+  int p = dims_node(b, OP_SOFTMAX, s.node, NULL, 0, -1, at);
+  int o = p < 0 ? -1 : binary_node(b, OP_MATMUL, p, n.in[2], at);
+  return o < 0 ? sema_v_err() : tensor_val(o, at);
+}
+
 /* Forms the backends compute only in a simpler shape, rewritten as PyTorch's results in that
  * shape: node i (inferred, the graph's last) is replaced. A sum, mean or max over axes that are not
  * adjacent (sum(x, axis = (0, 2))) becomes one reduction per run of adjacent axes, the last run
@@ -948,6 +989,7 @@ static int dims_node(Build *b, OpId op, int x, const int64_t *dims, int ndims, i
  * last axis, and the same permute back. */
 static Value rewrite_for_backends(Build *b, int i, Span at) {
   const Node n = b->g->nodes[i];
+  if (n.op == OP_SDPA) return sdpa_math(b, i, at);
   if (n.nin != 1) return tensor_val(i, at);
   const int rank = b->g->nodes[n.in[0]].shape.rank;
   int x = n.in[0];

@@ -5,7 +5,8 @@ with rope and SwiGLU written by hand, shape ops (reshape, permute, transpose, ne
 split, broadcasting), an MSE regression, a tied embedding with i32 arithmetic and a hand-written causal
 mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp and where, % and //,
 PyTorch's type promotion of i32 tensors meeting floats, cross_entropy's ignore_index,
-and softmax over an axis other than the last and reductions over axes that are not adjacent), each trained one step of
+and softmax over an axis other than the last and reductions over axes that are not adjacent,
+cross-attention), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -196,6 +197,20 @@ def m13(p, d):
     r3 = g.max(3).values.max(1).values  # cplan's max gives a tie all to the first maximal element
     r4 = g.sum((0, 2, 3))
     return (s1 * h).mean() + (s0 * g).mean() + (r1 * r1).mean() + r2.mean() + r3.mean() + (r4 * r4).mean()
+
+@model('m14_cross', lambda: {'x': rng.normal(size=(B, 3, 8)).astype(np.float32), 'enc': rng.normal(size=(B, 5, 6)).astype(np.float32)})
+def m14(p, d):
+    x, enc = d['x'], d['enc']
+    def attn(q, k, v, is_causal=False):  # torch's scaled_dot_product_attention (this torch lacks it)
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if is_causal:  # top-left: query i sees keys j <= i
+            s = s.masked_fill(torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril().logical_not(), float('-inf'))
+        return torch.softmax(s, -1) @ v
+    q, k, v = heads(x @ p['wq'], 2), heads(enc @ p['wk'], 2), heads(enc @ p['wv'], 2)
+    y = merge(attn(q, k, v))
+    yc = merge(attn(q, k, v, is_causal=True))
+    ys = merge(attn(q, q, heads(x @ p['wx'], 2), is_causal=True))
+    return (y * y).mean() + (yc * yc).mean() + (ys * ys).mean() + yc.mean()
 
 
 def main(cplanc, name, tmp):
