@@ -213,6 +213,24 @@ def m14(p, d):
     return (y * y).mean() + (yc * yc).mean() + (ys * ys).mean() + yc.mean()
 
 
+# CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default
+# f32) instead of the CPU one, compiled against the CUDA emulator of BUILD_DIR (tests/cuda/emu, as
+# tests/cuda/emu_program.sh does) and run from the CPU program's initial params; bf16 and f16 store
+# activations in 16 bits, so their tolerances are looser.
+EMU = os.environ.get('CPLAN_EMU')
+EMU_PREC = os.environ.get('CPLAN_EMU_PRECISION', 'f32')
+TOL = {'f32': (1e-5, 1e-4), 'bf16': (2e-2, 5e-2), 'f16': (5e-3, 2e-2)}[EMU_PREC if EMU else 'f32']
+
+
+def run(cmds, wd, name):
+    for cmd in cmds:
+        r = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, shell=isinstance(cmd, str))
+        if r.returncode:
+            print(f'FAILED: {name}: {cmd if isinstance(cmd, str) else " ".join(cmd)} (exit {r.returncode})\n{r.stdout}{r.stderr}')
+            return False
+    return True
+
+
 def main(cplanc, name, tmp):
     data_fn, f = MODELS[name]
     wd = os.path.join(tmp, name)
@@ -220,28 +238,38 @@ def main(cplanc, name, tmp):
     shutil.copy(os.path.join(HERE, 'user_models', name + '.cplan'), wd)
     data = data_fn()
     st_write(f'{wd}/data.safetensors', data)
-    for cmd in ([cplanc, 'build', f'{name}.cplan', '-o', 'prog'],
-                ['./prog', '--save-init', 'init.st', '--save', 'final.st', '--metrics', 'm.jsonl', '--quiet']):
-        r = subprocess.run(cmd, cwd=wd, capture_output=True, text=True)
-        if r.returncode:
-            print(f'FAILED: {name}: {" ".join(cmd)} (exit {r.returncode})\n{r.stdout}{r.stderr}')
+    if not run([[cplanc, 'build', f'{name}.cplan', '-o', 'prog'],
+                ['./prog', '--save-init', 'init.st', '--save', 'final.st', '--metrics', 'm.jsonl', '--quiet']], wd, name):
+        return False
+    if EMU:
+        with open(f'{wd}/{name}.cplan', 'a') as fh:
+            fh.write('\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n')
+        env = {}
+        for line in open(os.path.join(EMU, 'tests', 'cuda_emu', 'program.env')):
+            k, _, v = line.strip().partition('=')
+            if k: env[k] = v.strip("'")
+        if not run([[cplanc, 'build', f'{name}.cplan', '-o', 'prog-real', '--set', 'train.mesh=gpu1', '--set',
+                     f'train.precision={EMU_PREC}', '--keep-c', 'keep'],
+                    f"{env['EMU_CC']} {env['EMU_CFLAGS']} keep/plan.c -o prog-emu {env['EMU_LIBS']}",
+                    ['./prog-emu', '--init', 'init.st', '--save', 'final_emu.st', '--metrics', 'm_emu.jsonl', '--quiet']], wd, name):
             return False
-    init, final = st_read(f'{wd}/init.st'), st_read(f'{wd}/final.st')
-    rec = [json.loads(l) for l in open(f'{wd}/m.jsonl') if l.strip()][0]
+    out = '_emu' if EMU else ''
+    init, final = st_read(f'{wd}/init.st'), st_read(f'{wd}/final{out}.st')
+    rec = [json.loads(l) for l in open(f'{wd}/m{out}.jsonl') if l.strip()][0]
     p = {k: torch.tensor(v.astype(np.float64), requires_grad=True) for k, v in init.items()}
     d = {k: torch.tensor(v.astype(np.float64) if v.dtype == np.float32 else v) for k, v in data.items()}
     loss = f(p, d)
     loss.backward()
     rel = abs(rec['loss'] - loss.item()) / abs(loss.item())
-    ok = rel <= 1e-5
-    print(f'{name}: loss cplan {rec["loss"]:.7g} torch {loss.item():.7g} rel {rel:.2e}{"" if ok else "  MISMATCH"}')
+    ok = rel <= TOL[0]
+    print(f'{name}{" (emulated CUDA, " + EMU_PREC + ")" if EMU else ""}: loss cplan {rec["loss"]:.7g} torch {loss.item():.7g} rel {rel:.2e}{"" if ok else "  MISMATCH"}')
     worst = 0
     for k in init:
         g_c = init[k].astype(np.float64) - final[k]
         g_t = p[k].grad.numpy() if p[k].grad is not None else np.zeros_like(g_c)
         err = np.abs(g_c - g_t).max() / (1e-3 + np.abs(g_t).max())
         worst = max(worst, err)
-        if err > 1e-4:
+        if err > TOL[1]:
             ok = False
             print(f'  GRADIENT MISMATCH {k}: {err:.2e} of max|g| {np.abs(g_t).max():.3e}: cplan {g_c.ravel()[:4]} torch {g_t.ravel()[:4]}')
     print(f'  worst gradient error {worst:.2e}')
