@@ -67,6 +67,9 @@ typedef struct Build {
   int site_error;        /* diag_errors() just after an error reported at a call site ... */
   const void *site_frame;/* ... of this frame (so the call's backtrace note is not repeated) */
   bool stop;             /* a limit was hit: unwind without more errors */
+  /* sdpa's attn_mask and attn_bias (call_sdpa): the call they belong to, and their values */
+  const Expr *sdpa_call;
+  Value sdpa_mask, sdpa_bias;
 } Build;
 
 static Value eval(Build *b, Frame *f, const Expr *e);
@@ -394,6 +397,9 @@ static int find_str(const char *const *names, int n, const char *s) {
  * keyword every call accepts goes to *scope_name (when scope_name is not NULL and
  * the callee has no parameter of that name). Reports extra, unknown and repeated
  * arguments. */
+/* The arguments of sdpa that call_sdpa takes off the call before its signature's (ops.def). */
+static const char *const sdpa_own_args[2] = {"attn_mask", "attn_bias"};
+
 static bool match_args(const Expr *call, const char *callee, const char *const *pn, int np,
                        const Expr **slot, const Expr **scope_name) {
   bool ok = true;
@@ -416,10 +422,15 @@ static bool match_args(const Expr *call, const char *callee, const char *const *
     }
     if (j < 0 && !(scope_name && strcmp(kw, "name") == 0)) {
       diag_error(fd->name_span, "'%s' has no parameter '%s'", callee, kw);
+      const char *all[MAX_SIG + 2];
+      int na = 0;
+      for (int i = 0; i < np && na < MAX_SIG; i++) all[na++] = pn[i];
+      if (strcmp(callee, "sdpa") == 0) /* call_sdpa's own arguments */
+        for (int i = 0; i < 2; i++) all[na++] = sdpa_own_args[i];
       if (strcmp(kw, "dim") == 0 && find_str(pn, np, "axis") >= 0)
         diag_hint("cplan calls PyTorch's 'dim' 'axis': axis = ...");
       else
-        hint_among(kw, pn, np);
+        hint_among(kw, all, na);
       ok = false;
     } else if (j < 0 || slot[j]) {
       diag_error(fd->name_span, "argument '%s' of '%s' is given twice", kw, callee);
@@ -945,39 +956,134 @@ static int binary_node(Build *b, OpId op, int x, int y, Span at) {
   return i < 0 || infer(b, i, at).kind == V_ERR ? -1 : i;
 }
 
-/* An sdpa whose keys differ in length from the queries (cross-attention) or whose values differ in
- * width, which the attention kernels do not take, as PyTorch's math form: softmax(q @ kᵀ / sqrt(d)
- * [masked]) @ v, the [Tq, Tk] scores in memory. causal masks as PyTorch's is_causal does (top-left:
- * query i sees keys j <= i), with where(arange(Tq)[:, None] >= arange(Tk), s, -inf). */
-static Value sdpa_math(Build *b, int i, Span at) {
+/* Is node i a boolean: 1.0/0.0 only, as a comparison gives (PyTorch's bool)? Comparisons, 0/1
+ * constants, and what shape ops, products, minimum/maximum and where make of booleans. */
+static bool is_bool_node(const Graph *g, int i) {
+  const Node *n = &g->nodes[i];
+  switch (n->op) {
+  case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: return true;
+  case OP_CONST: return n->dtype != DT_I32 && (n->fa[0] == 0 || n->fa[0] == 1);
+  case OP_RESHAPE: case OP_PERMUTE: case OP_TRANSPOSE: case OP_SLICE: case OP_SPLIT_HEADS: case OP_MERGE_HEADS:
+  case OP_CONCAT: case OP_MUL: case OP_MINIMUM: case OP_MAXIMUM: case OP_WHERE:
+    for (int k = n->op == OP_WHERE; k < n->nin; k++)
+      if (!is_bool_node(g, n->in[k])) return false;
+    return true;
+  default: return false;
+  }
+}
+
+/* Does the mask or bias v (a tensor) broadcast to the scores' shape sc without growing it? */
+static bool broadcasts_to(Build *b, Value v, const Shape *sc, const char *what) {
+  const Shape *m = &b->g->nodes[v.node].shape;
+  bool ok = m->rank <= sc->rank;
+  for (int k = 1; ok && k <= m->rank; k++) ok = m->d[m->rank - k] == 1 || m->d[m->rank - k] == sc->d[sc->rank - k];
+  if (!ok) {
+    diag_error(v.span, "sdpa's %s %s does not broadcast to the scores [B, h, Tq, Tk] = %s", what, shape_str(m),
+               shape_str(sc));
+    if (strcmp(what, "attn_mask") == 0)
+      diag_hint("a padding mask over the keys is [B, 1, 1, Tk]: reshape(idx != pad, [B, 1, 1, T])");
+    else
+      diag_hint("a bias per head is [h, Tq, Tk]; per sample and head [B, h, Tq, Tk]");
+  }
+  return ok;
+}
+
+/* An sdpa as PyTorch's math form: softmax(q @ kᵀ / sqrt(d) [+ attn_bias] [masked]) @ v, the
+ * [Tq, Tk] scores in memory. It computes what the attention kernels do not take: keys of another
+ * length than the queries (cross-attention), values of another width, and attn_mask / attn_bias
+ * (call_sdpa; x is NULL without them). causal masks as PyTorch's is_causal does (top-left: query i
+ * sees keys j <= i), with where(arange(Tq)[:, None] >= arange(Tk), s, -inf); attn_mask (1.0 attend,
+ * 0.0 not) with where(mask, s, -inf) after it. */
+static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value *bias) {
   const Node n = b->g->nodes[i];
   const int64_t *Q = b->g->nodes[n.in[0]].shape.d, *K = b->g->nodes[n.in[1]].shape.d, *V = b->g->nodes[n.in[2]].shape.d;
-  if (Q[2] == K[2] && V[3] == Q[3]) return tensor_val(i, at);
+  if (Q[2] == K[2] && V[3] == Q[3] && !mask && !bias) return tensor_val(i, at);
   const int64_t tq = Q[2], tk = K[2], d = Q[3];
+  const Shape sc = {.rank = 4, .d = {Q[0], Q[1], tq, tk}};
+  if ((mask && !broadcasts_to(b, *mask, &sc, "attn_mask")) || (bias && !broadcasts_to(b, *bias, &sc, "attn_bias")))
+    return sema_v_err();
   b->g->n--;
   int kt = dims_node(b, OP_TRANSPOSE, n.in[1], NULL, 0, 0, at);
-  int sc = kt < 0 ? -1 : binary_node(b, OP_MATMUL, n.in[0], kt, at);
-  if (sc < 0) return sema_v_err();
-  Value s = desugar_binary(b, OP_MUL, sc, sema_v_float(1.0 / sqrt((double)d), at), at);
-  if (s.kind == V_ERR) return s;
-  if (n.ia[0]) {
-    int64_t rq[2] = {tq, 1}, rk[2] = {1, tk};
-    int aq = add_node(b, OP_ARANGE, NULL, 0, at), ak = aq < 0 ? -1 : add_node(b, OP_ARANGE, NULL, 0, at);
-    if (ak < 0) return sema_v_err();
-    b->g->nodes[aq].ia[0] = tq, b->g->nodes[ak].ia[0] = tk;
-    if (infer(b, aq, at).kind == V_ERR || infer(b, ak, at).kind == V_ERR) return sema_v_err();
-    if ((aq = dims_node(b, OP_RESHAPE, aq, rq, 2, 0, at)) < 0 || (ak = dims_node(b, OP_RESHAPE, ak, rk, 2, 0, at)) < 0)
-      return sema_v_err();
-    int m = binary_node(b, OP_GE, aq, ak, at);
+  int x = kt < 0 ? -1 : binary_node(b, OP_MATMUL, n.in[0], kt, at);
+  if (x < 0) return sema_v_err();
+  Value s = desugar_binary(b, OP_MUL, x, sema_v_float(1.0 / sqrt((double)d), at), at);
+  if (s.kind != V_ERR && bias && (x = binary_node(b, OP_ADD, s.node, bias->node, at)) < 0) return sema_v_err();
+  if (s.kind != V_ERR && bias) s = tensor_val(x, at);
+  for (int pass = 0; pass < 2 && s.kind != V_ERR; pass++) {
+    int m;
+    if (pass == 0 && n.ia[0]) { /* causal */
+      int64_t rq[2] = {tq, 1}, rk[2] = {1, tk};
+      int aq = add_node(b, OP_ARANGE, NULL, 0, at), ak = aq < 0 ? -1 : add_node(b, OP_ARANGE, NULL, 0, at);
+      if (ak < 0) return sema_v_err();
+      b->g->nodes[aq].ia[0] = tq, b->g->nodes[ak].ia[0] = tk;
+      if (infer(b, aq, at).kind == V_ERR || infer(b, ak, at).kind == V_ERR) return sema_v_err();
+      if ((aq = dims_node(b, OP_RESHAPE, aq, rq, 2, 0, at)) < 0 || (ak = dims_node(b, OP_RESHAPE, ak, rk, 2, 0, at)) < 0)
+        return sema_v_err();
+      m = binary_node(b, OP_GE, aq, ak, at);
+    } else if (pass == 1 && mask) {
+      m = mask->node;
+    } else {
+      continue;
+    }
     Value ninf = m < 0 ? sema_v_err() : make_const(b, sema_v_float(-INFINITY, at), s.node, at);
     if (ninf.kind == V_ERR) return ninf;
     int in[3] = {m, s.node, ninf.node};
     int w = add_node(b, OP_WHERE, in, 3, at);
-    if (w < 0 || (s = infer(b, w, at)).kind == V_ERR) return sema_v_err();
+    if (w < 0) return sema_v_err();
+    s = infer(b, w, at);
   }
+  if (s.kind == V_ERR) return s;
   int p = dims_node(b, OP_SOFTMAX, s.node, NULL, 0, -1, at);
   int o = p < 0 ? -1 : binary_node(b, OP_MATMUL, p, n.in[2], at);
   return o < 0 ? sema_v_err() : tensor_val(o, at);
+}
+
+static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id);
+
+/* sdpa(q, k, v, causal, attn_mask = m, attn_bias = a): PyTorch's attn_mask in its boolean form (m a
+ * comparison's 1.0/0.0 or made of them: 1.0 takes part, as True does), and its float form, added
+ * to the scores, under its own name attn_bias (a cplan tensor does not tell a boolean from a float).
+ * Both broadcast to the scores [B, h, Tq, Tk]; the call is computed in the math form (sdpa_math). */
+static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
+  Value mask = {.kind = V_ERR}, bias = {.kind = V_ERR};
+  Expr e2 = *e;
+  e2.fields = cp_alloc(sizeof(Field) * (size_t)(e->nfields + 1));
+  e2.nfields = 0;
+  for (int k = 0; k < e->nfields; k++) {
+    const Field *fd = &e->fields[k];
+    bool is_mask = fd->name && strcmp(fd->name, sdpa_own_args[0]) == 0;
+    bool is_bias = fd->name && strcmp(fd->name, sdpa_own_args[1]) == 0;
+    if (!is_mask && !is_bias) {
+      e2.fields[e2.nfields++] = *fd;
+      continue;
+    }
+    Value *v = is_mask ? &mask : &bias;
+    if (v->kind != V_ERR) {
+      diag_error(fd->name_span, "argument '%s' of 'sdpa' is given twice", fd->name);
+      return sema_v_err();
+    }
+    *v = eval(b, f, fd->value);
+    if (!usable(*v)) return sema_v_err();
+    if (v->kind != V_TENSOR || b->g->nodes[v->node].dtype == DT_I32) {
+      diag_error(v->span, "argument '%s' of 'sdpa' must be a float tensor, got %s", fd->name,
+                 v->kind == V_TENSOR ? "an i32 tensor" : sema_value_desc(*v));
+      if (is_mask) diag_hint("a mask is a comparison, 1.0 where a key takes part: attn_mask = %s != 0", sema_span_text(v->span));
+      return sema_v_err();
+    }
+    if (is_mask && !is_bool_node(b->g, v->node)) {
+      diag_error(v->span, "sdpa's attn_mask must be boolean, a comparison's 1.0/0.0 (PyTorch's bool mask: 1.0 takes part)");
+      diag_hint("compare it (attn_mask = %s > 0.5); a float mask added to the scores is attn_bias = %s",
+                sema_span_text(v->span), sema_span_text(v->span));
+      return sema_v_err();
+    }
+  }
+  if (mask.kind == V_ERR && bias.kind == V_ERR) return call_prim(b, f, e, OP_SDPA);
+  const Expr *outer = b->sdpa_call;
+  Value om = b->sdpa_mask, ob = b->sdpa_bias;
+  b->sdpa_call = &e2, b->sdpa_mask = mask, b->sdpa_bias = bias;
+  Value r = call_prim(b, f, &e2, OP_SDPA);
+  b->sdpa_call = outer, b->sdpa_mask = om, b->sdpa_bias = ob;
+  return r;
 }
 
 /* Forms the backends compute only in a simpler shape, rewritten as PyTorch's results in that
@@ -987,9 +1093,13 @@ static Value sdpa_math(Build *b, int i, Span at) {
  * gradient still goes to the first maximal element in row-major order). A softmax or log_softmax
  * over an axis other than the last becomes a permute swapping it with the last, the op over the
  * last axis, and the same permute back. */
-static Value rewrite_for_backends(Build *b, int i, Span at) {
+static Value rewrite_for_backends(Build *b, const Expr *call, int i, Span at) {
   const Node n = b->g->nodes[i];
-  if (n.op == OP_SDPA) return sdpa_math(b, i, at);
+  if (n.op == OP_SDPA) {
+    bool own = call && call == b->sdpa_call; /* attn_mask / attn_bias of this call (not a nested one) */
+    return sdpa_math(b, i, at, own && b->sdpa_mask.kind == V_TENSOR ? &b->sdpa_mask : NULL,
+                     own && b->sdpa_bias.kind == V_TENSOR ? &b->sdpa_bias : NULL);
+  }
   if (n.nin != 1) return tensor_val(i, at);
   const int rank = b->g->nodes[n.in[0]].shape.rank;
   int x = n.in[0];
@@ -1123,7 +1233,7 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
   memcpy(n->dims, pn.dims, sizeof pn.dims);
   n->ndims = pn.ndims;
   Value r = infer(b, i, e->span);
-  return r.kind == V_ERR ? r : rewrite_for_backends(b, i, e->span);
+  return r.kind == V_ERR ? r : rewrite_for_backends(b, e, i, e->span);
 }
 
 /* ---- calls ------------------------------------------------------------------------------ */
@@ -1137,6 +1247,7 @@ static Value eval_call(Build *b, Frame *f, const Expr *e) {
   if (it && it->kind == IT_FN) return call_fn(b, f, e, it);
   OpId id;
   const OpInfo *op = ir_op_by_name(name, &id);
+  if (id == OP_SDPA) return call_sdpa(b, f, e);
   if (op && op->sig && !(op->flags & OPF_LEAF)) return call_prim(b, f, e, id);
   if (it) {
     diag_error(e->name_span, "'%s' is a %s and cannot be called", name, sema_item_kind_name(it->kind));

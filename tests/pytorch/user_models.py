@@ -6,7 +6,8 @@ split, broadcasting), an MSE regression, a tied embedding with i32 arithmetic an
 mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp and where, % and //,
 PyTorch's type promotion of i32 tensors meeting floats, cross_entropy's ignore_index,
 and softmax over an axis other than the last and reductions over axes that are not adjacent,
-cross-attention), each trained one step of
+cross-attention,
+sdpa's attn_mask and attn_bias), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -211,6 +212,26 @@ def m14(p, d):
     yc = merge(attn(q, k, v, is_causal=True))
     ys = merge(attn(q, q, heads(x @ p['wx'], 2), is_causal=True))
     return (y * y).mean() + (yc * yc).mean() + (ys * ys).mean() + yc.mean()
+
+def m15_data():
+    idx = rng.integers(1, 9, size=(B, 6)).astype(np.int32)
+    for b in range(B): idx[b, 6 - b:] = 0  # b padding tokens at the end of sample b
+    return {'idx': idx, 'targets': np.where(idx == 0, -100, rng.integers(0, 9, size=(B, 6))).astype(np.int32)}
+
+@model('m15_mask', m15_data)
+def m15(p, d):
+    idx = d['idx'].long()
+    x = F.embedding(idx, p['wte'])
+    q, k, v = (heads(t, 2) for t in (x @ p['wqkv']).split(8, -1))
+    keep = (idx != 0).reshape(B, 1, 1, 6)
+    def attn(mask, bias=None):  # torch's scaled_dot_product_attention with a bool attn_mask (this torch lacks it)
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if bias is not None: s = s + bias
+        return torch.softmax(s.masked_fill(mask.logical_not(), float('-inf')), -1) @ v
+    y1 = merge(attn(keep))
+    y2 = merge(attn(keep & torch.ones(6, 6, dtype=torch.bool).tril(), p['rel']))
+    logits = (y1 + y2) @ p['wte'].T
+    return F.cross_entropy(logits.reshape(-1, 9), d['targets'].reshape(-1).long(), ignore_index=-100)
 
 
 # CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default
