@@ -1,6 +1,7 @@
 /* cg_common.c: the helpers both emitters (emit_c.c: CPU programs, emit_cu.c: CUDA programs) use. */
 #include "cg_common.h"
 
+#include "../compiler/lower.h"
 #include "../compiler/placement.h"
 
 #include <math.h>
@@ -46,6 +47,11 @@ int64_t cg_dims_prod(const Shape *s, int lo, int hi) {
 }
 
 /* A float literal: 1 -> "1.0f", 1e-06 -> "1e-06f". */
+const char *cg_tp_share(const Lowered *lw, int k) {
+  double f = !lw ? 1 : k < 0 ? lw->loss_share : lw->metric_share[k];
+  return f == 1 ? "" : cp_fmt(" * %.17g", f);
+}
+
 const char *cg_flt(double v) {
   if (isnan(v)) return "NAN";
   if (isinf(v)) return v > 0 ? "INFINITY" : "-INFINITY";

@@ -17,6 +17,10 @@ const char *cg_shape_list(const Shape *s);              /* "{2, 3}" */
 const char *cg_abs_path(const char *p);                 /* p made absolute (NULL stays NULL) */
 int64_t cg_dims_prod(const Shape *s, int lo, int hi);   /* d[lo] * ... * d[hi-1] */
 const char *cg_flt(double v);                           /* a float literal, NAN and INFINITY included */
+struct Lowered;
+/* " * F" after a reported value of a lowered plan whose ranks of a tp axis each hold it whole (the
+ * runtime sums the tp ranks' values: Lowered.loss_share, metric_share[k]; k < 0: the loss), else "". */
+const char *cg_tp_share(const struct Lowered *lw, int k);
 bool cg_fusion_enabled(void);                           /* CPLAN_FUSION != 0 */
 Fusion *cg_no_fusion(const Graph *g);                   /* a fusion result with no groups */
 const char *cg_src_line_text(Span sp);                  /* the source line of sp, for comments */

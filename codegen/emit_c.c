@@ -875,9 +875,10 @@ static void emit_phase_fn(Cg *c, int ph, const char *sig, const char *why) {
     EMIT("}\n");
     return;
   }
-  EMIT("  *loss = %s;\n", g->loss >= 0 ? scalar_value(c, g->loss) : "0.0");
+  EMIT("  *loss = %s%s;\n", g->loss >= 0 ? scalar_value(c, g->loss) : "0.0", cg_tp_share(c->lw, -1));
   for (int k = 0; k < g->metrics.n; k++)
-    EMIT("  metrics[%d] = %s; /* %s */\n", k, scalar_value(c, g->metrics.a[k].node), g->metrics.a[k].name);
+    EMIT("  metrics[%d] = %s%s; /* %s */\n", k, scalar_value(c, g->metrics.a[k].node), cg_tp_share(c->lw, k),
+         g->metrics.a[k].name);
   if (!g->metrics.n) EMIT("  (void)metrics;\n");
   EMIT("}\n");
 }

@@ -2292,9 +2292,9 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   if (c->ls && ph == CG_PH_TRAIN && !c->pipe) EMIT("  ls_check(run);\n");
   emit_fetch(c, outs, g->metrics.n + 1);
   EMIT("  prof_flush(run);\n");
-  EMIT("  *loss = %s;\n", g->loss >= 0 ? "(double)G.hout[0]" : "0.0");
+  EMIT("  *loss = %s%s;\n", g->loss >= 0 ? "(double)G.hout[0]" : "0.0", cg_tp_share(c->lw, -1));
   for (int k = 0; k < g->metrics.n; k++)
-    EMIT("  metrics[%d] = (double)G.hout[%d]; /* %s */\n", k, k + 1, g->metrics.a[k].name);
+    EMIT("  metrics[%d] = (double)G.hout[%d]%s; /* %s */\n", k, k + 1, cg_tp_share(c->lw, k), g->metrics.a[k].name);
   if (c->seed >= 0) {
     /* a pipeline stage's forward runs before the step's backwards: the scale and count at the step's start */
     if (ph == CG_PH_TRAIN && !c->pipe) EMIT("  ls_metrics(run, metrics, %d); /* loss_scale, skipped_steps */\n", g->metrics.n);

@@ -194,7 +194,7 @@ static void lower_node(Ctx *c, int i) {
       continue;
     }
     Pl want[3];
-    for (int a = 0; a < sp->naxes; a++) want[a] = shard_sliced_input(c->g, o, k, sp->cons[a][i][k], sp->pl[i].ax[a]);
+    for (int a = 0; a < sp->naxes; a++) want[a] = shard_sliced_input(c->g, o, k, sp->cons[a][i], sp->pl[i].ax[a]);
     in[k] = reshard(c, o->in[k], want);
   }
   int li = ir_add(lg, o->op, in, o->nin, o->span);
@@ -290,6 +290,14 @@ int64_t lower_global_index(const StratPlan *sp, const Lowered *lw, int i, const 
 
 /* ---- the entry point -------------------------------------------------------------------- */
 
+/* Lowered.loss_share of global node j's current value: 1/n per tp axis of n ranks where it is whole. */
+static double tp_share(const Ctx *c, int j) {
+  double f = 1;
+  for (int a = 0; a < c->sp->naxes; a++)
+    if (c->sp->axes[a].role == AX_TP && c->have[a * c->g->n + j].kind == PL_R) f /= (double)c->sp->axes[a].n;
+  return f;
+}
+
 static void map_lists(const Ctx *c, Graph *lg) {
   const Graph *g = c->g;
   const int *m = c->lw->map;
@@ -302,11 +310,14 @@ static void map_lists(const Ctx *c, Graph *lg) {
   }
   for (int k = 0; k < g->states.n; k++) VEC_PUSH(lg->states, m[g->states.a[k]]);
   for (int k = 0; k < g->layer_names.n; k++) VEC_PUSH(lg->layer_names, g->layer_names.a[k]);
+  c->lw->metric_share = cp_alloc(sizeof(double) * (size_t)(g->metrics.n ? g->metrics.n : 1));
   for (int k = 0; k < g->metrics.n; k++) {
     Metric mt = g->metrics.a[k];
+    c->lw->metric_share[k] = tp_share(c, mt.node);
     mt.node = c->cur[mt.node]; /* reduced, when a reduction followed */
     VEC_PUSH(lg->metrics, mt);
   }
+  c->lw->loss_share = g->loss >= 0 ? tp_share(c, g->loss) : 1;
   lg->loss = g->loss >= 0 ? c->cur[g->loss] : -1;
   lg->grad_norm = g->grad_norm >= 0 ? c->cur[g->grad_norm] : -1;
   lg->seed = g->seed >= 0 ? m[g->seed] : -1;

@@ -56,6 +56,12 @@ typedef struct Lowered {
   int nruntime;      /* reshards left to the runtime instead: the dp all-reduces of gradient
                         accumulators (runtime/train.c sums them over the dp group once per step,
                         after all micro-batches) */
+  /* The factor each rank's loss and metrics (g's, as reported) are multiplied by for the runtime's
+   * sum over the tp ranks (runtime/train.c reduce_means): 1 for a value whose ranks hold parts
+   * (P, the vocab-parallel cross_entropy's), 1/n for one whole on each of the n ranks of a tp axis
+   * (cross_entropy of whole logits, a metric of argmax). */
+  double loss_share;
+  double *metric_share;
 } Lowered;
 
 /* The per-rank graph of sp's training graph. NULL with a message in err when a placement has no

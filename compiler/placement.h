@@ -82,11 +82,13 @@ bool shard_assign(const Graph *g, const Node *n, ShardIO *io);
 bool shard_cross_entropy(const Graph *g, const Node *n, ShardIO *io);
 bool shard_none(const Graph *g, const Node *n, ShardIO *io);
 
-/* The placement input k of elementwise node n really has when consumed as `cons` for an output
- * placed `out`: an R input that does not broadcast along the output's split dim is sliced locally
- * (S(d), no communication: "R inputs are sliced locally" in shard_elementwise); else cons. The
- * lowering slices it, and its gradient is split alike. */
-Pl shard_sliced_input(const Graph *g, const Node *n, int k, Pl cons, Pl out);
+/* The placement input k of node n really has when its inputs are consumed as cons[0..nin) for an
+ * output placed `out`: an R input of an elementwise op that does not broadcast along the output's
+ * split dim is sliced locally (S(d), no communication: "R inputs are sliced locally" in
+ * shard_elementwise), and so is the R operand of a matmul whose other operand is split along the
+ * contracted dim K (its K block: the reduction strategy's partial sums); else cons[k]. The lowering
+ * slices it, and its gradient is split alike. */
+Pl shard_sliced_input(const Graph *g, const Node *n, int k, const Pl *cons, Pl out);
 
 /* Runs node n's rule (the op table's shard column). */
 bool shard_node(const Graph *g, const Node *n, ShardIO *io);

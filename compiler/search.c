@@ -386,7 +386,7 @@ static void add_pinned_in(Seg *s, Var *v, int k, int u) {
   Cand *c = &v->c[0];
   const Node *n = &g->nodes[v->node];
   Pl from = s->pin_from[v->node] ? s->pin_from[v->node][k] : s->pin_out[u];
-  Pl to = shard_sliced_input(g, n, k, c->in[k], c->out);
+  Pl to = shard_sliced_input(g, n, k, c->in, c->out);
   double whole = cost_act_bytes(s->cm, g, u);
   double gwhole = param_value(g, u) ? (double)shape_numel(&g->nodes[u].shape) * s->cm->g_bytes : whole;
   Collective f = pl_reshard(from, c->in[k]), b = bwd_coll(s, u, v->node, k, s->pin_out[u], to, c->split);

@@ -382,16 +382,24 @@ static Pl conj_pl(Pl p) { return p.kind == PL_P ? pl_r() : p; }
  * the identity), except that a partial dy passes through an op that ran whole (every backward is
  * linear in dy). The input gradient is placed as its input was: S stays S, P becomes R, and an R
  * input of an op that ran split gets partial gradients (P). */
-Pl shard_sliced_input(const Graph *g, const Node *n, int k, Pl cons, Pl out) {
-  if (cons.kind != PL_R || out.kind != PL_S || !(ir_ops[n->op].flags & OPF_ELEMENTWISE)) return cons;
+Pl shard_sliced_input(const Graph *g, const Node *n, int k, const Pl *cons, Pl out) {
+  if (cons[k].kind != PL_R) return cons[k];
   const Shape *s = in_shape(g, n, k);
+  if (n->op == OP_MATMUL && out.kind == PL_P && in_shape(g, n, 0)->rank >= 2 && in_shape(g, n, 1)->rank >= 2) {
+    /* the reduction strategy with one operand split along K and the other whole: the whole one
+     * takes its K block (a K of a is its last dim, of b the one before) */
+    int od = -1;
+    if (mm_role(g, n, 1 - k, cons[1 - k], &od) == MM_K) return pl_s(s->rank - (k == 0 ? 1 : 2));
+    return cons[k];
+  }
+  if (out.kind != PL_S || !(ir_ops[n->op].flags & OPF_ELEMENTWISE)) return cons[k];
   int d = out.dim - (n->shape.rank - s->rank);
-  return d >= 0 && s->d[d] != 1 ? pl_s(d) : cons;
+  return d >= 0 && s->d[d] != 1 ? pl_s(d) : cons[k];
 }
 
 bool shard_grad(const Graph *g, const Node *n, ShardIO *io) {
   int k = (int)n->ia[0], nf = n->nin - 2;
-  Pl fout = io->in[n->nin - 1], x = shard_sliced_input(g, &g->nodes[n->fwd], k, io->in[1 + k], io->in[n->nin - 1]);
+  Pl fout = io->in[n->nin - 1], x = shard_sliced_input(g, &g->nodes[n->fwd], k, &io->in[1], io->in[n->nin - 1]);
   bool split = fout.kind != PL_R;
   for (int i = 0; i < nf; i++) split |= io->in[1 + i].kind != PL_R;
   /* Every backward is linear in dy, so partial sums pass through an op that ran whole; but norms

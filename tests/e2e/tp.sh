@@ -4,7 +4,8 @@
 # tp = 2 on 4) must train like the single-device program: the 6 losses and gradient norms within 2e-4
 # relative and the consolidated params (--save: rank 0 gathers the shards into whole tensors) within 1e-4
 # (also with sequence parallelism, sp = 2 on dp = 2 x tp = 2); a tp
-# checkpoint (whole tensors) resumes on 1 device with the same losses.
+# checkpoint (whole tensors) resumes on 1 device with the same losses. The metrics are compared
+# too (2e-4 relative + 1e-6), and a model whose vocabulary tp does not divide reports the same loss.
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
 e2e_init "$1" "$2"
@@ -39,4 +40,45 @@ for m in gpt_small llama_small; do
   e2e_prog 0 "$m-resume" "./$m-1" --resume "ck-$m/step_000003" --metrics "$m-res.jsonl"
   e2e_tail_close "$m tp=2 -> 1 resume" "$m-1.jsonl" "$m-res.jsonl" 3
 done
+# a vocabulary tp does not divide (13, adder_tiny): the embedding stays whole, cross_entropy and the
+# accuracy metric (argmax) run on whole logits on every tp rank, and the reported loss and metric are
+# the single device's, not tp times them (the runtime sums the tp ranks' parts)
+{ cat "$src/tests/e2e/adder_tiny.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >adder.cplan
+e2e_build adder-1 adder.cplan
+e2e_prog 0 adder-1 ./adder-1 --save adder-1.st --metrics adder-1.jsonl
+e2e_build adder-tp2 adder.cplan --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2
+e2e_prog 0 adder-tp2 "$mpirun" -np 2 --oversubscribe ./adder-tp2 --save adder-tp2.st --metrics adder-tp2.jsonl
+e2e_close "adder_tiny tp=2 (vocab 13)" adder-1.jsonl adder-tp2.jsonl adder-1.st adder-tp2.st
+# the reduction strategy with one operand whole: the head reads the attention's merged heads (split
+# along C, the contracted dim) with the whole table of an odd vocabulary (65): each rank multiplies
+# its C block of the table's columns (lower.c slices it, shard_sliced_input), the partial logits
+# are all-reduced; it used to fail to lower ("inner dimensions differ")
+cat >kdim.cplan <<'CPLAN'
+model kdim(vocab: int = 65, ctx: int = 16, C: int = 16, h: int = 2) {
+  input idx:     i32[B, ctx]
+  input targets: i32[B, ctx]
+  param wte: [vocab, C] = normal(0.3)
+  param wqkv: [C, 3 * C] = normal(0.3)
+  q, k, v = split(embedding(wte, idx) @ wqkv, 3)
+  y = merge_heads(sdpa(split_heads(q, h), split_heads(k, h), split_heads(v, h), causal = true))
+  loss = cross_entropy(y @ transpose(wte), targets)
+}
+train {
+  model     = kdim()
+  data      = tokens("tokens.bin")
+  batch     = 4
+  steps     = 6
+  optimizer = adamw(lr = 1e-2)
+  seed      = 3
+}
+mesh laptop {
+  shape  = [cpu = 1]
+  device = cpu
+}
+CPLAN
+e2e_build kdim-1 kdim.cplan
+e2e_prog 0 kdim-1 ./kdim-1 --save kdim-1.st --metrics kdim-1.jsonl
+e2e_build kdim-tp2 kdim.cplan --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2
+e2e_prog 0 kdim-tp2 "$mpirun" -np 2 --oversubscribe ./kdim-tp2 --save kdim-tp2.st --metrics kdim-tp2.jsonl
+e2e_close "kdim tp=2 (a K-split activation with a whole weight)" kdim-1.jsonl kdim-tp2.jsonl kdim-1.st kdim-tp2.st
 echo "tp.sh: ok"
