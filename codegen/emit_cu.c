@@ -28,7 +28,9 @@
  * param gradients (GEMMs write them in f32, kernels/cuda's norm and embedding gradients are f32).
  * Generic kernels take each operand's storage code at launch; the fused kernels of emit_cuda.c
  * get typed pointers (typed_kernels); kernels/cuda gets CPLAN_BF16 / CPLAN_F16 and needs all its
- * tensors in that type (hw_typed). f16 adds dynamic loss scaling: the loss gradient's constant
+ * tensors in that type (hw_typed), as cuBLASLt needs both operands of a GEMM; an operand stored f32
+ * there (an f32 input, a reduction) is read as a low copy its launch casts first, as PyTorch's
+ * autocast does (low_reads). f16 adds dynamic loss scaling: the loss gradient's constant
  * seed becomes a device scalar times the scale (2^16 at first); after the last micro-batch's
  * backward, cps_unscale divides the f32 gradient accumulators by it and flags inf/NaN; update
  * then skips the step (halving the scale) or applies it (doubling the scale after 1000 good
@@ -121,6 +123,8 @@ typedef struct Cu {
   int ppa;                   /* the pp axis's index in RtRun.axis_comm (after the strategy axes) */
   int only_role;             /* a stage's forward (ROLE_FWD) or backward (ROLE_BWD) function, else -1 */
   int cur;                   /* the node whose launches are being emitted, or -1 */
+  int64_t *cast_at;          /* per node: where in its scratch the low copies of its f32 operands begin (size_casts),
+                                or -1 */
 } Cu;
 
 #define EMIT(...) fprintf(c->out, __VA_ARGS__)
@@ -194,10 +198,23 @@ static bool is_metric(const Graph *g, int i) {
   return false;
 }
 
+/* The storage code of node i's buffer: 0 f32 (and i32), 1 bf16, 2 f16. Under a low precision,
+ * params are read as their low copy outside the update; work buffers are low unless
+ * decide_storage kept them f32. */
+static int scode(const Cu *c, int i) {
+  int r = cg_root(&c->pl, i);
+  const CgPlace *x = &c->pl.nc[r];
+  if (!c->lpc || nd(c, r)->dtype == DT_I32) return 0;
+  if (x->kind == CG_L_PARAM) return c->upd ? 0 : c->lpc;
+  if (x->kind == CG_L_WORK) return c->wlp[r] ? c->lpc : 0;
+  return 0;
+}
+
 /* Which work buffers hold the low type (c->wlp). f32 stay: the update; the loss, metrics and
  * reductions (sum, mean, max); what kernels/cuda writes in f32 (norm weight and bias gradients,
- * an embedding table's gradient); param gradients (mark_pg). The rest (activations and their
- * gradients) are bf16 / f16. */
+ * an embedding table's gradient); param gradients (mark_pg); the gradient of a matmul's operand
+ * stored f32 (which its GEMMs read as a low copy, low_reads; its GEMM writes the gradient f32, as
+ * the backward of autocast's cast does). The rest (activations and their gradients) are bf16 / f16. */
 static void decide_storage(Cu *c) {
   const Graph *g = c->g;
   c->wlp = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
@@ -228,21 +245,10 @@ static void decide_storage(Cu *c) {
       OpId f = nd(c, n->fwd)->op;
       if ((f == OP_LAYER_NORM || f == OP_RMS_NORM) && n->ia[0] >= 1) continue;
       if (f == OP_EMBEDDING && n->ia[0] == 0) continue;
+      if (f == OP_MATMUL && !scode(c, n->in[1 + n->ia[0]])) continue; /* an operand it casts (low_reads): as autocast */
     }
     c->wlp[i] = true;
   }
-}
-
-/* The storage code of node i's buffer: 0 f32 (and i32), 1 bf16, 2 f16. Under a low precision,
- * params are read as their low copy outside the update; work buffers are low unless
- * decide_storage kept them f32. */
-static int scode(const Cu *c, int i) {
-  int r = cg_root(&c->pl, i);
-  const CgPlace *x = &c->pl.nc[r];
-  if (!c->lpc || nd(c, r)->dtype == DT_I32) return 0;
-  if (x->kind == CG_L_PARAM) return c->upd ? 0 : c->lpc;
-  if (x->kind == CG_L_WORK) return c->wlp[r] ? c->lpc : 0;
-  return 0;
 }
 
 /* packs storage codes, operand k at bits 2k (CPS_T of emit_cu_support.h) */
@@ -263,8 +269,8 @@ static int64_t cu_bytes(const void *ctx, int i) { return sbytes(ctx, i); }
 
 /* ---- operands --------------------------------------------------------------------------------- */
 
-/* The C expression of node i's device pointer in the phase being emitted. */
-static const char *ptr(const Cu *c, int i) {
+/* The C expression of node i's buffer in the phase being emitted. */
+static const char *buf_ptr(const Cu *c, int i) {
   int r = cg_root(&c->pl, i);
   const CgPlace *x = &c->pl.nc[r];
   const Node *n = nd(c, r);
@@ -279,6 +285,90 @@ static const char *ptr(const Cu *c, int i) {
     cg_plan_name(&c->pl, c->ph, r, c->cur);
     return cp_fmt("%s(%lld)", n->dtype == DT_I32 ? "I" : scode(c, r) ? "L" : "F", (long long)x->woff[c->ph]);
   default: cp_unreachable();
+  }
+}
+
+/* ---- autocast: f32 operands of the launches that read the low type ------------------------------ */
+
+/* Under bf16 / f16 a cuBLASLt GEMM reads both operands in the low type, and kernels/cuda all its
+ * tensors. An operand stored f32 (an f32 input, a reduction, a constant) is cast to it first, as
+ * PyTorch's autocast does: node i's launch begins with a cps_cast of each such operand into a low
+ * copy in i's scratch (emit_casts; after what cu_sides asked for, size_casts), and while i's
+ * launches are emitted ptr names that copy. low_reads: the roots of the operands i's launch reads
+ * in the low type (at most 8, each once), or none where i launches nothing of its own. */
+static int low_reads(const Cu *c, int i, int *r) {
+  const Node *n = nd(c, i), *f = n->op == OP_GRAD ? nd(c, n->fwd) : NULL;
+  const CgPlace *x = &c->pl.nc[i];
+  if (!c->lpc || n->role == ROLE_UPD || c->pl.fu->group[i] >= 0 || c->att_skip[i] >= 0 || c->att_lead[i] >= 0 ||
+      c->qkv[i] || c->qkv_skip[i] || (f && c->tgrad_of[i] < 0 && (x->kind == CG_L_ALIAS || x->leader != i)))
+    return 0;
+  int v[8], k = 0;
+  switch (f ? f->op : n->op) {
+  case OP_MATMUL: /* the GRAD of A reads dy and B, that of B reads A and dy (its inputs: dy, A, B, Y) */
+    if (f) v[k++] = n->in[0], v[k++] = n->in[n->ia[0] == 0 ? 2 : 1];
+    else v[k++] = n->in[0], v[k++] = n->in[1];
+    break;
+  case OP_SOFTMAX: case OP_LAYER_NORM: case OP_RMS_NORM: case OP_ROPE: case OP_SDPA: case OP_EMBEDDING:
+  case OP_CROSS_ENTROPY:
+    if (!f) {
+      for (int j = 0; j < n->nin; j++) v[k++] = n->in[j];
+      break;
+    }
+    if (f->op != OP_CROSS_ENTROPY) v[k++] = n->in[0]; /* dy (cross_entropy's: the f32 loss gradient) */
+    if (f->op == OP_SOFTMAX || f->op == OP_SDPA) v[k++] = n->fwd;
+    if (f->op == OP_LAYER_NORM || f->op == OP_RMS_NORM) v[k++] = n->in[1], v[k++] = n->in[2];
+    if (f->op == OP_CROSS_ENTROPY) v[k++] = n->in[1];
+    for (int j = 0; f->op == OP_SDPA && j < 3; j++) v[k++] = f->in[j];
+    break;
+  default: return 0;
+  }
+  int m = 0;
+  for (int j = 0; j < k; j++) {
+    int q = cg_root(&c->pl, v[j]), seen = 0;
+    for (int e = 0; e < m; e++) seen |= r[e] == q;
+    if (!seen && nd(c, q)->dtype != DT_I32) r[m++] = q;
+  }
+  return m;
+}
+
+/* the bytes of root r's low copy: its elements (padded rows included), 256-byte aligned */
+static int64_t cast_bytes(const Cu *c, int r) { return (sbytes(c, r) / 4 * 2 + 255) / 256 * 256; }
+
+/* The low copy of root r that node i's launch reads, or NULL where it reads r as stored. */
+static const char *cast_ptr(const Cu *c, int i, int r) {
+  if (!c->cast_at || c->cast_at[i] < 0) return NULL;
+  int q[8], n = low_reads(c, i, q);
+  int64_t off = c->pl.nc[i].soff[c->ph] + c->cast_at[i];
+  for (int k = 0; k < n; k++) {
+    if (scode(c, q[k])) continue;
+    if (q[k] == r) return cp_fmt("L(%lld)", (long long)off);
+    off += cast_bytes(c, q[k]);
+  }
+  return NULL;
+}
+
+/* The C expression of node i's device pointer in the launches of node c->cur: its low copy where
+ * that launch casts it, else its buffer. */
+static const char *ptr(const Cu *c, int i) {
+  const char *p = c->cur >= 0 ? cast_ptr(c, c->cur, cg_root(&c->pl, i)) : NULL;
+  return p ? p : buf_ptr(c, i);
+}
+
+/* the storage code node c->cur's launches read node i in */
+static int rcode(const Cu *c, int i) {
+  return c->cur >= 0 && cast_ptr(c, c->cur, cg_root(&c->pl, i)) ? c->lpc : scode(c, i);
+}
+
+/* Scratch for the low copies (low_reads), after the bytes cu_sides gave each node; decided after
+ * decide_storage and find_pitched (a copy's bytes follow its operand's). */
+static void size_casts(Cu *c) {
+  c->cast_at = cp_alloc(sizeof(int64_t) * (size_t)(c->g->n + 1));
+  for (int i = 0; i < c->g->n; i++) {
+    int r[8], n = low_reads(c, i, r);
+    int64_t b = 0;
+    for (int k = 0; k < n; k++) b += scode(c, r[k]) ? 0 : cast_bytes(c, r[k]);
+    c->cast_at[i] = b ? (c->pl.nc[i].scratch + 255) / 256 * 256 : -1;
+    if (b) c->pl.nc[i].scratch = c->cast_at[i] + b;
   }
 }
 
@@ -307,6 +397,18 @@ static void emit_lrow(Cu *c, const char *kernel, int64_t rows, int node, int nar
   StrBuf b = {0};
   for (int k = 0; k < nargs; k++) sb_printf(&b, "%s%s", k ? ", " : "", args[k]);
   EMIT("  lrow(%d, %lldLL, (void *[]){%s}, %d); /* %s */\n", kid(c, kernel), (long long)rows, sb_str(&b), node, kernel);
+}
+
+/* node i's casts, before its launch */
+static void emit_casts(Cu *c, int i) {
+  int r[8], n = low_reads(c, i, r);
+  for (int k = 0; k < n; k++) {
+    if (scode(c, r[k])) continue;
+    int64_t e = sbytes(c, r[k]) / 4;
+    EMIT("  /* autocast: %%%d (f32) read as %s */\n", r[k], c->lpc == 1 ? "bf16" : "f16");
+    const char *args[4] = {ai(c->lpc), ap(cast_ptr(c, i, r[k])), ap(buf_ptr(c, r[k])), al(e)};
+    emit_lk(c, "cps_cast", e, i, 4, args);
+  }
 }
 
 static void emit_zero(Cu *c, const char *p, int64_t bytes) {
@@ -432,16 +534,14 @@ typedef struct Mm {
   CgMm d;
   const char *a, *b;
   bool ta, tb;
-  int abt; /* the storage code of both operands */
+  int abt; /* the storage code of both operands (as read: the low one under bf16 / f16) */
 } Mm;
 
 static bool mm_setup(Cu *c, const Node *f, int fi, Mm *mm) {
   const Node *a = nd(c, f->in[0]), *b = nd(c, f->in[1]);
   if (!cg_mm_dims(c->g, f, &mm->d)) return unsupported(c, fi, "a matmul whose batch dims broadcast partially");
   if (a->dtype != DT_F32 || b->dtype != DT_F32) return unsupported(c, fi, "a matmul of i32 tensors");
-  if (scode(c, f->in[0]) != scode(c, f->in[1]))
-    return unsupported(c, fi, "under a low precision, a matmul of an f32 tensor (an f32 input or a reduction)");
-  mm->abt = scode(c, f->in[0]);
+  mm->abt = c->upd ? 0 : c->lpc; /* an operand stored f32 is read as its low copy (low_reads) */
   mm->a = ptr(c, f->in[0]), mm->ta = c->pl.nc[f->in[0]].trans;
   mm->b = ptr(c, f->in[1]), mm->tb = c->pl.nc[f->in[1]].trans;
   return true;
@@ -1160,7 +1260,7 @@ static const char *bgrad_args(Cu *c, int db) {
        db, nd(c, nd(c, a)->in[0])->name, a);
   /* the step's first micro-batch writes the sums straight into the accumulator (bgrad_dst); not
    * under pp, whose stages run micro-batches' backwards in their schedule's order */
-  return cp_fmt("%s, %d, %lldLL, %s, %s", ptr(c, nd(c, a)->in[0]), tcodes(c, 2, (int[]){db, n->in[0]}),
+  return cp_fmt("%s, %d, %lldLL, %s, %s", ptr(c, nd(c, a)->in[0]), scode(c, db) | rcode(c, n->in[0]) << 2,
                 (long long)(numel(f) / numel(x)), f->op == OP_SUB && n->ia[0] == 1 ? "-1.0f" : "1.0f",
                 c->pipe ? "0" : "run->micro_index == 0");
 }
@@ -1377,12 +1477,13 @@ static void emit_vocab_ce(Cu *c, int i) {
      (long long)vl, a, (long long)vl, (long long)(vl * k), a, i);
 }
 
-/* kernels/cuda takes its tensors in one storage type: under bf16 / f16 the operands must be low */
+/* kernels/cuda takes its tensors in one storage type: under bf16 / f16 the operands it reads are
+ * low or cast (low_reads), and what it writes must be stored low */
 static bool hw_typed(Cu *c, int node, int n, const int *ops) {
   for (int k = 0; k < n; k++)
-    if (ops[k] >= 0 && nd(c, ops[k])->dtype != DT_I32 && scode(c, ops[k]) != c->lpc)
-      return unsupported(c, node, cp_fmt("under precision %s, '%s' of an f32 tensor (an f32 input or a reduction)",
-                                         c->lpc == 1 ? "bf16" : "f16", ir_ops[nd(c, node)->op].name));
+    if (ops[k] >= 0 && nd(c, ops[k])->dtype != DT_I32 && rcode(c, ops[k]) != c->lpc)
+      return unsupported(c, node, cp_fmt("under precision %s, '%s' writing an f32 tensor (a metric, the loss or part of "
+                                         "a param gradient)", c->lpc == 1 ? "bf16" : "f16", ir_ops[nd(c, node)->op].name));
   return true;
 }
 
@@ -1506,6 +1607,7 @@ static void emit_forward(Cu *c, int i) {
   case OP_MATMUL: {
     Mm mm;
     if (!mm_setup(c, n, i, &mm)) break;
+    cp_assert(rcode(c, n->in[0]) == mm.abt && rcode(c, n->in[1]) == mm.abt);
     int ad = c->ep_of[i];
     if (ad >= 0) {
       const Node *a = nd(c, ad);
@@ -1919,10 +2021,7 @@ static void emit_grad(Cu *c, int i) {
   case OP_MATMUL: {
     Mm mm;
     if (!mm_setup(c, f, n->fwd, &mm)) return;
-    if (scode(c, n->in[0]) != mm.abt) {
-      unsupported(c, n->fwd, "under a low precision, the gradient of a matmul whose output gradient is f32");
-      return;
-    }
+    cp_assert(rcode(c, n->in[0]) == mm.abt && rcode(c, n->in[n->ia[0] == 0 ? 2 : 1]) == mm.abt);
     int a = c->acc_of[i]; /* a weight gradient added straight into its accumulator */
     if (c->tgrad_of[i] >= 0) a = c->acc_of[c->tgrad_of[i]]; /* as the gradient of the transpose (find_tgrads) */
     if (a >= 0) {
@@ -2100,6 +2199,7 @@ static void emit_node_launches(Cu *c, int i) {
   }
   cg_comment(c->out, c->g, c->irline, i);
   EMIT("  PROF(%d);\n", i);
+  emit_casts(c, i);
   if (nd(c, i)->op == OP_GRAD) emit_grad(c, i);
   else emit_forward(c, i);
 }
@@ -2546,6 +2646,7 @@ bool cg_emit_cu(FILE *out_c, FILE *out_cu, const Graph *g, const StratPlan *sp, 
   find_accum_adds(c);
   find_ce_fused(c);
   find_res_norms(c);
+  size_casts(c);
   c->ls = c->seed >= 0 || (pipe && c->lpc == 2);
   if (!cg_check_sizes(g, "cuda")) return false;
   if (c->lpc == 2 && c->seed < 0 && g->loss >= 0) {

@@ -17,6 +17,9 @@
 # says so once each and takes the fallbacks; DGELU still runs):
 #   gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16
 #   sel_small-f32 sel_small-bf16 (abs, clamp and where in the MLP: fused, and cps_where_bwd for a broadcast param)
+#   feat_small-f32 feat_small-bf16 feat_small-f16 (an MLP on float features from tensors data, feat.safetensors:
+#                           under bf16 / f16 the f32 input and a reduction are cast to the low type for the GEMMs
+#                           and the layer_norm that read them, emit_cu.c low_reads, as PyTorch's autocast)
 #   gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 (vocab 67: the logits' rows padded to 128 bytes, emit_cu.c find_pitched,
 #                           and cross_entropy's forward and backward in one launch over them, find_ce_fused)
 #   gpt_small-{f32,f16}-dp2-{mpi,nccl}  (mesh of 2 GPUs, mpirun -np 2, CPLAN_COMM=mpi or nccl: the
@@ -46,7 +49,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 sel_small-f32 sel_small-bf16 gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 feat_small-f16 gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
 export CUEMU_DEFER=${CUEMU_DEFER:-1}
 env_file=$build/tests/cuda_emu/program.env
@@ -63,6 +66,31 @@ note() { echo "FAILED: $*"; bad=1; }
 
 for i in $(seq 300); do printf '%d+%d=%d; ' "$i" $((i * 7 % 13)) $((i + i * 7 % 13)); done >tokens.txt
 "$cplanc" data text tokens.txt -o tokens.bin --val 0.2 >/dev/null 2>&1 || { echo "FAILED: cplanc data text"; exit 1; }
+# feat_small's features: x f32 [N, 4, 16], its class y i32 [N] (which of 4 fixed directions the mean
+# feature leans to most), 64 training samples and 16 held out
+python3 - <<'PY' || { echo "FAILED: writing feat.safetensors"; exit 1; }
+import json, random, struct
+rng = random.Random(7)
+w = [[rng.gauss(0, 1) for _ in range(4)] for _ in range(16)]
+def write(path, n):
+    x = [[[rng.gauss(0, 1) for _ in range(16)] for _ in range(4)] for _ in range(n)]
+    y = []
+    for s in x:
+        m = [sum(t[d] for t in s) / 4 for d in range(16)]
+        z = [sum(m[d] * w[d][k] for d in range(16)) for k in range(4)]
+        y.append(z.index(max(z)))
+    flat = [v for s in x for t in s for v in t]
+    header, blob = {}, b""
+    for name, raw, dt, shape in (("x", struct.pack("<%df" % len(flat), *flat), "F32", [n, 4, 16]),
+                                 ("y", struct.pack("<%di" % n, *y), "I32", [n])):
+        header[name] = {"dtype": dt, "shape": shape, "data_offsets": [len(blob), len(blob) + len(raw)]}
+        blob += raw
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    open(path, "wb").write(struct.pack("<Q", len(h)) + h + blob)
+write("feat.safetensors", 64)
+write("feat_val.safetensors", 16)
+PY
 
 # the CPU reference of a model: STEPS steps, its initial params
 cpu() {
@@ -73,8 +101,9 @@ cpu() {
   # every run evaluates (eval_step: the forward pass of each strategy) at steps 4 and 8 on 2 held-out batches
   { sed -e "s/L: int = 2,/L: int = $layers,/" -e "s/(vocab: int = 64,/(vocab: int = $vocab,/" \
       -e 's|^  data      = tokens("tokens.bin")$|  data      = tokens("tokens.bin", val = "tokens_val.bin")\n  eval      = { every = 4, batches = 2 }|' \
+      -e 's|^  data      = tensors("feat.safetensors")$|  data      = tensors("feat.safetensors", val = "feat_val.safetensors")\n  eval      = { every = 4, batches = 2 }|' \
       "$src/tests/e2e/$base.cplan"; printf '\nmesh gpu1 {\n  shape  = [gpu = 1]\n  device = h100_sxm\n}\n'; } >"$1.cplan"
-  grep -q 'val = "tokens_val.bin"' "$1.cplan" || { echo "$1: no evaluation data in $1.cplan"; return 1; }
+  grep -q 'val = "\(tokens_val.bin\|feat_val.safetensors\)"' "$1.cplan" || { echo "$1: no evaluation data in $1.cplan"; return 1; }
   "$cplanc" build "$1.cplan" -o "$1-cpu" --set train.steps="$steps" 2>"$1-cpu.log" || { cat "$1-cpu.log"; return 1; }
   timeout 120 "./$1-cpu" --quiet --save-init "$1-init.st" --save "$1-cpu.st" --metrics "$1-cpu.jsonl" ||
     { echo "$1: the CPU program failed"; return 1; }
@@ -127,6 +156,12 @@ for c in $cases; do
     case $m in *v)
       [ "$(grep -c '^  gemm_ld(' "keep-$c/plan.c")" -ge 3 ] && grep -q 'cross_entropy_fused_ld(.*, 67, \(96\|128\), G.s)' "keep-$c/plan.c" ||
         { note "$c: plan.c does not pad the logits' rows (find_pitched) or fuse cross_entropy (find_ce_fused)"; continue; } ;;
+    esac
+    # feat_small under bf16 / f16: the f32 input and the mean reach their GEMMs and the layer_norm as
+    # low copies (forward and backward: at least 6 casts, emit_cu.c low_reads)
+    case $m-$p in feat_small-bf16 | feat_small-f16)
+      [ "$(grep -c '^  /\* autocast: %[0-9]* (f32) read as ' "keep-$c/plan.c")" -ge 6 ] ||
+        { note "$c: plan.c does not cast the f32 operands of its GEMMs and layer_norm (low_reads)"; continue; } ;;
     esac
     CPLAN_GELU_EPILOGUE=$noep CPLAN_BGRAD_EPILOGUE=$nobg CUEMU_REFUSE_EPILOGUES=$refuse CPLAN_ATTENTION=$attn \
       CPLAN_PROFILE=$prof timeout 600 "./$c" --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" ||
