@@ -117,6 +117,24 @@ static int reshard(Ctx *c, int j, const Pl *want) {
   return v;
 }
 
+/* Whether node i, split on the tp axis a along a dim of `size`, has the blocked layout a slice of
+ * it assumes (find_blocks): it comes from params, whose shards init, save and load lay out so,
+ * through ops split alike; not from a reshard into the split (a contiguous part) or an input. */
+static bool blocked_source(const StratPlan *sp, int a, int i, int64_t size) {
+  const Node *n = &sp->g->nodes[i];
+  Pl p = sp->pl[i].ax[a];
+  if (p.kind != PL_S || n->shape.d[p.dim] != size) return false;
+  if (n->op == OP_PARAM) return true;
+  bool any = false;
+  for (int k = 0; k < n->nin; k++) {
+    Pl got = sp->cons[a][i][k];
+    if (got.kind != PL_S) continue;
+    if (!pl_eq(sp->pl[n->in[k]].ax[a], got) || !blocked_source(sp, a, n->in[k], size)) return false;
+    any = true;
+  }
+  return any;
+}
+
 /* Local attributes of node i's copy n (see lower.h). */
 static void localize(Ctx *c, int i, Node *n, const Shape *want) {
   const StratPlan *sp = c->sp;
@@ -129,6 +147,11 @@ static void localize(Ctx *c, int i, Node *n, const Shape *want) {
     case OP_SLICE:
       if (in0.kind == PL_S && in0.dim == o->ia[0]) {
         if (o->ia[1] % k || o->ia[2] % k) fail(c, "lowering: slice %%%d of a split dim by %lld", i, (long long)k);
+        int64_t size = g->nodes[o->in[0]].shape.d[in0.dim];
+        if (o->ia[2] - o->ia[1] < size && (sp->axes[a].role != AX_TP || !blocked_source(sp, a, o->in[0], size)))
+          fail(c, "lowering: slice %%%d [%lld, %lld) of dim %d, which the %s axis splits in contiguous parts: each "
+               "rank's part of it is not the slice's", i, (long long)o->ia[1], (long long)o->ia[2], in0.dim,
+               sp->axes[a].role == AX_TP ? "tp" : "dp");
         n->ia[1] /= k, n->ia[2] /= k;
       }
       break;
@@ -290,7 +313,32 @@ int64_t lower_global_index(const StratPlan *sp, const Lowered *lw, int i, const 
 
 /* ---- the entry point -------------------------------------------------------------------- */
 
-static void map_lists(const Ctx *c, Graph *lg) {
+/* The runtime sums the tp ranks' loss and metrics as the parts of one value (vocab-parallel
+ * cross_entropy's P); one the tp axis replicates (R: a loss no tp split reaches, or whose logits
+ * were gathered) would count tp times, so each rank reports its 1/tp share of it instead (a node
+ * only the runtime reads; the gradients are seeded apart). */
+static int tp_share(Ctx *c, int j) {
+  Graph *lg = c->lw->g;
+  int v = c->cur[j];
+  for (int a = 0; a < c->sp->naxes; a++) {
+    if (c->sp->axes[a].role != AX_TP || c->have[a * c->g->n + j].kind != PL_R) continue;
+    const Node *x = &lg->nodes[v];
+    int k = ir_add(lg, OP_CONST, NULL, 0, x->span);
+    lg->nodes[k].fa[0] = 1.0 / (double)c->sp->axes[a].n;
+    lg->nodes[k].dtype = x->dtype;
+    int in[2] = {v, k};
+    int m = ir_add(lg, OP_MUL, in, 2, x->span);
+    VEC_PUSH(c->lw->origin, j);
+    VEC_PUSH(c->lw->origin, j);
+    for (int q = k; q <= m; q++) lg->nodes[q].role = x->role, lg->nodes[q].layer = x->layer;
+    char e[256];
+    if (!ir_infer(lg, k, e, sizeof e) || !ir_infer(lg, m, e, sizeof e)) fail(c, "lowering: %s", e);
+    v = m;
+  }
+  return v;
+}
+
+static void map_lists(Ctx *c, Graph *lg) {
   const Graph *g = c->g;
   const int *m = c->lw->map;
   for (int k = 0; k < g->params.n; k++) VEC_PUSH(lg->params, m[g->params.a[k]]);
@@ -304,10 +352,10 @@ static void map_lists(const Ctx *c, Graph *lg) {
   for (int k = 0; k < g->layer_names.n; k++) VEC_PUSH(lg->layer_names, g->layer_names.a[k]);
   for (int k = 0; k < g->metrics.n; k++) {
     Metric mt = g->metrics.a[k];
-    mt.node = c->cur[mt.node]; /* reduced, when a reduction followed */
+    mt.node = tp_share(c, mt.node); /* reduced, when a reduction followed */
     VEC_PUSH(lg->metrics, mt);
   }
-  lg->loss = g->loss >= 0 ? c->cur[g->loss] : -1;
+  lg->loss = g->loss >= 0 ? tp_share(c, g->loss) : -1;
   lg->grad_norm = g->grad_norm >= 0 ? c->cur[g->grad_norm] : -1;
   lg->seed = g->seed >= 0 ? m[g->seed] : -1;
   lg->accum = g->accum;

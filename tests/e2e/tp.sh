@@ -4,7 +4,8 @@
 # tp = 2 on 4) must train like the single-device program: the 6 losses and gradient norms within 2e-4
 # relative and the consolidated params (--save: rank 0 gathers the shards into whole tensors) within 1e-4
 # (also with sequence parallelism, sp = 2 on dp = 2 x tp = 2); a tp
-# checkpoint (whole tensors) resumes on 1 device with the same losses.
+# checkpoint (whole tensors) resumes on 1 device with the same losses; slice_small (i32 tokens taken apart
+# in the model) with sp too.
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
 e2e_init "$1" "$2"
@@ -39,4 +40,15 @@ for m in gpt_small llama_small; do
   e2e_prog 0 "$m-resume" "./$m-1" --resume "ck-$m/step_000003" --metrics "$m-res.jsonl"
   e2e_tail_close "$m tp=2 -> 1 resume" "$m-1.jsonl" "$m-res.jsonl" 3
 done
+# slice_small takes a token row apart in the model, so its embeddings' indices are computed and the
+# table is not vocab-parallel: under sp the sequence-split logits are gathered for cross_entropy and
+# the loss, replicated on tp, is reported as each rank's 1/tp share (lower.c tp_share)
+m=slice_small
+{ cat "$src/tests/e2e/$m.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >"$m.cplan"
+e2e_build "$m-1" "$m.cplan"
+e2e_prog 0 "$m-1" "./$m-1" --save "$m-1.st" --metrics "$m-1.jsonl"
+e2e_build "$m-sp" "$m.cplan" --set train.mesh=laptop --set mesh.laptop.shape.cpu=4 --set train.strategy.dp=2 \
+  --set train.strategy.tp=2 --set train.strategy.sp=2
+e2e_prog 0 "$m-sp" "$mpirun" -np 4 --oversubscribe "./$m-sp" --save "$m-sp.st" --metrics "$m-sp.jsonl"
+e2e_close "$m dp=2 x tp=2 x sp=2" "$m-1.jsonl" "$m-sp.jsonl" "$m-1.st" "$m-sp.st"
 echo "tp.sh: ok"
