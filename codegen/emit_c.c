@@ -304,12 +304,40 @@ static void emit_dropout(Cg *c, int i) {
        cg_flt(n->fa[0]));
 }
 
+/* A shape op of an i32 tensor: the bits of its 4-byte elements moved by k32_ kernels, transpose
+ * and split/merge heads as the permute of a view of x (shape s, output dim k = s dim perm[k]). */
+static void emit_shape_op_i32(Cg *c, int i) {
+  const Node *n = nd(c, i), *x = in(c, i, 0);
+  const int64_t *d = x->shape.d;
+  int r = x->shape.rank;
+  if (n->op == OP_SLICE) {
+    int ax = (int)n->ia[0];
+    EMIT("  k32_slice_forward(%s, %s, %lld, %lld, %lld, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]),
+         (long long)cg_dims_prod(&x->shape, 0, ax), (long long)d[ax], (long long)cg_dims_prod(&x->shape, ax + 1, r),
+         (long long)n->ia[1], (long long)n->ia[2]);
+    return;
+  }
+  Shape s = x->shape, perm = {.rank = r};
+  for (int k = 0; k < r; k++) perm.d[k] = n->op == OP_PERMUTE ? n->dims[k] : k;
+  if (n->op == OP_TRANSPOSE) perm.d[r - 2] = r - 1, perm.d[r - 1] = r - 2;
+  if (n->op == OP_SPLIT_HEADS) /* [b, t, c] as [b, t, h, c/h] -> [b, h, t, c/h] */
+    s = (Shape){.rank = 4, .d = {d[0], d[1], n->ia[0], d[2] / n->ia[0]}}, perm = (Shape){.rank = 4, .d = {0, 2, 1, 3}};
+  if (n->op == OP_MERGE_HEADS) /* [b, h, t, dh] -> [b, t, h, dh], i.e. [b, t, h * dh] */
+    perm = (Shape){.rank = 4, .d = {0, 2, 1, 3}};
+  EMIT("  k32_permute_forward(%s, %s, %s, %d, %s);\n", ptr(c, i), ptr(c, n->in[0]), shape_ints(&s), s.rank,
+       shape_ints(&perm));
+}
+
 static void emit_shape_op(Cg *c, int i) {
   const Node *n = nd(c, i), *x = in(c, i, 0);
   const char *o = ptr(c, i), *xp = ptr(c, n->in[0]);
   const int64_t *d = x->shape.d;
+  if (x->dtype == DT_I32) {
+    emit_shape_op_i32(c, i);
+    return;
+  }
   if (x->dtype != DT_F32) {
-    unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
+    unsupported(c, i, cp_fmt("%s of a %s tensor", ir_ops[n->op].name, dtype_name(x->dtype)));
     return;
   }
   switch (n->op) {
@@ -345,17 +373,24 @@ static void emit_shape_op(Cg *c, int i) {
 static void emit_concat(Cg *c, int i) {
   const Node *n = nd(c, i);
   int ax = (int)n->ia[0];
+  bool i32 = n->dtype == DT_I32;
   StrBuf xs = {0}, ns = {0};
   for (int k = 0; k < n->nin; k++) {
-    if (in(c, i, k)->dtype != DT_F32) {
-      unsupported(c, i, "concat of i32 tensors");
+    DType dt = in(c, i, k)->dtype;
+    if ((dt == DT_I32) != i32) {
+      unsupported(c, i, "concat mixing i32 and float tensors");
+      diag_hint("convert the i32 operands first: float(x)");
+      return;
+    }
+    if (dt != DT_F32 && dt != DT_I32) {
+      unsupported(c, i, cp_fmt("concat of a %s tensor", dtype_name(dt)));
       return;
     }
     sb_printf(&xs, "%s%s", k ? ", " : "", ptr(c, n->in[k]));
     sb_printf(&ns, "%s%lld", k ? ", " : "", (long long)in(c, i, k)->shape.d[ax]);
   }
-  EMIT("  kf_concat_forward(%s, (const float *const[]){%s}, (const int[]){%s}, %d, %lld, %lld);\n", ptr(c, i),
-       sb_str(&xs), sb_str(&ns), n->nin, (long long)cg_dims_prod(&n->shape, 0, ax),
+  EMIT("  %s(%s, (const %s *const[]){%s}, (const int[]){%s}, %d, %lld, %lld);\n", i32 ? "k32_concat_forward" : "kf_concat_forward",
+       ptr(c, i), i32 ? "void" : "float", sb_str(&xs), sb_str(&ns), n->nin, (long long)cg_dims_prod(&n->shape, 0, ax),
        (long long)cg_dims_prod(&n->shape, ax + 1, n->shape.rank));
 }
 

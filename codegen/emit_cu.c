@@ -505,8 +505,8 @@ static void emit_where(Cu *c, int i) {
 static void emit_reduce(Cu *c, int i) {
   const Node *n = nd(c, i), *x = in(c, i, 0);
   int64_t o, l, r;
-  if (x->dtype != DT_F32) {
-    unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
+  if (x->dtype != DT_F32 && x->dtype != DT_I32) {
+    unsupported(c, i, cp_fmt("%s of a %s tensor", ir_ops[n->op].name, dtype_name(x->dtype)));
     return;
   }
   if (!cg_reduce_dims(n, &x->shape, &o, &l, &r)) {
@@ -514,6 +514,12 @@ static void emit_reduce(Cu *c, int i) {
     return;
   }
   int tt = tcodes(c, 2, (int[]){i, n->in[0]});
+  if (x->dtype == DT_I32) { /* emit_c.c's loop: sum and max i32, mean a float */
+    const char *args[7] = {ai(n->op == OP_SUM ? 0 : n->op == OP_MEAN ? 1 : 2), ai(tt), ap(ptr(c, i)),
+                           ap(ptr(c, n->in[0])), al(o), al(l), al(r)};
+    emit_lk(c, "cps_reduce_i32", o * r, i, 7, args);
+    return;
+  }
   if (n->op != OP_MAX && r == 1 && o == 1 && l >= 65536) { /* one long vector: two passes */
     EMIT("  lsum(%d, %s, %d, %s, %d, %lldLL, %d);\n", n->op == OP_MEAN, ptr(c, i), scode(c, i), ptr(c, n->in[0]),
          scode(c, n->in[0]), (long long)l, i);
@@ -1285,15 +1291,20 @@ static void emit_dropout(Cu *c, int i) {
   emit_lk(c, "cps_dropout", numel(n), i, 7, args);
 }
 
+/* the `tt` of a shape kernel moving node x's elements into node i's (cps_mv): an i32 is code 3 */
+static int move_codes(const Cu *c, int i, int x) {
+  return nd(c, i)->dtype == DT_I32 ? 3 | 3 << 2 : tcodes(c, 2, (int[]){i, x});
+}
+
 static void emit_shape_op(Cu *c, int i) {
   const Node *n = nd(c, i), *x = in(c, i, 0);
   const int64_t *d = x->shape.d;
   int r = x->shape.rank;
-  if (x->dtype != DT_F32) {
-    unsupported(c, i, cp_fmt("%s of an i32 tensor", ir_ops[n->op].name));
+  if (x->dtype != DT_F32 && x->dtype != DT_I32) {
+    unsupported(c, i, cp_fmt("%s of a %s tensor", ir_ops[n->op].name, dtype_name(x->dtype)));
     return;
   }
-  const char *o = ap(ptr(c, i)), *xp = ap(ptr(c, n->in[0])), *tt = ai(tcodes(c, 2, (int[]){i, n->in[0]}));
+  const char *o = ap(ptr(c, i)), *xp = ap(ptr(c, n->in[0])), *tt = ai(move_codes(c, i, n->in[0]));
   switch (n->op) {
   case OP_TRANSPOSE: {
     const char *args[6] = {tt, o, xp, al(cg_dims_prod(&x->shape, 0, r - 2)), al(d[r - 2]), al(d[r - 1])};
@@ -1333,12 +1344,17 @@ static void emit_concat(Cu *c, int i) {
   int64_t start = 0, outer = cg_dims_prod(&n->shape, 0, ax), inner = cg_dims_prod(&n->shape, ax + 1, n->shape.rank);
   for (int k = 0; k < n->nin; k++) {
     const Node *x = in(c, i, k);
-    if (x->dtype != DT_F32) {
-      unsupported(c, i, "concat of i32 tensors");
+    if ((x->dtype == DT_I32) != (n->dtype == DT_I32)) {
+      unsupported(c, i, "concat mixing i32 and float tensors");
+      diag_hint("convert the i32 operands first: float(x)");
+      return;
+    }
+    if (x->dtype != DT_F32 && x->dtype != DT_I32) {
+      unsupported(c, i, cp_fmt("concat of a %s tensor", dtype_name(x->dtype)));
       return;
     }
     int64_t len = x->shape.d[ax];
-    const char *args[8] = {ai(tcodes(c, 2, (int[]){i, n->in[k]})), ap(ptr(c, i)), ap(ptr(c, n->in[k])), al(outer),
+    const char *args[8] = {ai(move_codes(c, i, n->in[k])), ap(ptr(c, i)), ap(ptr(c, n->in[k])), al(outer),
                            al(n->shape.d[ax]), al(inner), al(start), al(len)};
     emit_lk(c, "cps_place", numel(x), i, 8, args);
     start += len;

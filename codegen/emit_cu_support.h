@@ -10,8 +10,9 @@
  *   kernels, shapes and storage types passed at launch, for the ops that are neither fused nor
  *   hand-written (kernels/cuda): broadcast binary ops and their gradients (cps_colsum_part and
  *   _finish: a bias gradient's column sums), unary ops and their gradients outside fused groups, reductions over
- *   [outer, n, inner] and over rows (sum, mean, log_softmax; a long vector's sum in two
- *   deterministic passes), transpose, permute, slice, concat, split/merge heads, dropout (the
+ *   [outer, n, inner] (of i32 too) and over rows (sum, mean, log_softmax; a long vector's sum in two
+ *   deterministic passes), transpose, permute, slice, concat, split/merge heads (of i32 too: storage
+ *   code 3, moved as bits), dropout (the
  *   counter-based generator of runtime/train.c rt_uniform, so masks are the CPU backend's),
  *   accumulation, casts, the f16 loss scale's unscale-and-check, arange, argmax, i32
  *   arithmetic. Semantics are those of kernels/cpu/ref.c (a backward ACCUMULATES), with the
@@ -77,6 +78,12 @@ static const char cu_support_src[] =
     "  else ((unsigned short *)p)[i] = t == 1 ? cps_f2bf(v) : cps_f2h(v);\n"
     "}\n"
     "#define CPS_T(tt, k) (((tt) >> (2 * (k))) & 3)\n"
+    "/* One element moved, d[di] = s[si] (tt: d, s), by the shape kernels' forwards. Code 3 (d and s\n"
+    " * both) is an i32: its 4 bytes move as they are, never through a float. */\n"
+    "__device__ __forceinline__ void cps_mv(int tt, void *d, long long di, const void *s, long long si) {\n"
+    "  if (CPS_T(tt, 0) == 3) ((int *)d)[di] = ((const int *)s)[si];\n"
+    "  else cps_st(d, CPS_T(tt, 0), di, cps_ld(s, CPS_T(tt, 1), si));\n"
+    "}\n"
     "\n"
     "/* KBinary (kernels/cpu/ref.h): add sub mul div maximum minimum eq ne lt le gt ge */\n"
     "__device__ double cps_bin(int op, double a, double b) {\n"
@@ -311,6 +318,25 @@ static const char cu_support_src[] =
     "  }\n"
     "}\n"
     "\n"
+    "/* sum (0), mean (1), max (2) over the middle axis of an i32 x [outer, n, inner], as emit_c.c's loop:\n"
+    " * the sum in int64 and the max are i32s (the sum wrapped to 32 bits), the mean the sum in double\n"
+    " * over n, a float of type tt. tt: out */\n"
+    "extern \"C\" __global__ void cps_reduce_i32(int op, int tt, void *out, const int *x, long long outer, long long n, long long inner) {\n"
+    "  CPS_LOOP(t, outer * inner) {\n"
+    "    const int *p = x + (t / inner) * n * inner + t % inner;\n"
+    "    long long s = op == 2 ? -2147483647LL - 1 : 0;\n"
+    "    double m = 0;\n"
+    "    for (long long j = 0; j < n; j++) {\n"
+    "      int v = p[j * inner];\n"
+    "      if (op == 2) s = v > s ? v : s;\n"
+    "      else if (op == 1) m += v;\n"
+    "      else s += v;\n"
+    "    }\n"
+    "    if (op == 1) cps_st(out, CPS_T(tt, 0), t, (float)(m / (double)n));\n"
+    "    else ((int *)out)[t] = (int)s;\n"
+    "  }\n"
+    "}\n"
+    "\n"
     "/* sum (mean 0) or mean (1) over the last axis of [rows, n], one block per row (a grid-stride loop\n"
     " * over the rows), in double, in a fixed order. tt: y, x */\n"
     "extern \"C\" __global__ void cps_row_sum(int mean, int tt, void *y, const void *x, long long rows, long long n) {\n"
@@ -442,7 +468,7 @@ static const char cu_support_src[] =
     "extern \"C\" __global__ void cps_transpose(int tt, void *out, const void *x, long long nb, long long m, long long n) {\n"
     "  CPS_LOOP(t, nb * m * n) {\n"
     "    long long i = t % m, j = (t / m) % n, b = t / (m * n);\n"
-    "    cps_st(out, CPS_T(tt, 0), t, cps_ld(x, CPS_T(tt, 1), (b * m + i) * n + j));\n"
+    "    cps_mv(tt, out, t, x, (b * m + i) * n + j);\n"
     "  }\n"
     "}\n"
     "\n"
@@ -453,7 +479,7 @@ static const char cu_support_src[] =
     "    long long q = t, xi = 0;\n"
     "    for (int d = p.rank - 1; d >= 0; d--) { xi += (q % p.on[d]) * p.xs[d]; q /= p.on[d]; }\n"
     "    if (bwd) cps_st(dst, CPS_T(tt, 0), xi, cps_ld(dst, CPS_T(tt, 0), xi) + cps_ld(src, CPS_T(tt, 1), t));\n"
-    "    else cps_st(dst, CPS_T(tt, 0), t, cps_ld(src, CPS_T(tt, 1), xi));\n"
+    "    else cps_mv(tt, dst, t, src, xi);\n"
     "  }\n"
     "}\n"
     "\n"
@@ -465,7 +491,7 @@ static const char cu_support_src[] =
     "  CPS_LOOP(t, outer * len * inner) {\n"
     "    long long i = t % inner, j = (t / inner) % len, o = t / (len * inner), xi = (o * n + start + j) * inner + i;\n"
     "    if (bwd) cps_st(dst, CPS_T(tt, 0), xi, cps_ld(dst, CPS_T(tt, 0), xi) + cps_ld(src, CPS_T(tt, 1), t));\n"
-    "    else cps_st(dst, CPS_T(tt, 0), t, cps_ld(src, CPS_T(tt, 1), xi));\n"
+    "    else cps_mv(tt, dst, t, src, xi);\n"
     "  }\n"
     "}\n"
     "\n"
@@ -474,7 +500,7 @@ static const char cu_support_src[] =
     "                                     long long start, long long len) {\n"
     "  CPS_LOOP(t, outer * len * inner) {\n"
     "    long long i = t % inner, j = (t / inner) % len, o = t / (len * inner);\n"
-    "    cps_st(out, CPS_T(tt, 0), (o * n + start + j) * inner + i, cps_ld(x, CPS_T(tt, 1), t));\n"
+    "    cps_mv(tt, out, (o * n + start + j) * inner + i, x, t);\n"
     "  }\n"
     "}\n"
     "\n"
@@ -484,8 +510,8 @@ static const char cu_support_src[] =
     "  CPS_LOOP(s, b * t * c) {\n"
     "    long long j = s % dh, tt2 = (s / dh) % t, hh = (s / (dh * t)) % h, bb = s / (dh * t * h);\n"
     "    long long flat = (bb * t + tt2) * c + hh * dh + j;\n"
-    "    if (merge) cps_st(out, CPS_T(tt, 0), flat, cps_ld(x, CPS_T(tt, 1), s));\n"
-    "    else cps_st(out, CPS_T(tt, 0), s, cps_ld(x, CPS_T(tt, 1), flat));\n"
+    "    if (merge) cps_mv(tt, out, flat, x, s);\n"
+    "    else cps_mv(tt, out, s, x, flat);\n"
     "  }\n"
     "}\n"
     "\n"

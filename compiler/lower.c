@@ -117,6 +117,24 @@ static int reshard(Ctx *c, int j, const Pl *want) {
   return v;
 }
 
+/* Whether node i, split on the tp axis a along a dim of `size`, has the blocked layout a slice of
+ * it assumes (find_blocks): it comes from params, whose shards init, save and load lay out so,
+ * through ops split alike; not from a reshard into the split (a contiguous part) or an input. */
+static bool blocked_source(const StratPlan *sp, int a, int i, int64_t size) {
+  const Node *n = &sp->g->nodes[i];
+  Pl p = sp->pl[i].ax[a];
+  if (p.kind != PL_S || n->shape.d[p.dim] != size) return false;
+  if (n->op == OP_PARAM) return true;
+  bool any = false;
+  for (int k = 0; k < n->nin; k++) {
+    Pl got = sp->cons[a][i][k];
+    if (got.kind != PL_S) continue;
+    if (!pl_eq(sp->pl[n->in[k]].ax[a], got) || !blocked_source(sp, a, n->in[k], size)) return false;
+    any = true;
+  }
+  return any;
+}
+
 /* Local attributes of node i's copy n (see lower.h). */
 static void localize(Ctx *c, int i, Node *n, const Shape *want) {
   const StratPlan *sp = c->sp;
@@ -129,6 +147,11 @@ static void localize(Ctx *c, int i, Node *n, const Shape *want) {
     case OP_SLICE:
       if (in0.kind == PL_S && in0.dim == o->ia[0]) {
         if (o->ia[1] % k || o->ia[2] % k) fail(c, "lowering: slice %%%d of a split dim by %lld", i, (long long)k);
+        int64_t size = g->nodes[o->in[0]].shape.d[in0.dim];
+        if (o->ia[2] - o->ia[1] < size && (sp->axes[a].role != AX_TP || !blocked_source(sp, a, o->in[0], size)))
+          fail(c, "lowering: slice %%%d [%lld, %lld) of dim %d, which the %s axis splits in contiguous parts: each "
+               "rank's part of it is not the slice's", i, (long long)o->ia[1], (long long)o->ia[2], in0.dim,
+               sp->axes[a].role == AX_TP ? "tp" : "dp");
         n->ia[1] /= k, n->ia[2] /= k;
       }
       break;

@@ -13,7 +13,8 @@
  *   CROSS_ENTROPY with logits S(last) on axis a (vocab-parallel): ia[0] = a + 1; the rows' max
  *     and sum of exponentials are all-reduced inside the op, and each rank's result is its part
  *     of the loss (the parts sum to the loss: P).
- *   SLICE along a split dim: start and end divided by the axis size (see blocks below).
+ *   SLICE along a split dim: start and end divided by the axis size (see blocks below); an error
+ *     unless the value has the blocked layout (its split comes from params, lower.c blocked_source).
  *   SPLIT_HEADS whose heads are split: h divided by the axis size.
  *   RESHAPE: dims = the local shape.
  *
@@ -31,6 +32,11 @@
  * seed (Graph.seed, 1/accum) by dp instead: every P on the dp axis of the backward and the update
  * is then a true partial sum, and every reduction of it (in the graph, or the runtime's) sums.
  * The loss and metrics (P on dp too) are means of means, averaged by the runtime.
+ *
+ * The loss and metrics on the tp axis. The runtime sums the tp ranks' values as the parts of one
+ * (vocab-parallel cross_entropy's P); a loss or metric tp replicates (R) is reported as each rank's
+ * 1/tp share (Lowered.loss_share and metric_share, which the emitters multiply it by; the gradients
+ * are seeded apart).
  *
  * Gradient accumulators partial (P) on the dp axis get no collective node: the runtime sums them
  * over the dp group once per step, after all micro-batches, and the update reads them as

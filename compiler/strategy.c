@@ -242,6 +242,13 @@ static void apply_node(Ctx *c, int i) {
     for (int k = 0; k < f->nin; k++) in[1 + k] = c->cons[n->fwd][k];
     in[n->nin - 1] = c->out[n->fwd];
   }
+  /* cross_entropy's loss is the mean over its rows: with the rows split on tp (sequence-parallel
+   * logits of a table tp does not split, or of computed indices) each rank's mean of its part would
+   * be summed as a partial sum, tp times the loss, so the logits are gathered first (dp's means of
+   * means are the runtime's) */
+  if (c->role == AX_TP && n->op == OP_CROSS_ENTROPY && in[0].kind == PL_S &&
+      in[0].dim < c->g->nodes[n->in[0]].shape.rank - 1)
+    in[0] = in[1] = pl_r();
   ShardIO io = {.in = in, .n = c->n};
   int tries = 0;
   while (!shard_node(c->g, n, &io)) {

@@ -718,11 +718,16 @@ void kf_merge_heads_backward(float *dx, const float *dout, int b, int t, int c, 
   heads_move(dx, dout, b, t, c, h, 1, 1);
 }
 
-void kf_slice_forward(float *out, const float *x, int outer, int n, int inner, int start, int end) {
+/* 4-byte elements of any type (f32, i32): bytes are moved, never converted */
+void k32_slice_forward(void *out, const void *x, int outer, int n, int inner, int start, int end) {
   k_assert(outer >= 0 && inner >= 0 && 0 <= start && start <= end && end <= n);
   long m = end - start, len = m * inner;
   for (long o = 0; o < outer; o++)
-    memcpy(out + o * len, x + (o * n + start) * inner, sizeof(float) * (size_t)len);
+    memcpy((char *)out + o * len * 4, (const char *)x + (o * n + start) * inner * 4, 4 * (size_t)len);
+}
+
+void kf_slice_forward(float *out, const float *x, int outer, int n, int inner, int start, int end) {
+  k32_slice_forward(out, x, outer, n, inner, start, end);
 }
 
 void kf_slice_backward(float *dx, const float *dout, int outer, int n, int inner, int start,
@@ -742,14 +747,18 @@ static int concat_total(const int *ns, int count) {
   return total;
 }
 
-void kf_concat_forward(float *out, const float *const *xs, const int *ns, int count, int outer,
-                       int inner) {
+void k32_concat_forward(void *out, const void *const *xs, const int *ns, int count, int outer, int inner) {
   long total = concat_total(ns, count);
   for (long o = 0; o < outer; o++)
     for (long q = 0, off = 0; q < count; off += ns[q], q++) {
       long len = (long)ns[q] * inner;
-      memcpy(out + (o * total + off) * inner, xs[q] + o * len, sizeof(float) * (size_t)len);
+      memcpy((char *)out + (o * total + off) * inner * 4, (const char *)xs[q] + o * len * 4, 4 * (size_t)len);
     }
+}
+
+void kf_concat_forward(float *out, const float *const *xs, const int *ns, int count, int outer,
+                       int inner) {
+  k32_concat_forward(out, (const void *const *)xs, ns, count, outer, inner);
 }
 
 void kf_concat_backward(float *const *dxs, const float *dout, const int *ns, int count, int outer,

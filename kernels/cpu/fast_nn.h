@@ -85,5 +85,9 @@ void kf_concat_forward(float *out, const float *const *xs, const int *ns, int co
                        int inner);
 void kf_concat_backward(float *const *dxs, const float *dout, const int *ns, int count, int outer,
                         int inner);
+/* the forwards of slice and concat on 4-byte elements of any type (i32), bytes moved as they are
+ * (the kf_ ones call them) */
+void k32_slice_forward(void *out, const void *x, int outer, int n, int inner, int start, int end);
+void k32_concat_forward(void *out, const void *const *xs, const int *ns, int count, int outer, int inner);
 
 #endif

@@ -71,6 +71,39 @@ long k_bcast_index(long oi, const int *oshape, int orank, const int *ishape, int
   return ii;
 }
 
+/* flat index into x of output element oi of permute(x, perm) */
+static long permute_src(long oi, const int *shape, int rank, const int *perm) {
+  long xstride[K_MAXDIM], xi = 0;
+  xstride[rank - 1] = 1;
+  for (int d = rank - 2; d >= 0; d--) xstride[d] = xstride[d + 1] * shape[d + 1];
+  for (int d = rank - 1; d >= 0; d--) {
+    int od = shape[perm[d]];
+    xi += (oi % od) * xstride[perm[d]];
+    oi /= od;
+  }
+  return xi;
+}
+
+static void check_perm(const int *shape, int rank, const int *perm) {
+  int seen[K_MAXDIM] = {0};
+  k_assert(rank >= 1 && rank <= K_MAXDIM);
+  for (int d = 0; d < rank; d++) {
+    k_assert(perm[d] >= 0 && perm[d] < rank && !seen[perm[d]]);
+    seen[perm[d]] = 1;
+  }
+  (void)shape;
+}
+
+/* permute of 4-byte elements of any type, moved as bits: i32 tensors' transpose, permute and
+ * split/merge heads (emit_c.c lowers each to a permute) */
+void k32_permute_forward(void *out, const void *x, const int *shape, int rank, const int *perm) {
+  check_perm(shape, rank, perm);
+  uint32_t *o = out;
+  const uint32_t *s = x;
+  long n = k_numel(shape, rank);
+  for (long i = 0; i < n; i++) o[i] = s[permute_src(i, shape, rank, perm)];
+}
+
 void k_arange_forward(int32_t *out, int n) {
   k_assert(n >= 0);
   for (int i = 0; i < n; i++) out[i] = i;
@@ -378,41 +411,18 @@ void K_NAME(k_transpose_backward)(K_REAL *dx, const K_REAL *dout, int nb, int m,
         dx[((long)z * m + i) * n + j] += dout[((long)z * n + j) * m + i];
 }
 
-/* flat index into x of output element oi of permute(x, perm) */
-static long K_NAME(permute_src)(long oi, const int *shape, int rank, const int *perm) {
-  long xstride[K_MAXDIM], xi = 0;
-  xstride[rank - 1] = 1;
-  for (int d = rank - 2; d >= 0; d--) xstride[d] = xstride[d + 1] * shape[d + 1];
-  for (int d = rank - 1; d >= 0; d--) {
-    int od = shape[perm[d]];
-    xi += (oi % od) * xstride[perm[d]];
-    oi /= od;
-  }
-  return xi;
-}
-
-static void K_NAME(check_perm)(const int *shape, int rank, const int *perm) {
-  int seen[K_MAXDIM] = {0};
-  k_assert(rank >= 1 && rank <= K_MAXDIM);
-  for (int d = 0; d < rank; d++) {
-    k_assert(perm[d] >= 0 && perm[d] < rank && !seen[perm[d]]);
-    seen[perm[d]] = 1;
-  }
-  (void)shape;
-}
-
 void K_NAME(k_permute_forward)(K_REAL *out, const K_REAL *x, const int *shape, int rank,
                                const int *perm) {
-  K_NAME(check_perm)(shape, rank, perm);
+  check_perm(shape, rank, perm);
   long n = k_numel(shape, rank);
-  for (long i = 0; i < n; i++) out[i] = x[K_NAME(permute_src)(i, shape, rank, perm)];
+  for (long i = 0; i < n; i++) out[i] = x[permute_src(i, shape, rank, perm)];
 }
 
 void K_NAME(k_permute_backward)(K_REAL *dx, const K_REAL *dout, const int *shape, int rank,
                                 const int *perm) {
-  K_NAME(check_perm)(shape, rank, perm);
+  check_perm(shape, rank, perm);
   long n = k_numel(shape, rank);
-  for (long i = 0; i < n; i++) dx[K_NAME(permute_src)(i, shape, rank, perm)] += dout[i];
+  for (long i = 0; i < n; i++) dx[permute_src(i, shape, rank, perm)] += dout[i];
 }
 
 /* ---- softmax -------------------------------------------------------------------------------- */

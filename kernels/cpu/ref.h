@@ -82,6 +82,9 @@ long k_bcast_index(long oi, const int *oshape, int orank, const int *ishape, int
 long k_numel(const int *shape, int rank);
 
 void k_arange_forward(int32_t *out, int n);
+/* permute (k_permute_forward) of 4-byte elements of any type (i32), moved as bits, never through
+ * float arithmetic */
+void k32_permute_forward(void *out, const void *x, const int *shape, int rank, const int *perm);
 
 #define K_REAL float
 #define K_NAME(n) n

@@ -17,9 +17,13 @@
 # says so once each and takes the fallbacks; DGELU still runs):
 #   gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16
 #   sel_small-f32 sel_small-bf16 (abs, clamp and where in the MLP: fused, and cps_where_bwd for a broadcast param)
-#   feat_small-f32 feat_small-bf16 feat_small-f16 (an MLP on float features from tensors data, feat.safetensors:
+#   feat_small-f32 feat_small-bf16 (feat_small-f16 by hand) (an MLP on float features from tensors data, feat.safetensors:
 #                           under bf16 / f16 the f32 input and a reduction are cast to the low type for the GEMMs
 #                           and the layer_norm that read them, emit_cu.c low_reads, as PyTorch's autocast)
+#   slice_small-f32 slice_small-bf16 (a token row taken apart in the model: i32 concat, slice, transpose, permute
+#                           and heads moved as bits, cps_mv; sum, mean and max of i32, cps_reduce_i32);
+#                           slice_small-f32-tp2sp-mpi: its embeddings' indices computed, so not vocab-parallel:
+#                           the sequence-split logits gathered for cross_entropy, the replicated loss reported in tp shares
 #   gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 (vocab 67: the logits' rows padded to 128 bytes, emit_cu.c find_pitched,
 #                           and cross_entropy's forward and backward in one launch over them, find_ce_fused)
 #   gpt_small-{f32,f16}-dp2-{mpi,nccl}  (mesh of 2 GPUs, mpirun -np 2, CPLAN_COMM=mpi or nccl: the
@@ -49,7 +53,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 feat_small-f16 gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 slice_small-f32 slice_small-bf16 slice_small-f32-tp2sp-mpi gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
 export CUEMU_DEFER=${CUEMU_DEFER:-1}
 env_file=$build/tests/cuda_emu/program.env

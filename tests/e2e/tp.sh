@@ -5,7 +5,8 @@
 # relative and the consolidated params (--save: rank 0 gathers the shards into whole tensors) within 1e-4
 # (also with sequence parallelism, sp = 2 on dp = 2 x tp = 2); a tp
 # checkpoint (whole tensors) resumes on 1 device with the same losses. The metrics are compared
-# too (2e-4 relative + 1e-6), and a model whose vocabulary tp does not divide reports the same loss.
+# too (2e-4 relative + 1e-6), and a model whose vocabulary tp does not divide reports the same loss;
+# slice_small (i32 tokens taken apart in the model) with sp too.
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
 e2e_init "$1" "$2"
@@ -81,4 +82,15 @@ e2e_prog 0 kdim-1 ./kdim-1 --save kdim-1.st --metrics kdim-1.jsonl
 e2e_build kdim-tp2 kdim.cplan --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2
 e2e_prog 0 kdim-tp2 "$mpirun" -np 2 --oversubscribe ./kdim-tp2 --save kdim-tp2.st --metrics kdim-tp2.jsonl
 e2e_close "kdim tp=2 (a K-split activation with a whole weight)" kdim-1.jsonl kdim-tp2.jsonl kdim-1.st kdim-tp2.st
+# slice_small takes a token row apart in the model, so its embeddings' indices are computed and the
+# table is not vocab-parallel: under sp the sequence-split logits are gathered for cross_entropy and
+# the loss, replicated on tp, is reported as each rank's 1/tp share (Lowered.loss_share)
+m=slice_small
+{ cat "$src/tests/e2e/$m.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >"$m.cplan"
+e2e_build "$m-1" "$m.cplan"
+e2e_prog 0 "$m-1" "./$m-1" --save "$m-1.st" --metrics "$m-1.jsonl"
+e2e_build "$m-sp" "$m.cplan" --set train.mesh=laptop --set mesh.laptop.shape.cpu=4 --set train.strategy.dp=2 \
+  --set train.strategy.tp=2 --set train.strategy.sp=2
+e2e_prog 0 "$m-sp" "$mpirun" -np 4 --oversubscribe "./$m-sp" --save "$m-sp.st" --metrics "$m-sp.jsonl"
+e2e_close "$m dp=2 x tp=2 x sp=2" "$m-1.jsonl" "$m-sp.jsonl" "$m-1.st" "$m-sp.st"
 echo "tp.sh: ok"

@@ -431,6 +431,44 @@ static void test_concat(int outer, int inner) {
   pool_free();
 }
 
+/* The k32_ moves of i32 tensors' shape ops: every element's bits arrive unchanged (NaN and
+ * signalling-NaN patterns included), at the place the float reference kernel puts the element's
+ * index (indices below 2^24 are exact floats). */
+static void check_bits(const char *name, const uint32_t *got, const uint32_t *x, const float *where, long n) {
+  long bad = 0;
+  for (long i = 0; i < n; i++) bad += got[i] != x[(long)where[i]];
+  printf("%s %s: %ld elements, %ld moved wrong\n", bad ? "FAIL" : "ok  ", name, n, bad);
+  bad ? n_fail++ : n_pass++;
+}
+
+static void test_moves_i32(void) {
+  enum { B = 3, T = 5, C = 12, H = 4, N = B * T * C };
+  uint32_t x[N], out[N];
+  float idx[N], *w = fbuf(N);
+  for (long i = 0; i < N; i++) {
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    x[i] = i % 3 == 0 ? 0x7f800001u + (uint32_t)i : (uint32_t)(rng_state >> 32); /* sNaN bit patterns too */
+    idx[i] = (float)i;
+  }
+  const int shape[3] = {B, T, C}, perm[3] = {2, 0, 1}, hshape[4] = {B, T, H, C / H}, hperm[4] = {0, 2, 1, 3};
+  k32_permute_forward(out, x, shape, 3, perm);
+  k_permute_forward(w, idx, shape, 3, perm);
+  check_bits("k32_permute_forward (permute)", out, x, w, N);
+  k32_permute_forward(out, x, hshape, 4, hperm);
+  k_split_heads_forward(w, idx, B, T, C, H);
+  check_bits("k32_permute_forward (split_heads)", out, x, w, N);
+  k32_slice_forward(out, x, B, T, C, 1, 4);
+  k_slice_forward(w, idx, B, T, C, 1, 4);
+  check_bits("k32_slice_forward", out, x, w, B * 3 * C);
+  const int ns[3] = {2, 0, 3};
+  const void *xs[3] = {x, x + B * 2 * C, x + B * 2 * C};
+  const float *fs[3] = {idx, idx + B * 2 * C, idx + B * 2 * C};
+  k32_concat_forward(out, xs, ns, 3, B, C);
+  k_concat_forward(w, fs, ns, 3, B, C);
+  check_bits("k32_concat_forward", out, x, w, N);
+  pool_free();
+}
+
 int main(void) {
   test_unary(37 * 129);
   test_unary(1 << 16);
@@ -463,6 +501,7 @@ int main(void) {
   test_slice(3, 10, 4, 7, 7);
   test_concat(5, 129);
   test_concat(37, 1);
+  test_moves_i32();
   printf("%d passed, %d failed\n", n_pass, n_fail);
   return n_fail ? 1 : 0;
 }

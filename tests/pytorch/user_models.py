@@ -3,11 +3,11 @@
 an MLP classifier, a post-norm BERT encoder with bidirectional attention and -1 targets, a LLaMA block
 with rope and SwiGLU written by hand, shape ops (reshape, permute, transpose, negative slices, concat,
 split, broadcasting), an MSE regression, a tied embedding with i32 arithmetic and a hand-written causal
-mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp and where, % and //,
-PyTorch's type promotion of i32 tensors meeting floats, cross_entropy's ignore_index,
-and softmax over an axis other than the last and reductions over axes that are not adjacent,
-cross-attention,
-sdpa's attn_mask and attn_bias), each trained one step of
+mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp and where, Python's % and //,
+i32 tokens sliced into inputs and targets (through shape ops and sum/mean/max), PyTorch's type
+promotion of i32 tensors meeting floats, cross_entropy's ignore_index, softmax over an axis other than
+the last and reductions over axes that are not adjacent, cross-attention, sdpa's attn_mask and
+attn_bias), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -163,6 +163,22 @@ def m9(p, d):
     ki = torch.remainder(k, 3) + torch.div(k, -2, rounding_mode='floor') + torch.remainder(k * 7, -4)
     assert ki.dtype == torch.int32
     return r.mean() + (s * s).mean() + n.mean() + (q * h).mean() + (ki.double() * h).mean()
+
+@model('m10_slice_tokens', lambda: {'tok': rng.integers(0, 16, size=(B, 9)).astype(np.int32)})
+def m10(p, d):
+    tok, wte, w = d['tok'], p['wte'], p['w']
+    idx, targets = tok[:, :-1], tok[:, 1:]
+    a = idx.reshape(B, 2, 4)
+    ti, pi = a.transpose(-1, -2), a.permute(2, 0, 1)
+    mh = merge(heads(a, 2).transpose(-1, -2))
+    p1, p2 = torch.cat([targets, idx[:, 3:5]], 1).split(5, 1)
+    cc = torch.cat([p2, p1[:, 0:3]], -1)
+    s, mx = tok.sum(1, dtype=torch.int32), (a - 20).amax((1, 2))
+    f = ti.reshape(B, 8) + pi.permute(1, 0, 2).reshape(B, 8) * 2 - mh.reshape(B, 8) + cc * 3
+    assert f.dtype == torch.int32 and mx.dtype == torch.int32
+    g = (f + s.reshape(B, 1) + mx.reshape(B, 1)).double() * 0.01 + ti.double().mean((1, 2)).reshape(B, 1) * 0.1
+    h = F.embedding(idx.long(), wte) @ w
+    return ce(h @ wte.T, targets) + (g * h.sum(-1)).mean() * (tok.sum().double() * 0.001 + tok.double().mean() * 0.01)
 
 @model('m11_promote', lambda: {'x': rng.normal(size=(B, 4)).astype(np.float32),
                                'k': rng.integers(-4, 6, size=(B, 4)).astype(np.int32)})
