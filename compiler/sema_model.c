@@ -397,8 +397,23 @@ static int find_str(const char *const *names, int n, const char *s) {
  * keyword every call accepts goes to *scope_name (when scope_name is not NULL and
  * the callee has no parameter of that name). Reports extra, unknown and repeated
  * arguments. */
-/* The arguments of sdpa that call_sdpa takes off the call before its signature's (ops.def). */
-static const char *const sdpa_own_args[2] = {"attn_mask", "attn_bias"};
+/* Keyword arguments a primitive takes off the call itself before its signature's (ops.def):
+ * sdpa's (call_sdpa) and cross_entropy's (call_cross_entropy). */
+typedef struct OwnArgs {
+  const char *callee;
+  const char *names[2];
+  int n;
+} OwnArgs;
+static const OwnArgs own_args[] = {
+    {"sdpa", {"attn_mask", "attn_bias"}, 2},
+    {"cross_entropy", {"ignore_index", "label_smoothing"}, 2},
+};
+
+static const OwnArgs *own_args_of(const char *callee) {
+  for (size_t i = 0; i < sizeof own_args / sizeof own_args[0]; i++)
+    if (strcmp(own_args[i].callee, callee) == 0) return &own_args[i];
+  return NULL;
+}
 
 static bool match_args(const Expr *call, const char *callee, const char *const *pn, int np,
                        const Expr **slot, const Expr **scope_name) {
@@ -425,8 +440,8 @@ static bool match_args(const Expr *call, const char *callee, const char *const *
       const char *all[MAX_SIG + 2];
       int na = 0;
       for (int i = 0; i < np && na < MAX_SIG; i++) all[na++] = pn[i];
-      if (strcmp(callee, "sdpa") == 0) /* call_sdpa's own arguments */
-        for (int i = 0; i < 2; i++) all[na++] = sdpa_own_args[i];
+      const OwnArgs *own = own_args_of(callee);
+      for (int i = 0; own && i < own->n; i++) all[na++] = own->names[i];
       if (strcmp(kw, "dim") == 0 && find_str(pn, np, "axis") >= 0)
         diag_hint("cplan calls PyTorch's 'dim' 'axis': axis = ...");
       else
@@ -1044,28 +1059,43 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id);
  * comparison's 1.0/0.0 or made of them: 1.0 takes part, as True does), and its float form, added
  * to the scores, under its own name attn_bias (a cplan tensor does not tell a boolean from a float).
  * Both broadcast to the scores [B, h, Tq, Tk]; the call is computed in the math form (sdpa_math). */
-static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
-  Value mask = {.kind = V_ERR}, bias = {.kind = V_ERR};
-  Expr e2 = *e;
-  e2.fields = cp_alloc(sizeof(Field) * (size_t)(e->nfields + 1));
-  e2.nfields = 0;
+/* The call e as `rest`, without the keyword arguments own_args_of(callee) names, whose values are
+ * evaluated into got[] (kind V_ERR where absent); false after an error (reported). */
+static bool take_own_args(Build *b, Frame *f, const Expr *e, const char *callee, Expr *rest, Value *got) {
+  const OwnArgs *own = own_args_of(callee);
+  *rest = *e;
+  rest->fields = cp_alloc(sizeof(Field) * (size_t)(e->nfields + 1));
+  rest->nfields = 0;
+  for (int j = 0; j < own->n; j++) got[j] = (Value){.kind = V_ERR};
   for (int k = 0; k < e->nfields; k++) {
     const Field *fd = &e->fields[k];
-    bool is_mask = fd->name && strcmp(fd->name, sdpa_own_args[0]) == 0;
-    bool is_bias = fd->name && strcmp(fd->name, sdpa_own_args[1]) == 0;
-    if (!is_mask && !is_bias) {
-      e2.fields[e2.nfields++] = *fd;
+    int j = own->n;
+    while (--j >= 0 && !(fd->name && strcmp(fd->name, own->names[j]) == 0)) {}
+    if (j < 0) {
+      rest->fields[rest->nfields++] = *fd;
       continue;
     }
-    Value *v = is_mask ? &mask : &bias;
-    if (v->kind != V_ERR) {
-      diag_error(fd->name_span, "argument '%s' of 'sdpa' is given twice", fd->name);
-      return sema_v_err();
+    if (got[j].kind != V_ERR) {
+      diag_error(fd->name_span, "argument '%s' of '%s' is given twice", fd->name, callee);
+      return false;
     }
-    *v = eval(b, f, fd->value);
-    if (!usable(*v)) return sema_v_err();
+    got[j] = eval(b, f, fd->value);
+    if (!usable(got[j])) return false;
+  }
+  return true;
+}
+
+static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
+  Value got[2];
+  Expr e2;
+  if (!take_own_args(b, f, e, "sdpa", &e2, got)) return sema_v_err();
+  Value mask = got[0], bias = got[1];
+  for (int j = 0; j < 2; j++) {
+    Value *v = &got[j];
+    bool is_mask = j == 0;
+    if (v->kind == V_ERR) continue;
     if (v->kind != V_TENSOR || b->g->nodes[v->node].dtype == DT_I32) {
-      diag_error(v->span, "argument '%s' of 'sdpa' must be a float tensor, got %s", fd->name,
+      diag_error(v->span, "argument '%s' of 'sdpa' must be a float tensor, got %s", own_args_of("sdpa")->names[j],
                  v->kind == V_TENSOR ? "an i32 tensor" : sema_value_desc(*v));
       if (is_mask) diag_hint("a mask is a comparison, 1.0 where a key takes part: attn_mask = %s != 0", sema_span_text(v->span));
       return sema_v_err();
@@ -1084,6 +1114,64 @@ static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
   Value r = call_prim(b, f, &e2, OP_SDPA);
   b->sdpa_call = outer, b->sdpa_mask = om, b->sdpa_bias = ob;
   return r;
+}
+
+/* cross_entropy(logits, targets, ignore_index = N, label_smoothing = e), PyTorch's arguments. N: the
+ * targets equal to it become -1 (ignore_index_targets). e: (1 - e)·nll + e·mean over the classes of
+ * -log_softmax(logits), both averaged over the rows not ignored: the cross_entropy node, then
+ * sum(mean(-log_softmax(logits), -1) · keep) / sum(keep) with keep = (targets != -1) of the targets
+ * the node reads. */
+static Value call_cross_entropy(Build *b, Frame *f, const Expr *e) {
+  Value got[2];
+  Expr e2;
+  if (!take_own_args(b, f, e, "cross_entropy", &e2, got)) return sema_v_err();
+  Value ig = got[0], eps = got[1];
+  if (ig.kind != V_ERR && ig.kind != V_INT) {
+    diag_error(ig.span, "argument 'ignore_index' of 'cross_entropy' must be an int, got %s", sema_value_desc(ig));
+    return sema_v_err();
+  }
+  if (ig.kind == V_INT && (ig.i < -1000000000 || ig.i > 1000000000)) {
+    diag_error(ig.span, "ignore_index must lie within ±1e9, got %lld", (long long)ig.i);
+    return sema_v_err();
+  }
+  if (eps.kind != V_ERR && !is_num(eps)) {
+    diag_error(eps.span, "argument 'label_smoothing' of 'cross_entropy' must be a float, got %s", sema_value_desc(eps));
+    return sema_v_err();
+  }
+  double ls = eps.kind == V_ERR ? 0 : eps.kind == V_INT ? (double)eps.i : eps.f;
+  if (!(ls >= 0 && ls <= 1)) {
+    diag_error(eps.span, "label_smoothing must lie in [0, 1], got %g", ls);
+    return sema_v_err();
+  }
+  Value ce = call_prim(b, f, &e2, OP_CROSS_ENTROPY);
+  if (ce.kind == V_ERR) return ce;
+  if (ig.kind == V_INT && ig.i != -1) { /* the node again, on the targets with ignore_index mapped to -1 */
+    const Node n = b->g->nodes[ce.node];
+    cp_assert(ce.node == b->g->n - 1);
+    b->g->n--;
+    Value t = ignore_index_targets(b, n.in[1], ig.i, ig.span);
+    int i = t.kind == V_ERR ? -1 : binary_node(b, OP_CROSS_ENTROPY, n.in[0], t.node, e->span);
+    if (i < 0) return sema_v_err();
+    ce = tensor_val(i, e->span);
+  }
+  if (ls == 0) return ce;
+  Span at = e->span;
+  const Node n = b->g->nodes[ce.node];
+  int lsm = dims_node(b, OP_LOG_SOFTMAX, n.in[0], NULL, 0, -1, at);
+  int64_t last = -1;
+  int per_row = lsm < 0 ? -1 : dims_node(b, OP_MEAN, lsm, &last, 1, 0, at); /* mean over the classes */
+  Value keep = per_row < 0 ? sema_v_err() : desugar_binary(b, OP_NE, n.in[1], sema_v_int(-1, at), at);
+  if (keep.kind == V_ERR) return keep;
+  int kept = binary_node(b, OP_MUL, per_row, keep.node, at);
+  int num = kept < 0 ? -1 : dims_node(b, OP_SUM, kept, NULL, -1, 0, at);
+  int den = num < 0 ? -1 : dims_node(b, OP_SUM, keep.node, NULL, -1, 0, at);
+  int smooth = den < 0 ? -1 : binary_node(b, OP_DIV, num, den, at); /* the mean of log p over classes, rows */
+  if (smooth < 0) return sema_v_err();
+  Value a = desugar_binary(b, OP_MUL, ce.node, sema_v_float(1 - ls, at), at);
+  Value c = a.kind == V_ERR ? a : desugar_binary(b, OP_MUL, smooth, sema_v_float(-ls, at), at);
+  if (c.kind == V_ERR) return c;
+  int r = binary_node(b, OP_ADD, a.node, c.node, at);
+  return r < 0 ? sema_v_err() : tensor_val(r, at);
 }
 
 /* Forms the backends compute only in a simpler shape, rewritten as PyTorch's results in that
@@ -1206,18 +1294,6 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
     diag_hint("convert a branch: float(%s), and the result is f32", sema_span_text(vals[j].span));
     return sema_v_err();
   }
-  if (id == OP_CROSS_ENTROPY && pn.ia[0] != -1) {
-    if (pn.ia[0] < -1000000000 || pn.ia[0] > 1000000000) {
-      diag_error(vals[2].span, "ignore_index must lie within ±1e9, got %lld", (long long)pn.ia[0]);
-      return sema_v_err();
-    }
-    if (b->g->nodes[pn.in.a[1]].dtype == DT_I32) { /* (float targets are the shape rule's error) */
-      Value t = ignore_index_targets(b, pn.in.a[1], pn.ia[0], vals[2].span);
-      if (t.kind == V_ERR) return t;
-      pn.in.a[1] = t.node;
-    }
-  }
-  if (id == OP_CROSS_ENTROPY) pn.ia[0] = -1; /* the node ignores -1, what the kernels ignore */
   if (id == OP_WHERE || id == OP_MAXIMUM || id == OP_MINIMUM) {
     int first = id == OP_WHERE;
     if (!promote_i32(b, pn.in.a + first, 2, e->span)) return sema_v_err();
@@ -1248,6 +1324,7 @@ static Value eval_call(Build *b, Frame *f, const Expr *e) {
   OpId id;
   const OpInfo *op = ir_op_by_name(name, &id);
   if (id == OP_SDPA) return call_sdpa(b, f, e);
+  if (id == OP_CROSS_ENTROPY) return call_cross_entropy(b, f, e);
   if (op && op->sig && !(op->flags & OPF_LEAF)) return call_prim(b, f, e, id);
   if (it) {
     diag_error(e->name_span, "'%s' is a %s and cannot be called", name, sema_item_kind_name(it->kind));

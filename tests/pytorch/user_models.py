@@ -201,7 +201,8 @@ def m12(p, d):
     logits = F.embedding(d['idx'].long(), p['wte']) @ p['w']
     ce100 = F.cross_entropy(logits.reshape(-1, 7), d['targets'].reshape(-1).long(), ignore_index=-100)
     ce0 = F.cross_entropy(logits.reshape(-1, 7), d['idx'].reshape(-1).long(), ignore_index=0)
-    return ce100 + 0.5 * ce0
+    ls = F.cross_entropy(logits.reshape(-1, 7) * 0.5, d['targets'].reshape(-1).long(), ignore_index=-100, label_smoothing=0.2)
+    return ce100 + 0.5 * ce0 + ls
 
 @model('m13_axes', lambda: {'x': rng.normal(size=(B, 6)).astype(np.float32)})
 def m13(p, d):
