@@ -1055,14 +1055,18 @@ static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value 
 
 static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id);
 
-/* sdpa(q, k, v, causal, attn_mask = m, attn_bias = a): PyTorch's attn_mask in its boolean form (m a
- * comparison's 1.0/0.0 or made of them: 1.0 takes part, as True does), and its float form, added
- * to the scores, under its own name attn_bias (a cplan tensor does not tell a boolean from a float).
- * Both broadcast to the scores [B, h, Tq, Tk]; the call is computed in the math form (sdpa_math). */
-/* The call e as `rest`, without the keyword arguments own_args_of(callee) names, whose values are
- * evaluated into got[] (kind V_ERR where absent); false after an error (reported). */
-static bool take_own_args(Build *b, Frame *f, const Expr *e, const char *callee, Expr *rest, Value *got) {
+/* A call without its own arguments (rest), and their values (got: kind V_ERR where absent). */
+typedef struct OwnCall {
+  Expr rest;
+  Value got[2];
+} OwnCall;
+
+/* The call e as oc->rest, without the keyword arguments own_args_of(callee) names, whose values are
+ * evaluated into oc->got; false after an error (reported). */
+static bool take_own_args(Build *b, Frame *f, const Expr *e, const char *callee, OwnCall *oc) {
   const OwnArgs *own = own_args_of(callee);
+  Expr *rest = &oc->rest;
+  Value *got = oc->got;
   *rest = *e;
   rest->fields = cp_alloc(sizeof(Field) * (size_t)(e->nfields + 1));
   rest->nfields = 0;
@@ -1085,13 +1089,16 @@ static bool take_own_args(Build *b, Frame *f, const Expr *e, const char *callee,
   return true;
 }
 
+/* sdpa(q, k, v, causal, attn_mask = m, attn_bias = a): PyTorch's attn_mask in its boolean form (m a
+ * comparison's 1.0/0.0 or made of them: 1.0 takes part, as True does), and its float form, added
+ * to the scores, under its own name attn_bias (a cplan tensor does not tell a boolean from a float).
+ * Both broadcast to the scores [B, h, Tq, Tk]; the call is computed in the math form (sdpa_math). */
 static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
-  Value got[2];
-  Expr e2;
-  if (!take_own_args(b, f, e, "sdpa", &e2, got)) return sema_v_err();
-  Value mask = got[0], bias = got[1];
+  OwnCall oc;
+  if (!take_own_args(b, f, e, "sdpa", &oc)) return sema_v_err();
+  Value mask = oc.got[0], bias = oc.got[1];
   for (int j = 0; j < 2; j++) {
-    Value *v = &got[j];
+    Value *v = &oc.got[j];
     bool is_mask = j == 0;
     if (v->kind == V_ERR) continue;
     if (v->kind != V_TENSOR || b->g->nodes[v->node].dtype == DT_I32) {
@@ -1110,8 +1117,8 @@ static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
   if (mask.kind == V_ERR && bias.kind == V_ERR) return call_prim(b, f, e, OP_SDPA);
   const Expr *outer = b->sdpa_call;
   Value om = b->sdpa_mask, ob = b->sdpa_bias;
-  b->sdpa_call = &e2, b->sdpa_mask = mask, b->sdpa_bias = bias;
-  Value r = call_prim(b, f, &e2, OP_SDPA);
+  b->sdpa_call = &oc.rest, b->sdpa_mask = mask, b->sdpa_bias = bias;
+  Value r = call_prim(b, f, &oc.rest, OP_SDPA);
   b->sdpa_call = outer, b->sdpa_mask = om, b->sdpa_bias = ob;
   return r;
 }
@@ -1122,10 +1129,9 @@ static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
  * sum(mean(-log_softmax(logits), -1) · keep) / sum(keep) with keep = (targets != -1) of the targets
  * the node reads. */
 static Value call_cross_entropy(Build *b, Frame *f, const Expr *e) {
-  Value got[2];
-  Expr e2;
-  if (!take_own_args(b, f, e, "cross_entropy", &e2, got)) return sema_v_err();
-  Value ig = got[0], eps = got[1];
+  OwnCall oc;
+  if (!take_own_args(b, f, e, "cross_entropy", &oc)) return sema_v_err();
+  Value ig = oc.got[0], eps = oc.got[1];
   if (ig.kind != V_ERR && ig.kind != V_INT) {
     diag_error(ig.span, "argument 'ignore_index' of 'cross_entropy' must be an int, got %s", sema_value_desc(ig));
     return sema_v_err();
@@ -1143,7 +1149,7 @@ static Value call_cross_entropy(Build *b, Frame *f, const Expr *e) {
     diag_error(eps.span, "label_smoothing must lie in [0, 1], got %g", ls);
     return sema_v_err();
   }
-  Value ce = call_prim(b, f, &e2, OP_CROSS_ENTROPY);
+  Value ce = call_prim(b, f, &oc.rest, OP_CROSS_ENTROPY);
   if (ce.kind == V_ERR) return ce;
   if (ig.kind == V_INT && ig.i != -1) { /* the node again, on the targets with ignore_index mapped to -1 */
     const Node n = b->g->nodes[ce.node];
