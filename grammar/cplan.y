@@ -120,6 +120,7 @@ static Expr *mk_seq(ExprKind kind, ExprVec v, Span at);
 static Expr *mk_fields(ExprKind kind, FieldVec v, Span at);
 static Stmt *mk_stmt(StmtKind kind, Span at);
 static Stmt *mk_named(StmtKind kind, Span at, Ident name);
+static Stmt *mk_assign(Span at, IdentVec names, Expr *value);
 static Item *mk_item(ItemKind kind, Span at, LexState *st);
 static Block mk_block(StmtVec v);
 static TypeExpr *mk_type(Ident name, ExprVec *dims, Span at);
@@ -264,14 +265,11 @@ stmt:
                                         diag_hint("write input %s: i32[...] (or f32, bf16, f16)", $2); }
   | PARAM IDENT ':' type '=' expr     { $$ = mk_named(ST_PARAM, @$, (Ident){$2, @2});
                                         $$->type = $4; $$->value = $6; }
-  | names '=' expr                    { $$ = mk_stmt(ST_ASSIGN, @$); $$->nnames = $1.n;
-                                        $$->names = cp_alloc(sizeof(char *) * (size_t)$1.n);
-                                        $$->name_spans = cp_alloc(sizeof(Span) * (size_t)$1.n);
-                                        for (int i = 0; i < $1.n; i++) {
-                                          $$->names[i] = $1.a[i].name;
-                                          $$->name_spans[i] = $1.a[i].span;
-                                        }
-                                        $$->value = $3; }
+  | names '=' expr                    { $$ = mk_assign(@$, $1, $3); }
+  | names '=' expr ',' exprs          { /* `a, b = x, y`: the right side a tuple, as in Python */
+                                        ExprVec v = {0}; VEC_PUSH(v, $3);
+                                        for (int i = 0; i < $5.n; i++) VEC_PUSH(v, $5.a[i]);
+                                        $$ = mk_assign(@$, $1, mk_seq(EX_TUPLE, v, span_join(@3, @5))); }
   | METRIC IDENT '=' expr             { $$ = mk_named(ST_METRIC, @$, (Ident){$2, @2});
                                         $$->value = $4; }
   | FOR IDENT IN expr DOTDOT expr block
@@ -546,6 +544,20 @@ static Stmt *mk_stmt(StmtKind kind, Span at) {
   Stmt *s = cp_alloc(sizeof *s);
   s->kind = kind;
   s->span = at;
+  return s;
+}
+
+/* names = value (a destructuring when there are several names) */
+static Stmt *mk_assign(Span at, IdentVec names, Expr *value) {
+  Stmt *s = mk_stmt(ST_ASSIGN, at);
+  s->nnames = names.n;
+  s->names = cp_alloc(sizeof(char *) * (size_t)names.n);
+  s->name_spans = cp_alloc(sizeof(Span) * (size_t)names.n);
+  for (int i = 0; i < names.n; i++) {
+    s->names[i] = names.a[i].name;
+    s->name_spans[i] = names.a[i].span;
+  }
+  s->value = value;
   return s;
 }
 
