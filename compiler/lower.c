@@ -167,10 +167,6 @@ static void localize(Ctx *c, int i, Node *n, const Shape *want) {
     case OP_ARANGE:
       if (out.kind == PL_S) fail(c, "lowering: a split arange (%%%d)", i);
       break;
-    case OP_MEAN:
-      if (in0.kind == PL_S && out.kind == PL_P && sp->axes[a].role == AX_TP)
-        fail(c, "lowering: a mean over a tensor-parallel split dim (%%%d)", i);
-      break;
     default:
       break;
     }
@@ -201,6 +197,37 @@ static int regather(Ctx *c, int v) {
   Cached e = {v, (int)n->ia[0], pl_r(), k};
   VEC_PUSH(c->regathered, e);
   return k;
+}
+
+/* A mean over a dim a tp axis splits (its input S, its output P): each rank's mean of its part
+ * over n ranks is n times its share of the global mean, and the gradient each rank computes (dy over
+ * its own count) n times the global one (dy over the global count). The factor, 1/n per such axis,
+ * that the lowering multiplies node j's value (or its gradient's) by; 1 for any other node. (dp's
+ * partial means stay means of means, averaged by the runtime: lower.h.) */
+static double tp_mean_share(const Ctx *c, int j) {
+  if (c->g->nodes[j].op != OP_MEAN) return 1;
+  double f = 1;
+  for (int a = 0; a < c->sp->naxes; a++)
+    if (c->sp->axes[a].role == AX_TP && c->sp->cons[a][j][0].kind == PL_S && c->sp->pl[j].ax[a].kind == PL_P)
+      f /= (double)c->sp->axes[a].n;
+  return f;
+}
+
+/* v * f in the per-rank graph, made for global node i. */
+static int scale_node(Ctx *c, int v, double f, int i) {
+  Graph *lg = c->lw->g;
+  const Node x = lg->nodes[v]; /* a copy: ir_add may move the nodes */
+  int k = ir_add(lg, OP_CONST, NULL, 0, x.span);
+  lg->nodes[k].fa[0] = f;
+  lg->nodes[k].dtype = x.dtype;
+  int in[2] = {v, k};
+  int m = ir_add(lg, OP_MUL, in, 2, x.span);
+  VEC_PUSH(c->lw->origin, i);
+  VEC_PUSH(c->lw->origin, i);
+  for (int q = k; q <= m; q++) lg->nodes[q].role = x.role, lg->nodes[q].layer = x.layer;
+  char e[256];
+  if (!ir_infer(lg, k, e, sizeof e) || !ir_infer(lg, m, e, sizeof e)) fail(c, "lowering: %s", e);
+  return m;
 }
 
 static void lower_node(Ctx *c, int i) {
@@ -248,6 +275,8 @@ static void lower_node(Ctx *c, int i) {
   if (!shape_eq(&lg->nodes[li].shape, &want))
     fail(c, "lowering: node %%%d (%s) has local shape %s, its placement %s needs %s", i, ir_ops[o->op].name,
          shape_str(&lg->nodes[li].shape), placement_str(&sp->pl[i]), shape_str(&want));
+  double f = tp_mean_share(c, grad ? o->fwd : i);
+  if (f != 1 && !c->failed) c->cur[i] = scale_node(c, li, f, i); /* readers take the scaled value */
 }
 
 /* ---- blocked layouts ------------------------------------------------------------------------ */

@@ -16,6 +16,8 @@
  *   SLICE along a split dim: start and end divided by the axis size (see blocks below); an error
  *     unless the value has the blocked layout (its split comes from params, lower.c blocked_source).
  *   SPLIT_HEADS whose heads are split: h divided by the axis size.
+ *   MEAN over a dim a tp axis splits (P): its value and its gradient's multiplied by 1/n (a MUL by
+ *     a CONST after each, lower.c tp_mean_share), so the ranks' parts sum to the global mean.
  *   RESHAPE: dims = the local shape.
  *
  * Blocked layouts (the fused QKV weight). strat_pin column-splits c_attn's weight [C, 3C]; its

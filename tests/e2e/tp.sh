@@ -82,6 +82,17 @@ e2e_prog 0 kdim-1 ./kdim-1 --save kdim-1.st --metrics kdim-1.jsonl
 e2e_build kdim-tp2 kdim.cplan --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2
 e2e_prog 0 kdim-tp2 "$mpirun" -np 2 --oversubscribe ./kdim-tp2 --save kdim-tp2.st --metrics kdim-tp2.jsonl
 e2e_close "kdim tp=2 (a K-split activation with a whole weight)" kdim-1.jsonl kdim-tp2.jsonl kdim-1.st kdim-tp2.st
+# means over dims tp splits (the heads, the channels; a metric too): each rank's mean of its part and
+# its gradient are scaled by 1/tp (lower.c tp_mean_share); it used to be a lowering error
+sed -e 's/  loss = cross_entropy(y @ transpose(wte), targets)/  loss = cross_entropy(y @ transpose(wte), targets) + mean(a * a) + 0.1 * mean(mean(q, axis = -1))/' \
+    -e 's/  y = merge_heads(sdpa(/  a = (sdpa(/' -e 's/, causal = true))$/, causal = true))\n  y = merge_heads(a)\n  metric m = mean(a)/' \
+    kdim.cplan >means.cplan
+grep -q 'metric m = mean(a)' means.cplan || fail "means.cplan was not made"
+e2e_build means-1 means.cplan
+e2e_prog 0 means-1 ./means-1 --save means-1.st --metrics means-1.jsonl
+e2e_build means-tp2 means.cplan --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2
+e2e_prog 0 means-tp2 "$mpirun" -np 2 --oversubscribe ./means-tp2 --save means-tp2.st --metrics means-tp2.jsonl
+e2e_close "means tp=2 (means over split dims)" means-1.jsonl means-tp2.jsonl means-1.st means-tp2.st
 # slice_small takes a token row apart in the model, so its embeddings' indices are computed and the
 # table is not vocab-parallel: under sp the sequence-split logits are gathered for cross_entropy and
 # the loss, replicated on tp, is reported as each rank's 1/tp share (Lowered.loss_share)
