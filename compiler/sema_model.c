@@ -1300,9 +1300,9 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
     diag_hint("convert a branch: float(%s), and the result is f32", sema_span_text(vals[j].span));
     return sema_v_err();
   }
-  if (id == OP_WHERE || id == OP_MAXIMUM || id == OP_MINIMUM) {
-    int first = id == OP_WHERE;
-    if (!promote_i32(b, pn.in.a + first, 2, e->span)) return sema_v_err();
+  if (id == OP_WHERE || id == OP_MAXIMUM || id == OP_MINIMUM || id == OP_CONCAT) {
+    int first = id == OP_WHERE; /* concat: torch.cat promotes its i32 inputs among float ones too */
+    if (!promote_i32(b, pn.in.a + first, id == OP_CONCAT ? pn.in.n : 2, e->span)) return sema_v_err();
   } else if ((ir_ops[id].flags & OPF_ELEMENTWISE) && pn.in.n == 1 && i32[0] && id != OP_FLOAT) {
     if (id == OP_NEG || id == OP_RELU || id == OP_SQUARE || id == OP_ABS) return unary_i32(b, id, pn.in.a[0], e->span);
     if ((pn.in.a[0] = to_float(b, pn.in.a[0], e->span)) < 0) return sema_v_err(); /* exp(idx) is f32 */

@@ -193,7 +193,9 @@ def m11(p, d):
     n = -k + torch.relu(k) + torch.square(k)
     assert n.dtype == torch.int32 and s.dtype == torch.float64
     m = k.sum() * 0.01 + (k > 0.5) + k * 1.0
-    return a.mean() + (b * b).mean() + c.mean() + e.mean() + (s * h).mean() + (n.double() * h).mean() + (m * h).mean()
+    cc = torch.cat([k, h], -1) * 0.1
+    return (a.mean() + (b * b).mean() + c.mean() + e.mean() + (s * h).mean() + (n.double() * h).mean() + (m * h).mean()
+            + (cc * cc).mean())
 
 @model('m12_ignore', lambda: {'idx': rng.integers(0, 7, size=(B, 6)).astype(np.int32),
                               'targets': np.where(rng.random((B, 6)) < 0.5, rng.integers(0, 7, size=(B, 6)), -100).astype(np.int32)})
