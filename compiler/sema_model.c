@@ -1223,6 +1223,74 @@ static Value rewrite_for_backends(Build *b, const Expr *call, int i, Span at) {
   return tensor_val(i, at);
 }
 
+/* op(x) of a unary op, inferred: the node, or -1 on an error (reported). */
+static int unary_node(Build *b, OpId op, int x, Span at) {
+  if (op == OP_NEG && b->g->nodes[x].dtype == DT_I32) {
+    Value v = unary_i32(b, OP_NEG, x, at);
+    return v.kind == V_ERR ? -1 : v.node;
+  }
+  int i = add_node(b, op, &x, 1, at);
+  return i < 0 || infer(b, i, at).kind == V_ERR ? -1 : i;
+}
+
+/* A reduction node over axes ax (the non-adjacent ones split as rewrite_for_backends does): the
+ * node, or -1 on an error (reported). */
+static int reduce_node(Build *b, OpId op, int x, const int64_t *ax, int nax, int64_t keep, Span at) {
+  int i = dims_node(b, op, x, ax, nax, keep, at);
+  Value v = i < 0 ? sema_v_err() : rewrite_for_backends(b, NULL, i, at);
+  return v.kind == V_ERR ? -1 : v.node;
+}
+
+/* The reduction macros of ops.def (min, argmin, logsumexp, var, std) in the ops every backend
+ * has; pn holds the call's arguments (axis in dims, keepdims in ia[0] but argmin's axis there,
+ * var's correction in fa[0]). */
+static Value expand_reduction(Build *b, const PrimNode *pn, OpId id, Span at) {
+  int x = pn->in.a[0], r = -1;
+  /* the macro's own rule (max's or argmax's) on a scratch node first, so errors name it */
+  Node scratch = {.op = id, .in = &x, .nin = 1, .layer = b->g->cur_layer, .span = at, .ndims = pn->ndims};
+  memcpy(scratch.ia, pn->ia, sizeof pn->ia);
+  memcpy(scratch.dims, pn->dims, sizeof pn->dims);
+  char err[512];
+  if (!ir_ops[id].shape(b->g, &scratch, err, sizeof err)) {
+    diag_error(at, "%s", err);
+    return sema_v_err();
+  }
+  const int64_t *ax = pn->dims;
+  int nax = pn->ndims;
+  int64_t keep = pn->ia[0];
+  if (id == OP_MIN || id == OP_ARGMIN) {
+    if (id == OP_ARGMIN && b->g->nodes[x].dtype == DT_I32 && (x = to_float(b, x, at)) < 0) return sema_v_err();
+    int nx = unary_node(b, OP_NEG, x, at);
+    if (nx >= 0 && id == OP_ARGMIN && (r = add_node(b, OP_ARGMAX, &nx, 1, at)) >= 0) {
+      b->g->nodes[r].ia[0] = pn->ia[0];
+      if (infer(b, r, at).kind == V_ERR) r = -1;
+    }
+    if (nx >= 0 && id == OP_MIN && (r = reduce_node(b, OP_MAX, nx, ax, nax, keep, at)) >= 0) r = unary_node(b, OP_NEG, r, at);
+    return r < 0 ? sema_v_err() : tensor_val(r, at);
+  }
+  if (b->g->nodes[x].dtype == DT_I32 && (x = to_float(b, x, at)) < 0) return sema_v_err();
+  if (id == OP_LOGSUMEXP) {
+    int mk = reduce_node(b, OP_MAX, x, ax, nax, 1, at);
+    int d = mk < 0 ? -1 : binary_node(b, OP_SUB, x, mk, at);
+    int ex = d < 0 ? -1 : unary_node(b, OP_EXP, d, at);
+    int sm = ex < 0 ? -1 : reduce_node(b, OP_SUM, ex, ax, nax, keep, at);
+    int lg = sm < 0 ? -1 : unary_node(b, OP_LOG, sm, at);
+    int m = lg < 0 ? -1 : reduce_node(b, OP_MAX, x, ax, nax, keep, at);
+    r = m < 0 ? -1 : binary_node(b, OP_ADD, lg, m, at);
+    return r < 0 ? sema_v_err() : tensor_val(r, at);
+  }
+  int mu = reduce_node(b, OP_MEAN, x, ax, nax, 1, at); /* var, std */
+  int d = mu < 0 ? -1 : binary_node(b, OP_SUB, x, mu, at);
+  int sq = d < 0 ? -1 : binary_node(b, OP_MUL, d, d, at);
+  int ss = sq < 0 ? -1 : reduce_node(b, OP_SUM, sq, ax, nax, keep, at);
+  if (ss < 0) return sema_v_err();
+  double n = (double)shape_numel(&b->g->nodes[x].shape) / (double)shape_numel(&b->g->nodes[mu].shape);
+  Value v = desugar_binary(b, OP_MUL, ss, sema_v_float(n - pn->fa[0] > 0 ? 1 / (n - pn->fa[0]) : NAN, at), at);
+  if (v.kind == V_ERR || id == OP_VAR) return v;
+  r = unary_node(b, OP_SQRT, v.node, at);
+  return r < 0 ? sema_v_err() : tensor_val(r, at);
+}
+
 static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
   const Sig *sg = op_sig(id);
   const char *opname = ir_ops[id].name;
@@ -1278,9 +1346,16 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
                  kind_desc(sg->a[j].kind), sema_value_desc(vals[j]));
     if ((id == OP_CLAMP || id == OP_CLAMP_MIN || id == OP_CLAMP_MAX) && vals[j].kind == V_TENSOR)
       diag_hint("clamp's bounds are numbers; with a tensor bound write maximum(x, lo) or minimum(x, hi)");
+    if ((id == OP_MIN || id == OP_MAX) && vals[j].kind == V_TENSOR) /* PyTorch's torch.max(a, b) */
+      diag_hint("%s reduces along an axis; elementwise, write %s(a, b)", opname, id == OP_MIN ? "minimum" : "maximum");
     return sema_v_err();
   }
   if (id == OP_SPLIT) return expand_split(b, &pn, e->span);
+  if (id == OP_MIN || id == OP_ARGMIN || id == OP_LOGSUMEXP || id == OP_VAR || id == OP_STD)
+    return expand_reduction(b, &pn, id, e->span);
+  /* argmax of i32: the kernels compare floats, so its values as f32 (exact below 2^24) */
+  if (id == OP_ARGMAX && b->g->nodes[pn.in.a[0]].dtype == DT_I32 && (pn.in.a[0] = to_float(b, pn.in.a[0], e->span)) < 0)
+    return sema_v_err();
   if (id == OP_CLAMP || id == OP_CLAMP_MIN || id == OP_CLAMP_MAX) {
     bool has_min = id == OP_CLAMP_MIN || (id == OP_CLAMP && slot[1]);
     bool has_max = id == OP_CLAMP_MAX || (id == OP_CLAMP && slot[2]);

@@ -7,7 +7,7 @@ mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp
 i32 tokens sliced into inputs and targets (through shape ops and sum/mean/max), PyTorch's type
 promotion of i32 tensors meeting floats, cross_entropy's ignore_index, softmax over an axis other than
 the last and reductions over axes that are not adjacent, cross-attention, sdpa's attn_mask and
-attn_bias), each trained one step of
+attn_bias, min, argmin, logsumexp, var and std), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -251,6 +251,16 @@ def m15(p, d):
     y2 = merge(attn(keep & torch.ones(6, 6, dtype=torch.bool).tril(), p['rel']))
     logits = (y1 + y2) @ p['wte'].T
     return F.cross_entropy(logits.reshape(-1, 9), d['targets'].reshape(-1).long(), ignore_index=-100)
+
+@model('m17_reduce', lambda: {'x': rng.normal(size=(B, 6)).astype(np.float32), 'k': rng.integers(-5, 5, size=(B, 6)).astype(np.int32)})
+def m17(p, d):
+    h, k = (d['x'] @ p['w']).reshape(-1, 2, 3), d['k']
+    a = h.min(-1).values + h.min()
+    lse = torch.logsumexp(h, (1, 2)) + torch.logsumexp(h, 1, keepdim=True).sum((1, 2)) + torch.logsumexp(h, (0, 1, 2))
+    v = h.var(-1) + h.var((0, 2), keepdim=True).sum() + h.var(unbiased=False)
+    s = h.std(1) + h.std()
+    ki = k.min(1).values + k.argmin(-1) + h.argmin(1).sum(1)
+    return a.mean() + lse.mean() + v.mean() + s.mean() + (ki.double() * h.mean((1, 2))).mean()
 
 
 # CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default

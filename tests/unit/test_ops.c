@@ -223,7 +223,8 @@ static void test_abs_clamp_where(void) {
 /* ---- reductions ----------------------------------------------------------------------- */
 
 static void test_reduce(void) {
-  static const OpId ops[] = {OP_SUM, OP_MEAN, OP_MAX};
+  /* min, logsumexp, var and std are macros sema expands, with max's rule for their arguments */
+  static const OpId ops[] = {OP_SUM, OP_MEAN, OP_MAX, OP_MIN, OP_LOGSUMEXP, OP_VAR, OP_STD};
   for (size_t k = 0; k < sizeof ops / sizeof ops[0]; k++) {
     OpId op = ops[k];
     int x = T(DT_F32, 3, 2, 3, 4);
@@ -522,6 +523,9 @@ static void test_loss(void) {
   a = N1(OP_ARGMAX, lg);
   at(a)->ia[0] = 3;
   ERR(a, "argmax: axis 3 is out of range");
+  a = N1(OP_ARGMIN, lg); /* a macro (argmax of -x) with argmax's rule */
+  at(a)->ia[0] = -1;
+  OK(a, "i32[4, 16]");
 
   /* float: i32 -> f32, same shape (sema returns an f32 argument itself, so the rule refuses it) */
   OK(N1(OP_FLOAT, T(DT_I32, 2, 4, 16)), "f32[4, 16]");
