@@ -252,8 +252,8 @@ def m15(p, d):
     logits = (y1 + y2) @ p['wte'].T
     return F.cross_entropy(logits.reshape(-1, 9), d['targets'].reshape(-1).long(), ignore_index=-100)
 
-@model('m17_reduce', lambda: {'x': rng.normal(size=(B, 6)).astype(np.float32), 'k': rng.integers(-5, 5, size=(B, 6)).astype(np.int32)})
-def m17(p, d):
+@model('m16_reduce', lambda: {'x': rng.normal(size=(B, 6)).astype(np.float32), 'k': rng.integers(-5, 5, size=(B, 6)).astype(np.int32)})
+def m16(p, d):
     h, k = (d['x'] @ p['w']).reshape(-1, 2, 3), d['k']
     a = h.min(-1).values + h.min()
     lse = torch.logsumexp(h, (1, 2)) + torch.logsumexp(h, 1, keepdim=True).sum((1, 2)) + torch.logsumexp(h, (0, 1, 2))
