@@ -229,10 +229,11 @@ static void emit_unary(Cg *c, int i) {
        (long long)numel(n), cg_flt(unary_c(n)));
 }
 
-/* where(cond, a, b) in float (shape_where refuses i32 operands) */
+/* where(cond, a, b): float, or two i32 branches copied whole (k_where_i32_forward) */
 static void emit_where(Cg *c, int i) {
   const Node *n = nd(c, i), *q = in(c, i, 0), *a = in(c, i, 1), *b = in(c, i, 2);
-  EMIT("  k_where_forward(%s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %s, %d);\n", ptr(c, i), shape_ints(&n->shape),
+  EMIT("  k_where%s_forward(", n->dtype == DT_I32 ? "_i32" : "");
+  EMIT("%s, %s, %d, %s, %s, %d, %s, %s, %d, %s, %s, %d);\n", ptr(c, i), shape_ints(&n->shape),
        n->shape.rank, ptr(c, n->in[0]), shape_ints(&q->shape), q->shape.rank, ptr(c, n->in[1]), shape_ints(&a->shape),
        a->shape.rank, ptr(c, n->in[2]), shape_ints(&b->shape), b->shape.rank);
 }

@@ -495,7 +495,8 @@ static void emit_unary(Cu *c, int i) {
 /* where(cond, a, b): float operands (shape_where refuses i32 ones) */
 static void emit_where(Cu *c, int i) {
   const Node *n = nd(c, i), *q = in(c, i, 0), *a = in(c, i, 1), *b = in(c, i, 2);
-  const char *args[8] = {ai(tcodes(c, 4, (int[]){i, n->in[0], n->in[1], n->in[2]})), ap(ptr(c, i)),
+  int tt = tcodes(c, 4, (int[]){i, n->in[0], n->in[1], n->in[2]}) | (n->dtype == DT_I32 ? 3 : 0); /* 3: i32 */
+  const char *args[8] = {ai(tt), ap(ptr(c, i)),
                          ap(ptr(c, n->in[0])), ap(ptr(c, n->in[1])), ap(ptr(c, n->in[2])),
                          cps_idx(&q->shape, &a->shape, &n->shape), cps_idx(&b->shape, &b->shape, &n->shape),
                          al(numel(n))};

@@ -277,10 +277,10 @@ static bool shape_where(const Graph *g, Node *n, char *err, size_t errlen) {
   if (!broadcast_or_fail(n, &c->shape, &ab, &n->shape, err, errlen)) return false;
   if (c->dtype == DT_I32)
     return fail(err, errlen, "where: cond must be a comparison (1.0 where true), got i32%s", shape_str(&c->shape));
-  if (a->dtype == DT_I32 || b->dtype == DT_I32)
-    return fail(err, errlen, "where: i32 branches are not supported, got %s%s and %s%s: convert them with float(x)",
+  if ((a->dtype == DT_I32) != (b->dtype == DT_I32)) /* sema promotes the i32 one first, as PyTorch does */
+    return fail(err, errlen, "where: an i32 branch with a float one, got %s%s and %s%s: convert it with float(x)",
                 dtype_name(a->dtype), shape_str(&a->shape), dtype_name(b->dtype), shape_str(&b->shape));
-  n->dtype = binary_dtype(a, b);
+  n->dtype = a->dtype == DT_I32 ? DT_I32 : binary_dtype(a, b); /* two i32 branches: i32, as torch.where */
   return true;
 }
 

@@ -1369,13 +1369,8 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
     diag_hint("compare it: where(%s != 0, ...)", sema_span_text(vals[0].span));
     return sema_v_err();
   }
-  if (id == OP_WHERE && i32[1] && i32[2]) { /* one i32 branch is promoted below, as PyTorch does */
-    int j = vals[1].kind == V_TENSOR ? 1 : 2;
-    diag_error(vals[j].span, "where of two i32 branches is not supported yet (PyTorch's result would be i32)");
-    diag_hint("convert a branch: float(%s), and the result is f32", sema_span_text(vals[j].span));
-    return sema_v_err();
-  }
-  if (id == OP_WHERE || id == OP_MAXIMUM || id == OP_MINIMUM || id == OP_CONCAT) {
+  if (id == OP_WHERE && i32[1] && i32[2]) { /* i32, as torch.where; one i32 branch is promoted below */
+  } else if (id == OP_WHERE || id == OP_MAXIMUM || id == OP_MINIMUM || id == OP_CONCAT) {
     int first = id == OP_WHERE; /* concat: torch.cat promotes its i32 inputs among float ones too */
     if (!promote_i32(b, pn.in.a + first, id == OP_CONCAT ? pn.in.n : 2, e->span)) return sema_v_err();
   } else if ((ir_ops[id].flags & OPF_ELEMENTWISE) && pn.in.n == 1 && i32[0] && id != OP_FLOAT) {

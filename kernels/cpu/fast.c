@@ -82,6 +82,15 @@ void k_binary_i32_forward(KBinary op, void *out, const int32_t *a, const int *as
   }
 }
 
+void k_where_i32_forward(int32_t *out, const int *oshape, int orank, const float *cond, const int *cshape, int crank,
+                         const int32_t *a, const int *ashape, int arank, const int32_t *b, const int *bshape,
+                         int brank) {
+  long n = k_numel(oshape, orank);
+  for (long i = 0; i < n; i++)
+    out[i] = cond[k_bcast_index(i, oshape, orank, cshape, crank)] != 0 ? a[k_bcast_index(i, oshape, orank, ashape, arank)]
+                                                                          : b[k_bcast_index(i, oshape, orank, bshape, brank)];
+}
+
 void k_accum(float *dst, const float *x, long n) {
   for (long i = 0; i < n; i++) dst[i] += x[i];
 }

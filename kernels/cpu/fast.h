@@ -26,6 +26,12 @@ void k_gemm(float *c, const float *a, const float *b, int nb, int m, int n, int 
 void k_binary_i32_forward(KBinary op, void *out, const int32_t *a, const int *ashape, int arank,
                           const int32_t *b, const int *bshape, int brank);
 
+/* where(cond, a, b) of two i32 branches (k_where_forward's broadcasting): the elements are copied
+ * whole, so every i32 value is exact. */
+void k_where_i32_forward(int32_t *out, const int *oshape, int orank, const float *cond, const int *cshape, int crank,
+                         const int32_t *a, const int *ashape, int arank, const int32_t *b, const int *bshape,
+                         int brank);
+
 /* dst[i] += x[i]: gradient accumulation. */
 void k_accum(float *dst, const float *x, long n);
 

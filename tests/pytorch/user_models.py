@@ -7,7 +7,7 @@ mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp
 i32 tokens sliced into inputs and targets (through shape ops and sum/mean/max), PyTorch's type
 promotion of i32 tensors meeting floats, cross_entropy's ignore_index, softmax over an axis other than
 the last and reductions over axes that are not adjacent, cross-attention, sdpa's attn_mask and
-attn_bias, min, argmin, logsumexp, var and std), each trained one step of
+attn_bias, min, argmin, logsumexp, var and std, where of two i32 branches), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -262,6 +262,17 @@ def m16(p, d):
     ki = k.min(1).values + k.argmin(-1) + h.argmin(1).sum(1)
     return a.mean() + lse.mean() + v.mean() + s.mean() + (ki.double() * h.mean((1, 2))).mean()
 
+
+@model('m17_where_i32', lambda: {'tok': rng.integers(0, 9, size=(B, 7)).astype(np.int32)})
+def m17(p, d):
+    idx, nxt = d['tok'][:, :6].long(), d['tok'][:, 1:].long()
+    targets = torch.where(nxt == 0, -1, nxt)
+    ids = torch.where(idx > 4, idx - 5, torch.arange(6).reshape(1, 6) % 9)
+    assert targets.dtype == torch.int64 and ids.dtype == torch.int64
+    h = F.embedding(idx, p['wte']) + F.embedding(ids, p['wte'])
+    logits = h @ p['w']
+    small = torch.where(idx < 2, idx, 7)
+    return ce(logits, targets) + 0.01 * (small.double() * h.mean(-1)).mean()
 
 # CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default
 # f32) instead of the CPU one, compiled against the CUDA emulator of BUILD_DIR (tests/cuda/emu, as

@@ -215,8 +215,8 @@ static void test_abs_clamp_where(void) {
   ERR(N(OP_WHERE, cond, T(DT_F32, 1, 8), T(DT_F32, 1, 3)), "where: shapes [8] and [3] do not broadcast");
   ERR(N(OP_WHERE, T(DT_F32, 1, 5), T(DT_F32, 1, 8), C(0.0)), "where: shapes [5] and [8] do not broadcast");
   ERR(N(OP_WHERE, T(DT_I32, 1, 8), T(DT_F32, 1, 8), C(0.0)), "where: cond must be a comparison (1.0 where true), got i32[8]");
-  ERR(N(OP_WHERE, cond, T(DT_I32, 1, 8), CI(0)), "where: i32 branches are not supported, got i32[8] and i32[]");
-  ERR(N(OP_WHERE, cond, T(DT_I32, 1, 8), C(0.5)), "got i32[8] and f32[]: convert them with float(x)");
+  OK(N(OP_WHERE, cond, T(DT_I32, 1, 8), CI(0)), "i32[4, 8]"); /* two i32 branches: i32, as torch.where */
+  ERR(N(OP_WHERE, cond, T(DT_I32, 1, 8), C(0.5)), "an i32 branch with a float one, got i32[8] and f32[]: convert it with float(x)");
   ERR(N2(OP_WHERE, cond, cond), "where: expected 3 inputs, got 2");
 }
 
