@@ -50,6 +50,7 @@
 #include "../compiler/memplan.h"
 #include "../compiler/pipeline.h"
 #include "../compiler/train.h"
+#include "../kernels/cuda/attn_layout.h"
 #include "codegen.h"
 #include "cg_common.h"
 #include "cg_plan.h"
@@ -1589,8 +1590,9 @@ static void emit_nn(Cu *c, int i) {
       unsupported(c, i, "sdpa with different query and key lengths or value width");
       return;
     }
-    if (q[3] > 128) {
-      unsupported(c, i, cp_fmt("sdpa with a head width of %lld (the CUDA attention kernel takes at most 128)", (long long)q[3]));
+    if (q[3] > CPLAN_ATTN_MAX_HEAD_DIM) { /* sema computed it in the math form (sema_set_attention_limit) */
+      unsupported(c, i, cp_fmt("sdpa with a head width of %lld (the CUDA attention kernel takes at most %d)",
+                               (long long)q[3], CPLAN_ATTN_MAX_HEAD_DIM));
       return;
     }
     if (!hw_typed(c, i, 4, (int[]){i, n->in[0], n->in[1], n->in[2]})) return;

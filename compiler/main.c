@@ -12,6 +12,7 @@
 #include "sema.h"
 #include "train.h"
 #include "../codegen/cg_common.h"
+#include "../kernels/cuda/attn_layout.h"
 #include "../runtime/cplanrt.h"
 
 #include <errno.h>
@@ -218,6 +219,7 @@ static bool front_end(Options *o, Front *fe, bool need_settings) {
   bool none = false;
   fe->train = settings_train(fe->sema, o->train, &none);
   if (diag_errors()) return false;
+  if (fe->train && train_cuda(fe->train)) sema_set_attention_limit(fe->sema, CPLAN_ATTN_MAX_HEAD_DIM);
 
   if (o->model) {
     const Item *m = sema_find_item(fe->sema, o->model);

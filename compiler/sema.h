@@ -60,6 +60,10 @@ Value sema_eval_const(Sema *s, const Expr *e);
  * iteration), checks every shape and dtype, and names params by LANGUAGE §4.
  * Returns NULL after diagnostics. The graph passes ir_verify(). */
 Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t batch);
+/* The backend's widest attention head (0: none): the models built after it compute an sdpa of
+ * wider heads in PyTorch's math form, the [Tq, Tk] scores in memory (the CUDA kernels take
+ * CPLAN_ATTN_MAX_HEAD_DIM). */
+void sema_set_attention_limit(Sema *s, int max_head_dim);
 
 /* ---- settings (settings.c) ----------------------------------------------- */
 typedef enum DeviceKind { DEV_CPU, DEV_CUDA } DeviceKind;

@@ -17,6 +17,7 @@ struct Sema {
   const char **names[IT_TRAIN + 1]; /* item names per kind, for "did you mean" */
   int nnames[IT_TRAIN + 1];
   VEC(Span) warned_unused; /* the unused inputs and params warned about (sema_model.c warn_unused) */
+  int attn_max_d;          /* > 0: a wider sdpa is computed in the math form (sema_set_attention_limit) */
 };
 
 /* ---- sema.c: values ---- */

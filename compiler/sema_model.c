@@ -1005,14 +1005,15 @@ static bool broadcasts_to(Build *b, Value v, const Shape *sc, const char *what) 
 
 /* An sdpa as PyTorch's math form: softmax(q @ kᵀ / sqrt(d) [+ attn_bias] [masked]) @ v, the
  * [Tq, Tk] scores in memory. It computes what the attention kernels do not take: keys of another
- * length than the queries (cross-attention), values of another width, and attn_mask / attn_bias
- * (call_sdpa; x is NULL without them). causal masks as PyTorch's is_causal does (top-left: query i
+ * length than the queries (cross-attention), values of another width, attn_mask / attn_bias
+ * (call_sdpa; NULL without them) and, on a GPU mesh, heads wider than its kernels (attn_max_d). causal masks as PyTorch's is_causal does (top-left: query i
  * sees keys j <= i), with where(arange(Tq)[:, None] >= arange(Tk), s, -inf); attn_mask (1.0 attend,
  * 0.0 not) with where(mask, s, -inf) after it. */
 static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value *bias) {
   const Node n = b->g->nodes[i];
   const int64_t *Q = b->g->nodes[n.in[0]].shape.d, *K = b->g->nodes[n.in[1]].shape.d, *V = b->g->nodes[n.in[2]].shape.d;
-  if (Q[2] == K[2] && V[3] == Q[3] && !mask && !bias) return tensor_val(i, at);
+  bool wide = b->s->attn_max_d > 0 && Q[3] > b->s->attn_max_d; /* the backend's kernels take no such heads */
+  if (Q[2] == K[2] && V[3] == Q[3] && !mask && !bias && !wide) return tensor_val(i, at);
   const int64_t tq = Q[2], tk = K[2], d = Q[3];
   const Shape sc = {.rank = 4, .d = {Q[0], Q[1], tq, tk}};
   if ((mask && !broadcasts_to(b, *mask, &sc, "attn_mask")) || (bias && !broadcasts_to(b, *bias, &sc, "attn_bias")))
@@ -1849,6 +1850,8 @@ static void warn_unused(Sema *s, const Graph *g) {
       diag_warning(n->span, "param '%s' is never used: it gets no gradient and is never trained", n->name);
   }
 }
+
+void sema_set_attention_limit(Sema *s, int max_head_dim) { s->attn_max_d = max_head_dim; }
 
 Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t batch) {
   if (!model || model->kind != IT_MODEL || !model->name) return NULL;

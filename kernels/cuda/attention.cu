@@ -972,7 +972,7 @@ static int att_tc_forward(const char *me,
 
 static const char *att_shape(int nb, int t, int d) {
   if (nb < 0 || t < 1 || d < 1) return "bad shape";
-  if (d > 128) return "head dim above 128";
+  if (d > CPLAN_ATTN_MAX_HEAD_DIM) return "head dim above 128";
   if (nb > 65535) return "more than 65535 batch * heads";
   return NULL;
 }

@@ -9,6 +9,10 @@
 #ifndef CPLAN_ATTN_LAYOUT_H
 #define CPLAN_ATTN_LAYOUT_H
 
+/* The widest head the kernels take (their register and shared-memory tiles); on a GPU mesh, sema
+ * computes a wider sdpa in PyTorch's math form (sema_model.c sdpa_math). */
+#define CPLAN_ATTN_MAX_HEAD_DIM 128
+
 typedef struct CplanAttnLayout {
   long long ld;      /* elements between rows i and i + 1 */
   int heads;         /* z = b * heads + hh */

@@ -7,7 +7,7 @@ mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp
 i32 tokens sliced into inputs and targets (through shape ops and sum/mean/max), PyTorch's type
 promotion of i32 tensors meeting floats, cross_entropy's ignore_index, softmax over an axis other than
 the last and reductions over axes that are not adjacent, cross-attention, sdpa's attn_mask and
-attn_bias, min, argmin, logsumexp, var and std, where of two i32 branches), each trained one step of
+attn_bias, min, argmin, logsumexp, var and std, where of two i32 branches, heads wider than 128), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -273,6 +273,14 @@ def m17(p, d):
     logits = h @ p['w']
     small = torch.where(idx < 2, idx, 7)
     return ce(logits, targets) + 0.01 * (small.double() * h.mean(-1)).mean()
+
+@model('m18_wide_heads', lambda: {'idx': rng.integers(0, 11, size=(B, 5)).astype(np.int32),
+                                  'targets': rng.integers(0, 11, size=(B, 5)).astype(np.int32)})
+def m18(p, d):
+    x = F.embedding(d['idx'].long(), p['wte'])
+    q, k, v = (heads(x @ p[w], 2) for w in ('wq', 'wk', 'wv'))
+    a = merge(sdpa(q, k, v, True)) + merge(sdpa(q, k, v))
+    return ce((x + a) @ p['wte'].T, d['targets'])
 
 # CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default
 # f32) instead of the CPU one, compiled against the CUDA emulator of BUILD_DIR (tests/cuda/emu, as
