@@ -429,6 +429,41 @@ static bool shape_reshape(const Graph *g, Node *n, char *err, size_t errlen) {
   return true;
 }
 
+/* dims: the sizes (macro: sema expands it); -1 keeps x's dim, a dim of 1 grows, new dims lead. */
+static bool shape_expand(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  const int r = x->shape.rank, R = n->ndims;
+  if (R < r || R > CP_MAX_RANK)
+    return fail(err, errlen, "expand: the sizes %s have fewer dims than x %s (or more than %d)", dims_str(n->dims, R),
+                shape_str(&x->shape), CP_MAX_RANK);
+  for (int k = 0; k < R; k++) {
+    int64_t have = k < R - r ? 1 : x->shape.d[k - (R - r)], want = n->dims[k];
+    if (want == -1 && k < R - r)
+      return fail(err, errlen, "expand: a new leading dim cannot be -1, got sizes %s", dims_str(n->dims, R));
+    if (want == -1) want = n->dims[k] = have;
+    if (want < 1 || (have != 1 && want != have))
+      return fail(err, errlen, "expand: x %s cannot expand to %s: dim %d is %lld, only a dim of 1 can grow (to %lld)",
+                  shape_str(&x->shape), dims_str(n->dims, R), k, (long long)have, (long long)want);
+  }
+  n->shape.rank = R;
+  memcpy(n->shape.d, n->dims, sizeof(int64_t) * (size_t)R);
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* ia[0] = repeats, ia[1] = axis (macro: sema expands it). */
+static bool shape_repeat_interleave(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (n->ia[0] < 1) return fail(err, errlen, "repeat_interleave: repeats must be at least 1, got %lld", (long long)n->ia[0]);
+  if (!canon_axis(n, &n->ia[1], &x->shape, err, errlen)) return false;
+  n->shape = x->shape;
+  if (!mul_ok(&n->shape.d[n->ia[1]], n->ia[0]))
+    return fail(err, errlen, "repeat_interleave: %s repeated %lld times is too large", shape_str(&x->shape),
+                (long long)n->ia[0]);
+  n->dtype = x->dtype;
+  return true;
+}
+
 /* ia[0] = n parts, ia[1] = axis. A macro (sema emits n SLICEs); the rule checks
  * the call and gives the shape of one part. */
 static bool shape_split(const Graph *g, Node *n, char *err, size_t errlen) {

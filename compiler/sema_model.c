@@ -70,6 +70,7 @@ typedef struct Build {
   /* sdpa's attn_mask and attn_bias (call_sdpa): the call they belong to, and their values */
   const Expr *sdpa_call;
   Value sdpa_mask, sdpa_bias;
+  bool sdpa_gqa; /* enable_gqa = true: k and v's heads repeated to q's (sdpa_gqa_heads) */
 } Build;
 
 static Value eval(Build *b, Frame *f, const Expr *e);
@@ -401,11 +402,11 @@ static int find_str(const char *const *names, int n, const char *s) {
  * sdpa's (call_sdpa) and cross_entropy's (call_cross_entropy). */
 typedef struct OwnArgs {
   const char *callee;
-  const char *names[2];
+  const char *names[3];
   int n;
 } OwnArgs;
 static const OwnArgs own_args[] = {
-    {"sdpa", {"attn_mask", "attn_bias"}, 2},
+    {"sdpa", {"attn_mask", "attn_bias", "enable_gqa"}, 3},
     {"cross_entropy", {"ignore_index", "label_smoothing"}, 2},
 };
 
@@ -1059,7 +1060,7 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id);
 /* A call without its own arguments (rest), and their values (got: kind V_ERR where absent). */
 typedef struct OwnCall {
   Expr rest;
-  Value got[2];
+  Value got[3];
 } OwnCall;
 
 /* The call e as oc->rest, without the keyword arguments own_args_of(callee) names, whose values are
@@ -1115,12 +1116,18 @@ static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
       return sema_v_err();
     }
   }
-  if (mask.kind == V_ERR && bias.kind == V_ERR) return call_prim(b, f, e, OP_SDPA);
+  Value gqa = oc.got[2];
+  if (gqa.kind != V_ERR && gqa.kind != V_BOOL) {
+    diag_error(gqa.span, "argument 'enable_gqa' of 'sdpa' must be a bool, got %s", sema_value_desc(gqa));
+    return sema_v_err();
+  }
+  if (mask.kind == V_ERR && bias.kind == V_ERR && gqa.kind == V_ERR) return call_prim(b, f, e, OP_SDPA);
   const Expr *outer = b->sdpa_call;
   Value om = b->sdpa_mask, ob = b->sdpa_bias;
-  b->sdpa_call = &oc.rest, b->sdpa_mask = mask, b->sdpa_bias = bias;
+  bool og = b->sdpa_gqa;
+  b->sdpa_call = &oc.rest, b->sdpa_mask = mask, b->sdpa_bias = bias, b->sdpa_gqa = gqa.kind == V_BOOL && gqa.i;
   Value r = call_prim(b, f, &oc.rest, OP_SDPA);
-  b->sdpa_call = outer, b->sdpa_mask = om, b->sdpa_bias = ob;
+  b->sdpa_call = outer, b->sdpa_mask = om, b->sdpa_bias = ob, b->sdpa_gqa = og;
   return r;
 }
 
@@ -1245,17 +1252,22 @@ static int reduce_node(Build *b, OpId op, int x, const int64_t *ax, int nax, int
 /* The reduction macros of ops.def (min, argmin, logsumexp, var, std) in the ops every backend
  * has; pn holds the call's arguments (axis in dims, keepdims in ia[0] but argmin's axis there,
  * var's correction in fa[0]). */
+/* A macro's own shape rule on a scratch node (*scratch: its canonical attributes and shape), so
+ * that errors name the macro; false after an error. */
+static bool macro_rule(Build *b, const PrimNode *pn, OpId id, int *x, Node *scratch, Span at) {
+  *scratch = (Node){.op = id, .in = x, .nin = 1, .layer = b->g->cur_layer, .span = at, .ndims = pn->ndims};
+  memcpy(scratch->ia, pn->ia, sizeof pn->ia);
+  memcpy(scratch->dims, pn->dims, sizeof pn->dims);
+  char err[512];
+  if (ir_ops[id].shape(b->g, scratch, err, sizeof err)) return true;
+  diag_error(at, "%s", err);
+  return false;
+}
+
 static Value expand_reduction(Build *b, const PrimNode *pn, OpId id, Span at) {
   int x = pn->in.a[0], r = -1;
-  /* the macro's own rule (max's or argmax's) on a scratch node first, so errors name it */
-  Node scratch = {.op = id, .in = &x, .nin = 1, .layer = b->g->cur_layer, .span = at, .ndims = pn->ndims};
-  memcpy(scratch.ia, pn->ia, sizeof pn->ia);
-  memcpy(scratch.dims, pn->dims, sizeof pn->dims);
-  char err[512];
-  if (!ir_ops[id].shape(b->g, &scratch, err, sizeof err)) {
-    diag_error(at, "%s", err);
-    return sema_v_err();
-  }
+  Node scratch;
+  if (!macro_rule(b, pn, id, &x, &scratch, at)) return sema_v_err();
   const int64_t *ax = pn->dims;
   int nax = pn->ndims;
   int64_t keep = pn->ia[0];
@@ -1290,6 +1302,89 @@ static Value expand_reduction(Build *b, const PrimNode *pn, OpId id, Span at) {
   if (v.kind == V_ERR || id == OP_VAR) return v;
   r = unary_node(b, OP_SQRT, v.node, at);
   return r < 0 ? sema_v_err() : tensor_val(r, at);
+}
+
+/* x broadcast to sizes (rank R >= x's; the dims that differ are 1 in x): a reshape adding the leading
+ * 1s, then where(ones, x, 0) with ones the product of arange(n) >= 0 laid along each dim k, n the
+ * grown size or 1. The nodes are the same whichever dims grow: a dim of size B grows at B = 1 only,
+ * and the search prices every micro-batch on one graph structure (search.c solved_at). */
+static int expand_node(Build *b, int x, const int64_t *sizes, int R, Span at) {
+  const Shape xs = b->g->nodes[x].shape;
+  int64_t have[CP_MAX_RANK] = {0};
+  for (int k = 0; k < R; k++) have[k] = k < R - xs.rank ? 1 : xs.d[k - (R - xs.rank)];
+  if (R != xs.rank && (x = dims_node(b, OP_RESHAPE, x, have, R, 0, at)) < 0) return -1;
+  int cond = -1;
+  for (int k = 0; k < R; k++) {
+    int64_t sh[CP_MAX_RANK];
+    for (int j = 0; j < R; j++) sh[j] = j == k && have[k] != sizes[k] ? sizes[k] : 1;
+    int ar = add_node(b, OP_ARANGE, NULL, 0, at);
+    if (ar < 0) return -1;
+    b->g->nodes[ar].ia[0] = sh[k];
+    Value zero = infer(b, ar, at).kind == V_ERR ? sema_v_err() : make_const(b, sema_v_int(0, at), ar, at);
+    int one = zero.kind == V_ERR ? -1 : binary_node(b, OP_GE, ar, zero.node, at);
+    if (one < 0 || (one = dims_node(b, OP_RESHAPE, one, sh, R, 0, at)) < 0) return -1;
+    if (cond >= 0 && (one = binary_node(b, OP_MUL, cond, one, at)) < 0) return -1;
+    cond = one;
+  }
+  if (cond < 0) return x;
+  Value zero = make_const(b, sema_v_int(0, at), x, at);
+  if (zero.kind == V_ERR) return -1;
+  int in[3] = {cond, x, zero.node};
+  int w = add_node(b, OP_WHERE, in, 3, at);
+  return w < 0 || infer(b, w, at).kind == V_ERR ? -1 : w;
+}
+
+/* x with each element repeated r times in a row along axis ax: [.., n, 1, ..] grown to
+ * [.., n, r, ..], then merged. */
+static int repeat_node(Build *b, int x, int64_t r, int ax, Span at) {
+  const Shape xs = b->g->nodes[x].shape;
+  int64_t sizes[CP_MAX_RANK], out[CP_MAX_RANK];
+  if (xs.rank >= CP_MAX_RANK) {
+    diag_error(at, "repeat_interleave: x %s has %d dims; it needs one more, and a tensor has at most %d",
+               shape_str(&xs), xs.rank, CP_MAX_RANK);
+    return -1;
+  }
+  for (int k = 0, j = 0; k <= xs.rank; k++) sizes[k] = k == ax + 1 ? 1 : xs.d[j++];
+  for (int k = 0; k < xs.rank; k++) out[k] = xs.d[k] * (k == ax ? r : 1);
+  int y = dims_node(b, OP_RESHAPE, x, sizes, xs.rank + 1, 0, at);
+  sizes[ax + 1] = r;
+  if (y >= 0) y = expand_node(b, y, sizes, xs.rank + 1, at);
+  return y < 0 ? -1 : dims_node(b, OP_RESHAPE, y, out, xs.rank, 0, at);
+}
+
+/* expand and repeat_interleave (ops.def macros) */
+static Value expand_broadcast(Build *b, const PrimNode *pn, OpId id, Span at) {
+  int x = pn->in.a[0];
+  Node s;
+  if (!macro_rule(b, pn, id, &x, &s, at)) return sema_v_err();
+  if (id == OP_EXPAND) {
+    int r = expand_node(b, x, s.dims, s.ndims, at);
+    return r < 0 ? sema_v_err() : tensor_val(r, at);
+  }
+  int y = repeat_node(b, x, s.ia[0], (int)s.ia[1], at);
+  return y < 0 ? sema_v_err() : tensor_val(y, at);
+}
+
+/* sdpa(q, k, v, enable_gqa = true), PyTorch's: k and v [B, hk, T, d] with hk dividing q's heads hq,
+ * each repeated hq / hk times in a row (query head i reads key/value head i / (hq / hk)). Without
+ * it, such heads get an error with that hint. in: q, k, v. */
+static bool sdpa_gqa_heads(Build *b, int *in, bool gqa, Span at) {
+  const Shape *q = &b->g->nodes[in[0]].shape, *k = &b->g->nodes[in[1]].shape, *v = &b->g->nodes[in[2]].shape;
+  if (q->rank != 4 || k->rank != 4 || v->rank != 4 || q->d[1] == k->d[1] || k->d[1] != v->d[1]) return true;
+  if (q->d[1] % k->d[1]) {
+    diag_error(at, "sdpa: the key/value heads (%lld, k %s) must divide the query heads (%lld, q %s)%s",
+               (long long)k->d[1], shape_str(k), (long long)q->d[1], shape_str(q), gqa ? " for enable_gqa" : "");
+    return false;
+  }
+  if (!gqa) {
+    diag_error(at, "sdpa: q %s has %lld heads and k %s %lld: grouped-query attention needs enable_gqa = true",
+               shape_str(q), (long long)q->d[1], shape_str(k), (long long)k->d[1]);
+    diag_hint("sdpa(q, k, v, enable_gqa = true), as PyTorch: each key/value head serves %lld query heads in a row",
+              (long long)(q->d[1] / k->d[1]));
+    return false;
+  }
+  int64_t r = q->d[1] / k->d[1];
+  return (in[1] = repeat_node(b, in[1], r, 1, at)) >= 0 && (in[2] = repeat_node(b, in[2], r, 1, at)) >= 0;
 }
 
 static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
@@ -1354,6 +1449,7 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
   if (id == OP_SPLIT) return expand_split(b, &pn, e->span);
   if (id == OP_MIN || id == OP_ARGMIN || id == OP_LOGSUMEXP || id == OP_VAR || id == OP_STD)
     return expand_reduction(b, &pn, id, e->span);
+  if (id == OP_EXPAND || id == OP_REPEAT_INTERLEAVE) return expand_broadcast(b, &pn, id, e->span);
   /* argmax of i32: the kernels compare floats, so its values as f32 (exact below 2^24) */
   if (id == OP_ARGMAX && b->g->nodes[pn.in.a[0]].dtype == DT_I32 && (pn.in.a[0] = to_float(b, pn.in.a[0], e->span)) < 0)
     return sema_v_err();
@@ -1378,6 +1474,7 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
     if (id == OP_NEG || id == OP_RELU || id == OP_SQUARE || id == OP_ABS) return unary_i32(b, id, pn.in.a[0], e->span);
     if ((pn.in.a[0] = to_float(b, pn.in.a[0], e->span)) < 0) return sema_v_err(); /* exp(idx) is f32 */
   }
+  if (id == OP_SDPA && !sdpa_gqa_heads(b, pn.in.a, e == b->sdpa_call && b->sdpa_gqa, e->span)) return sema_v_err();
   int i = add_node(b, id, pn.in.a, pn.in.n, e->span);
   if (i < 0) return sema_v_err();
   Node *n = &b->g->nodes[i];

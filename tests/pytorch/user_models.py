@@ -7,7 +7,7 @@ mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp
 i32 tokens sliced into inputs and targets (through shape ops and sum/mean/max), PyTorch's type
 promotion of i32 tensors meeting floats, cross_entropy's ignore_index, softmax over an axis other than
 the last and reductions over axes that are not adjacent, cross-attention, sdpa's attn_mask and
-attn_bias, min, argmin, logsumexp, var and std, where of two i32 branches, heads wider than 128), each trained one step of
+attn_bias, min, argmin, logsumexp, var and std, where of two i32 branches, heads wider than 128, grouped-query attention with enable_gqa, expand and repeat_interleave), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -281,6 +281,18 @@ def m18(p, d):
     q, k, v = (heads(x @ p[w], 2) for w in ('wq', 'wk', 'wv'))
     a = merge(sdpa(q, k, v, True)) + merge(sdpa(q, k, v))
     return ce((x + a) @ p['wte'].T, d['targets'])
+
+@model('m19_gqa', lambda: {'idx': rng.integers(0, 13, size=(B, 6)).astype(np.int32),
+                           'targets': rng.integers(0, 13, size=(B, 6)).astype(np.int32)})
+def m19(p, d):
+    x = p['emb'][d['idx'].long()]
+    q = rope(heads(x @ p['wq'], 4)); k = rope(heads(x @ p['wk'], 2)); v = heads(x @ p['wv'], 2)
+    kr, vr = k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)
+    k2 = k[:, :, None].expand(-1, -1, 2, -1, -1).reshape(-1, 4, 6, 4)
+    a = sdpa(q, kr, vr, True) + sdpa(q, k2, vr) * 0.5 + sdpa(q, kr, vr, True) * 0.25
+    x = x + merge(a) @ p['wo']
+    shift = d['idx'][:, None].expand(-1, 2, -1)
+    return ce(x @ p['emb'].T, d['targets']) + 0.01 * shift.double().mean()
 
 # CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default
 # f32) instead of the CPU one, compiled against the CUDA emulator of BUILD_DIR (tests/cuda/emu, as
