@@ -350,6 +350,29 @@ static void test_split_concat_slice(void) {
   at(s)->ia[1] = 2;
   ERR(s, "axis 2 is out of range");
 
+  /* expand and repeat_interleave (macros: the rules check the call and give the shape) */
+  int e = N1(OP_EXPAND, T(DT_I32, 2, 4, 1));
+  set_dims(e, 3, (int64_t[]){2, -1, 6});
+  OK(e, "i32[2, 4, 6]");
+  CHECK(at(e)->dims[1] == 4);
+  e = N1(OP_EXPAND, T(DT_F32, 2, 4, 1));
+  set_dims(e, 2, (int64_t[]){8, 6});
+  ERR(e, "expand: x [4, 1] cannot expand to [8, 6]: dim 0 is 4, only a dim of 1 can grow (to 8)");
+  e = N1(OP_EXPAND, T(DT_F32, 1, 4));
+  set_dims(e, 2, (int64_t[]){-1, 4});
+  ERR(e, "a new leading dim cannot be -1");
+  e = N1(OP_EXPAND, T(DT_F32, 2, 4, 1));
+  set_dims(e, 1, (int64_t[]){4});
+  ERR(e, "fewer dims than x");
+  int ri = N1(OP_REPEAT_INTERLEAVE, T(DT_F32, 3, 2, 3, 5));
+  at(ri)->ia[0] = 4;
+  at(ri)->ia[1] = -2;
+  OK(ri, "f32[2, 12, 5]");
+  CHECK(at(ri)->ia[1] == 1);
+  ri = N1(OP_REPEAT_INTERLEAVE, T(DT_F32, 1, 3));
+  at(ri)->ia[0] = 0;
+  ERR(ri, "repeats must be at least 1, got 0");
+
   int c = N2(OP_CONCAT, T(DT_F32, 2, 2, 3), T(DT_F32, 2, 2, 5));
   at(c)->ia[0] = -1;
   OK(c, "f32[2, 8]");
