@@ -464,6 +464,57 @@ static bool shape_repeat_interleave(const Graph *g, Node *n, char *err, size_t e
   return true;
 }
 
+/* unsqueeze: ia[0] = axis in [-(rank + 1), rank] */
+static bool shape_unsqueeze(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  const int r = x->shape.rank;
+  if (r >= CP_MAX_RANK) return fail(err, errlen, "unsqueeze: x %s already has %d dims, the most a tensor has", shape_str(&x->shape), r);
+  if (n->ia[0] < -(r + 1) || n->ia[0] > r)
+    return fail(err, errlen, "unsqueeze: axis %lld is out of range for shape %s (valid axes: %d to %d)",
+                (long long)n->ia[0], shape_str(&x->shape), -(r + 1), r);
+  if (n->ia[0] < 0) n->ia[0] += r + 1;
+  n->shape.rank = r + 1;
+  for (int k = 0, j = 0; k <= r; k++) n->shape.d[k] = k == n->ia[0] ? 1 : x->shape.d[j++];
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* squeeze: ia[0] = axis, whose dim must be 1 */
+static bool shape_squeeze(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  if (!canon_axis(n, &n->ia[0], &x->shape, err, errlen)) return false;
+  if (x->shape.d[n->ia[0]] != 1)
+    return fail(err, errlen, "squeeze: dim %lld of %s is %lld, not 1", (long long)n->ia[0], shape_str(&x->shape),
+                (long long)x->shape.d[n->ia[0]]);
+  n->shape.rank = x->shape.rank - 1;
+  for (int k = 0, j = 0; k < x->shape.rank; k++)
+    if (k != n->ia[0]) n->shape.d[j++] = x->shape.d[k];
+  n->dtype = x->dtype;
+  return true;
+}
+
+/* flatten: ia[0] = start_axis, ia[1] = end_axis (start <= end); a scalar becomes [1], as torch */
+static bool shape_flatten(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0);
+  const int r = x->shape.rank;
+  n->dtype = x->dtype;
+  if (r == 0 && (n->ia[0] == 0 || n->ia[0] == -1) && (n->ia[1] == 0 || n->ia[1] == -1)) {
+    n->ia[0] = n->ia[1] = 0;
+    n->shape = (Shape){.rank = 1, .d = {1}};
+    return true;
+  }
+  if (!canon_axis(n, &n->ia[0], &x->shape, err, errlen) || !canon_axis(n, &n->ia[1], &x->shape, err, errlen)) return false;
+  if (n->ia[0] > n->ia[1])
+    return fail(err, errlen, "flatten: start_axis %lld comes after end_axis %lld of %s", (long long)n->ia[0],
+                (long long)n->ia[1], shape_str(&x->shape));
+  n->shape.rank = 0;
+  for (int k = 0; k < r; k++) {
+    if (k <= n->ia[0] || k > n->ia[1]) n->shape.d[n->shape.rank++] = x->shape.d[k];
+    else n->shape.d[n->shape.rank - 1] *= x->shape.d[k];
+  }
+  return true;
+}
+
 /* ia[0] = n parts, ia[1] = axis. A macro (sema emits n SLICEs); the rule checks
  * the call and gives the shape of one part. */
 static bool shape_split(const Graph *g, Node *n, char *err, size_t errlen) {

@@ -1450,6 +1450,13 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
   if (id == OP_MIN || id == OP_ARGMIN || id == OP_LOGSUMEXP || id == OP_VAR || id == OP_STD)
     return expand_reduction(b, &pn, id, e->span);
   if (id == OP_EXPAND || id == OP_REPEAT_INTERLEAVE) return expand_broadcast(b, &pn, id, e->span);
+  if (id == OP_UNSQUEEZE || id == OP_SQUEEZE || id == OP_FLATTEN) { /* a RESHAPE to the macro's shape */
+    Node s;
+    int x = pn.in.a[0];
+    if (!macro_rule(b, &pn, id, &x, &s, e->span)) return sema_v_err();
+    int r = dims_node(b, OP_RESHAPE, x, s.shape.d, s.shape.rank, 0, e->span);
+    return r < 0 ? sema_v_err() : tensor_val(r, e->span);
+  }
   /* argmax of i32: the kernels compare floats, so its values as f32 (exact below 2^24) */
   if (id == OP_ARGMAX && b->g->nodes[pn.in.a[0]].dtype == DT_I32 && (pn.in.a[0] = to_float(b, pn.in.a[0], e->span)) < 0)
     return sema_v_err();

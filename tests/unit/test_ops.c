@@ -373,6 +373,29 @@ static void test_split_concat_slice(void) {
   at(ri)->ia[0] = 0;
   ERR(ri, "repeats must be at least 1, got 0");
 
+  /* unsqueeze, squeeze, flatten (macros: reshapes) */
+  int u = N1(OP_UNSQUEEZE, T(DT_I32, 2, 4, 5));
+  at(u)->ia[0] = -1;
+  OK(u, "i32[4, 5, 1]");
+  CHECK(at(u)->ia[0] == 2);
+  u = N1(OP_UNSQUEEZE, T(DT_F32, 1, 4));
+  at(u)->ia[0] = 2;
+  ERR(u, "unsqueeze: axis 2 is out of range for shape [4] (valid axes: -2 to 1)");
+  int q = N1(OP_SQUEEZE, T(DT_F32, 3, 4, 1, 5));
+  at(q)->ia[0] = -2;
+  OK(q, "f32[4, 5]");
+  q = N1(OP_SQUEEZE, T(DT_F32, 2, 4, 5));
+  at(q)->ia[0] = 0;
+  ERR(q, "squeeze: dim 0 of [4, 5] is 4, not 1");
+  int fl = N1(OP_FLATTEN, T(DT_F32, 4, 2, 3, 4, 5));
+  at(fl)->ia[0] = 1;
+  at(fl)->ia[1] = -2;
+  OK(fl, "f32[2, 12, 5]");
+  fl = N1(OP_FLATTEN, T(DT_F32, 2, 3, 4));
+  at(fl)->ia[0] = 1;
+  at(fl)->ia[1] = 0;
+  ERR(fl, "flatten: start_axis 1 comes after end_axis 0");
+
   int c = N2(OP_CONCAT, T(DT_F32, 2, 2, 3), T(DT_F32, 2, 2, 5));
   at(c)->ia[0] = -1;
   OK(c, "f32[2, 8]");
