@@ -999,7 +999,7 @@ static void emit_dropout_helper(Cg *c) {
   for (int i = 0; i < c->g->n; i++) any |= nd(c, i)->op == OP_DROPOUT;
   if (!any) return;
   EMIT("\n/* keep[i] for dropout node `key` in this micro-batch: the counter-based generator keyed by\n"
-       " * (seed, node, global micro-batch counter, element), the same under every strategy. */\n"
+       " * (seed, node, global micro-batch counter, element of this rank's micro-batch and shard). */\n"
        "static void dropout_mask(const RtRun *run, uint8_t *keep, long n, double p, uint64_t key) {\n"
        "  uint64_t counter = (uint64_t)((run->step * cplan_plan.dp + run->dp_rank) * cplan_plan.accum + run->micro_index);\n"
        "  uint64_t k = rt_splitmix64(key ^ rt_splitmix64(counter));\n"

@@ -71,6 +71,7 @@ typedef struct Build {
   const Expr *sdpa_call;
   Value sdpa_mask, sdpa_bias;
   bool sdpa_gqa; /* enable_gqa = true: k and v's heads repeated to q's (sdpa_gqa_heads) */
+  double sdpa_dropout; /* dropout_p: on the probabilities, in the math form */
 } Build;
 
 static Value eval(Build *b, Frame *f, const Expr *e);
@@ -402,11 +403,11 @@ static int find_str(const char *const *names, int n, const char *s) {
  * sdpa's (call_sdpa) and cross_entropy's (call_cross_entropy). */
 typedef struct OwnArgs {
   const char *callee;
-  const char *names[3];
+  const char *names[4];
   int n;
 } OwnArgs;
 static const OwnArgs own_args[] = {
-    {"sdpa", {"attn_mask", "attn_bias", "enable_gqa"}, 3},
+    {"sdpa", {"attn_mask", "attn_bias", "enable_gqa", "dropout_p"}, 4},
     {"cross_entropy", {"ignore_index", "label_smoothing"}, 2},
 };
 
@@ -1007,14 +1008,15 @@ static bool broadcasts_to(Build *b, Value v, const Shape *sc, const char *what) 
 /* An sdpa as PyTorch's math form: softmax(q @ kᵀ / sqrt(d) [+ attn_bias] [masked]) @ v, the
  * [Tq, Tk] scores in memory. It computes what the attention kernels do not take: keys of another
  * length than the queries (cross-attention), values of another width, attn_mask / attn_bias
- * (call_sdpa; NULL without them) and, on a GPU mesh, heads wider than its kernels (attn_max_d). causal masks as PyTorch's is_causal does (top-left: query i
+ * (call_sdpa; NULL without them), dropout_p (dropout > 0: a dropout of the probabilities) and, on a
+ * GPU mesh, heads wider than its kernels (attn_max_d). causal masks as PyTorch's is_causal does (top-left: query i
  * sees keys j <= i), with where(arange(Tq)[:, None] >= arange(Tk), s, -inf); attn_mask (1.0 attend,
  * 0.0 not) with where(mask, s, -inf) after it. */
-static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value *bias) {
+static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value *bias, double dropout) {
   const Node n = b->g->nodes[i];
   const int64_t *Q = b->g->nodes[n.in[0]].shape.d, *K = b->g->nodes[n.in[1]].shape.d, *V = b->g->nodes[n.in[2]].shape.d;
   bool wide = b->s->attn_max_d > 0 && Q[3] > b->s->attn_max_d; /* the backend's kernels take no such heads */
-  if (Q[2] == K[2] && V[3] == Q[3] && !mask && !bias && !wide) return tensor_val(i, at);
+  if (Q[2] == K[2] && V[3] == Q[3] && !mask && !bias && !wide && dropout == 0) return tensor_val(i, at);
   const int64_t tq = Q[2], tk = K[2], d = Q[3];
   const Shape sc = {.rank = 4, .d = {Q[0], Q[1], tq, tk}};
   if ((mask && !broadcasts_to(b, *mask, &sc, "attn_mask")) || (bias && !broadcasts_to(b, *bias, &sc, "attn_bias")))
@@ -1051,6 +1053,11 @@ static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value 
   }
   if (s.kind == V_ERR) return s;
   int p = dims_node(b, OP_SOFTMAX, s.node, NULL, 0, -1, at);
+  if (p >= 0 && dropout > 0) { /* PyTorch's dropout_p: on the probabilities */
+    int dr = add_node(b, OP_DROPOUT, &p, 1, at);
+    if (dr >= 0) b->g->nodes[dr].fa[0] = dropout;
+    p = dr < 0 || infer(b, dr, at).kind == V_ERR ? -1 : dr;
+  }
   int o = p < 0 ? -1 : binary_node(b, OP_MATMUL, p, n.in[2], at);
   return o < 0 ? sema_v_err() : tensor_val(o, at);
 }
@@ -1060,7 +1067,7 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id);
 /* A call without its own arguments (rest), and their values (got: kind V_ERR where absent). */
 typedef struct OwnCall {
   Expr rest;
-  Value got[3];
+  Value got[4];
 } OwnCall;
 
 /* The call e as oc->rest, without the keyword arguments own_args_of(callee) names, whose values are
@@ -1116,18 +1123,29 @@ static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
       return sema_v_err();
     }
   }
-  Value gqa = oc.got[2];
+  Value gqa = oc.got[2], dp = oc.got[3];
   if (gqa.kind != V_ERR && gqa.kind != V_BOOL) {
     diag_error(gqa.span, "argument 'enable_gqa' of 'sdpa' must be a bool, got %s", sema_value_desc(gqa));
     return sema_v_err();
   }
-  if (mask.kind == V_ERR && bias.kind == V_ERR && gqa.kind == V_ERR) return call_prim(b, f, e, OP_SDPA);
+  if (dp.kind != V_ERR && !is_num(dp)) {
+    diag_error(dp.span, "argument 'dropout_p' of 'sdpa' must be a float, got %s", sema_value_desc(dp));
+    return sema_v_err();
+  }
+  double p = dp.kind == V_ERR ? 0 : dp.kind == V_INT ? (double)dp.i : dp.f;
+  if (!(p >= 0 && p < 1)) {
+    diag_error(dp.span, "sdpa's dropout_p must lie in [0, 1), got %g", p);
+    return sema_v_err();
+  }
+  if (mask.kind == V_ERR && bias.kind == V_ERR && gqa.kind == V_ERR && p == 0) return call_prim(b, f, &oc.rest, OP_SDPA);
   const Expr *outer = b->sdpa_call;
   Value om = b->sdpa_mask, ob = b->sdpa_bias;
   bool og = b->sdpa_gqa;
+  double op = b->sdpa_dropout;
   b->sdpa_call = &oc.rest, b->sdpa_mask = mask, b->sdpa_bias = bias, b->sdpa_gqa = gqa.kind == V_BOOL && gqa.i;
+  b->sdpa_dropout = p;
   Value r = call_prim(b, f, &oc.rest, OP_SDPA);
-  b->sdpa_call = outer, b->sdpa_mask = om, b->sdpa_bias = ob, b->sdpa_gqa = og;
+  b->sdpa_call = outer, b->sdpa_mask = om, b->sdpa_bias = ob, b->sdpa_gqa = og, b->sdpa_dropout = op;
   return r;
 }
 
@@ -1200,7 +1218,7 @@ static Value rewrite_for_backends(Build *b, const Expr *call, int i, Span at) {
   if (n.op == OP_SDPA) {
     bool own = call && call == b->sdpa_call; /* attn_mask / attn_bias of this call (not a nested one) */
     return sdpa_math(b, i, at, own && b->sdpa_mask.kind == V_TENSOR ? &b->sdpa_mask : NULL,
-                     own && b->sdpa_bias.kind == V_TENSOR ? &b->sdpa_bias : NULL);
+                     own && b->sdpa_bias.kind == V_TENSOR ? &b->sdpa_bias : NULL, own ? b->sdpa_dropout : 0);
   }
   if (n.nin != 1) return tensor_val(i, at);
   const int rank = b->g->nodes[n.in[0]].shape.rank;
