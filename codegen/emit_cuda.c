@@ -189,6 +189,7 @@ static void emit_unary(FILE *f, int j, int op, int a, float c) {
   case K_GELU: fprintf(f, "    float v%d = cp_gelu(v%d);\n", j, a); return;
   case K_SILU: fprintf(f, "    float v%d = v%d / (1.0f + expf(-v%d));\n", j, a, a); return;
   case K_SQUARE: fprintf(f, "    float v%d = v%d * v%d;\n", j, a, a); return;
+  case K_ERF: fprintf(f, "    float v%d = erff(v%d);\n", j, a); return;
   case K_POW:
     if (c == 0.5f) {
       fprintf(f, "    float v%d = sqrtf(v%d);\n", j, a);

@@ -331,6 +331,20 @@ static LLVMValueRef gen_tanh(Gen *g, LLVMValueRef x) {
   return sel(g, fcmp(g, LLVMRealOLT, ax, cf(g, 0.625)), ps, pl);
 }
 
+/* erf x as kernels/cpu/fast_nn.c's f_erf: the odd Taylor series below 0.5, else Abramowitz and
+ * Stegun 7.1.26 with the sign of x */
+static LLVMValueRef gen_erf(Gen *g, LLVMValueRef x) {
+  static const double S[] = {-0.0008548327, 0.0052239776, -0.0268661706, 0.1128379167, -0.3761263890, 1.1283791671};
+  static const double A[] = {1.061405429, -1.453152027, 1.421413741, -0.284496736, 0.254829592, 0.0};
+  LLVMValueRef ax = call1(g, "llvm.fabs", x), z = fmul(g, x, x);
+  LLVMValueRef small = fmul(g, x, poly(g, z, S, 6));
+  LLVMValueRef t = fdiv(g, cf(g, 1.0), fadd(g, cf(g, 1.0), fmul(g, cf(g, 0.3275911), ax)));
+  LLVMValueRef big = fsub(g, cf(g, 1.0), fmul(g, poly(g, t, A, 6), gen_exp(g, LLVMBuildFNeg(g->b, z, ""))));
+  LLVMValueRef args[2] = {big, x};
+  big = intrinsic(g, "llvm.copysign", args, 2);
+  return sel(g, fcmp(g, LLVMRealOLT, ax, cf(g, 0.5)), small, big);
+}
+
 /* x / (1 + e^-t): sigmoid (x = 1, t = x), silu (t = x) and gelu (t = 2u) */
 static LLVMValueRef over_1_exp(Gen *g, LLVMValueRef num, LLVMValueRef t) {
   LLVMValueRef e = gen_exp(g, LLVMBuildFNeg(g->b, t, ""));
@@ -376,6 +390,7 @@ static LLVMValueRef gen_unary(Gen *g, int op, LLVMValueRef x, float c) {
   /* as ref.c: x < c ? c : x, so a NaN stays NaN */
   case K_CLAMP_MIN: return sel(g, fcmp(g, LLVMRealOLT, x, cf(g, c)), cf(g, c), x);
   case K_CLAMP_MAX: return sel(g, fcmp(g, LLVMRealOGT, x, cf(g, c)), cf(g, c), x);
+  case K_ERF: return gen_erf(g, x);
   case K_UNARY_COUNT: break;
   }
   return NULL; /* cg_llvm_check rejected it */

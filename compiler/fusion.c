@@ -19,6 +19,7 @@ bool fusion_kernel_op(OpId op, bool *unary, int *kop) {
       {OP_SIGMOID, true, K_SIGMOID}, {OP_RELU, true, K_RELU},       {OP_GELU, true, K_GELU},
       {OP_SILU, true, K_SILU},      {OP_SQUARE, true, K_SQUARE},    {OP_POW, true, K_POW},
       {OP_ABS, true, K_ABS},        {OP_CLAMP_MIN, true, K_CLAMP_MIN}, {OP_CLAMP_MAX, true, K_CLAMP_MAX},
+      {OP_ERF, true, K_ERF},
   };
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
     if (map[i].op == op) {
@@ -199,6 +200,7 @@ static int unary_df(KBuild *b, const Node *f, int x, int y) {
   case OP_ABS: return kbin(b, K_SUB, kbin(b, K_GT, x, kconst(b, 0)), kbin(b, K_LT, x, kconst(b, 0)));
   case OP_CLAMP_MIN: return kbin(b, K_GE, x, kconst(b, f->fa[0]));
   case OP_CLAMP_MAX: return kbin(b, K_LE, x, kconst(b, f->fa[0]));
+  case OP_ERF: return kbin(b, K_MUL, kconst(b, 1.1283791670955126), kun(b, K_EXP, kun(b, K_NEG, kbin(b, K_MUL, x, x))));
   default: cp_unreachable();
   }
 }

@@ -409,6 +409,7 @@ typedef struct OwnArgs {
 static const OwnArgs own_args[] = {
     {"sdpa", {"attn_mask", "attn_bias", "enable_gqa", "dropout_p"}, 4},
     {"cross_entropy", {"ignore_index", "label_smoothing"}, 2},
+    {"gelu", {"approximate"}, 1},
 };
 
 static const OwnArgs *own_args_of(const char *callee) {
@@ -1149,6 +1150,30 @@ static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
   return r;
 }
 
+/* gelu(x, approximate = "tanh"), PyTorch's argument: "tanh" (cplan's default, GPT-2's) is the GELU
+ * op; "none" (PyTorch's default, exact) is 0.5 x (1 + erf(x / sqrt 2)), which fuses into one kernel. */
+static Value call_gelu(Build *b, Frame *f, const Expr *e) {
+  OwnCall oc;
+  if (!take_own_args(b, f, e, "gelu", &oc)) return sema_v_err();
+  Value ap = oc.got[0];
+  if (ap.kind != V_ERR && (ap.kind != V_STR || (strcmp(ap.s, "tanh") != 0 && strcmp(ap.s, "none") != 0))) {
+    diag_error(ap.span, "argument 'approximate' of 'gelu' must be \"tanh\" or \"none\", got %s", sema_value_desc(ap));
+    return sema_v_err();
+  }
+  Value y = call_prim(b, f, &oc.rest, OP_GELU);
+  if (y.kind != V_TENSOR || ap.kind == V_ERR || strcmp(ap.s, "tanh") == 0) return y;
+  int x = b->g->nodes[y.node].in[0]; /* gelu's input, as call_prim converted it; the GELU node is dropped */
+  cp_assert(y.node == b->g->n - 1);
+  b->g->n--;
+  Value s = desugar_binary(b, OP_MUL, x, sema_v_float(0.7071067811865476, e->span), e->span);
+  int er = s.kind == V_ERR ? -1 : add_node(b, OP_ERF, &s.node, 1, e->span);
+  if (er >= 0 && infer(b, er, e->span).kind == V_ERR) er = -1;
+  Value h = er < 0 ? sema_v_err() : desugar_binary(b, OP_ADD, er, sema_v_float(1.0, e->span), e->span);
+  Value xh = h.kind == V_ERR ? h : desugar_binary(b, OP_MUL, x, sema_v_float(0.5, e->span), e->span);
+  int r = xh.kind == V_ERR ? -1 : binary_node(b, OP_MUL, xh.node, h.node, e->span);
+  return r < 0 ? sema_v_err() : tensor_val(r, e->span);
+}
+
 /* cross_entropy(logits, targets, ignore_index = N, label_smoothing = e), PyTorch's arguments. N: the
  * targets equal to it become -1 (ignore_index_targets). e: (1 - e)·nll + e·mean over the classes of
  * -log_softmax(logits), both averaged over the rows not ignored: the cross_entropy node, then
@@ -1524,6 +1549,7 @@ static Value eval_call(Build *b, Frame *f, const Expr *e) {
   const OpInfo *op = ir_op_by_name(name, &id);
   if (id == OP_SDPA) return call_sdpa(b, f, e);
   if (id == OP_CROSS_ENTROPY) return call_cross_entropy(b, f, e);
+  if (id == OP_GELU) return call_gelu(b, f, e);
   if (op && op->sig && !(op->flags & OPF_LEAF)) return call_prim(b, f, e, id);
   if (it) {
     diag_error(e->name_span, "'%s' is a %s and cannot be called", name, sema_item_kind_name(it->kind));

@@ -7,7 +7,7 @@ mask, edge cases of maximum/max ties, pow and two-sided broadcasting, abs, clamp
 i32 tokens sliced into inputs and targets (through shape ops and sum/mean/max), PyTorch's type
 promotion of i32 tensors meeting floats, cross_entropy's ignore_index, softmax over an axis other than
 the last and reductions over axes that are not adjacent, cross-attention, sdpa's attn_mask and
-attn_bias, min, argmin, logsumexp, var and std, where of two i32 branches, heads wider than 128, grouped-query attention with enable_gqa, expand and repeat_interleave, flatten, unsqueeze and squeeze), each trained one step of
+attn_bias, min, argmin, logsumexp, var and std, where of two i32 branches, heads wider than 128, grouped-query attention with enable_gqa, expand and repeat_interleave, flatten, unsqueeze and squeeze, the exact gelu and erf), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
 largest element.  Exit 0 when every model agrees."""
@@ -301,6 +301,12 @@ def m20(p, d):
     rows = d['x'].flatten(start_dim=2)
     pred = (h @ p['w2']).squeeze(1) + rows.flatten(1, -1).mean(-1)
     return ((pred - d['y']) ** 2).mean()
+
+@model('m21_gelu_erf', lambda: {'x': rng.normal(size=(B, 6)).astype(np.float32), 'y': np.array([0, 2, 1, 1], np.int32)})
+def m21(p, d):
+    h = d['x'] @ p['w1']
+    z = F.gelu(h) + 0.5 * gelu(h) + 0.25 * torch.erf(h * 0.3)
+    return ce(z @ p['w2'] + torch.erf(d['x']) @ p['w3'], d['y'])
 
 # CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default
 # f32) instead of the CPU one, compiled against the CUDA emulator of BUILD_DIR (tests/cuda/emu, as
