@@ -337,7 +337,8 @@ static void use_search(Sema *s, TrainConf *t) {
     why = cp_fmt("strategy: the defaults of the fields it leaves out (dp %lld, micro %lld, zero %lld, recompute %s) "
                  "do not fit, so", (long long)def.dp, (long long)def.micro, (long long)def.zero, rc[def.recompute]);
   } else if (!search_best_runnable(s, t, &best)) {
-    fprintf(stderr, "cplanc: strategy = auto: the search found no plan; pure data parallelism\n");
+    fprintf(stderr, "cplanc: strategy = auto: the search found no plan that fits (`cplanc plan` says why); building "
+            "pure data parallelism instead\n");
     return;
   }
   fprintf(stderr, "cplanc: %s the search chose dp %lld, tp %lld, pp %lld, sp %lld, zero %lld, micro %lld, "

@@ -523,6 +523,10 @@ static bool shape_merge_heads(const Graph *g, Node *n, char *err, size_t errlen)
 
 static bool shape_embedding(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *t = in_node(g, n, 0), *idx = in_node(g, n, 1);
+  if (t->dtype == DT_I32 && idx->dtype != DT_I32) /* F.embedding(idx, table): the other order */
+    return fail(err, errlen, "embedding: the table comes first, embedding(table, idx) (PyTorch's F.embedding takes idx "
+                "first), got %s%s and %s%s", dtype_name(t->dtype), shape_str(&t->shape), dtype_name(idx->dtype),
+                shape_str(&idx->shape));
   if (t->shape.rank != 2) return fail(err, errlen, "embedding: table must be [V, C], got %s", shape_str(&t->shape));
   if (!is_float(t->dtype))
     return fail(err, errlen, "embedding: table must be a float tensor, got %s%s", dtype_name(t->dtype),
@@ -721,6 +725,21 @@ const OpInfo *ir_op_by_name(const char *name, OpId *id) {
     if (id) *id = (OpId)i;
     return &ir_ops[i];
   }
+  return NULL;
+}
+
+/* PyTorch's spelling of an operation, method or attribute that cplan writes otherwise (ops.def's
+ * PYTORCH rows): what to write instead, or NULL. */
+const char *ir_pytorch_hint(const char *name) {
+  static const struct { const char *torch, *cplan; } rows[] = {
+#define OP(id, name, sig, flags, shape, flops, shard)
+#define PYTORCH(torch, cplan) {torch, cplan},
+#include "ops.def"
+#undef PYTORCH
+#undef OP
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    if (strcmp(rows[i].torch, name) == 0) return rows[i].cplan;
   return NULL;
 }
 

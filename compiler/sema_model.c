@@ -422,6 +422,8 @@ static bool match_args(const Expr *call, const char *callee, const char *const *
     if (i >= np) {
       diag_error(call->items[i]->span, "'%s' takes %d argument%s, got %d", callee, np,
                  np == 1 ? "" : "s", call->nitems);
+      if (strcmp(callee, "transpose") == 0) /* x.transpose(1, 2) */
+        diag_hint("transpose(x) swaps the last two dims (PyTorch's x.transpose(-2, -1)); other axes: permute(x, [0, 2, 1, 3])");
       ok = false;
       break;
     }
@@ -476,6 +478,16 @@ static bool parse_dtype(const char *name, Span at, DType *out) {
   if (dtype_parse(name, out)) return true;
   static const char *const names[] = {"f32", "bf16", "f16", "i32"};
   diag_error(at, "unknown dtype '%s'", name);
+  /* PyTorch's names: torch.float32, torch.long ... */
+  static const char *const torch[][2] = {{"float32", "f32"}, {"float", "f32"},  {"bfloat16", "bf16"}, {"float16", "f16"},
+                                         {"half", "f16"},    {"int32", "i32"},  {"int64", "i32"},     {"long", "i32"},
+                                         {"int", "i32"},     {"bool", "f32"},   {"fp32", "f32"},      {"fp16", "f16"}};
+  for (size_t i = 0; i < sizeof torch / sizeof torch[0]; i++)
+    if (strcmp(torch[i][0], name) == 0) {
+      diag_hint("PyTorch's %s is %s here%s (the dtypes: f32, bf16, f16, i32)", name, torch[i][1],
+                strcmp(name, "bool") == 0 ? " (a comparison's 1.0/0.0)" : strcmp(name, "int64") == 0 || strcmp(name, "long") == 0 ? ": integer tensors are i32" : "");
+      return false;
+    }
   hint_among(name, names, 4);
   return false;
 }
@@ -1348,6 +1360,10 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
       diag_hint("clamp's bounds are numbers; with a tensor bound write maximum(x, lo) or minimum(x, hi)");
     if ((id == OP_MIN || id == OP_MAX) && vals[j].kind == V_TENSOR) /* PyTorch's torch.max(a, b) */
       diag_hint("%s reduces along an axis; elementwise, write %s(a, b)", opname, id == OP_MIN ? "minimum" : "maximum");
+    if (id == OP_SPLIT && j == 1 && vals[j].kind == V_LIST) /* torch.split(x, [2, 6]): sizes */
+      diag_hint("split(x, n) cuts n equal parts (torch.chunk); parts of other sizes are slices: slice(x, axis, start, end)");
+    if (id == OP_LAYER_NORM && j == 1 && vals[j].kind == V_LIST) /* F.layer_norm(x, [C], w, b) */
+      diag_hint("layer_norm normalizes the last dim and takes no normalized_shape: layer_norm(x, w, b)");
     return sema_v_err();
   }
   if (id == OP_SPLIT) return expand_split(b, &pn, e->span);
@@ -1420,10 +1436,13 @@ static Value eval_call(Build *b, Frame *f, const Expr *e) {
   }
   diag_error(e->name_span, "unknown function '%s'", name);
   const char *lib = stdlib_defining(name);
+  const char *torch = ir_pytorch_hint(name);
   if (find_str(init_names, 5, name) >= 0)
     diag_hint("'%s' initializes a param: param w: [n] = %s(...)", name, name);
   else if (lib)
     diag_hint("'%s' is defined in the standard library: add import \"%s\" (nothing is imported implicitly)", name, lib);
+  else if (torch)
+    diag_hint("for PyTorch's '%s', %s", name, torch);
   else
     hint_name(b, f, name, true);
   return sema_v_err();
@@ -1739,6 +1758,8 @@ static void do_if(Build *b, Frame *f, const Stmt *st) {
   if (c.kind != V_BOOL) {
     diag_error(st->value->span, "the condition of 'if' must be a compile-time bool, got %s",
                sema_value_desc(c));
+    if (c.kind == V_TENSOR) /* if x > 0: an elementwise choice */
+      diag_hint("'if' chooses at compile time; an elementwise choice is where(cond, a, b)");
     return;
   }
   exec_block(b, f, c.i ? &st->body : &st->orelse);
@@ -1833,14 +1854,27 @@ static void check_loss(Build *b, Frame *root, const Item *model) {
 
 /* Warns, once per declaration and Sema (check elaborates a model twice), about an input or param
  * that no op reads: an input the data feeds for nothing (often a mix-up of inputs), a param that is
- * never trained. */
+ * never trained; and about one whose values reach neither the loss nor a metric (read only by
+ * values nothing uses), or a param that only metrics read: PyTorch leaves its .grad None. */
 static void warn_unused(Sema *s, const Graph *g) {
   bool *used = cp_alloc((size_t)(g->n + 1) * sizeof *used);
+  bool *to_loss = cp_alloc((size_t)(g->n + 1) * sizeof *to_loss);
+  bool *live = cp_alloc((size_t)(g->n + 1) * sizeof *live);
   for (int i = 0; i < g->n; i++)
     for (int k = 0; k < g->nodes[i].nin; k++) used[g->nodes[i].in[k]] = true;
+  if (g->loss >= 0) to_loss[g->loss] = live[g->loss] = true;
+  for (int m = 0; m < g->metrics.n; m++)
+    if (g->metrics.a[m].node >= 0) live[g->metrics.a[m].node] = true;
+  for (int i = g->n - 1; i >= 0; i--) /* inputs come before their readers */
+    for (int k = 0; k < g->nodes[i].nin; k++) {
+      to_loss[g->nodes[i].in[k]] |= to_loss[i];
+      live[g->nodes[i].in[k]] |= live[i];
+    }
   for (int i = 0; i < g->n; i++) {
     const Node *n = &g->nodes[i];
-    if ((n->op != OP_INPUT && n->op != OP_PARAM) || used[i]) continue;
+    if (n->op != OP_INPUT && n->op != OP_PARAM) continue;
+    bool dead = g->loss >= 0 && (n->op == OP_PARAM ? !to_loss[i] : !live[i]);
+    if (used[i] && !dead) continue;
     bool again = false;
     for (int k = 0; k < s->warned_unused.n && !again; k++) {
       Span w = s->warned_unused.a[k];
@@ -1848,10 +1882,15 @@ static void warn_unused(Sema *s, const Graph *g) {
     }
     if (again) continue;
     VEC_PUSH(s->warned_unused, n->span);
-    if (n->op == OP_INPUT)
+    if (n->op == OP_INPUT && !used[i])
       diag_warning(n->span, "input '%s' is never used (the data still feeds it)", n->name);
-    else
+    else if (n->op == OP_INPUT)
+      diag_warning(n->span, "input '%s' reaches neither the loss nor a metric (the data still feeds it)", n->name);
+    else if (!used[i])
       diag_warning(n->span, "param '%s' is never used: it gets no gradient and is never trained", n->name);
+    else
+      diag_warning(n->span, "param '%s' does not reach the loss%s: it gets no gradient and is never trained", n->name,
+                   live[i] ? " (only metrics read it)" : "");
   }
 }
 
