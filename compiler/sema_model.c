@@ -1353,9 +1353,19 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
         vals[j].nitems > CP_MAX_RANK)
       diag_error(vals[j].span, "argument '%s' of '%s' has %d dims: a tensor has at most %d", sg->a[j].name, opname,
                  vals[j].nitems, CP_MAX_RANK);
-    else
-      diag_error(vals[j].span, "argument '%s' of '%s' must be %s, got %s", sg->a[j].name, opname,
-                 kind_desc(sg->a[j].kind), sema_value_desc(vals[j]));
+    else {
+      int bad = -1; /* reshape(x, [B, T * C / 2.0]): the element that is not an int */
+      for (int k = 0; (sg->a[j].kind == AK_D || sg->a[j].kind == AK_AX) && bad < 0 && k < vals[j].nitems &&
+                      (vals[j].kind == V_LIST || vals[j].kind == V_TUPLE);
+           k++)
+        if (vals[j].items[k].kind != V_INT) bad = k;
+      if (bad >= 0)
+        diag_error(vals[j].items[bad].span, "argument '%s' of '%s' must be %s, but element %d is %s", sg->a[j].name,
+                   opname, kind_desc(sg->a[j].kind), bad, sema_value_desc(vals[j].items[bad]));
+      else
+        diag_error(vals[j].span, "argument '%s' of '%s' must be %s, got %s", sg->a[j].name, opname,
+                   kind_desc(sg->a[j].kind), sema_value_desc(vals[j]));
+    }
     if ((id == OP_CLAMP || id == OP_CLAMP_MIN || id == OP_CLAMP_MAX) && vals[j].kind == V_TENSOR)
       diag_hint("clamp's bounds are numbers; with a tensor bound write maximum(x, lo) or minimum(x, hi)");
     if ((id == OP_MIN || id == OP_MAX) && vals[j].kind == V_TENSOR) /* PyTorch's torch.max(a, b) */
