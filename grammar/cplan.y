@@ -743,8 +743,9 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, LexS
   else if (!strcmp(tname, "':'") && st->depth > 0 && st->brackets[st->depth - 1] == '{' &&
            nw > 0 && !strcmp(words[nw - 1], "'{'"))
     diag_hint("a body is written in braces, not after ':': if cond { ... }, for i in 0..n { ... }");
-  else if (!strcmp(tname, "':'") && st->depth > 0 && (st->brackets[st->depth - 1] == '[' || st->brackets[st->depth - 1] == '('))
-    diag_hint("keys and keyword arguments are written with '=': [gpu = 8], f(x, axis = -1)");
+  else if (!strcmp(tname, "':'") && st->depth > 0 &&
+           (st->brackets[st->depth - 1] == '[' || st->brackets[st->depth - 1] == '(' || (nw > 0 && !strcmp(words[nw - 1], "'='"))))
+    diag_hint("keys, settings and keyword arguments are written with '=': model = gpt(), [gpu = 8], f(x, axis = -1)");
   else if (nw == 1 && !strcmp(words[0], "':'"))
     diag_hint("a parameter needs its type: x: [*, C] (a tensor), n: int, p: float, flag: bool");
   /* a '(' or '[' left open on an earlier line: its newlines end nothing, so the error comes late */
