@@ -61,6 +61,7 @@ typedef struct Build {
   int64_t batch;
   CpMap paths;         /* param path -> index into sites */
   VEC(Span) sites;       /* where each param path came from, for duplicate errors */
+  VEC(Span) user_sites;  /* ... and the outermost call in the model's file (the warnings' note) */
   int loop_depth;        /* loops being unrolled, across calls: only depth 0 makes layers */
   int64_t work;
   int depth;             /* eval() recursion */
@@ -1673,6 +1674,12 @@ static void do_param(Build *b, Frame *f, const Stmt *st, const char *name) {
   if (b->g->params.n == 0 || b->g->params.a[b->g->params.n - 1] != i) VEC_PUSH(b->g->params, i);
   cp_map_put(&b->paths, path, b->sites.n);
   VEC_PUSH(b->sites, site);
+  Span usite = st->span; /* a stdlib fn's param: the user's call that made it */
+  const Frame *root = f;
+  while (root->caller) root = root->caller;
+  for (const Frame *p = f; p && !p->is_model; p = p->caller)
+    if (p->site.file == root->item->name_span.file) usite = p->site;
+  VEC_PUSH(b->user_sites, usite);
   bind(f, name, tensor_val(i, st->span));
 }
 
@@ -1866,7 +1873,7 @@ static void check_loss(Build *b, Frame *root, const Item *model) {
  * that no op reads: an input the data feeds for nothing (often a mix-up of inputs), a param that is
  * never trained; and about one whose values reach neither the loss nor a metric (read only by
  * values nothing uses), or a param that only metrics read: PyTorch leaves its .grad None. */
-static void warn_unused(Sema *s, const Graph *g) {
+static void warn_unused(Sema *s, const Graph *g, Build *b) {
   bool *used = cp_alloc((size_t)(g->n + 1) * sizeof *used);
   bool *to_loss = cp_alloc((size_t)(g->n + 1) * sizeof *to_loss);
   bool *live = cp_alloc((size_t)(g->n + 1) * sizeof *live);
@@ -1901,6 +1908,9 @@ static void warn_unused(Sema *s, const Graph *g) {
     else
       diag_warning(n->span, "param '%s' does not reach the loss%s: it gets no gradient and is never trained", n->name,
                    live[i] ? " (only metrics read it)" : "");
+    int site = n->op == OP_PARAM ? cp_map_get(&b->paths, n->name) : -1;
+    if (site >= 0 && site < b->user_sites.n && b->user_sites.a[site].file != n->span.file)
+      diag_note(b->user_sites.a[site], "the param of this call");
   }
 }
 
@@ -1922,7 +1932,7 @@ Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t ba
     if (!halted(&b)) check_loss(&b, &root, model);
   }
   if (diag_errors() > errors || b.stop) return NULL;
-  warn_unused(s, b.g);
+  warn_unused(s, b.g, &b);
   char err[512];
   if (!ir_verify(b.g, err, sizeof err))
     cp_panic(__FILE__, __LINE__, "the graph of model '%s' fails ir_verify: %s", model->name, err);
