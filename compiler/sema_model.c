@@ -445,10 +445,19 @@ static bool match_args(const Expr *call, const char *callee, const char *const *
       for (int i = 0; i < np && na < MAX_SIG; i++) all[na++] = pn[i];
       const OwnArgs *own = own_args_of(callee);
       for (int i = 0; own && i < own->n; i++) all[na++] = own->names[i];
+      const char *torch = ir_pytorch_hint(cp_fmt("%s.%s", callee, kw)); /* gelu(x, approximate = ...) */
+      if (!torch) torch = ir_pytorch_hint(cp_fmt("*.%s", kw));
       if (strcmp(kw, "dim") == 0 && find_str(pn, np, "axis") >= 0)
         diag_hint("cplan calls PyTorch's 'dim' 'axis': axis = ...");
-      else
+      else if (torch)
+        diag_hint("leave out PyTorch's '%s': %s", kw, torch);
+      else if (cp_closest(kw, all, na) || !na)
         hint_among(kw, all, na);
+      else {
+        const char *list = "";
+        for (int i = 0; i < na; i++) list = cp_fmt("%s%s%s", list, i ? ", " : "", all[i]);
+        diag_hint("the parameters of '%s': %s", callee, list);
+      }
       ok = false;
     } else if (j < 0 || slot[j]) {
       diag_error(fd->name_span, "argument '%s' of '%s' is given twice", kw, callee);
