@@ -1709,8 +1709,8 @@ static void do_assign(Build *b, Frame *f, const Stmt *st) {
       diag_error(st->value->span, "cannot unpack a %s of %d values into %d names",
                  value_kind_name(v.kind), v.nitems, st->nnames);
       if (v.kind == V_TUPLE && st->value->kind == EX_CALL && st->value->str && strcmp(st->value->str, "split") == 0)
-        diag_hint("split(x, n) cuts n parts (torch.chunk), where PyTorch's x.split(size) takes each part's size: "
-                  "q, k, v = split(x, 3, axis = -1)");
+        diag_hint("split(x, n) cuts n parts (torch.chunk; PyTorch's x.split(size) takes each part's size): for %d "
+                  "names, split(x, %d, axis = ...)", st->nnames, st->nnames);
     } else
       diag_error(st->value->span, "cannot unpack %s into %d names", sema_value_desc(v), st->nnames);
   }
