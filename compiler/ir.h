@@ -115,6 +115,8 @@ extern const OpInfo ir_ops[OP__COUNT];
 const OpInfo *ir_op_by_name(const char *name, OpId *id);
 /* Every callable op name, for "did you mean" (count in *n). */
 const char *const *ir_op_names(int *n);
+/* What to write for a PyTorch name cplan spells otherwise ("cat": "write concat([a, b], axis = -1)"), or NULL. */
+const char *ir_pytorch_hint(const char *name);
 
 /* ---- shapes and dtypes (ir.c) ------------------------------------------- */
 int64_t shape_numel(const Shape *s);

@@ -268,6 +268,28 @@ static Graph *elaborate(Front *fe, const Item *model) {
   return g;
 }
 
+/* adder data the model cannot take, known before any program runs (the program checks it too, as it
+ * starts): its 13 tokens need a vocab of 13, and a problem of d digits a sequence of 3d + 2 tokens. */
+static bool adder_fits(const Graph *g, const TrainConf *t) {
+  if (!g || !t || t->data.kind != DATA_ADDER || g->inputs.n < 1) return true;
+  const Node *x = &g->nodes[g->inputs.a[0]];
+  int64_t vocab = cg_vocab(g, NULL), need = 3 * (int64_t)t->data.digits + 2;
+  bool ok = true;
+  if (vocab > 0 && vocab < RT_ADD_VOCAB) {
+    diag_error(t->data.span, "adder data has %d tokens (digits, '+', '=', end) but model '%s' has a vocab of %lld",
+               RT_ADD_VOCAB, g->model_name, (long long)vocab);
+    diag_hint("give the model a vocab of at least %d", RT_ADD_VOCAB);
+    ok = false;
+  }
+  if (x->shape.rank == 2 && x->shape.d[1] < need) {
+    diag_error(t->data.span, "adder(digits = %lld) needs a sequence length of at least %lld (a + b = c, c reversed), "
+               "model '%s' has %lld", (long long)t->data.digits, (long long)need, g->model_name, (long long)x->shape.d[1]);
+    diag_note(x->span, "input '%s' is %s%s", x->name, dtype_name(x->dtype), shape_str(&x->shape));
+    ok = false;
+  }
+  return ok;
+}
+
 /* ---- commands ------------------------------------------------------------------ */
 
 static int cmd_check(Options *o) {
@@ -284,7 +306,7 @@ static int cmd_check(Options *o) {
    * feed, pinned degrees the model does not divide */
   for (int i = 0; i < graphs.n && !diag_errors(); i++)
     if (fe.train && fe.train->model == fe.models.a[i] && graphs.a[i] && ad_loss_trainable(graphs.a[i]) &&
-        cg_check_inputs(graphs.a[i], fe.train, true))
+        cg_check_inputs(graphs.a[i], fe.train, true) && adder_fits(graphs.a[i], fe.train))
       strat_check_pinned(sema_program(fe.sema), graphs.a[i], fe.train);
   if (diag_errors()) return finish();
   for (int i = 0; i < graphs.n; i++) {
@@ -339,7 +361,8 @@ static void use_search(Sema *s, TrainConf *t) {
     why = cp_fmt("strategy: the defaults of the fields it leaves out (dp %lld, micro %lld, zero %lld, recompute %s) "
                  "do not fit, so", (long long)def.dp, (long long)def.micro, (long long)def.zero, rc[def.recompute]);
   } else if (!search_best_runnable(s, t, &best)) {
-    fprintf(stderr, "cplanc: strategy = auto: the search found no plan; pure data parallelism\n");
+    fprintf(stderr, "cplanc: strategy = auto: the search found no plan that fits (`cplanc plan` says why); building "
+            "pure data parallelism instead\n");
     return;
   }
   fprintf(stderr, "cplanc: %s the search chose dp %lld, tp %lld, pp %lld, sp %lld, zero %lld, micro %lld, "
@@ -362,7 +385,8 @@ static Graph *train_model(Options *o, Front *fe, const char *what) {
   bool one = strcmp(what, "--stage=llvm") == 0 || (strcmp(what, "--stage=cuda") == 0 && !train_cuda(fe->train));
   if (!o->plan && !one) use_search(fe->sema, fe->train);
   /* a plan lowered per rank is elaborated for the global micro-batch (train.h) */
-  return sema_build_model(fe->sema, fe->train->model, fe->train->model_call, train_graph_batch(fe->train));
+  Graph *g = sema_build_model(fe->sema, fe->train->model, fe->train->model_call, train_graph_batch(fe->train));
+  return g && cg_check_inputs(g, fe->train, true) && adder_fits(g, fe->train) ? g : NULL;
 }
 
 /* --stage=c (plan.c), --stage=llvm and --stage=cuda (its fused kernels as LLVM IR, as CUDA C):

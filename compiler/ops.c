@@ -609,6 +609,10 @@ static bool shape_merge_heads(const Graph *g, Node *n, char *err, size_t errlen)
 
 static bool shape_embedding(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *t = in_node(g, n, 0), *idx = in_node(g, n, 1);
+  if (t->dtype == DT_I32 && idx->dtype != DT_I32) /* F.embedding(idx, table): the other order */
+    return fail(err, errlen, "embedding: the table comes first, embedding(table, idx) (PyTorch's F.embedding takes idx "
+                "first), got %s%s and %s%s", dtype_name(t->dtype), shape_str(&t->shape), dtype_name(idx->dtype),
+                shape_str(&idx->shape));
   if (t->shape.rank != 2) return fail(err, errlen, "embedding: table must be [V, C], got %s", shape_str(&t->shape));
   if (!is_float(t->dtype))
     return fail(err, errlen, "embedding: table must be a float tensor, got %s%s", dtype_name(t->dtype),
@@ -628,8 +632,18 @@ static bool shape_embedding(const Graph *g, Node *n, char *err, size_t errlen) {
 /* ---- nn ---------------------------------------------------------------------------------- */
 
 /* ia[0]: axis. */
+/* The float operand of a kernel that reads floats (softmax, the norms, rope, sdpa, dropout, the
+ * logits of cross_entropy): an i32 one is an error, as PyTorch refuses integer tensors there (their
+ * kernels would read its bits as floats); float(x) converts it. */
+static bool need_float(const Node *n, const Node *x, const char *what, char *err, size_t errlen) {
+  if (x->dtype != DT_I32) return true;
+  return fail(err, errlen, "%s: %s must be a float tensor, got i32%s: convert it with float(%s), as PyTorch's x.float()",
+              op_name(n), what, shape_str(&x->shape), what);
+}
+
 static bool shape_softmax(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *x = in_node(g, n, 0);
+  if (!need_float(n, x, "x", err, errlen)) return false;
   if (!canon_axis(n, &n->ia[0], &x->shape, err, errlen)) return false;
   n->shape = x->shape;
   n->dtype = float_of(x->dtype);
@@ -656,6 +670,9 @@ static bool shape_layer_norm(const Graph *g, Node *n, char *err, size_t errlen) 
   if (x->shape.rank < 1) return fail(err, errlen, "layer_norm: x must have at least 1 dim, got a scalar");
   if (!check_channel_vec(g, n, 1, "weight", err, errlen) || !check_channel_vec(g, n, 2, "bias", err, errlen))
     return false;
+  if (!need_float(n, x, "x", err, errlen) || !need_float(n, in_node(g, n, 1), "w", err, errlen) ||
+      !need_float(n, in_node(g, n, 2), "b", err, errlen))
+    return false;
   if (!check_eps(n, n->fa[0], err, errlen)) return false;
   n->shape = x->shape;
   n->dtype = float_of(x->dtype);
@@ -667,6 +684,7 @@ static bool shape_rms_norm(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *x = in_node(g, n, 0);
   if (x->shape.rank < 1) return fail(err, errlen, "rms_norm: x must have at least 1 dim, got a scalar");
   if (!check_channel_vec(g, n, 1, "weight", err, errlen)) return false;
+  if (!need_float(n, x, "x", err, errlen) || !need_float(n, in_node(g, n, 1), "w", err, errlen)) return false;
   if (!check_eps(n, n->fa[0], err, errlen)) return false;
   n->shape = x->shape;
   n->dtype = float_of(x->dtype);
@@ -678,6 +696,7 @@ static bool shape_rope(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *x = in_node(g, n, 0);
   int r = x->shape.rank;
   if (r < 2) return fail(err, errlen, "rope: expected [..., T, d] with at least 2 dims, got %s", shape_str(&x->shape));
+  if (!need_float(n, x, "x", err, errlen)) return false;
   if (x->shape.d[r - 1] % 2 != 0)
     return fail(err, errlen, "rope: the last dim must be even (it rotates pairs), got %s", shape_str(&x->shape));
   if (!(n->fa[0] > 0) || !isfinite(n->fa[0]))
@@ -703,6 +722,8 @@ static bool shape_sdpa(const Graph *g, Node *n, char *err, size_t errlen) {
     return fail(err, errlen, "sdpa: k %s and v %s must agree in B, h and T: expected v [%lld, %lld, %lld, dv]",
                 shape_str(&k->shape), shape_str(&v->shape), (long long)K[0], (long long)K[1], (long long)K[2]);
   if (!need_bool(n, n->ia[0], "causal", err, errlen)) return false;
+  for (int i = 0; i < 3; i++)
+    if (!need_float(n, qkv[i], names[i], err, errlen)) return false;
   n->shape = (Shape){.rank = 4, .d = {Q[0], Q[1], Q[2], V[3]}};
   n->dtype = float_of(promote(promote(q->dtype, k->dtype), v->dtype));
   return true;
@@ -712,6 +733,7 @@ static bool shape_sdpa(const Graph *g, Node *n, char *err, size_t errlen) {
 static bool shape_dropout(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *x = in_node(g, n, 0);
   if (!(n->fa[0] >= 0 && n->fa[0] < 1)) return fail(err, errlen, "dropout: p must be in [0, 1), got %g", n->fa[0]);
+  if (!need_float(n, x, "x", err, errlen)) return false;
   n->shape = x->shape;
   n->dtype = float_of(x->dtype);
   return true;
@@ -723,6 +745,7 @@ static bool shape_cross_entropy(const Graph *g, Node *n, char *err, size_t errle
   const Node *lg = in_node(g, n, 0), *t = in_node(g, n, 1);
   if (lg->shape.rank < 1)
     return fail(err, errlen, "cross_entropy: logits must have a class dim [..., V], got a scalar");
+  if (!need_float(n, lg, "logits", err, errlen)) return false;
   if (t->dtype != DT_I32)
     return fail(err, errlen, "cross_entropy: targets must be i32 class indices, got %s%s", dtype_name(t->dtype),
                 shape_str(&t->shape));
@@ -807,6 +830,21 @@ const OpInfo *ir_op_by_name(const char *name, OpId *id) {
     if (id) *id = (OpId)i;
     return &ir_ops[i];
   }
+  return NULL;
+}
+
+/* PyTorch's spelling of an operation, method or attribute that cplan writes otherwise (ops.def's
+ * PYTORCH rows): what to write instead, or NULL. */
+const char *ir_pytorch_hint(const char *name) {
+  static const struct { const char *torch, *cplan; } rows[] = {
+#define OP(id, name, sig, flags, shape, flops, shard)
+#define PYTORCH(torch, cplan) {torch, cplan},
+#include "ops.def"
+#undef PYTORCH
+#undef OP
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+    if (strcmp(rows[i].torch, name) == 0) return rows[i].cplan;
   return NULL;
 }
 

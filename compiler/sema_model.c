@@ -61,6 +61,7 @@ typedef struct Build {
   int64_t batch;
   CpMap paths;         /* param path -> index into sites */
   VEC(Span) sites;       /* where each param path came from, for duplicate errors */
+  VEC(Span) user_sites;  /* ... and the outermost call in the model's file (the warnings' note) */
   int loop_depth;        /* loops being unrolled, across calls: only depth 0 makes layers */
   int64_t work;
   int depth;             /* eval() recursion */
@@ -425,6 +426,8 @@ static bool match_args(const Expr *call, const char *callee, const char *const *
     if (i >= np) {
       diag_error(call->items[i]->span, "'%s' takes %d argument%s, got %d", callee, np,
                  np == 1 ? "" : "s", call->nitems);
+      if (strcmp(callee, "transpose") == 0) /* x.transpose(1, 2) */
+        diag_hint("transpose(x) swaps the last two dims (PyTorch's x.transpose(-2, -1)); other axes: permute(x, [0, 2, 1, 3])");
       ok = false;
       break;
     }
@@ -445,10 +448,19 @@ static bool match_args(const Expr *call, const char *callee, const char *const *
       for (int i = 0; i < np && na < MAX_SIG; i++) all[na++] = pn[i];
       const OwnArgs *own = own_args_of(callee);
       for (int i = 0; own && i < own->n; i++) all[na++] = own->names[i];
+      const char *torch = ir_pytorch_hint(cp_fmt("%s.%s", callee, kw)); /* gelu(x, approximate = ...) */
+      if (!torch) torch = ir_pytorch_hint(cp_fmt("*.%s", kw));
       if (strcmp(kw, "dim") == 0 && find_str(pn, np, "axis") >= 0)
         diag_hint("cplan calls PyTorch's 'dim' 'axis': axis = ...");
-      else
+      else if (torch)
+        diag_hint("leave out PyTorch's '%s': %s", kw, torch);
+      else if (cp_closest(kw, all, na) || !na)
         hint_among(kw, all, na);
+      else {
+        const char *list = "";
+        for (int i = 0; i < na; i++) list = cp_fmt("%s%s%s", list, i ? ", " : "", all[i]);
+        diag_hint("the parameters of '%s': %s", callee, list);
+      }
       ok = false;
     } else if (j < 0 || slot[j]) {
       diag_error(fd->name_span, "argument '%s' of '%s' is given twice", kw, callee);
@@ -479,6 +491,16 @@ static bool parse_dtype(const char *name, Span at, DType *out) {
   if (dtype_parse(name, out)) return true;
   static const char *const names[] = {"f32", "bf16", "f16", "i32"};
   diag_error(at, "unknown dtype '%s'", name);
+  /* PyTorch's names: torch.float32, torch.long ... */
+  static const char *const torch[][2] = {{"float32", "f32"}, {"float", "f32"},  {"bfloat16", "bf16"}, {"float16", "f16"},
+                                         {"half", "f16"},    {"int32", "i32"},  {"int64", "i32"},     {"long", "i32"},
+                                         {"int", "i32"},     {"bool", "f32"},   {"fp32", "f32"},      {"fp16", "f16"}};
+  for (size_t i = 0; i < sizeof torch / sizeof torch[0]; i++)
+    if (strcmp(torch[i][0], name) == 0) {
+      diag_hint("PyTorch's %s is %s here%s (the dtypes: f32, bf16, f16, i32)", name, torch[i][1],
+                strcmp(name, "bool") == 0 ? " (a comparison's 1.0/0.0)" : strcmp(name, "int64") == 0 || strcmp(name, "long") == 0 ? ": integer tensors are i32" : "");
+      return false;
+    }
   hint_among(name, names, 4);
   return false;
 }
@@ -1157,7 +1179,8 @@ static Value call_gelu(Build *b, Frame *f, const Expr *e) {
   if (!take_own_args(b, f, e, "gelu", &oc)) return sema_v_err();
   Value ap = oc.got[0];
   if (ap.kind != V_ERR && (ap.kind != V_STR || (strcmp(ap.s, "tanh") != 0 && strcmp(ap.s, "none") != 0))) {
-    diag_error(ap.span, "argument 'approximate' of 'gelu' must be \"tanh\" or \"none\", got %s", sema_value_desc(ap));
+    diag_error(ap.span, "argument 'approximate' of 'gelu' must be \"tanh\" or \"none\", got %s",
+               ap.kind == V_STR ? cp_fmt("\"%s\"", ap.s) : sema_value_desc(ap));
     return sema_v_err();
   }
   Value y = call_prim(b, f, &oc.rest, OP_GELU);
@@ -1480,13 +1503,27 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
         vals[j].nitems > CP_MAX_RANK)
       diag_error(vals[j].span, "argument '%s' of '%s' has %d dims: a tensor has at most %d", sg->a[j].name, opname,
                  vals[j].nitems, CP_MAX_RANK);
-    else
-      diag_error(vals[j].span, "argument '%s' of '%s' must be %s, got %s", sg->a[j].name, opname,
-                 kind_desc(sg->a[j].kind), sema_value_desc(vals[j]));
+    else {
+      int bad = -1; /* reshape(x, [B, T * C / 2.0]): the element that is not an int */
+      for (int k = 0; (sg->a[j].kind == AK_D || sg->a[j].kind == AK_AX) && bad < 0 && k < vals[j].nitems &&
+                      (vals[j].kind == V_LIST || vals[j].kind == V_TUPLE);
+           k++)
+        if (vals[j].items[k].kind != V_INT) bad = k;
+      if (bad >= 0)
+        diag_error(vals[j].items[bad].span, "argument '%s' of '%s' must be %s, but element %d is %s", sg->a[j].name,
+                   opname, kind_desc(sg->a[j].kind), bad, sema_value_desc(vals[j].items[bad]));
+      else
+        diag_error(vals[j].span, "argument '%s' of '%s' must be %s, got %s", sg->a[j].name, opname,
+                   kind_desc(sg->a[j].kind), sema_value_desc(vals[j]));
+    }
     if ((id == OP_CLAMP || id == OP_CLAMP_MIN || id == OP_CLAMP_MAX) && vals[j].kind == V_TENSOR)
       diag_hint("clamp's bounds are numbers; with a tensor bound write maximum(x, lo) or minimum(x, hi)");
     if ((id == OP_MIN || id == OP_MAX) && vals[j].kind == V_TENSOR) /* PyTorch's torch.max(a, b) */
       diag_hint("%s reduces along an axis; elementwise, write %s(a, b)", opname, id == OP_MIN ? "minimum" : "maximum");
+    if (id == OP_SPLIT && j == 1 && vals[j].kind == V_LIST) /* torch.split(x, [2, 6]): sizes */
+      diag_hint("split(x, n) cuts n equal parts (torch.chunk); parts of other sizes are slices: slice(x, axis, start, end)");
+    if (id == OP_LAYER_NORM && j == 1 && vals[j].kind == V_LIST) /* F.layer_norm(x, [C], w, b) */
+      diag_hint("layer_norm normalizes the last dim and takes no normalized_shape: layer_norm(x, w, b)");
     return sema_v_err();
   }
   if (id == OP_SPLIT) return expand_split(b, &pn, e->span);
@@ -1564,10 +1601,13 @@ static Value eval_call(Build *b, Frame *f, const Expr *e) {
   }
   diag_error(e->name_span, "unknown function '%s'", name);
   const char *lib = stdlib_defining(name);
+  const char *torch = ir_pytorch_hint(name);
   if (find_str(init_names, 5, name) >= 0)
     diag_hint("'%s' initializes a param: param w: [n] = %s(...)", name, name);
   else if (lib)
     diag_hint("'%s' is defined in the standard library: add import \"%s\" (nothing is imported implicitly)", name, lib);
+  else if (torch)
+    diag_hint("for PyTorch's '%s', %s", name, torch);
   else
     hint_name(b, f, name, true);
   return sema_v_err();
@@ -1788,6 +1828,12 @@ static void do_param(Build *b, Frame *f, const Stmt *st, const char *name) {
   if (b->g->params.n == 0 || b->g->params.a[b->g->params.n - 1] != i) VEC_PUSH(b->g->params, i);
   cp_map_put(&b->paths, path, b->sites.n);
   VEC_PUSH(b->sites, site);
+  Span usite = st->span; /* a stdlib fn's param: the user's call that made it */
+  const Frame *root = f;
+  while (root->caller) root = root->caller;
+  for (const Frame *p = f; p && !p->is_model; p = p->caller)
+    if (p->site.file == root->item->name_span.file) usite = p->site;
+  VEC_PUSH(b->user_sites, usite);
   bind(f, name, tensor_val(i, st->span));
 }
 
@@ -1804,10 +1850,13 @@ static void do_assign(Build *b, Frame *f, const Stmt *st) {
     return;
   }
   if (ok) {
-    if (v.kind == V_TUPLE || v.kind == V_LIST)
+    if (v.kind == V_TUPLE || v.kind == V_LIST) {
       diag_error(st->value->span, "cannot unpack a %s of %d values into %d names",
                  value_kind_name(v.kind), v.nitems, st->nnames);
-    else
+      if (v.kind == V_TUPLE && st->value->kind == EX_CALL && st->value->str && strcmp(st->value->str, "split") == 0)
+        diag_hint("split(x, n) cuts n parts (torch.chunk; PyTorch's x.split(size) takes each part's size): for %d "
+                  "names, split(x, %d, axis = ...)", st->nnames, st->nnames);
+    } else
       diag_error(st->value->span, "cannot unpack %s into %d names", sema_value_desc(v), st->nnames);
   }
   for (int i = 0; i < st->nnames; i++) bind(f, st->names[i], sema_v_err());
@@ -1883,6 +1932,8 @@ static void do_if(Build *b, Frame *f, const Stmt *st) {
   if (c.kind != V_BOOL) {
     diag_error(st->value->span, "the condition of 'if' must be a compile-time bool, got %s",
                sema_value_desc(c));
+    if (c.kind == V_TENSOR) /* if x > 0: an elementwise choice */
+      diag_hint("'if' chooses at compile time; an elementwise choice is where(cond, a, b)");
     return;
   }
   exec_block(b, f, c.i ? &st->body : &st->orelse);
@@ -1977,14 +2028,27 @@ static void check_loss(Build *b, Frame *root, const Item *model) {
 
 /* Warns, once per declaration and Sema (check elaborates a model twice), about an input or param
  * that no op reads: an input the data feeds for nothing (often a mix-up of inputs), a param that is
- * never trained. */
-static void warn_unused(Sema *s, const Graph *g) {
+ * never trained; and about one whose values reach neither the loss nor a metric (read only by
+ * values nothing uses), or a param that only metrics read: PyTorch leaves its .grad None. */
+static void warn_unused(Sema *s, const Graph *g, Build *b) {
   bool *used = cp_alloc((size_t)(g->n + 1) * sizeof *used);
+  bool *to_loss = cp_alloc((size_t)(g->n + 1) * sizeof *to_loss);
+  bool *live = cp_alloc((size_t)(g->n + 1) * sizeof *live);
   for (int i = 0; i < g->n; i++)
     for (int k = 0; k < g->nodes[i].nin; k++) used[g->nodes[i].in[k]] = true;
+  if (g->loss >= 0) to_loss[g->loss] = live[g->loss] = true;
+  for (int m = 0; m < g->metrics.n; m++)
+    if (g->metrics.a[m].node >= 0) live[g->metrics.a[m].node] = true;
+  for (int i = g->n - 1; i >= 0; i--) /* inputs come before their readers */
+    for (int k = 0; k < g->nodes[i].nin; k++) {
+      to_loss[g->nodes[i].in[k]] |= to_loss[i];
+      live[g->nodes[i].in[k]] |= live[i];
+    }
   for (int i = 0; i < g->n; i++) {
     const Node *n = &g->nodes[i];
-    if ((n->op != OP_INPUT && n->op != OP_PARAM) || used[i]) continue;
+    if (n->op != OP_INPUT && n->op != OP_PARAM) continue;
+    bool dead = g->loss >= 0 && (n->op == OP_PARAM ? !to_loss[i] : !live[i]);
+    if (used[i] && !dead) continue;
     bool again = false;
     for (int k = 0; k < s->warned_unused.n && !again; k++) {
       Span w = s->warned_unused.a[k];
@@ -1992,10 +2056,18 @@ static void warn_unused(Sema *s, const Graph *g) {
     }
     if (again) continue;
     VEC_PUSH(s->warned_unused, n->span);
-    if (n->op == OP_INPUT)
+    if (n->op == OP_INPUT && !used[i])
       diag_warning(n->span, "input '%s' is never used (the data still feeds it)", n->name);
-    else
+    else if (n->op == OP_INPUT)
+      diag_warning(n->span, "input '%s' reaches neither the loss nor a metric (the data still feeds it)", n->name);
+    else if (!used[i])
       diag_warning(n->span, "param '%s' is never used: it gets no gradient and is never trained", n->name);
+    else
+      diag_warning(n->span, "param '%s' does not reach the loss%s: it gets no gradient and is never trained", n->name,
+                   live[i] ? " (only metrics read it)" : "");
+    int site = n->op == OP_PARAM ? cp_map_get(&b->paths, n->name) : -1;
+    if (site >= 0 && site < b->user_sites.n && b->user_sites.a[site].file != n->span.file)
+      diag_note(b->user_sites.a[site], "the param of this call");
   }
 }
 
@@ -2019,7 +2091,7 @@ Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t ba
     if (!halted(&b)) check_loss(&b, &root, model);
   }
   if (diag_errors() > errors || b.stop) return NULL;
-  warn_unused(s, b.g);
+  warn_unused(s, b.g, &b);
   char err[512];
   if (!ir_verify(b.g, err, sizeof err))
     cp_panic(__FILE__, __LINE__, "the graph of model '%s' fails ir_verify: %s", model->name, err);

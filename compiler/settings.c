@@ -192,6 +192,16 @@ static void hint_keys(const char *key, Table tb, const char *const *keys, int n)
     diag_hint("'%s' is a setting of %s, not of %s", key, sb_str(&b), table_names[tb]);
     return;
   }
+  /* train { lr = 1e-3 }: an argument of the optimizer (or the schedule, the data source) */
+  static const char *const group_keys[] = {"optimizer", "schedule", "data"};
+  const CallArgInfo *arg = NULL;
+  for (size_t i = 0; i < sizeof call_args / sizeof call_args[0]; i++)
+    if (strcmp(call_args[i].arg, key) == 0 && (!arg || strcmp(call_args[i].fn, "adamw") == 0)) arg = &call_args[i];
+  if (arg && strcmp(table_names[tb], "train") == 0) {
+    diag_hint("'%s' is an argument of the %s: %s = %s(%s = ...)", key, group_names[arg->group], group_keys[arg->group],
+              arg->fn, key);
+    return;
+  }
   for (int i = 0; i < n; i++) sb_printf(&b, "%s%s", i ? ", " : "", keys[i]);
   diag_hint("%s settings: %s", table_names[tb], sb_str(&b));
 }
@@ -317,6 +327,11 @@ static const char *value_text(const Value *v) {
 
 static void error_expected(const Expr *e, SetKind k, const char *choices, const char *got) {
   diag_error(e->span, "expected %s, got %s (%s)", kind_expected(k, choices), got, span_text(e->span));
+  if (e->kind == EX_STR && e->str && *e->str) { /* lr = "1e-3", memory = "80GiB": quoted */
+    char *end = NULL;
+    (void)strtod(e->str, &end);
+    if (end && end != e->str) diag_hint("write it without the quotes: %s", e->str);
+  }
 }
 
 /* Checks a number against a range; `what` names the setting. */
@@ -599,7 +614,12 @@ static bool call_bind(Sema *s, const Expr *e, CallGroup g, SetKind k, BoundCall 
     }
     if (row < 0) {
       diag_error(f->name_span, "%s() has no argument '%s'", bc->fn->name, f->name);
-      hint_closest(f->name, names, n);
+      if (cp_closest(f->name, names, n)) hint_closest(f->name, names, n);
+      else {
+        StrBuf lb = {0};
+        for (int j = 0; j < n; j++) sb_printf(&lb, "%s%s", j ? ", " : "", names[j]);
+        diag_hint("the arguments of %s(): %s", bc->fn->name, sb_str(&lb));
+      }
       ok = false;
     } else if (bc->args[row]) {
       diag_error(f->name_span, "argument '%s' of %s() given twice", f->name, bc->fn->name);
@@ -888,7 +908,11 @@ static bool mesh_device(Sema *s, const Item *mesh, const Expr *e, DeviceProfile 
   if (e->kind == EX_OBJECT) return device_object(s, e, p);
   if (e->kind == EX_CALL && strcmp(e->str, "profile") == 0) return device_profile_file(s, mesh, e, p);
   const char *names[NDEVICES];
-  for (int i = 0; i < NDEVICES; i++) names[i] = builtin_devices[i].name;
+  StrBuf all = {0}; /* devices.def's names, for the hints */
+  for (int i = 0; i < NDEVICES; i++) {
+    names[i] = builtin_devices[i].name;
+    sb_printf(&all, "%s%s", i ? ", " : "", names[i]);
+  }
   if (e->kind == EX_NAME) {
     const DeviceProfile *d = builtin_find(e->str);
     if (d) {
@@ -898,7 +922,7 @@ static bool mesh_device(Sema *s, const Item *mesh, const Expr *e, DeviceProfile 
     diag_error(e->span, "unknown device '%s'", e->str);
     const char *near = cp_closest(e->str, names, NDEVICES);
     if (near) diag_hint("did you mean '%s'?", near);
-    else diag_hint("built-in devices: cpu, a100_80gb, h100_sxm, h200_sxm; or profile(\"file.json\")");
+    else diag_hint("built-in devices: %s; or profile(\"file.json\")", sb_str(&all));
     return false;
   }
   if (e->kind == EX_CALL) {
@@ -907,6 +931,11 @@ static bool mesh_device(Sema *s, const Item *mesh, const Expr *e, DeviceProfile 
     return false;
   }
   diag_error(e->span, "expected %s, got %s", kind_expected(SK_DEVICE, NULL), span_text(e->span));
+  if (e->kind == EX_STR) { /* device = "h100": a name, unquoted */
+    const char *near = e->str && builtin_find(e->str) ? e->str : e->str ? cp_closest(e->str, names, NDEVICES) : NULL;
+    if (near) diag_hint("a device is a name, without quotes: device = %s", near);
+    else diag_hint("a device is a name, without quotes; built-in devices: %s", sb_str(&all));
+  }
   return false;
 }
 
@@ -1348,7 +1377,8 @@ static bool train_read(Sema *s, const Item *it, TrainConf *t) {
   else if (tf[SR_TRAIN_precision] && !cuda && t->precision != PREC_F32) { /* check says it, as build would */
     diag_error(tf[SR_TRAIN_precision]->value->span, "precision %s needs a mesh of CUDA devices: the cpu backend runs f32 only",
                precision_name(t->precision));
-    if (t->mesh) diag_note(t->mesh->span, "mesh '%s' has %s devices", t->mesh->name ? t->mesh->name : "?", t->mesh->device.name);
+    if (t->mesh && t->mesh->name) diag_note(t->mesh->span, "mesh '%s' has %s devices", t->mesh->name, t->mesh->device.name);
+    else if (t->mesh) diag_hint("without a 'mesh' setting the train block runs on one %s device of this machine", t->mesh->device.name);
     diag_hint("use `precision = f32` (or --set train.precision=f32), or a GPU mesh (device = h100_sxm, ...)");
     ok = false;
   }

@@ -181,7 +181,8 @@ const char *cp_closest(const char *name, const char *const *cands, int n) {
   /* Close enough: at most a third of the name's length (and at least 1). */
   int limit = (int)(len / 3) > 1 ? (int)(len / 3) : 1;
   if (len >= 4 && limit < 2) limit = 2;
-  return bestd <= limit ? best : NULL;
+  /* ... and not every character replaced ('z' is not a slip for 'C'). */
+  return bestd <= limit && bestd < (int)len ? best : NULL;
 }
 
 _Noreturn void cp_panic(const char *file, int line, const char *fmt, ...) {

@@ -722,6 +722,42 @@ static int yyreport_syntax_error(const yypcontext_t *ctx, yyscan_t scanner, LexS
     diag_hint("tensors are not indexed with [...]: use slice(x, axis, start, end) (or split)");
   else if (nw == 1 && !strcmp(words[0], "'..'"))
     diag_hint("a loop runs over a range written A..B: for i in 0..n");
+  else if ((!strcmp(tname, "'+'") || !strcmp(tname, "'-'") || !strcmp(tname, "'*'") || !strcmp(tname, "'/'") ||
+            !strcmp(tname, "'@'")) && src && at.hi < st->len && src[at.hi] == '=')
+    diag_hint("there is no '%c=': write y = y %c x", tname[1], tname[1]);
+  else if (tok == YYSYMBOL_IDENT && src && prev >= '0' && prev <= '9' && at.lo > 0 && (src[at.lo - 1] == ' ' || src[at.lo - 1] == '\t')) {
+    char unit[16];
+    snprintf(unit, sizeof unit, "%.*s", at.hi - at.lo < 15 ? at.hi - at.lo : 15, src + at.lo);
+    int q = at.lo, p0;
+    while (q > 0 && (src[q - 1] == ' ' || src[q - 1] == '\t')) q--;
+    for (p0 = q; p0 > 0 && q - p0 < 24 && (isalnum((unsigned char)src[p0 - 1]) || src[p0 - 1] == '.'); p0--) {}
+    if (unit_find(unit))
+      diag_hint("a unit follows its number without a space: %.*s%s", q - p0, src + p0, unit);
+  } else if (tok == YYSYMBOL_IDENT && src && at.hi - at.lo == 3 && !strncmp(src + at.lo, "def", 3))
+    diag_hint("a layer is a fn: fn NAME(x: [*, C], n: int) { ... return y }, its body in braces");
+  else if (tok == YYSYMBOL_IDENT && src && at.hi - at.lo == 5 && !strncmp(src + at.lo, "class", 5))
+    diag_hint("there are no classes: a module is a fn that declares its params, "
+              "fn mlp(x: [*, C]) { param w: [C, 4 * C] = normal(0.02) ... return y }");
+  else if (tok == YYSYMBOL_FOR && st->depth > 0 && (st->brackets[st->depth - 1] == '[' || st->brackets[st->depth - 1] == '('))
+    diag_hint("there are no comprehensions: a loop is a statement, for i in 0..n { ... }");
+  else if (!strcmp(tname, "':'") && st->depth > 0 && st->brackets[st->depth - 1] == '{' &&
+           nw > 0 && !strcmp(words[nw - 1], "'{'"))
+    diag_hint("a body is written in braces, not after ':': if cond { ... }, for i in 0..n { ... }");
+  else if (!strcmp(tname, "':'") && st->depth > 0 &&
+           (st->brackets[st->depth - 1] == '[' || st->brackets[st->depth - 1] == '(' || (nw > 0 && !strcmp(words[nw - 1], "'='"))))
+    diag_hint("keys, settings and keyword arguments are written with '=': model = gpt(), [gpu = 8], f(x, axis = -1)");
+  else if (nw == 1 && !strcmp(words[0], "':'"))
+    diag_hint("a parameter needs its type: x: [*, C] (a tensor), n: int, p: float, flag: bool");
+  /* a '(' or '[' left open on an earlier line: its newlines end nothing, so the error comes late */
+  if (tok != YYSYMBOL_YYEOF && st->depth > 0 && src &&
+      (st->brackets[st->depth - 1] == '(' || st->brackets[st->depth - 1] == '[')) {
+    int lo = st->opened_at[st->depth - 1];
+    bool earlier_line = false;
+    for (int p = lo; p < at.lo && p < st->len; p++) earlier_line |= src[p] == '\n';
+    if (earlier_line)
+      diag_note((Span){st->file, lo, lo + 1}, "the '%c' opened here is not closed: inside it a newline ends nothing",
+                st->brackets[st->depth - 1]);
+  }
   return 0;
 }
 

@@ -483,8 +483,8 @@ static void test_softmax(void) {
     at(s)->ia[0] = -1;
     OK(s, "bf16[4, 8]");
     CHECK(at(s)->ia[0] == 1);
-    s = N1(ops[k], T(DT_I32, 1, 8));
-    OK(s, "f32[8]");
+    s = N1(ops[k], T(DT_I32, 1, 8)); /* the kernels read floats: float(x) first, as PyTorch refuses it */
+    ERR(s, "x must be a float tensor, got i32[8]: convert it with float(x)");
     s = N1(ops[k], T(DT_F32, 2, 4, 8));
     at(s)->ia[0] = 2;
     ERR(s, "axis 2 is out of range for shape [4, 8] (valid axes: -2 to 1)");
@@ -530,6 +530,9 @@ static void test_rope_dropout(void) {
   OK(d, "f32[4, 8]");
   at(d)->fa[0] = 1;
   ERR(d, "dropout: p must be in [0, 1), got 1");
+  d = N1(OP_DROPOUT, T(DT_I32, 2, 4, 8));
+  at(d)->fa[0] = 0.1;
+  ERR(d, "dropout: x must be a float tensor, got i32[4, 8]");
   at(d)->fa[0] = -0.1;
   ERR(d, "dropout: p must be in [0, 1)");
 }
@@ -558,6 +561,7 @@ static void test_loss(void) {
   ERR(N2(OP_CROSS_ENTROPY, lg, T(DT_I32, 2, 4, 100)),
       "cross_entropy: targets have shape [4, 100], expected [4, 16] (the logits' shape [4, 16, 100] without the last dim)");
   ERR(N2(OP_CROSS_ENTROPY, T(DT_F32, 0), T(DT_I32, 0)), "got a scalar");
+  ERR(N2(OP_CROSS_ENTROPY, T(DT_I32, 2, 4, 16), T(DT_I32, 1, 4)), "cross_entropy: logits must be a float tensor, got i32[4, 16]");
 
   int a = N1(OP_ARGMAX, lg);
   at(a)->ia[0] = -1;
