@@ -116,6 +116,28 @@ uint64_t cg_dropout_key(const Graph *g, int i) {
   return cg_node_key(k > 0 ? (int)(k - 1) : i);
 }
 
+void cg_dropout_map(const Node *n, int64_t tn, const char **local, const char **whole, const char **off) {
+  const int r = n->shape.rank, bd = (int)n->ia[1] - 1, td = (int)n->ia[2] - 1, ta = (int)n->ia[3] - 1;
+  const char *l = "{", *w = "{", *o = "{";
+  for (int d = 0; d < r; d++) {
+    long long ld = (long long)n->shape.d[d];
+    const char *sep = d ? ", " : "";
+    l = cp_fmt("%s%s%lld", l, sep, ld);
+    if (d == bd) {
+      w = cp_fmt("%s%scplan_plan.dp * cplan_plan.accum * %lld", w, sep, ld);
+      o = cp_fmt("%s%s(run->dp_rank * cplan_plan.accum + run->micro_index) * %lld", o, sep, ld);
+    } else if (d == td) {
+      w = cp_fmt("%s%s%lld", w, sep, ld * (long long)tn);
+      o = cp_fmt("%s%srun->axis_coord[%d] * %lld", o, sep, ta, ld);
+    } else {
+      w = cp_fmt("%s%s%lld", w, sep, ld);
+      o = cp_fmt("%s%s0", o, sep);
+    }
+  }
+  if (r == 0) l = "{1", w = "{1", o = "{0";
+  *local = cp_fmt("%s}", l), *whole = cp_fmt("%s}", w), *off = cp_fmt("%s}", o);
+}
+
 bool cg_mm_dims(const Graph *g, const Node *f, CgMm *mm) {
   const Shape *sa = &g->nodes[f->in[0]].shape, *sb = &g->nodes[f->in[1]].shape;
   mm->m = sa->rank >= 2 ? sa->d[sa->rank - 2] : 1;

@@ -35,6 +35,12 @@ bool cg_reduce_dims(const Node *n, const Shape *x, int64_t *outer, int64_t *len,
 /* The dropout stream of dropout node i: a clone made by recompute.c (and its original) names the
  * original in ia[0] as index + 1, so both draw one mask. */
 uint64_t cg_dropout_key(const Graph *g, int i);
+/* Where dropout node n's elements lie in the step's whole tensor (its mask index, docs §9
+ * Randomness): per dim, C expressions of the run (RtRun *run, cplan_plan) for its local size, its
+ * whole size and this rank's offset in it, each a brace list. The batch dim (ia[1] - 1, main.c) is
+ * the step's global batch, its offset this micro-batch's first sample; a dim tp splits (ia[2] - 1
+ * on axis ia[3] - 1, of tn ranks: lower.c) is tn times the local one, its offset the rank's part. */
+void cg_dropout_map(const Node *n, int64_t tn, const char **local, const char **whole, const char **off);
 /* The GEMM view of matmul f: batches of an operand are the product of its dims but the last two
  * (a 1-D operand has none); the logical operands are [batch..., M, K] and [batch..., K, N]. */
 typedef struct CgMm {

@@ -291,6 +291,15 @@ static void emit_matmul(Cg *c, int i) {
 }
 
 
+/* keep mask of dropout node i into mask (dropout_mask, emit_dropout_helper) */
+static void emit_mask(Cg *c, int i, const char *mask, const char *comment) {
+  const Node *n = nd(c, i);
+  const char *l, *w, *o;
+  cg_dropout_map(n, n->ia[3] > 0 ? axis_n(c, (int)n->ia[3] - 1) : 1, &l, &w, &o);
+  EMIT("  dropout_mask(run, %s, %.17g, 0x%016llxULL, %d, (const int64_t[])%s, (const int64_t[])%s, (const int64_t[])%s);%s\n",
+       mask, n->fa[0], (unsigned long long)cg_dropout_key(c->g, i), n->shape.rank, l, w, o, comment);
+}
+
 static void emit_dropout(Cg *c, int i) {
   const Node *n = nd(c, i);
   if (c->ph == CG_PH_EVAL || n->fa[0] == 0) {
@@ -299,8 +308,7 @@ static void emit_dropout(Cg *c, int i) {
     return;
   }
   const char *mask = cp_fmt("B(%lld)", (long long)c->pl.nc[i].soff[c->ph]);
-  EMIT("  dropout_mask(run, %s, %lld, %.17g, 0x%016llxULL);\n", mask, (long long)numel(n), n->fa[0],
-       (unsigned long long)cg_dropout_key(c->g, i));
+  emit_mask(c, i, mask, "");
   EMIT("  k_dropout_forward(%s, %s, %s, %lld, %s);\n", ptr(c, i), ptr(c, n->in[0]), mask, (long long)numel(n),
        cg_flt(n->fa[0]));
 }
@@ -692,8 +700,7 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
     const char *mask = cp_fmt("B(%lld)", (long long)c->pl.nc[i].soff[c->ph]);
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
     if (f->fa[0] > 0)
-      EMIT("  dropout_mask(run, %s, %lld, %.17g, 0x%016llxULL); /* the forward's mask again */\n", mask,
-           (long long)numel(f), f->fa[0], (unsigned long long)cg_dropout_key(c->g, n->fwd));
+      emit_mask(c, n->fwd, mask, " /* the forward's mask again */");
     EMIT("  k_dropout_backward(%s, %s, %s, %lld, %s);\n", dx, dy, f->fa[0] > 0 ? mask : "NULL", (long long)numel(f),
          cg_flt(f->fa[0]));
     break;
@@ -999,11 +1006,19 @@ static void emit_dropout_helper(Cg *c) {
   for (int i = 0; i < c->g->n; i++) any |= nd(c, i)->op == OP_DROPOUT;
   if (!any) return;
   EMIT("\n/* keep[i] for dropout node `key` in this micro-batch: the counter-based generator keyed by\n"
-       " * (seed, node, global micro-batch counter, element of this rank's micro-batch and shard). */\n"
-       "static void dropout_mask(const RtRun *run, uint8_t *keep, long n, double p, uint64_t key) {\n"
-       "  uint64_t counter = (uint64_t)((run->step * cplan_plan.dp + run->dp_rank) * cplan_plan.accum + run->micro_index);\n"
-       "  uint64_t k = rt_splitmix64(key ^ rt_splitmix64(counter));\n"
-       "  for (long i = 0; i < n; i++) keep[i] = rt_uniform((uint64_t)cplan_plan.seed, k, (uint64_t)i) >= p;\n"
+       " * (seed, node, step) at the element's index in the step's whole tensor (cg_dropout_map: per dim\n"
+       " * the local size l, the whole size w and this rank's offset o), the same under every strategy */\n"
+       "static void dropout_mask(const RtRun *run, uint8_t *keep, double p, uint64_t key, int r, const int64_t *l,\n"
+       "                         const int64_t *w, const int64_t *o) {\n"
+       "  uint64_t k = rt_splitmix64(key ^ rt_splitmix64((uint64_t)run->step));\n"
+       "  int64_t n = 1, s = 1, idx[8] = {0}, stride[8];\n"
+       "  for (int d = r - 1; d >= 0; d--) stride[d] = s, s *= w[d], n *= l[d];\n"
+       "  for (int64_t i = 0; i < n; i++) {\n"
+       "    uint64_t g = 0;\n"
+       "    for (int d = 0; d < r; d++) g += (uint64_t)((idx[d] + o[d]) * stride[d]);\n"
+       "    keep[i] = rt_uniform((uint64_t)cplan_plan.seed, k, g) >= p;\n"
+       "    for (int d = r - 1; d >= 0 && ++idx[d] == l[d]; d--) idx[d] = 0;\n"
+       "  }\n"
        "}\n");
 }
 

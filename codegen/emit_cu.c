@@ -1276,10 +1276,13 @@ static const char *bgrad_args(Cu *c, int db) {
 /* keep mask of dropout node f (the stream emit_c.c's dropout_mask draws) into mask */
 static void emit_mask(Cu *c, int f, const char *mask, int node) {
   const Node *n = nd(c, f);
-  EMIT("  { uint64_t ctr = (uint64_t)((run->step * cplan_plan.dp + run->dp_rank) * cplan_plan.accum + run->micro_index);\n"
-       "    uint64_t s1 = rt_splitmix64(rt_splitmix64((uint64_t)cplan_plan.seed) ^ rt_splitmix64(0x%016llxULL ^ rt_splitmix64(ctr)));\n",
+  const char *l, *w, *o;
+  cg_dropout_map(n, n->ia[3] > 0 ? c->sp->axes[n->ia[3] - 1].n : 1, &l, &w, &o);
+  EMIT("  { uint64_t s1 = rt_splitmix64(rt_splitmix64((uint64_t)cplan_plan.seed) ^ rt_splitmix64(0x%016llxULL ^ "
+       "rt_splitmix64((uint64_t)run->step)));\n",
        (unsigned long long)cg_dropout_key(c->g, f));
-  EMIT("    lk(%d, %lldLL, (void *[]){%s, %s, &(double){%.17g}, &s1}, %d); } /* cps_dropout_mask */\n",
+  EMIT("    CpsIdx m = {%d, %s, %s, %s};\n", n->shape.rank, l, w, o);
+  EMIT("    lk(%d, %lldLL, (void *[]){%s, %s, &(double){%.17g}, &s1, &m}, %d); } /* cps_dropout_mask */\n",
        kid(c, "cps_dropout_mask"), (long long)numel(n), ap(mask), al(numel(n)), n->fa[0], node);
 }
 

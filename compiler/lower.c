@@ -167,6 +167,9 @@ static void localize(Ctx *c, int i, Node *n, const Shape *want) {
     case OP_ARANGE:
       if (out.kind == PL_S) fail(c, "lowering: a split arange (%%%d)", i);
       break;
+    case OP_DROPOUT: /* its mask's whole tensor (codegen cg_dropout_map): the dim tp splits, the axis */
+      if (out.kind == PL_S && sp->axes[a].role == AX_TP) n->ia[2] = out.dim + 1, n->ia[3] = a + 1;
+      break;
     default:
       break;
     }
