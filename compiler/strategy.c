@@ -255,9 +255,10 @@ static void apply_node(Ctx *c, int i) {
     bool advised = false;
     for (int k = 0; k < n->nin && k < 8; k++)
       if (io.want[k].kind != PL_ANY && !pl_eq(io.want[k], in[k]) && (!grad || k == 0)) {
-        /* Sequence parallelism: [B, T, C] partial sums are reduce-scattered along T, not all-reduced. */
+        /* Sequence parallelism: [B, T, C] partial sums are reduce-scattered along T, not all-reduced;
+         * not logits cross_entropy reads (its mean over rows split on tp would be summed: see above) */
         bool seq = c->seqpar && in[k].kind == PL_P && io.want[k].kind == PL_R &&
-                   c->g->nodes[n->in[k]].shape.rank >= 3 && n->op != OP_GRAD;
+                   c->g->nodes[n->in[k]].shape.rank >= 3 && n->op != OP_GRAD && n->op != OP_CROSS_ENTROPY;
         in[k] = seq ? pl_s(1) : io.want[k];
         advised = true;
       }
