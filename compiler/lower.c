@@ -93,16 +93,32 @@ static int scale_node(Ctx *c, int v, double f, int i);
  * On tp, P is a sum of parts: R -> P is each rank's 1/tp of the value. */
 static int reshard(Ctx *c, int j, const Pl *want) {
   int v = c->cur[j], n = c->g->n;
-  for (int a = 0; a < c->sp->naxes && !c->failed; a++) {
-    Pl h = c->have[a * n + j], w = want[a];
+  Pl hv[3];
+  for (int a = 0; a < c->sp->naxes; a++) hv[a] = c->have[a * n + j];
+  /* Where two axes split one dim, the later axis's shards are the outer blocks (init, save and load
+   * lay params out so: lower_global_index), as a reduce-scatter or slice over the earlier axis of
+   * the later's shard makes them. A value to be split along a dim by an earlier axis is so resharded
+   * later axis first when the later axis also splits or gathers that dim (a param's whole gradient
+   * into its dp x tp ZeRO 3 shard; a gradient tp splits, of a param tp keeps whole, reduce-scattered
+   * over dp after tp's all-gather, not before). */
+  bool later_first = false;
+  for (int a = 0; a + 1 < c->sp->naxes; a++)
+    for (int b = a + 1; b < c->sp->naxes; b++)
+      if (want[a].kind == PL_S && hv[a].kind != PL_S && !pl_eq(hv[b], want[b]) &&
+          (pl_eq(want[a], want[b]) || pl_eq(want[a], hv[b])))
+        later_first = true;
+  for (int step = 0; step < c->sp->naxes && !c->failed; step++) {
+    int a = later_first ? c->sp->naxes - 1 - step : step;
+    Pl h = hv[a], w = want[a];
     if (pl_eq(h, w)) continue;
     bool dp = c->sp->axes[a].role == AX_DP, fwd = c->g->nodes[j].role == ROLE_FWD, bwd = c->g->nodes[j].role == ROLE_BWD;
     if (h.kind == PL_R && w.kind == PL_P) { /* strategy.c's COLL_LOCAL_ZERO */
       if (!dp) v = scale_node(c, v, 1.0 / (double)c->sp->axes[a].n, c->global);
+      hv[a] = w;
       continue;
     }
     if (runtime_reduces(c, j, a, h, w)) {
-      c->have[a * n + j] = w;
+      c->have[a * n + j] = hv[a] = w;
       c->lw->runtime_reduced[c->g->nodes[j].op == OP_ACCUM ? c->g->nodes[j].in[0] : j] = true;
       c->lw->nruntime++;
       continue;
@@ -113,7 +129,8 @@ static int reshard(Ctx *c, int j, const Pl *want) {
       v = add_coll(c, k == COLL_ALL_REDUCE ? OP_ALL_REDUCE : OP_REDUCE_SCATTER, v, a, w.kind == PL_S ? w.dim : 0, 0);
       if (dp && k == COLL_ALL_REDUCE && (fwd || bwd)) v = scale_node(c, v, 1.0 / (double)c->sp->axes[a].n, c->global);
       c->cur[j] = v;
-      c->have[a * n + j] = w;
+      hv[a] = w; /* and the reshards on other axes before it, which the reduced value has */
+      for (int b = 0; b < c->sp->naxes; b++) c->have[b * n + j] = hv[b];
       continue;
     }
     int hit = -1;
@@ -140,6 +157,7 @@ static int reshard(Ctx *c, int j, const Pl *want) {
       VEC_PUSH(c->cache, e);
     }
     v = hit;
+    hv[a] = w;
   }
   return v;
 }
@@ -385,9 +403,9 @@ static void map_lists(const Ctx *c, Graph *lg) {
   for (int k = 0; k < g->grads.n; k++) { /* shaped as this rank's param: reduce-scattered under zero 3 */
     int gk = g->grads.a[k], v = gk >= 0 ? m[gk] : -1;
     const Shape *want = &lg->nodes[m[g->params.a[k]]].shape;
-    if (v >= 0 && !shape_eq(&lg->nodes[v].shape, want)) v = c->cur[gk];
+    if (v >= 0 && shape_eq(&lg->nodes[c->cur[gk]].shape, want)) v = c->cur[gk]; /* reduced in place */
     /* a whole (R) gradient, sliced into its accumulator's part (a param only R terms read) */
-    for (int q = 0; v >= 0 && !shape_eq(&lg->nodes[v].shape, want) && q < c->cache.n; q++)
+    for (int q = c->cache.n - 1; v >= 0 && !shape_eq(&lg->nodes[v].shape, want) && q >= 0; q--)
       if (c->cache.a[q].value == c->cur[gk] && shape_eq(&lg->nodes[c->cache.a[q].node].shape, want)) v = c->cache.a[q].node;
     VEC_PUSH(lg->grads, v);
   }

@@ -299,6 +299,14 @@ DIST_CONFIGS = {
     'full1': (1, ['recompute="full"', 'micro=2']),
     'sel_dp2': (2, ['dp=2', 'recompute="selective"', 'micro=1']),
     'tp2micro': (2, ['tp=2', 'micro=2']),
+    'zero1tp2': (4, ['dp=2', 'tp=2', 'zero=1', 'micro=1']),
+    'zero3tp2': (4, ['dp=2', 'tp=2', 'zero=3']),
+    'full_tp2': (2, ['tp=2', 'recompute="full"']),
+    'pp2dp2': (4, ['dp=2', 'pp=2', 'micro=1']),
+    'pp2tp2': (4, ['tp=2', 'pp=2', 'micro=2']),
+    'pp2gpipe': (2, ['pp=2', 'micro=1', 'pipeline="gpipe"']),
+    'pp2full': (2, ['pp=2', 'micro=1', 'recompute="full"']),
+    'pp2zero1': (4, ['dp=2', 'pp=2', 'zero=1', 'micro=1']),
 }
 # the ctest's subset (every model, 8 of the 12 configs: about 3 minutes on 2 cores; all 12 about 4.5):
 # tp alone, dp x tp x sp on 4 ranks, ZeRO 1, 2 (with accumulation) and 3, pp (m2_bert, the model with
@@ -307,12 +315,13 @@ DIST_CTEST = ['tp2', 'dp2tp2sp2', 'zero1', 'zero2', 'zero3', 'pp2', 'full1', 'se
 # The refusals that are legitimate (each an error at the strategy, as docs/language.md §7 lists them):
 # (models or None for any, labels, a substring of the build's error)
 DIST_REFUSALS = [
-    (None, ['pp2'], "exceeds the model's 0 layers"),  # pp cuts layers (for loops); only m2_bert has them
+    (None, ['pp2', 'pp2dp2', 'pp2tp2', 'pp2gpipe', 'pp2full', 'pp2zero1'], "exceeds the model's 0 layers"),  # pp cuts layers (for loops); only m2_bert has them
     (None, ['dp2tp2sp2'], 'does not divide the sequence length'),  # m5 [B, 5], m10 [B, 9], m14 [B, 3, 8]
     # a linear's output dim tp does not divide (3 classes, a vocabulary of 7): column-parallel needs it
     # (Megatron's ColumnParallelLinear asserts it too; cplan does not fall back to a whole weight here,
     # as it does for an embedding table, see the report of the sweep)
-    (['m1_mlp', 'm12_ignore'], ['tp2', 'dp2tp2', 'dp2tp2sp2', 'tp2micro'], 'which column-parallel splits'),
+    (['m1_mlp', 'm12_ignore'], ['tp2', 'dp2tp2', 'dp2tp2sp2', 'tp2micro', 'zero1tp2', 'zero3tp2', 'full_tp2'],
+     'which column-parallel splits'),
 ]
 # Models whose loss is not a mean of per-sample terms: splitting the batch into micro-batches (dp,
 # micro) changes the number they compute, in cplan as in PyTorch's DDP and gradient accumulation (the
