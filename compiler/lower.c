@@ -75,14 +75,50 @@ static bool runtime_reduces(const Ctx *c, int j, int a, Pl h, Pl w) {
   return n->op == OP_STATE && n->ia[1] == 0;
 }
 
-/* The local node holding global node j's value in placement `want` on every axis. */
+static int scale_node(Ctx *c, int v, double f, int i);
+
+/* The local node holding global node j's value in placement `want` on every axis.
+ *
+ * The dp axis (lower.h): a forward P is each rank's value over its own samples (a mean of its part,
+ * or its sum), which the runtime averages as the loss; a gradient (the seed is divided by dp) is a
+ * true partial sum when P and each rank's 1/dp share when R. So a forward P -> R on dp is the
+ * all-reduce's sum divided by dp (the mean of the ranks' values, as the runtime averages the loss:
+ * mean(h) + mean(g) under dp is the one-device value, not dp times mean(h) plus mean(g)); an R -> P
+ * on dp keeps each rank's value (the mean of equal forward values, or a gradient's shares). A
+ * gradient whole (R) on dp must be such a share wherever it came from: a whole param's gradient
+ * sums the share of a term only params read (mean(g * g), seeded 1/dp) and the all-reduced
+ * partial sums of one the samples read (mean(h * g)), so a gradient's all-reduce and all-gather on
+ * dp are divided by dp, and its R -> S slice (into a ZeRO 2/3 accumulator, which holds true sums)
+ * multiplied by dp.
+ * On tp, P is a sum of parts: R -> P is each rank's 1/tp of the value. */
 static int reshard(Ctx *c, int j, const Pl *want) {
   int v = c->cur[j], n = c->g->n;
-  for (int a = 0; a < c->sp->naxes && !c->failed; a++) {
-    Pl h = c->have[a * n + j], w = want[a];
+  Pl hv[3];
+  for (int a = 0; a < c->sp->naxes; a++) hv[a] = c->have[a * n + j];
+  /* Where two axes split one dim, the later axis's shards are the outer blocks (init, save and load
+   * lay params out so: lower_global_index), as a reduce-scatter or slice over the earlier axis of
+   * the later's shard makes them. A value to be split along a dim by an earlier axis is so resharded
+   * later axis first when the later axis also splits or gathers that dim (a param's whole gradient
+   * into its dp x tp ZeRO 3 shard; a gradient tp splits, of a param tp keeps whole, reduce-scattered
+   * over dp after tp's all-gather, not before). */
+  bool later_first = false;
+  for (int a = 0; a + 1 < c->sp->naxes; a++)
+    for (int b = a + 1; b < c->sp->naxes; b++)
+      if (want[a].kind == PL_S && hv[a].kind != PL_S && !pl_eq(hv[b], want[b]) &&
+          (pl_eq(want[a], want[b]) || pl_eq(want[a], hv[b])))
+        later_first = true;
+  for (int step = 0; step < c->sp->naxes && !c->failed; step++) {
+    int a = later_first ? c->sp->naxes - 1 - step : step;
+    Pl h = hv[a], w = want[a];
     if (pl_eq(h, w)) continue;
+    bool dp = c->sp->axes[a].role == AX_DP, fwd = c->g->nodes[j].role == ROLE_FWD, bwd = c->g->nodes[j].role == ROLE_BWD;
+    if (h.kind == PL_R && w.kind == PL_P) { /* strategy.c's COLL_LOCAL_ZERO */
+      if (!dp) v = scale_node(c, v, 1.0 / (double)c->sp->axes[a].n, c->global);
+      hv[a] = w;
+      continue;
+    }
     if (runtime_reduces(c, j, a, h, w)) {
-      c->have[a * n + j] = w;
+      c->have[a * n + j] = hv[a] = w;
       c->lw->runtime_reduced[c->g->nodes[j].op == OP_ACCUM ? c->g->nodes[j].in[0] : j] = true;
       c->lw->nruntime++;
       continue;
@@ -91,8 +127,10 @@ static int reshard(Ctx *c, int j, const Pl *want) {
     if (h.kind == PL_P && (k == COLL_ALL_REDUCE || k == COLL_REDUCE_SCATTER)) {
       /* in place: every later reader gets the reduced value (strategy.c's record()) */
       v = add_coll(c, k == COLL_ALL_REDUCE ? OP_ALL_REDUCE : OP_REDUCE_SCATTER, v, a, w.kind == PL_S ? w.dim : 0, 0);
+      if (dp && k == COLL_ALL_REDUCE && (fwd || bwd)) v = scale_node(c, v, 1.0 / (double)c->sp->axes[a].n, c->global);
       c->cur[j] = v;
-      c->have[a * n + j] = w;
+      hv[a] = w; /* and the reshards on other axes before it, which the reduced value has */
+      for (int b = 0; b < c->sp->naxes; b++) c->have[b * n + j] = hv[b];
       continue;
     }
     int hit = -1;
@@ -101,9 +139,15 @@ static int reshard(Ctx *c, int j, const Pl *want) {
           c->lw->g->nodes[c->cache.a[q].node].role == c->role) /* a phase reads its own copies */
         hit = c->cache.a[q].node;
     if (hit < 0) {
-      if (k == COLL_ALL_GATHER) hit = add_coll(c, OP_ALL_GATHER, v, a, h.dim, 0);
+      if (k == COLL_ALL_GATHER) {
+        hit = add_coll(c, OP_ALL_GATHER, v, a, h.dim, 0);
+        if (dp && bwd) hit = scale_node(c, hit, 1.0 / (double)c->sp->axes[a].n, c->global);
+      }
       else if (k == COLL_ALL_TO_ALL) hit = add_coll(c, OP_ALL_TO_ALL, v, a, h.dim, w.dim);
-      else if (k == COLL_LOCAL_SLICE) hit = add_coll(c, OP_SHARD_SLICE, v, a, w.dim, 0);
+      else if (k == COLL_LOCAL_SLICE) {
+        hit = add_coll(c, OP_SHARD_SLICE, v, a, w.dim, 0);
+        if (dp && bwd) hit = scale_node(c, hit, (double)c->sp->axes[a].n, c->global);
+      }
       else {
         fail(c, "lowering: no lowering of %s -> %s for node %%%d (%s)", pl_str(h), pl_str(w), j,
              ir_ops[c->g->nodes[j].op].name);
@@ -113,6 +157,7 @@ static int reshard(Ctx *c, int j, const Pl *want) {
       VEC_PUSH(c->cache, e);
     }
     v = hit;
+    hv[a] = w;
   }
   return v;
 }
@@ -360,7 +405,11 @@ static void map_lists(const Ctx *c, Graph *lg) {
   for (int k = 0; k < g->inputs.n; k++) VEC_PUSH(lg->inputs, m[g->inputs.a[k]]);
   for (int k = 0; k < g->grads.n; k++) { /* shaped as this rank's param: reduce-scattered under zero 3 */
     int gk = g->grads.a[k], v = gk >= 0 ? m[gk] : -1;
-    if (v >= 0 && !shape_eq(&lg->nodes[v].shape, &lg->nodes[m[g->params.a[k]]].shape)) v = c->cur[gk];
+    const Shape *want = &lg->nodes[m[g->params.a[k]]].shape;
+    if (v >= 0 && shape_eq(&lg->nodes[c->cur[gk]].shape, want)) v = c->cur[gk]; /* reduced in place */
+    /* a whole (R) gradient, sliced into its accumulator's part (a param only R terms read) */
+    for (int q = c->cache.n - 1; v >= 0 && !shape_eq(&lg->nodes[v].shape, want) && q >= 0; q--)
+      if (c->cache.a[q].value == c->cur[gk] && shape_eq(&lg->nodes[c->cache.a[q].node].shape, want)) v = c->cache.a[q].node;
     VEC_PUSH(lg->grads, v);
   }
   for (int k = 0; k < g->states.n; k++) VEC_PUSH(lg->states, m[g->states.a[k]]);

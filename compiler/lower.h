@@ -32,8 +32,13 @@
  * Partial sums on the dp axis. Each rank's loss is the mean over its own samples, so its
  * gradients would be dp times its share of the global mean's. The lowering divides the gradient
  * seed (Graph.seed, 1/accum) by dp instead: every P on the dp axis of the backward and the update
- * is then a true partial sum, and every reduction of it (in the graph, or the runtime's) sums.
- * The loss and metrics (P on dp too) are means of means, averaged by the runtime.
+ * is then a true partial sum, and every reduction of it (in the graph, or the runtime's) sums;
+ * a gradient whole (R) on dp is each rank's 1/dp share of it (a term only params read is seeded so),
+ * so the graph's all-reduces and all-gathers of gradients on dp divide by dp, an R -> P keeps the
+ * shares, and a slice of one into a ZeRO 2/3 accumulator (true sums) multiplies by dp.
+ * The loss and metrics (P on dp too) are means of means, averaged by the runtime; so is any forward
+ * P the graph all-reduces over dp (mean(h) + mean(g): the ranks' mean of mean(h), then mean(g) whole).
+ * On tp, R -> P gives each rank 1/tp of the value (lower.c reshard).
  *
  * The loss and metrics on the tp axis. The runtime sums the tp ranks' values as the parts of one
  * (vocab-parallel cross_entropy's P); a loss or metric tp replicates (R) is reported as each rank's

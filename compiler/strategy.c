@@ -153,12 +153,20 @@ static void place_lazy(Ctx *c, int i) {
   }
 }
 
+/* Whether ZeRO may split dim 0 of a tensor of `shape` on the dp axis (placed before tp's): by dp,
+ * and by dp x tp, as tp may split the same dim after it (a [2, 6, 6] param tp splits in heads has
+ * local [1, 6, 6], which dp = 2 cannot split again). */
+static bool zero_div0(const Ctx *c, const Shape *shape) {
+  int64_t k = c->n * (c->sp->tp > 1 ? c->sp->tp : 1);
+  return shape->rank > 0 && shape->d[0] % k == 0;
+}
+
 static void place_leaf(Ctx *c, int i) {
   const Node *n = &c->g->nodes[i];
   const StratPlan *sp = c->sp;
   c->out[i] = pl_r();
   bool dp = c->role == AX_DP;
-  bool div0 = n->shape.rank > 0 && n->shape.d[0] % c->n == 0;
+  bool div0 = zero_div0(c, &n->shape);
   if (n->op == OP_INPUT && dp && n->ia[1] >= 0) c->out[i] = pl_s((int)n->ia[1]);
   else if (n->op == OP_PARAM && dp && sp->zero >= 3 && div0) c->out[i] = pl_s(0);
   else if (n->op == OP_PARAM && !dp) c->lazy[i] = true;
@@ -233,7 +241,7 @@ static void apply_node(Ctx *c, int i) {
   for (int k = 0; k < n->nin && c->role == AX_DP && c->sp->zero == 1 && n->role == ROLE_UPD; k++) {
     const Node *a = &c->g->nodes[n->in[k]];
     bool acc = a->op == OP_ACCUM && c->g->nodes[a->in[0]].op == OP_STATE && c->g->nodes[a->in[0]].ia[1] == 0;
-    if (acc && in[k].kind == PL_P && a->shape.rank > 0 && a->shape.d[0] % c->n == 0) in[k] = pl_s(0);
+    if (acc && in[k].kind == PL_P && zero_div0(c, &a->shape)) in[k] = pl_s(0);
   }
   /* ZeRO-3 keeps params as S(0) shards only between uses: the forward gathers them first. */
   for (int k = 0; k < n->nin && params_first && n->role == ROLE_FWD; k++)
@@ -255,9 +263,10 @@ static void apply_node(Ctx *c, int i) {
     bool advised = false;
     for (int k = 0; k < n->nin && k < 8; k++)
       if (io.want[k].kind != PL_ANY && !pl_eq(io.want[k], in[k]) && (!grad || k == 0)) {
-        /* Sequence parallelism: [B, T, C] partial sums are reduce-scattered along T, not all-reduced. */
+        /* Sequence parallelism: [B, T, C] partial sums are reduce-scattered along T, not all-reduced;
+         * not logits cross_entropy reads (its mean over rows split on tp would be summed: see above) */
         bool seq = c->seqpar && in[k].kind == PL_P && io.want[k].kind == PL_R &&
-                   c->g->nodes[n->in[k]].shape.rank >= 3 && n->op != OP_GRAD;
+                   c->g->nodes[n->in[k]].shape.rank >= 3 && n->op != OP_GRAD && n->op != OP_CROSS_ENTROPY;
         in[k] = seq ? pl_s(1) : io.want[k];
         advised = true;
       }

@@ -10,8 +10,9 @@ the last and reductions over axes that are not adjacent, cross-attention, sdpa's
 attn_bias, min, argmin, logsumexp, var and std, where of two i32 branches, heads wider than 128, grouped-query attention with enable_gqa, expand and repeat_interleave, flatten, unsqueeze and squeeze, the exact gelu and erf), each trained one step of
 sgd(lr = 1) by cplan from its --save-init params, and the same model in PyTorch (f64) from those params:
 the loss must agree within 1e-5 (relative) and each param's gradient (init - final) within 1e-4 of its
-largest element.  Exit 0 when every model agrees."""
-import sys, os, json, subprocess, math, shutil, tempfile
+largest element.  Exit 0 when every model agrees.  CPLAN_DIST=1 (or all, or config labels) also
+trains each model under distributed strategies on CPU ranks against its single-device run (see DIST)."""
+import sys, os, json, subprocess, math, shutil, tempfile, time
 import numpy as np, torch
 import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -321,6 +322,163 @@ TOL = {'f32': (1e-5, 1e-4), 'bf16': (2e-2, 5e-2), 'f16': (5e-3, 2e-2)}[EMU_PREC 
 GRAD_TOL = {'m4_shapes': 0.15} if EMU and EMU_PREC == 'bf16' else {}
 
 
+# CPLAN_DIST=1: after the single-device CPU run, each model is rebuilt with pinned strategies on a mesh
+# of CPU ranks (DIST_CONFIGS: dp, tp, dp x tp, sequence parallelism, pp, ZeRO 1-3, recompute,
+# micro-batches) and run under mpirun on loopback from the single-device run's initial params; the loss
+# (1e-5 relative) and every param's gradient (init - final, 1e-4 of its largest element) must equal the
+# single-device run's (which the PyTorch check above holds to PyTorch). A build that refuses a strategy
+# must be a known, legitimate refusal (DIST_REFUSALS); any other refusal, a crash, a hang (timeout) or a
+# mismatch fails. CPLAN_DIST=1 runs DIST_CTEST (a subset per model that keeps the ctest under ~6
+# minutes on 2 cores); CPLAN_DIST=all runs every config on every model; CPLAN_DIST=LABEL,LABEL... those.
+DIST = os.environ.get('CPLAN_DIST') if os.environ.get('CPLAN_DIST', '0') not in ('', '0') else None
+# label: (ranks, strategy fields)
+DIST_CONFIGS = {
+    'dp2': (2, ['dp=2']),
+    'tp2': (2, ['tp=2']),
+    'dp2tp2': (4, ['dp=2', 'tp=2']),
+    'dp2tp2sp2': (4, ['dp=2', 'tp=2', 'sp=2']),
+    'pp2': (2, ['pp=2', 'micro=1']),
+    'zero1': (2, ['dp=2', 'zero=1']),
+    'zero2': (2, ['dp=2', 'zero=2', 'micro=1']),
+    'zero3': (2, ['dp=2', 'zero=3']),
+    'micro1': (1, ['micro=1']),
+    'full1': (1, ['recompute="full"', 'micro=2']),
+    'sel_dp2': (2, ['dp=2', 'recompute="selective"', 'micro=1']),
+    'tp2micro': (2, ['tp=2', 'micro=2']),
+    'zero1tp2': (4, ['dp=2', 'tp=2', 'zero=1', 'micro=1']),
+    'zero3tp2': (4, ['dp=2', 'tp=2', 'zero=3']),
+    'full_tp2': (2, ['tp=2', 'recompute="full"']),
+    'pp2dp2': (4, ['dp=2', 'pp=2', 'micro=1']),
+    'pp2tp2': (4, ['tp=2', 'pp=2', 'micro=2']),
+    'pp2gpipe': (2, ['pp=2', 'micro=1', 'pipeline="gpipe"']),
+    'pp2full': (2, ['pp=2', 'micro=1', 'recompute="full"']),
+    'pp2zero1': (4, ['dp=2', 'pp=2', 'zero=1', 'micro=1']),
+}
+# the ctest's subset (every model, 8 of the 20 configs: about 3 minutes on 2 cores; all 20 about 5.5):
+# tp alone, dp x tp x sp on 4 ranks, ZeRO 1, 2 (with accumulation), ZeRO 3 with tp, pp with dp (m2_bert,
+# the model with layers), full recompute with accumulation on one device, selective recompute with dp
+# and accumulation
+DIST_CTEST = ['tp2', 'dp2tp2sp2', 'zero1', 'zero2', 'zero3tp2', 'pp2dp2', 'full1', 'sel_dp2']
+# The refusals that are legitimate (each an error at the strategy, as docs/language.md §7 lists them):
+# (models or None for any, labels, a substring of the build's error)
+DIST_REFUSALS = [
+    (None, ['pp2', 'pp2dp2', 'pp2tp2', 'pp2gpipe', 'pp2full', 'pp2zero1'], "exceeds the model's 0 layers"),  # pp cuts layers (for loops); only m2_bert has them
+    (None, ['dp2tp2sp2'], 'does not divide the sequence length'),  # m5 [B, 5], m10 [B, 9], m14 [B, 3, 8]
+    # a linear's output dim tp does not divide (3 classes, a vocabulary of 7): column-parallel needs it
+    # (Megatron's ColumnParallelLinear asserts it too; cplan does not fall back to a whole weight here,
+    # as it does for an embedding table, see the report of the sweep)
+    (['m1_mlp', 'm12_ignore'], ['tp2', 'dp2tp2', 'dp2tp2sp2', 'tp2micro', 'zero1tp2', 'zero3tp2', 'full_tp2'],
+     'which column-parallel splits'),
+]
+# Models whose loss is not a mean of per-sample terms: splitting the batch into micro-batches (dp,
+# micro) changes the number they compute, in cplan as in PyTorch's DDP and gradient accumulation (the
+# loss of each micro-batch, averaged). Under a strategy with micro-batches of m < batch samples they
+# are compared with the single-device program of micro = m instead (the same micro-batches on one
+# device), so that what is tested is the strategy and not the partition of the batch. Those whose
+# loss is cross_entropy with ignored targets (counted per micro-batch and rank: docs/language.md,
+# Batches, a known gap) compute that under every strategy; those where a nonlinear function reads a
+# reduction over the batch (LOWERED_DIFFERS) compute another number again under dp with tp, pp or
+# ZeRO: the SPMD lowering all-reduces the reduction first (the function sees the whole batch's
+# value), where plain dp applies it to each rank's; there they are run but not compared.
+BATCH_COUPLED = {
+    'm2_bert': '-1 targets counted per micro-batch',
+    'm7_edge': 'a mean over the batch dim, its argmax',
+    'm10_slice_tokens': 'sum and mean of the whole token tensor times a batch mean',
+    'm11_promote': 'the sum of the whole i32 tensor times each sample',
+    'm12_ignore': 'ignored targets counted per micro-batch',
+    'm13_axes': 'squares of sums over the batch dim',
+    'm15_mask': 'ignored targets counted per micro-batch',
+    'm16_reduce': 'min, logsumexp and var over the batch dim',
+}
+# (m12_ignore: label_smoothing's term is a ratio of two sums over the counted rows, which the lowering
+# takes over the whole batch where plain dp takes each rank's)
+LOWERED_DIFFERS = {'m7_edge', 'm10_slice_tokens', 'm11_promote', 'm12_ignore', 'm13_axes', 'm16_reduce'}
+MPIRUN = os.environ.get('MPIEXEC') or shutil.which('mpirun')
+
+
+def dist(cplanc, name, wd, single):
+    """The strategies of DIST against the single-device run (its init.st, final.st, m.jsonl)."""
+    labels = list(DIST_CONFIGS) if DIST == 'all' else DIST_CTEST if DIST == '1' else DIST.split(',')
+    src = f'{wd}/{name}-mesh.cplan'
+    with open(f'{wd}/{name}.cplan') as fh, open(src, 'w') as out:
+        out.write(fh.read() + '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n')
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT='1', OMPI_ALLOW_RUN_AS_ROOT_CONFIRM='1', OMPI_MCA_btl='self,vader',
+               OMPI_MCA_rmaps_base_oversubscribe='1')
+    init, final, loss = single
+    ok = True
+    refs = {}
+
+    def reference(m):  # the single-device program with micro-batches of m samples: (final params, loss)
+        if m not in refs:
+            if not run([[cplanc, 'build', f'{name}.cplan', '-o', f'prog-micro{m}', '--set', f'train.strategy.micro={m}'],
+                        [f'./prog-micro{m}', '--init', 'init.st', '--save', f'final-micro{m}.st', '--metrics',
+                         f'm-micro{m}.jsonl', '--quiet']], wd, f'{name} (one device, micro = {m})'):
+                refs[m] = None
+            else:
+                refs[m] = (st_read(f'{wd}/final-micro{m}.st'),
+                           [json.loads(l) for l in open(f'{wd}/m-micro{m}.jsonl') if l.strip()][0]['loss'])
+        return refs[m]
+    for label in labels:
+        t0 = time.time()
+        n, fields = DIST_CONFIGS[label]
+        st = dict(f.split('=', 1) for f in fields)
+        micro = int(st.get('micro', B // int(st.get('dp', 1))))
+        ref_final, ref_loss, vs = final, loss, ''
+        lowered = int(st.get('dp', 1)) > 1 and any(k in st for k in ('tp', 'zero', 'pp'))
+        if name in BATCH_COUPLED and micro < B and not (lowered and name in LOWERED_DIFFERS):
+            ref = reference(micro)
+            if ref is None:
+                ok = False; continue
+            (ref_final, ref_loss), vs = ref, f' vs micro={micro} on one device'
+        sets = ['--set', 'train.mesh=laptop', '--set', f'mesh.laptop.shape.cpu={n}']
+        for f in fields: sets += ['--set', 'train.strategy.' + f]
+        prog = f'prog-{label}'
+        r = subprocess.run([cplanc, 'build', src, '-o', prog] + sets, cwd=wd, capture_output=True, text=True)
+        if r.returncode:
+            err = (r.stdout + r.stderr).strip()
+            want = [w for ms, ls, w in DIST_REFUSALS if (ms is None or name in ms) and label in ls and w in err]
+            if want:
+                print(f'  {label}: refused (legitimate): {want[0]}')
+                continue
+            ok = False
+            print(f'  {label}: FAILED: the build refuses {" ".join(fields)} (exit {r.returncode}):\n{err}')
+            continue
+        cmd = ([MPIRUN, '-np', str(n), '--oversubscribe'] if n > 1 else []) + \
+            [f'./{prog}', '--init', 'init.st', '--save', f'final-{label}.st', '--metrics', f'm-{label}.jsonl', '--quiet']
+        try:
+            r = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, env=env, timeout=120)
+        except subprocess.TimeoutExpired:
+            ok = False
+            print(f'  {label}: FAILED: {" ".join(cmd)} hung (killed after 120 s)')
+            continue
+        if r.returncode:
+            ok = False
+            print(f'  {label}: FAILED: {" ".join(cmd)} (exit {r.returncode})\n{r.stdout}{r.stderr}')
+            continue
+        rec = [json.loads(l) for l in open(f'{wd}/m-{label}.jsonl') if l.strip()][0]
+        fin = st_read(f'{wd}/final-{label}.st')
+        if name in LOWERED_DIFFERS and lowered:  # it built and ran; its numbers are another model's
+            print(f'  {label} ({" ".join(fields)}): ran, not compared: {BATCH_COUPLED[name]}, and dp with tp, pp '
+                  'or ZeRO (the SPMD lowering) reduces over the whole batch where plain dp reduces per rank')
+            continue
+        rel = abs(rec['loss'] - ref_loss) / abs(ref_loss)
+        bad = [] if rel <= 1e-5 else [f'loss {rec["loss"]:.7g} vs {ref_loss:.7g} (rel {rel:.2e})']
+        worst = 0
+        for k in init:
+            g1 = init[k].astype(np.float64) - ref_final[k]
+            if k not in fin:
+                bad.append(f'{k} not saved'); continue
+            g = init[k].astype(np.float64) - fin[k]
+            err = np.abs(g - g1).max() / (1e-3 + np.abs(g1).max())
+            worst = max(worst, err)
+            if err > 1e-4:
+                bad.append(f'gradient {k}: {err:.2e} of max|g| {np.abs(g1).max():.3e}: {g.ravel()[:4]} vs {g1.ravel()[:4]}')
+        ok = ok and not bad
+        print(f'  {label} ({" ".join(fields)}){vs}: ' + ('MISMATCH: ' + '; '.join(bad) if bad else
+                                                    f'ok (worst gradient error {worst:.1e}, {time.time() - t0:.1f} s)'))
+    return ok
+
+
 def run(cmds, wd, name):
     for cmd in cmds:
         r = subprocess.run(cmd, cwd=wd, capture_output=True, text=True, shell=isinstance(cmd, str))
@@ -372,6 +530,8 @@ def main(cplanc, name, tmp):
             ok = False
             print(f'  GRADIENT MISMATCH {k}: {err:.2e} of max|g| {np.abs(g_t).max():.3e}: cplan {g_c.ravel()[:4]} torch {g_t.ravel()[:4]}')
     print(f'  worst gradient error {worst:.2e}')
+    if DIST and not EMU:
+        ok = dist(cplanc, name, wd, (init, final, rec['loss'])) and ok
     return ok
 
 
@@ -379,6 +539,9 @@ if __name__ == '__main__':
     if len(sys.argv) < 2:
         raise SystemExit('usage: user_models.py CPLANC [MODEL...]')
     cplanc = os.path.abspath(sys.argv[1])
+    if DIST and not MPIRUN:
+        print('skipped: no mpirun (CPLAN_DIST)')
+        sys.exit(77)
     names = sys.argv[2:] or list(MODELS)
     tmp = tempfile.mkdtemp(prefix='cplan_user_models.')
     try:
