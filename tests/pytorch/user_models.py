@@ -367,7 +367,7 @@ DIST_REFUSALS = [
     # a linear's output dim tp does not divide (3 classes, a vocabulary of 7): column-parallel needs it
     # (Megatron's ColumnParallelLinear asserts it too; cplan does not fall back to a whole weight here,
     # as it does for an embedding table, see the report of the sweep)
-    (['m1_mlp', 'm12_ignore'], ['tp2', 'dp2tp2', 'dp2tp2sp2', 'tp2micro', 'zero1tp2', 'zero3tp2', 'full_tp2'],
+    (['m1_mlp', 'm12_ignore', 'm17_where_i32', 'm21_gelu_erf'], ['tp2', 'dp2tp2', 'dp2tp2sp2', 'tp2micro', 'zero1tp2', 'zero3tp2', 'full_tp2'],
      'which column-parallel splits'),
 ]
 # Models whose loss is not a mean of per-sample terms: splitting the batch into micro-batches (dp,
@@ -389,6 +389,7 @@ BATCH_COUPLED = {
     'm13_axes': 'squares of sums over the batch dim',
     'm15_mask': 'ignored targets counted per micro-batch',
     'm16_reduce': 'min, logsumexp and var over the batch dim',
+    'm17_where_i32': '-1 targets counted per micro-batch',
 }
 # (m12_ignore: label_smoothing's term is a ratio of two sums over the counted rows, which the lowering
 # takes over the whole batch where plain dp takes each rank's)
