@@ -892,7 +892,12 @@ int main(void) {
     test_attention(dt, 96, 1);
     test_attention(dt, 36, 1); /* not a multiple of 8: the element-wise staging */
     test_attention(dt, 64, 0);
+    test_attention(dt, 160, 1); /* the 256 instantiations (Megatron's 1T GPT's heads), t not a tile multiple */
+    test_attention(dt, 160, 0);
+    test_attention(dt, 256, 1);
+    test_attention(dt, 256, 0);
     test_attention_layout(dt, 64);
+    test_attention_layout(dt, 160);
     test_attention_layout(dt, 36); /* rows 3C = 324 apart, not a multiple of 8: element-wise staging */
     test_activation(dt, K_GELU);
     test_activation(dt, K_SILU);
