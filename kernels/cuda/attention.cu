@@ -22,7 +22,8 @@
  * WMMA has no 256 entries (its dk/dv kernel's accumulator fragments would not fit the registers):
  * with CPLAN_ATTENTION=wmma, heads above 128 run on mma.sync. The CUDA-core kernels hold a row
  * (two or four of them in the backward) in each thread's registers: they spill from 128 on (more at
- * 256); they are f32's only kernels, the tensor-core ones bf16 / f16's. */
+ * 256), so only f32, which has no other kernels, has them at 256: with CPLAN_ATTENTION=simt, bf16
+ * and f16 heads above 128 run on mma.sync too. */
 #include "attn_layout.h"
 #include "cuda_common.h"
 
@@ -253,9 +254,7 @@ ATT_ENTRIES(bf16, bf16, 64)
 ATT_ENTRIES(fp16, f16, 64)
 ATT_ENTRIES(bf16, bf16, 128)
 ATT_ENTRIES(fp16, f16, 128)
-ATT_ENTRIES(float, f32, 256)
-ATT_ENTRIES(bf16, bf16, 256)
-ATT_ENTRIES(fp16, f16, 256)
+ATT_ENTRIES(float, f32, 256) /* bf16 / f16 above 128 run on the tensor cores (their compile time, spills) */
 
 extern "C" __global__ void attention_backward_delta_f32(float *delta, const float *dout, const float *out, long long rows,
                                                      int t, int d, CplanAttnLayout lo) {
@@ -1035,6 +1034,7 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
   CPLAN_REQUIRE(me, out && lse && q && k && v, "out, lse, q, k and v must not be NULL");
   if (nb == 0) return 0;
   AttImpl impl = att_impl(dt);
+  if (impl == ATT_SIMT && dt != CPLAN_F32 && d > 128) impl = ATT_MMA; /* no bf16 / f16 CUDA-core kernels there */
   if (impl != ATT_SIMT) {
 #define ATT_TC_FWD(T, S, TD)                                                                                   \
   (impl == ATT_MMA ? att_tc_forward<T>(me, attention_mma_forward_##S##_d##TD, FaDims<T, TD>::FWD, out, lse, q, k, v, \
@@ -1059,11 +1059,9 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
   else if (dt == CPLAN_F32 && d <= 128) ATT_SIMT_FWD(float, f32, 128);
   else if (dt == CPLAN_F32) ATT_SIMT_FWD(float, f32, 256);
   else if (dt == CPLAN_BF16 && d <= 64) ATT_SIMT_FWD(bf16, bf16, 64);
-  else if (dt == CPLAN_BF16 && d <= 128) ATT_SIMT_FWD(bf16, bf16, 128);
-  else if (dt == CPLAN_BF16) ATT_SIMT_FWD(bf16, bf16, 256);
+  else if (dt == CPLAN_BF16) ATT_SIMT_FWD(bf16, bf16, 128);
   else if (dt == CPLAN_F16 && d <= 64) ATT_SIMT_FWD(fp16, f16, 64);
-  else if (dt == CPLAN_F16 && d <= 128) ATT_SIMT_FWD(fp16, f16, 128);
-  else if (dt == CPLAN_F16) ATT_SIMT_FWD(fp16, f16, 256);
+  else if (dt == CPLAN_F16) ATT_SIMT_FWD(fp16, f16, 128);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
 #undef ATT_SIMT_FWD
   return cplan_cuda_launched(me);
@@ -1089,7 +1087,7 @@ static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const voi
       attention_backward_dq_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta,  \
           (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc, li, lo);                             \
   } while (0)
-#define ATT_BWD(T, S)                                                                                       \
+#define ATT_BWD(T, S, DW)                                                                                    \
   template <>                                                                                               \
   void att_bwd_launch<T>(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,    \
                          const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d, \
@@ -1101,11 +1099,11 @@ static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const voi
     dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);                                         \
     if (dm == 64) ATT_BWD_DM(T, S, 64);                                                                     \
     else if (dm == 128) ATT_BWD_DM(T, S, 128);                                                              \
-    else ATT_BWD_DM(T, S, 256);                                                                             \
+    else ATT_BWD_DM(T, S, DW); /* 256: f32 only (dm 256 reaches no other) */                                \
   }
-ATT_BWD(float, f32)
-ATT_BWD(bf16, bf16)
-ATT_BWD(fp16, f16)
+ATT_BWD(float, f32, 256)
+ATT_BWD(bf16, bf16, 128)
+ATT_BWD(fp16, f16, 128)
 #undef ATT_BWD
 #undef ATT_BWD_DM
 
@@ -1147,6 +1145,7 @@ extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk
   if (nb == 0 || (!dq && !dk && !dv)) return 0;
   int acc = accumulate != 0;
   AttImpl impl = att_impl(dt);
+  if (impl == ATT_SIMT && dt != CPLAN_F32 && d > 128) impl = ATT_MMA; /* as the forward */
   if (impl != ATT_SIMT) {
 #define ATT_TC_BWD(T, S, TD)                                                                                  \
   (impl == ATT_MMA                                                                                            \
