@@ -3,8 +3,9 @@
  * keeps the [t, t] probabilities: these kernels never do).
  *
  * Layout: q, k, v, out [nb, t, d] (nb = batch * heads), scale = 1/sqrt(d). Head dims up to
- * DMAX (64 or 128, one entry each) are padded with zeros in registers and shared memory, so
- * the dot products run over DMAX with compile-time trip counts.
+ * DMAX (64, 128 or 256, one entry each: d <= 64, <= 128, <= 256; 256 is FlashAttention-2's limit
+ * too) are padded with zeros in registers and shared memory, so the dot products run over DMAX
+ * with compile-time trip counts. CPLAN_ATTN_MAX_HEAD_DIM (attn_layout.h) is the widest.
  *  - forward: a block of BR query rows (one thread each) walks the key/value tiles of BC rows
  *    staged in shared memory, with the online softmax: per tile, the running max m and sum l
  *    are rescaled once, and the output row is accumulated in registers. It saves lse = m + log l.
@@ -17,7 +18,12 @@
  * Three implementations of that algorithm, one set of entry points each: f32 on the CUDA cores
  * (below; also bf16 / f16 with CPLAN_ATTENTION=simt), and bf16 / f16 on the tensor cores, through
  * nvcuda::wmma with the scores in shared memory (attention_tc_*, CPLAN_ATTENTION=wmma) or, the
- * default, through mma.sync with the scores in registers (attention_mma_*, last in this file). */
+ * default, through mma.sync with the scores in registers (attention_mma_*, last in this file).
+ * WMMA has no 256 entries (its dk/dv kernel's accumulator fragments would not fit the registers):
+ * with CPLAN_ATTENTION=wmma, heads above 128 run on mma.sync. The CUDA-core kernels hold a row
+ * (two or four of them in the backward) in each thread's registers: they spill from 128 on (more at
+ * 256), so only f32, which has no other kernels, has them at 256: with CPLAN_ATTENTION=simt, bf16
+ * and f16 heads above 128 run on mma.sync too. */
 #include "attn_layout.h"
 #include "cuda_common.h"
 
@@ -30,6 +36,7 @@ __device__ __forceinline__ long long att_base(const CplanAttnLayout &L, long lon
 
 #define ATT_BR 64 /* rows per block: threads */
 
+/* key (query) rows per staged tile: at DMAX 256, 36 KiB of static shared memory (of 48) */
 template <int DMAX> struct AttTile { enum { BC = DMAX > 64 ? 16 : 32 }; };
 
 /* row i of a [t, d] matrix (rows lm elements apart) into registers, zero-padded to DMAX, times mul */
@@ -247,6 +254,7 @@ ATT_ENTRIES(bf16, bf16, 64)
 ATT_ENTRIES(fp16, f16, 64)
 ATT_ENTRIES(bf16, bf16, 128)
 ATT_ENTRIES(fp16, f16, 128)
+ATT_ENTRIES(float, f32, 256) /* bf16 / f16 above 128 run on the tensor cores (their compile time, spills) */
 
 extern "C" __global__ void attention_backward_delta_f32(float *delta, const float *dout, const float *out, long long rows,
                                                      int t, int d, CplanAttnLayout lo) {
@@ -267,7 +275,7 @@ extern "C" __global__ void attention_backward_delta_f16(float *delta, const fp16
  * the products on tensor cores: nvcuda::wmma 16x16x16 tiles of bf16 / f16 operands accumulating
  * in f32. Blocks of 4 warps; each warp owns 16 rows (queries, or keys in dk/dv) and the block
  * walks tiles of 64 rows of the other side, staged in shared memory (dynamic, zero-padded past t
- * and d; head dims up to TD = 64 or 128). The element layout of a WMMA accumulator is opaque, so
+ * and d; head dims up to TD = 64 or 128: wider heads run on the mma.sync kernels below). The element layout of a WMMA accumulator is opaque, so
  * scores go through shared memory: the warp stores S (and dP), its lanes (two per row) apply the
  * scale, mask and softmax, and write P (dS) back in the operand type for the next product. The
  * forward's running output lives in shared memory too, where the lanes rescale its rows when the
@@ -546,10 +554,16 @@ ATT_TC_ENTRIES(fp16, f16, 128)
  * [rows, TD + 8] tiles (8 elements of padding: the fragment loads of a warp hit 32 distinct
  * banks) and, for a product whose B operand runs down the rows (P V, P^T dO, dS^T Q, dS K),
  * transposed [TD, tile + 8] tiles. The exponentials are exp2 of scores scaled by log2(e) / sqrt(d).
- *  - forward: a block of 64 queries walks 64-key tiles; Q's fragments stay in registers.
- *  - dk/dv: 64 keys a block, query tiles of 64 (32 at TD 128, to keep the scores, dk and dv in
- *    registers); a warp skips a causal tile whose queries all precede its keys.
- *  - dq: 64 queries a block, key tiles of 64. */
+ *  - forward: a block of 64 queries walks 64-key tiles; Q's fragments stay in registers (at TD
+ *    256: 32-key tiles, Q's fragments read from shared memory at each tile, as FlashAttention-2
+ *    reads them for d 256, so the output's 128 registers a thread fit).
+ *  - dk/dv: 64 keys a block, query tiles of 64 (32 at TD 128 and 256, to keep the scores, dk and dv
+ *    in registers); a warp skips a causal tile whose queries all precede its keys. At TD 256 the
+ *    block has 8 warps, two per 16 keys: both compute the keys' S^T and dP^T over all of TD, each
+ *    accumulates half of dk's and dv's columns (FaDims::CS).
+ *  - dq: 64 queries a block, key tiles of 64 (32 at TD 256).
+ * Shared memory at TD 256 (bf16 / f16): forward 69.5 KiB, dk/dv 139.3 KiB, dq 119 KiB (of the 227
+ * KiB a block may opt in to on sm_80 / sm_90). */
 #define FA_W 4  /* warps per block: 16 rows each */
 #define FA_R 64 /* rows a block owns */
 #define FA_LOG2E 1.4426950408889634f
@@ -557,16 +571,24 @@ ATT_TC_ENTRIES(fp16, f16, 128)
 
 template <typename T, int TD> struct FaDims {
   enum {
-    BK = 64,                /* keys per tile (forward, dq) */
-    BQ = TD > 64 ? 32 : 64, /* queries per tile (dk/dv) */
-    LD = TD + 8,            /* row-major tiles' row length */
-    LK = BK + 8,            /* transposed key tiles' row length */
-    LQ = BQ + 8,            /* transposed query tiles' row length */
-    FWD = (FA_R * LD + TD * LK) * (int)sizeof(T),
+    BK = TD > 128 ? 32 : 64, /* keys per tile (forward, dq) */
+    BQ = TD > 64 ? 32 : 64,  /* queries per tile (dk/dv) */
+    QREG = TD <= 128,        /* the forward keeps Q's fragments in registers (else reads them from shared memory) */
+    CS = TD > 128 ? 2 : 1,   /* dk/dv: warps sharing a warp's 16 keys, each with TD / CS columns of dk and dv */
+    WKV = FA_W * CS,         /* dk/dv: warps per block */
+    LD = TD + 8,             /* row-major tiles' row length */
+    LK = BK + 8,             /* transposed key tiles' row length */
+    LQ = BQ + 8,             /* transposed query tiles' row length */
+    FWD = ((QREG ? 0 : FA_R * LD) + (QREG ? FA_R : BK) * LD + TD * LK) * (int)sizeof(T),
     DKDV = (2 * FA_R * LD + 2 * BQ * LD + 2 * TD * LQ) * (int)sizeof(T) + 2 * BQ * 4,
-    DQ = (4 * FA_R * LD + TD * LK) * (int)sizeof(T)
+    DQ = (2 * FA_R * LD + 2 * BK * LD + TD * LK) * (int)sizeof(T)
   };
 };
+/* the opt-in limit of sm_80 / sm_90: 227 KiB of dynamic shared memory a block */
+static_assert(FaDims<bf16, 256>::FWD <= 227 * 1024 && FaDims<bf16, 256>::DKDV <= 227 * 1024 &&
+                  FaDims<bf16, 256>::DQ <= 227 * 1024 && TcDims<bf16, 128>::FWD <= 227 * 1024 &&
+                  TcDims<bf16, 128>::BWD <= 227 * 1024,
+              "attention tiles above 227 KiB of shared memory");
 
 /* two adjacent 16-bit elements of shared memory as one register */
 template <typename T> __device__ __forceinline__ unsigned fa_ld2(const T *p) {
@@ -721,17 +743,20 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
   typedef FaDims<T, TD> Dm;
   const int NT = Dm::BK / 8;
   extern __shared__ __align__(128) unsigned char fa_smem[];
-  T *ks = (T *)fa_smem, *vt = ks + FA_R * Dm::LD; /* ks holds Q first */
+  /* QREG: ks holds Q first, its fragments go to registers; else Q stays in qs, ahead of ks */
+  T *qs = (T *)fa_smem, *ks = qs + (Dm::QREG ? 0 : FA_R * Dm::LD), *vt = ks + (Dm::QREG ? FA_R : Dm::BK) * Dm::LD;
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
   const T *qz = q + bi, *kz = k + bi, *vz = v + bi;
   int i0 = blockIdx.x * FA_R, ra = i0 + w * 16 + (lane >> 2), rb = ra + 8;
   float sl2 = FA_LOG2E / sqrtf((float)d);
-  tc_stage<T, TD>(ks, Dm::LD, qz, li.ld, i0, FA_R, t, d);
+  tc_stage<T, TD>(qs, Dm::LD, qz, li.ld, i0, FA_R, t, d);
   __syncthreads();
-  unsigned qf[TD / 16][4];
+  unsigned qf[Dm::QREG ? TD / 16 : 1][4];
+  if (Dm::QREG) {
 #pragma unroll
-  for (int kk = 0; kk < TD / 16; kk++) fa_frag_a(qf[kk], ks + w * 16 * Dm::LD, Dm::LD, kk * 16);
+    for (int kk = 0; kk < TD / 16; kk++) fa_frag_a(qf[Dm::QREG ? kk : 0], qs + w * 16 * Dm::LD, Dm::LD, kk * 16);
+  }
   float o[TD / 8][4];
 #pragma unroll
   for (int nd = 0; nd < TD / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
@@ -746,13 +771,15 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
 #pragma unroll
-    for (int kk = 0; kk < TD / 16; kk++)
+    for (int kk = 0; kk < TD / 16; kk++) {
+      if (!Dm::QREG) fa_frag_a(qf[0], qs + w * 16 * Dm::LD, Dm::LD, kk * 16);
 #pragma unroll
       for (int nt = 0; nt < NT; nt++) {
         unsigned fb[2];
         fa_frag_b(fb, ks, Dm::LD, nt * 8, kk * 16);
-        mma16816<T>(s[nt], qf[kk], fb);
+        mma16816<T>(s[nt], qf[Dm::QREG ? kk : 0], fb);
       }
+    }
     float x0 = m0, x1 = m1;
     /* no mask for a tile of keys all before t and, causal, all at or before the warp's first query */
     if (k0 + Dm::BK > t || (causal && k0 + Dm::BK - 1 > i0 + w * 16)) fa_mask<NT>(s, i0 + w * 16, k0, t, causal, true);
@@ -804,21 +831,22 @@ template <typename T, int TD>
 __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
                                         const T *q, const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
-  const int BQ = Dm::BQ, NT = BQ / 8;
+  const int BQ = Dm::BQ, NT = BQ / 8, CS = Dm::CS, TW = TD / CS; /* TW: the warp's columns of dk, dv */
   extern __shared__ __align__(128) unsigned char fa_smem[];
   T *ks = (T *)fa_smem, *vs = ks + FA_R * Dm::LD, *qs = vs + FA_R * Dm::LD, *dos = qs + BQ * Dm::LD,
     *qt = dos + BQ * Dm::LD, *dot = qt + TD * Dm::LQ;
   float *lss = (float *)(dot + TD * Dm::LQ), *dls = lss + BQ;
-  int w = threadIdx.x >> 5, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
+  /* warp w: keys 16 (w / CS).., columns TW (w % CS).. of dk and dv (its S^T and dP^T over all of TD) */
+  int w = (threadIdx.x >> 5) / CS, cw = (threadIdx.x >> 5) % CS * TW, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
   long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
   const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
   int j0 = blockIdx.x * FA_R, jw = j0 + w * 16, ja = jw + (lane >> 2);
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
   tc_stage<T, TD>(ks, Dm::LD, kz, li.ld, j0, FA_R, t, d);
   tc_stage<T, TD>(vs, Dm::LD, vz, li.ld, j0, FA_R, t, d);
-  float gk[TD / 8][4], gv[TD / 8][4];
+  float gk[TW / 8][4], gv[TW / 8][4];
 #pragma unroll
-  for (int nd = 0; nd < TD / 8; nd++)
+  for (int nd = 0; nd < TW / 8; nd++)
 #pragma unroll
     for (int e = 0; e < 4; e++) gk[nd][e] = gv[nd][e] = 0.0f;
   for (int i0 = causal ? j0 : 0; i0 < t; i0 += BQ) { /* earlier queries see none of these keys */
@@ -853,11 +881,11 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
       fa_pack<T>(pf[nt], p[0], p[1], p[2], p[3]);
       fa_pack<T>(df[nt], ds[0], ds[1], ds[2], ds[3]);
     }
-    fa_pb<T, TD, BQ / 16>(gv, pf, dot, Dm::LQ); /* dv += P^T dO */
-    fa_pb<T, TD, BQ / 16>(gk, df, qt, Dm::LQ); /* dk += dS^T Q (times scale at the store) */
+    fa_pb<T, TW, BQ / 16>(gv, pf, dot + cw * Dm::LQ, Dm::LQ); /* dv += P^T dO */
+    fa_pb<T, TW, BQ / 16>(gk, df, qt + cw * Dm::LQ, Dm::LQ); /* dk += dS^T Q (times scale at the store) */
   }
-  fa_store<T, TD>(dv ? dv + bi : dv, li.ld, gv, ja, t, d, 1.0f, 1.0f, acc);
-  fa_store<T, TD>(dk ? dk + bi : dk, li.ld, gk, ja, t, d, scale, scale, acc);
+  fa_store<T, TW>(dv ? dv + bi + cw : dv, li.ld, gv, ja, t, d - cw, 1.0f, 1.0f, acc);
+  fa_store<T, TW>(dk ? dk + bi + cw : dk, li.ld, gk, ja, t, d - cw, scale, scale, acc);
 }
 
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
@@ -867,8 +895,8 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
   typedef FaDims<T, TD> Dm;
   const int NT = Dm::BK / 8;
   extern __shared__ __align__(128) unsigned char fa_smem[];
-  T *qs = (T *)fa_smem, *dos = qs + FA_R * Dm::LD, *ks = dos + FA_R * Dm::LD, *vs = ks + FA_R * Dm::LD,
-    *kt = vs + FA_R * Dm::LD;
+  T *qs = (T *)fa_smem, *dos = qs + FA_R * Dm::LD, *ks = dos + FA_R * Dm::LD, *vs = ks + Dm::BK * Dm::LD,
+    *kt = vs + Dm::BK * Dm::LD;
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
   const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
@@ -912,11 +940,15 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
 
 /* launch bounds: at head dims up to 64, the backward kernels keep three blocks (12 warps) a
  * multiprocessor (at most 170 registers a thread; sm_90 needs 168 and 156 with no spill), the
- * forward four (at most 128: sm_90 needs 128 with no spill); at 128 the compiler's choice */
+ * forward four (at most 128: sm_90 needs 128 with no spill); at 128 and 256 the compiler's choice
+ * (at 256, sm_80 / sm_90 need 204 / 168 registers for the forward, 233 / 232 for dk/dv, 226 / 240
+ * for dq, with no spill) */
 #define FA_BOUNDS_64 FA_W * 32, 3
 #define FA_BOUNDS_128 FA_W * 32
 #define FA_FBOUNDS_64 FA_W * 32, 4
 #define FA_FBOUNDS_128 FA_W * 32
+#define FA_BOUNDS_256 FA_W * 32 * 2 /* dk/dv: 8 warps (FaDims::WKV); dq: 4 */
+#define FA_FBOUNDS_256 FA_W * 32
 #define ATT_MMA_ENTRIES(T, S, TD)                                                                               \
   ATT_ENTRY_SET(attention_mma, fa_fwd, fa_dkdv, fa_dq, FA_FBOUNDS_##TD, FA_BOUNDS_##TD, T, S, TD)
 
@@ -924,6 +956,8 @@ ATT_MMA_ENTRIES(bf16, bf16, 64)
 ATT_MMA_ENTRIES(bf16, bf16, 128)
 ATT_MMA_ENTRIES(fp16, f16, 64)
 ATT_MMA_ENTRIES(fp16, f16, 128)
+ATT_MMA_ENTRIES(bf16, bf16, 256)
+ATT_MMA_ENTRIES(fp16, f16, 256)
 
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
@@ -948,14 +982,14 @@ static AttImpl att_impl(CplanDtype dt) {
   return dt == CPLAN_BF16 || dt == CPLAN_F16 ? (AttImpl)mode : ATT_SIMT;
 }
 
-/* a tensor-core kernel with `bytes` of dynamic shared memory (above 48 KiB: opted in) */
-#define ATT_TC_GO(me, kern, grid, bytes, ...)                                                             \
+/* a tensor-core kernel with `threads` a block and `bytes` of dynamic shared memory (above 48 KiB: opted in) */
+#define ATT_TC_GO(me, kern, grid, threads, bytes, ...)                                                             \
   do {                                                                                                    \
     cudaError_t e_ = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (bytes));  \
     if (e_ != cudaSuccess)                                                                                \
       return cplan_cuda_fail(me, "%s: %d bytes of shared memory: %s", #kern, (int)(bytes),               \
                              cudaGetErrorString(e_));                                                     \
-    kern<<<grid, TC_W * 32, (bytes), stream>>>(__VA_ARGS__);                                              \
+    kern<<<grid, (threads), (bytes), stream>>>(__VA_ARGS__);                                               \
   } while (0)
 
 /* a tensor-core forward (WMMA or mma.sync: 64 rows a block either way) with `bytes` of shared memory */
@@ -966,13 +1000,13 @@ static int att_tc_forward(const char *me,
                           int bytes, void *out, float *lse, const void *q, const void *k, const void *v, int nb, int t,
                           int d, int causal, CplanAttnLayout li, CplanAttnLayout lo, cudaStream_t stream) {
   dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
-  ATT_TC_GO(me, kern, grid, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, t, d, causal, li, lo);
+  ATT_TC_GO(me, kern, grid, TC_W * 32, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, t, d, causal, li, lo);
   return cplan_cuda_launched(me);
 }
 
 static const char *att_shape(int nb, int t, int d) {
   if (nb < 0 || t < 1 || d < 1) return "bad shape";
-  if (d > CPLAN_ATTN_MAX_HEAD_DIM) return "head dim above 128";
+  if (d > CPLAN_ATTN_MAX_HEAD_DIM) return "head dim above 256";
   if (nb > 65535) return "more than 65535 batch * heads";
   return NULL;
 }
@@ -1000,14 +1034,21 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
   CPLAN_REQUIRE(me, out && lse && q && k && v, "out, lse, q, k and v must not be NULL");
   if (nb == 0) return 0;
   AttImpl impl = att_impl(dt);
+  if (impl == ATT_SIMT && dt != CPLAN_F32 && d > 128) impl = ATT_MMA; /* no bf16 / f16 CUDA-core kernels there */
   if (impl != ATT_SIMT) {
 #define ATT_TC_FWD(T, S, TD)                                                                                   \
   (impl == ATT_MMA ? att_tc_forward<T>(me, attention_mma_forward_##S##_d##TD, FaDims<T, TD>::FWD, out, lse, q, k, v, \
                                        nb, t, d, causal, li, lo, stream)                                          \
                    : att_tc_forward<T>(me, attention_tc_forward_##S##_d##TD, TcDims<T, TD>::FWD, out, lse, q, k, v,  \
                                        nb, t, d, causal, li, lo, stream))
-    if (dt == CPLAN_BF16) return d <= 64 ? ATT_TC_FWD(bf16, bf16, 64) : ATT_TC_FWD(bf16, bf16, 128);
-    return d <= 64 ? ATT_TC_FWD(fp16, f16, 64) : ATT_TC_FWD(fp16, f16, 128);
+    /* above 128, WMMA too runs on mma.sync (its dk/dv accumulators would not fit the registers) */
+#define ATT_MMA_FWD256(T, S)                                                                                    \
+  att_tc_forward<T>(me, attention_mma_forward_##S##_d256, FaDims<T, 256>::FWD, out, lse, q, k, v, nb, t, d, causal, \
+                    li, lo, stream)
+    if (dt == CPLAN_BF16)
+      return d <= 64 ? ATT_TC_FWD(bf16, bf16, 64) : d <= 128 ? ATT_TC_FWD(bf16, bf16, 128) : ATT_MMA_FWD256(bf16, bf16);
+    return d <= 64 ? ATT_TC_FWD(fp16, f16, 64) : d <= 128 ? ATT_TC_FWD(fp16, f16, 128) : ATT_MMA_FWD256(fp16, f16);
+#undef ATT_MMA_FWD256
 #undef ATT_TC_FWD
   }
   dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);
@@ -1015,7 +1056,8 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
   attention_forward_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)out, lse, (const T *)q, (const T *)k,        \
                                                              (const T *)v, t, d, causal, li, lo)
   if (dt == CPLAN_F32 && d <= 64) ATT_SIMT_FWD(float, f32, 64);
-  else if (dt == CPLAN_F32) ATT_SIMT_FWD(float, f32, 128);
+  else if (dt == CPLAN_F32 && d <= 128) ATT_SIMT_FWD(float, f32, 128);
+  else if (dt == CPLAN_F32) ATT_SIMT_FWD(float, f32, 256);
   else if (dt == CPLAN_BF16 && d <= 64) ATT_SIMT_FWD(bf16, bf16, 64);
   else if (dt == CPLAN_BF16) ATT_SIMT_FWD(bf16, bf16, 128);
   else if (dt == CPLAN_F16 && d <= 64) ATT_SIMT_FWD(fp16, f16, 64);
@@ -1034,7 +1076,7 @@ extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse
 template <typename T>
 static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,
                            const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d,
-                           int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo, cudaStream_t stream, bool d64);
+                           int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo, cudaStream_t stream, int dm);
 
 #define ATT_BWD_DM(T, S, DM)                                                                                \
   do {                                                                                                      \
@@ -1045,22 +1087,23 @@ static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const voi
       attention_backward_dq_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta,  \
           (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc, li, lo);                             \
   } while (0)
-#define ATT_BWD(T, S)                                                                                       \
+#define ATT_BWD(T, S, DW)                                                                                    \
   template <>                                                                                               \
   void att_bwd_launch<T>(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,    \
                          const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d, \
                          int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo, cudaStream_t stream,  \
-                         bool d64) {                                                                        \
+                         int dm) {                                                                          \
     long long rows = (long long)nb * t;                                                                     \
     attention_backward_delta_##S<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(                 \
         delta, (const T *)dout, (const T *)out, rows, t, d, lo);                                            \
     dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);                                         \
-    if (d64) ATT_BWD_DM(T, S, 64);                                                                          \
-    else ATT_BWD_DM(T, S, 128);                                                                             \
+    if (dm == 64) ATT_BWD_DM(T, S, 64);                                                                     \
+    else if (dm == 128) ATT_BWD_DM(T, S, 128);                                                              \
+    else ATT_BWD_DM(T, S, DW); /* 256: f32 only (dm 256 reaches no other) */                                \
   }
-ATT_BWD(float, f32)
-ATT_BWD(bf16, bf16)
-ATT_BWD(fp16, f16)
+ATT_BWD(float, f32, 256)
+ATT_BWD(bf16, bf16, 128)
+ATT_BWD(fp16, f16, 128)
 #undef ATT_BWD
 #undef ATT_BWD_DM
 
@@ -1073,7 +1116,7 @@ static int att_tc_backward(const char *me,
                            void (*dqk)(T *, const T *, const float *, const float *, const T *, const T *, const T *,
                                        int, int, int, int, CplanAttnLayout, CplanAttnLayout),
                            void (*dlt)(float *, const T *, const T *, long long, int, int, CplanAttnLayout),
-                           int bytes_kv, int bytes_q, void *dq, void *dk, void *dv, float *delta, const void *dout,
+                           int threads_kv, int bytes_kv, int bytes_q, void *dq, void *dk, void *dv, float *delta, const void *dout,
                            const void *out, const float *lse, const void *q, const void *k, const void *v, int nb,
                            int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo,
                            cudaStream_t stream) {
@@ -1081,10 +1124,10 @@ static int att_tc_backward(const char *me,
   dlt<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, t, d, lo);
   dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
   if (dk || dv)
-    ATT_TC_GO(me, dkdv, grid, bytes_kv, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
+    ATT_TC_GO(me, dkdv, grid, threads_kv, bytes_kv, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
               (const T *)k, (const T *)v, t, d, causal, acc, li, lo);
   if (dq)
-    ATT_TC_GO(me, dqk, grid, bytes_q, (T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,
+    ATT_TC_GO(me, dqk, grid, TC_W * 32, bytes_q, (T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,
               (const T *)v, t, d, causal, acc, li, lo);
   return cplan_cuda_launched(me);
 }
@@ -1102,22 +1145,34 @@ extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk
   if (nb == 0 || (!dq && !dk && !dv)) return 0;
   int acc = accumulate != 0;
   AttImpl impl = att_impl(dt);
+  if (impl == ATT_SIMT && dt != CPLAN_F32 && d > 128) impl = ATT_MMA; /* as the forward */
   if (impl != ATT_SIMT) {
 #define ATT_TC_BWD(T, S, TD)                                                                                  \
   (impl == ATT_MMA                                                                                            \
        ? att_tc_backward<T>(me, attention_mma_backward_dkdv_##S##_d##TD, attention_mma_backward_dq_##S##_d##TD,  \
-                            attention_backward_delta_##S, FaDims<T, TD>::DKDV, FaDims<T, TD>::DQ, dq, dk, dv, delta, \
+                            attention_backward_delta_##S, FaDims<T, TD>::WKV * 32, FaDims<T, TD>::DKDV,            \
+                            FaDims<T, TD>::DQ, dq, dk, dv, delta,                                                  \
                             dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream)                      \
        : att_tc_backward<T>(me, attention_tc_backward_dkdv_##S##_d##TD, attention_tc_backward_dq_##S##_d##TD,    \
-                            attention_backward_delta_##S, TcDims<T, TD>::BWD, TcDims<T, TD>::BWD, dq, dk, dv, delta, \
+                            attention_backward_delta_##S, TC_W * 32, TcDims<T, TD>::BWD, TcDims<T, TD>::BWD, dq,  \
+                            dk, dv, delta,                                                                         \
                             dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream))
-    if (dt == CPLAN_BF16) return d <= 64 ? ATT_TC_BWD(bf16, bf16, 64) : ATT_TC_BWD(bf16, bf16, 128);
-    return d <= 64 ? ATT_TC_BWD(fp16, f16, 64) : ATT_TC_BWD(fp16, f16, 128);
+    /* above 128, WMMA too runs on mma.sync (as the forward) */
+#define ATT_MMA_BWD256(T, S)                                                                                   \
+  att_tc_backward<T>(me, attention_mma_backward_dkdv_##S##_d256, attention_mma_backward_dq_##S##_d256,         \
+                     attention_backward_delta_##S, FaDims<T, 256>::WKV * 32, FaDims<T, 256>::DKDV,            \
+                     FaDims<T, 256>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, \
+                     stream)
+    if (dt == CPLAN_BF16)
+      return d <= 64 ? ATT_TC_BWD(bf16, bf16, 64) : d <= 128 ? ATT_TC_BWD(bf16, bf16, 128) : ATT_MMA_BWD256(bf16, bf16);
+    return d <= 64 ? ATT_TC_BWD(fp16, f16, 64) : d <= 128 ? ATT_TC_BWD(fp16, f16, 128) : ATT_MMA_BWD256(fp16, f16);
+#undef ATT_MMA_BWD256
 #undef ATT_TC_BWD
   }
-  if (dt == CPLAN_F32) att_bwd_launch<float>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, d <= 64);
-  else if (dt == CPLAN_BF16) att_bwd_launch<bf16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, d <= 64);
-  else if (dt == CPLAN_F16) att_bwd_launch<fp16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, d <= 64);
+  int dm = d <= 64 ? 64 : d <= 128 ? 128 : 256;
+  if (dt == CPLAN_F32) att_bwd_launch<float>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, dm);
+  else if (dt == CPLAN_BF16) att_bwd_launch<bf16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, dm);
+  else if (dt == CPLAN_F16) att_bwd_launch<fp16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, dm);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
   return cplan_cuda_launched(me);
 }

@@ -11,7 +11,7 @@
 
 /* The widest head the kernels take (their register and shared-memory tiles); on a GPU mesh, sema
  * computes a wider sdpa in PyTorch's math form (sema_model.c sdpa_math). */
-#define CPLAN_ATTN_MAX_HEAD_DIM 128
+#define CPLAN_ATTN_MAX_HEAD_DIM 256
 
 typedef struct CplanAttnLayout {
   long long ld;      /* elements between rows i and i + 1 */

@@ -377,11 +377,12 @@ static void test_softmax(CplanDtype dt) {
   cudaFree(dx), cudaFree(dyv), cudaFree(dout), cudaFree(g), cudaFree(yy);
 }
 
-static void test_attention(CplanDtype dt, int d, int causal) {
-  const int nb = 3, t = 200;
+static void test_attention_t(CplanDtype dt, int d, int causal, int t) {
+  const int nb = 3;
   long e = (long)nb * t * d;
-  char name[40];
-  snprintf(name, sizeof name, "attention d%d%s", d, causal ? " causal" : "");
+  char name[40], tt[16] = "";
+  if (t != 200) snprintf(tt, sizeof tt, " t%d", t);
+  snprintf(name, sizeof name, "attention d%d%s%s", d, tt, causal ? " causal" : "");
   float *q = randv(e, 1.0f, dt), *k = randv(e, 1.0f, dt), *v = randv(e, 1.0f, dt);
   float *out = malloc(4 * (size_t)e), *att = malloc(4 * (size_t)nb * t * t);
   k_sdpa_forward(out, att, q, k, v, nb, t, d, causal);
@@ -422,6 +423,8 @@ static void test_attention(CplanDtype dt, int d, int causal) {
  * projection qkv [b, t, 3C] (C = h d), out and dout [b, t, C] (merged heads), dq, dk and dv written
  * into dqkv [b, t, 3C] over NaN (every element written, none read); against the contiguous
  * reference on the heads gathered out of qkv */
+static void test_attention(CplanDtype dt, int d, int causal) { test_attention_t(dt, d, causal, 200); }
+
 static void test_attention_layout(CplanDtype dt, int d) {
   const int b = 2, h = 3, t = 100, nb = b * h;
   const long C = (long)h * d, e = (long)nb * t * d, n3 = (long)b * t * 3 * C, n1 = (long)b * t * C;
@@ -892,7 +895,14 @@ int main(void) {
     test_attention(dt, 96, 1);
     test_attention(dt, 36, 1); /* not a multiple of 8: the element-wise staging */
     test_attention(dt, 64, 0);
+    /* the 256 instantiations (Megatron's 1T GPT's heads): t 100, two blocks of 64 rows, the second
+     * short, and a short last tile of 32 or 16 */
+    test_attention_t(dt, 160, 1, 100);
+    test_attention_t(dt, 160, 0, 100);
+    test_attention_t(dt, 256, 1, 100);
+    test_attention_t(dt, 256, 0, 100);
     test_attention_layout(dt, 64);
+    test_attention_layout(dt, 160);
     test_attention_layout(dt, 36); /* rows 3C = 324 apart, not a multiple of 8: element-wise staging */
     test_activation(dt, K_GELU);
     test_activation(dt, K_SILU);
