@@ -155,8 +155,10 @@ int strat_heads_misfit(const Graph *g, int64_t tp);
 bool strat_sp_fits(const Graph *g, int64_t sp);
 /* The span of `strategy`'s field `key` (the whole `key = value`), or the strategy's span. */
 Span strat_field_span(const Program *prog, const TrainConf *t, const char *key);
-/* The pinned tp, pp and sp of t's strategy against model g (heads, layers, sequence length), with
- * the errors strat_pin gives at the fields: for `check`, which builds no plan. */
+/* A strategy that pins any field, as build and plan take it (strat_degrees: dp*tp*pp against the
+ * mesh, zero without dp, sp without tp), and its pinned tp, pp and sp against model g (heads,
+ * layers, sequence length), with the errors strat_pin gives at the fields: for `check`, which
+ * builds no plan. */
 bool strat_check_pinned(const Program *prog, const Graph *g, const TrainConf *t);
 /* The one rule for cutting L layers into nv pipeline stages (Megatron's, with the remainder in
  * front): contiguous, the first L mod nv stages one layer more. The stage of layer l. */

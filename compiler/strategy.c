@@ -407,6 +407,8 @@ static bool graph_checks(const Program *prog, const Graph *g, const TrainConf *t
 }
 
 bool strat_check_pinned(const Program *prog, const Graph *g, const TrainConf *t) {
+  int64_t dp, tp, pp, micro; /* what build and plan refuse of a strategy that pins any field */
+  if (!t->strategy.is_auto && !strat_degrees(prog, t, &dp, &tp, &pp, &micro)) return false;
   return degree_checks(prog, g, t, t->strategy.tp, t->strategy.pp, t->strategy.sp);
 }
 
