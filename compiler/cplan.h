@@ -59,6 +59,11 @@ void diag_hint(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int diag_errors(void);    /* errors so far */
 bool diag_too_many(void); /* CP_MAX_ERRORS reached: callers should stop */
 void diag_reset(void);
+/* While a group is open, an error whose text one already reported in the group has is not
+ * repeated (a fn body meeting one mistake of its arguments at several calls: q, k and v). Returns
+ * the previous group start for diag_group_end; groups nest, the outermost one counts. */
+int diag_group_begin(void);
+void diag_group_end(int prev);
 void diag_set_output(FILE *f); /* default stderr; NULL silences (fuzzing) */
 void diag_set_color(bool on);
 

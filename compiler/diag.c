@@ -9,7 +9,8 @@
  * last line says so once. Notes and hints belong to the diagnostic before them
  * and are dropped with it when it was suppressed. An error already reported (the same
  * place and text: a pass that meets one node twice, as the emitters do for the train
- * and eval phases) is not repeated or counted again. */
+ * and eval phases) is not repeated or counted again, nor is one of the same text in an open
+ * group (diag_group_begin: one call of a fn from a model body). */
 #include "cplan.h"
 
 #include <stdlib.h>
@@ -22,6 +23,8 @@ static int nerrors;
 static bool suppressed; /* the last error was past the limit: drop its notes */
 static bool said_limit;
 static struct { Span at; char *text; } said[CP_MAX_ERRORS]; /* the errors reported */
+static int group_from = -1; /* the first error of the open group, -1 when none */
+static bool said_in_group; /* the last error repeated one of the open group */
 
 static FILE *out(void) { return out_set ? out_file : stderr; }
 
@@ -38,6 +41,18 @@ void diag_reset(void) {
   nerrors = 0;
   suppressed = false;
   said_limit = false;
+  group_from = -1;
+}
+
+int diag_group_begin(void) {
+  int prev = group_from;
+  if (group_from < 0) group_from = nerrors;
+  return prev;
+}
+void diag_group_end(int prev) {
+  group_from = prev;
+  if (prev < 0 && said_in_group) suppressed = false; /* what follows (the call's note) belongs to the group */
+  said_in_group = false;
 }
 
 /* Length of the valid UTF-8 sequence at s (at most max bytes), 0 if invalid. */
@@ -142,12 +157,15 @@ void diag_error(Span at, const char *fmt, ...) {
   vsnprintf(text, (size_t)(len > 0 ? len : 0) + 1, fmt, ap);
   va_end(ap);
   for (int k = 0; k < nerrors; k++)
-    if (said[k].at.file == at.file && said[k].at.lo == at.lo && said[k].at.hi == at.hi && said[k].text &&
-        strcmp(said[k].text, text) == 0) {
+    if (((said[k].at.file == at.file && said[k].at.lo == at.lo && said[k].at.hi == at.hi) ||
+         (group_from >= 0 && k >= group_from)) &&
+        said[k].text && strcmp(said[k].text, text) == 0) {
       suppressed = true; /* and its notes */
+      said_in_group = group_from >= 0;
       free(text);
       return;
     }
+  said_in_group = false;
   said[nerrors].at = at, said[nerrors].text = text;
   nerrors++;
   suppressed = false;

@@ -692,8 +692,9 @@ static Value call_fn(Build *b, Frame *f, const Expr *e, const Item *fn) {
     }
   }
   if (!ok) return sema_v_err();
-  int errors = diag_errors();
+  int errors = diag_errors(), group = diag_group_begin();
   exec_block(b, &cf, &fn->body);
+  diag_group_end(group);
   /* Attaches to the last error of the body: a backtrace of the calls that led there. */
   if (diag_errors() > errors && !b->stop &&
       !(b->site_error == diag_errors() && b->site_frame == (const void *)&cf))
