@@ -112,6 +112,7 @@ typedef struct OpInfo {
 extern const OpInfo ir_ops[OP__COUNT];
 
 /* The op reached by a call name (NULL if none, or if only an operator reaches it). */
+/* The callable op named name, its id in *id; NULL and OP__COUNT when there is none. */
 const OpInfo *ir_op_by_name(const char *name, OpId *id);
 /* Every callable op name, for "did you mean" (count in *n). */
 const char *const *ir_op_names(int *n);

@@ -830,6 +830,7 @@ const OpInfo *ir_op_by_name(const char *name, OpId *id) {
     if (id) *id = (OpId)i;
     return &ir_ops[i];
   }
+  if (id) *id = OP__COUNT; /* callers test *id against the ops they treat apart */
   return NULL;
 }
 

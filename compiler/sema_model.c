@@ -314,6 +314,42 @@ static bool promote_i32(Build *b, int *in, int n, Span at) {
   return true;
 }
 
+static int expand_node(Build *b, int x, const int64_t *sizes, int R, Span at);
+
+/* The batch dims (all but the last two) of a matmul operand: rank-1 operands have none. */
+static Shape mm_batch(const Shape *s) {
+  Shape r = {.rank = s->rank > 2 ? s->rank - 2 : 0};
+  memcpy(r.d, s->d, sizeof(int64_t) * (size_t)r.rank);
+  return r;
+}
+
+/* torch.matmul broadcasts the batch dims in full; the kernels take an operand that is shared (its
+ * batch all 1s) or has every batch of the output. An operand between the two ([B, kv, 1, d, T]
+ * against [B, kv, g, T, d], or a [h, d, d] weight under [B, h, T, d]) is expanded to the output's
+ * batch first (expand's gradient sums it back). Which operand expands must not depend on the
+ * micro-batch (the search prices every one on one graph structure), so a batch dim of 1 counts as
+ * broadcast wherever the other operand's is not 1, and a shorter batch always does. false on an
+ * error (reported). */
+static bool matmul_broadcast(Build *b, int *in, Span at) {
+  Shape s[2] = {b->g->nodes[in[0]].shape, b->g->nodes[in[1]].shape}, bt[2] = {mm_batch(&s[0]), mm_batch(&s[1])}, out;
+  if (s[0].rank < 2 || s[1].rank < 2 || !shape_broadcast(&bt[0], &bt[1], &out)) return true; /* shape_matmul says */
+  for (int k = 0; k < 2; k++) {
+    const Shape *o = &bt[k], *p = &bt[1 - k];
+    bool ones = true, partial = o->rank < out.rank;
+    for (int j = 0; j < o->rank; j++) {
+      int pj = j - (o->rank - p->rank);
+      ones &= o->d[j] == 1;
+      partial |= o->d[j] == 1 && pj >= 0 && p->d[pj] != 1;
+    }
+    if (ones || !partial) continue;
+    int64_t sizes[CP_MAX_RANK];
+    memcpy(sizes, out.d, sizeof(int64_t) * (size_t)out.rank);
+    sizes[out.rank] = s[k].d[s[k].rank - 2], sizes[out.rank + 1] = s[k].d[s[k].rank - 1];
+    if ((in[k] = expand_node(b, in[k], sizes, out.rank + 2, at)) < 0) return false;
+  }
+  return true;
+}
+
 /* xs, ys: the operands' source text (a returned value's span can lie in the fn that made it). */
 static Value tensor_binary(Build *b, AstOp op, Value x, Value y, Span at, Span xs, Span ys) {
   OpId id = tensor_op(op);
@@ -343,6 +379,7 @@ static Value tensor_binary(Build *b, AstOp op, Value x, Value y, Span at, Span x
     return sema_v_err();
   }
   if (id != OP_MATMUL && !promote_i32(b, in, 2, at)) return sema_v_err();
+  if (id == OP_MATMUL && !matmul_broadcast(b, in, at)) return sema_v_err();
   int i = add_node(b, id, in, 2, at);
   return i < 0 ? sema_v_err() : infer(b, i, at);
 }

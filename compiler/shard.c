@@ -392,6 +392,12 @@ Pl shard_sliced_input(const Graph *g, const Node *n, int k, const Pl *cons, Pl o
     if (mm_role(g, n, 1 - k, cons[1 - k], &od) == MM_K) return pl_s(s->rank - (k == 0 ? 1 : 2));
     return cons[k];
   }
+  if (n->op == OP_MATMUL && out.kind == PL_S && out.dim < n->shape.rank - 2 && s->rank >= 2) {
+    /* the batch strategy with a whole operand that has the split batch dim (not broadcast along
+     * it: an expanded weight): it takes its part of that dim, as an elementwise op's input does */
+    int d = out.dim - (n->shape.rank - s->rank);
+    return d >= 0 && d < s->rank - 2 && s->d[d] != 1 ? pl_s(d) : cons[k];
+  }
   if (out.kind != PL_S || !(ir_ops[n->op].flags & OPF_ELEMENTWISE)) return cons[k];
   int d = out.dim - (n->shape.rank - s->rank);
   return d >= 0 && s->d[d] != 1 ? pl_s(d) : cons[k];

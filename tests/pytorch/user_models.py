@@ -309,6 +309,18 @@ def m21(p, d):
     z = F.gelu(h) + 0.5 * gelu(h) + 0.25 * torch.erf(h * 0.3)
     return ce(z @ p['w2'] + torch.erf(d['x']) @ p['w3'], d['y'])
 
+@model('m22_matmul_bcast', lambda: {'idx': rng.integers(0, 13, size=(B, 6)).astype(np.int32),
+                                    'targets': rng.integers(0, 13, size=(B, 6)).astype(np.int32)})
+def m22(p, d):
+    x = p['emb'][d['idx'].long()]
+    q = heads(x @ p['wq'], 4).reshape(B, 2, 2, 6, 4)
+    k = heads(x @ p['wk'], 2)[:, :, None]
+    v = heads(x @ p['wv'], 2)[:, :, None]
+    a = (torch.softmax(q @ k.transpose(-1, -2) / 2.0, -1) @ v).reshape(B, 4, 6, 4)
+    a = a @ p['wh'] + a @ p['ws']
+    x = x + merge(a) @ p['wo']
+    return ce(x @ p['emb'].T, d['targets'])
+
 # CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default
 # f32) instead of the CPU one, compiled against the CUDA emulator of BUILD_DIR (tests/cuda/emu, as
 # tests/cuda/emu_program.sh does) and run from the CPU program's initial params; bf16 and f16 store
