@@ -758,6 +758,20 @@ static bool shape_cross_entropy(const Graph *g, Node *n, char *err, size_t errle
   return true;
 }
 
+/* mse_loss, l1_loss, binary_cross_entropy_with_logits (macros): a float input and a target of its
+ * shape -> a scalar. */
+static bool shape_pair_loss(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0), *y = in_node(g, n, 1);
+  if (!need_float(n, x, "input", err, errlen)) return false;
+  if (!shape_eq(&x->shape, &y->shape))
+    return fail(err, errlen, "%s: target %s differs in shape from input %s (PyTorch broadcasts them with only a warning, "
+                "which is nearly always a bug: reshape one to the other's shape)", op_name(n), shape_str(&y->shape),
+                shape_str(&x->shape));
+  n->shape = (Shape){0};
+  n->dtype = DT_F32;
+  return true;
+}
+
 /* ia[0]: axis; the result drops it. */
 static bool shape_argmax(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *x = in_node(g, n, 0);

@@ -1408,6 +1408,33 @@ static Value expand_reduction(Build *b, const PrimNode *pn, OpId id, Span at) {
   return r < 0 ? sema_v_err() : tensor_val(r, at);
 }
 
+/* mse_loss, l1_loss and binary_cross_entropy_with_logits (ops.def macros): the mean over every
+ * element of (x - y)^2, |x - y|, or relu(x) - x·y + log(1 + exp(-|x|)) (PyTorch's stable form). */
+static Value expand_pair_loss(Build *b, const PrimNode *pn, OpId id, Span at) {
+  int in[2] = {pn->in.a[0], pn->in.a[1]};
+  Node scratch = {.op = id, .in = in, .nin = 2, .layer = b->g->cur_layer, .span = at};
+  char err[512];
+  if (!ir_ops[id].shape(b->g, &scratch, err, sizeof err)) {
+    diag_error(at, "%s", err);
+    return sema_v_err();
+  }
+  int x = in[0], y = in[1], r;
+  if (b->g->nodes[y].dtype == DT_I32 && (y = to_float(b, y, at)) < 0) return sema_v_err();
+  if (id == OP_BCE_WITH_LOGITS) {
+    int xy = binary_node(b, OP_MUL, x, y, at), rl = xy < 0 ? -1 : unary_node(b, OP_RELU, x, at);
+    int lin = rl < 0 ? -1 : binary_node(b, OP_SUB, rl, xy, at), ab = lin < 0 ? -1 : unary_node(b, OP_ABS, x, at);
+    int na = ab < 0 ? -1 : unary_node(b, OP_NEG, ab, at), ex = na < 0 ? -1 : unary_node(b, OP_EXP, na, at);
+    Value p1 = ex < 0 ? sema_v_err() : desugar_binary(b, OP_ADD, ex, sema_v_float(1.0, at), at);
+    int lg = p1.kind == V_ERR ? -1 : unary_node(b, OP_LOG, p1.node, at);
+    r = lg < 0 ? -1 : binary_node(b, OP_ADD, lin, lg, at);
+  } else {
+    int d = binary_node(b, OP_SUB, x, y, at);
+    r = d < 0 ? -1 : unary_node(b, id == OP_MSE_LOSS ? OP_SQUARE : OP_ABS, d, at);
+  }
+  if (r >= 0) r = dims_node(b, OP_MEAN, r, NULL, -1, 0, at);
+  return r < 0 ? sema_v_err() : tensor_val(r, at);
+}
+
 /* x broadcast to sizes (rank R >= x's; the dims that differ are 1 in x): a reshape adding the leading
  * 1s, then where(ones, x, 0) with ones the product of arange(n) >= 0 laid along each dim k, n the
  * grown size or 1. The nodes are the same whichever dims grow: a dim of size B grows at B = 1 only,
@@ -1568,6 +1595,7 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
   if (id == OP_MIN || id == OP_ARGMIN || id == OP_LOGSUMEXP || id == OP_VAR || id == OP_STD)
     return expand_reduction(b, &pn, id, e->span);
   if (id == OP_EXPAND || id == OP_REPEAT_INTERLEAVE) return expand_broadcast(b, &pn, id, e->span);
+  if (id == OP_MSE_LOSS || id == OP_L1_LOSS || id == OP_BCE_WITH_LOGITS) return expand_pair_loss(b, &pn, id, e->span);
   if (id == OP_UNSQUEEZE || id == OP_SQUEEZE || id == OP_FLATTEN) { /* a RESHAPE to the macro's shape */
     Node s;
     int x = pn.in.a[0];

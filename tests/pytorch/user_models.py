@@ -321,6 +321,14 @@ def m22(p, d):
     x = x + merge(a) @ p['wo']
     return ce(x @ p['emb'].T, d['targets'])
 
+@model('m23_losses', lambda: {'x': rng.normal(size=(B, 6)).astype(np.float32), 'y': rng.normal(size=(B, 2)).astype(np.float32),
+                              'labels': rng.integers(0, 2, size=(B, 3)).astype(np.int32)})
+def m23(p, d):
+    h = torch.tanh(d['x'] @ p['w1'])
+    pred, logits = h @ p['w2'], h @ p['w3'] * 3.0
+    return (F.mse_loss(pred, d['y']) + 0.5 * F.l1_loss(pred, d['y']) +
+            F.binary_cross_entropy_with_logits(logits, d['labels'].double()))
+
 # CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default
 # f32) instead of the CPU one, compiled against the CUDA emulator of BUILD_DIR (tests/cuda/emu, as
 # tests/cuda/emu_program.sh does) and run from the CPU program's initial params; bf16 and f16 store

@@ -396,6 +396,13 @@ static void test_split_concat_slice(void) {
   at(fl)->ia[1] = 0;
   ERR(fl, "flatten: start_axis 1 comes after end_axis 0");
 
+  /* mse_loss, l1_loss, binary_cross_entropy_with_logits (macros): a float input, a target of its shape */
+  OK(N2(OP_MSE_LOSS, T(DT_F32, 2, 4, 1), T(DT_F32, 2, 4, 1)), "f32[]");
+  OK(N2(OP_L1_LOSS, T(DT_F32, 1, 3), T(DT_I32, 1, 3)), "f32[]");
+  OK(N2(OP_BCE_WITH_LOGITS, T(DT_F32, 2, 2, 3), T(DT_F32, 2, 2, 3)), "f32[]");
+  ERR(N2(OP_MSE_LOSS, T(DT_F32, 2, 4, 1), T(DT_F32, 1, 4)), "mse_loss: target [4] differs in shape from input [4, 1]");
+  ERR(N2(OP_L1_LOSS, T(DT_I32, 1, 3), T(DT_F32, 1, 3)), "l1_loss: input must be a float tensor, got i32[3]");
+
   int c = N2(OP_CONCAT, T(DT_F32, 2, 2, 3), T(DT_F32, 2, 2, 5));
   at(c)->ia[0] = -1;
   OK(c, "f32[2, 8]");
