@@ -560,6 +560,44 @@ static bool shape_concat(const Graph *g, Node *n, char *err, size_t errlen) {
   return true;
 }
 
+/* stack (macro): tensors of one shape -> a new dim of their count at ia[0] (canonical, in
+ * [0, rank]). */
+static bool shape_stack(const Graph *g, Node *n, char *err, size_t errlen) {
+  if (n->nin < 1) return fail(err, errlen, "stack: needs at least one tensor");
+  const Node *x0 = in_node(g, n, 0);
+  int r = x0->shape.rank;
+  if (r + 1 > CP_MAX_RANK) return fail(err, errlen, "stack: tensors of %d dims would give %d, more than %d", r, r + 1, CP_MAX_RANK);
+  if (n->ia[0] < -(r + 1) || n->ia[0] > r)
+    return fail(err, errlen, "stack: axis %lld is out of range for a result of %d dims (valid axes: %d to %d)",
+                (long long)n->ia[0], r + 1, -(r + 1), r);
+  if (n->ia[0] < 0) n->ia[0] += r + 1;
+  DType dt = x0->dtype;
+  for (int i = 1; i < n->nin; i++) {
+    const Node *xi = in_node(g, n, i);
+    if (!shape_eq(&xi->shape, &x0->shape))
+      return fail(err, errlen, "stack: tensor %d has shape %s, tensor 0 has %s: stack needs one shape", i,
+                  shape_str(&xi->shape), shape_str(&x0->shape));
+    dt = promote(dt, xi->dtype);
+  }
+  Shape o = {.rank = r + 1};
+  for (int k = 0, j = 0; k <= r; k++) o.d[k] = k == n->ia[0] ? n->nin : x0->shape.d[j++];
+  n->shape = o;
+  n->dtype = dt;
+  return true;
+}
+
+/* masked_fill (macro): x, a mask broadcasting to x's shape -> x's shape. */
+static bool shape_masked_fill(const Graph *g, Node *n, char *err, size_t errlen) {
+  const Node *x = in_node(g, n, 0), *m = in_node(g, n, 1);
+  Shape o;
+  if (!shape_broadcast(&x->shape, &m->shape, &o) || !shape_eq(&o, &x->shape))
+    return fail(err, errlen, "masked_fill: the mask %s does not broadcast to x %s", shape_str(&m->shape),
+                shape_str(&x->shape));
+  n->shape = x->shape;
+  n->dtype = x->dtype;
+  return true;
+}
+
 /* ia[0] axis, ia[1] start, ia[2] end: x[..., start:end, ...] along the axis. */
 static bool shape_slice(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *x = in_node(g, n, 0);

@@ -1408,6 +1408,97 @@ static Value expand_reduction(Build *b, const PrimNode *pn, OpId id, Span at) {
   return r < 0 ? sema_v_err() : tensor_val(r, at);
 }
 
+/* where(cond, a, b), inferred: the node or -1 (reported). */
+static int where_node(Build *b, int cond, int x, int y, Span at) {
+  int in[3] = {cond, x, y};
+  int w = add_node(b, OP_WHERE, in, 3, at);
+  return w < 0 || infer(b, w, at).kind == V_ERR ? -1 : w;
+}
+
+/* softplus, leaky_relu, elu and masked_fill (ops.def macros, PyTorch's; the forms are there). */
+static Value expand_activation(Build *b, const PrimNode *pn, OpId id, Span at, Span mask_at) {
+  int x = pn->in.a[0], r = -1;
+  double a = pn->fa[0];
+  if (id == OP_MASKED_FILL) {
+    int m = pn->in.a[1];
+    Node scratch = {.op = id, .in = (int *)pn->in.a, .nin = 2, .layer = b->g->cur_layer, .span = at};
+    char err[512];
+    if (!ir_ops[id].shape(b->g, &scratch, err, sizeof err)) {
+      diag_error(at, "%s", err);
+      return sema_v_err();
+    }
+    if (!is_bool_node(b->g, m)) { /* PyTorch's mask is a bool tensor */
+      diag_error(mask_at, "masked_fill's mask must be boolean, a comparison's 1.0/0.0 (PyTorch's bool tensor)");
+      diag_hint("compare it: masked_fill(x, %s != 0, value)", sema_span_text(mask_at));
+      return sema_v_err();
+    }
+    if (b->g->nodes[x].dtype == DT_I32 && a != floor(a)) {
+      diag_error(at, "masked_fill of an i32 tensor needs a whole value, got %g (PyTorch would truncate it)", a);
+      return sema_v_err();
+    }
+    Value v = make_const(b, b->g->nodes[x].dtype == DT_I32 ? sema_v_int((int64_t)a, at) : sema_v_float(a, at), x, at);
+    r = v.kind == V_ERR ? -1 : where_node(b, m, v.node, x, at);
+    return r < 0 ? sema_v_err() : tensor_val(r, at);
+  }
+  if (b->g->nodes[x].dtype == DT_I32 && (x = to_float(b, x, at)) < 0) return sema_v_err();
+  if (id == OP_SOFTPLUS) {
+    if (!(a > 0)) {
+      diag_error(at, "softplus's beta must be positive, got %g", a);
+      return sema_v_err();
+    }
+    Value bx = a == 1 ? tensor_val(x, at) : desugar_binary(b, OP_MUL, x, sema_v_float(a, at), at);
+    int rl = bx.kind == V_ERR ? -1 : unary_node(b, OP_RELU, bx.node, at);
+    int ab = rl < 0 ? -1 : unary_node(b, OP_ABS, bx.node, at), na = ab < 0 ? -1 : unary_node(b, OP_NEG, ab, at);
+    int ex = na < 0 ? -1 : unary_node(b, OP_EXP, na, at);
+    Value p1 = ex < 0 ? sema_v_err() : desugar_binary(b, OP_ADD, ex, sema_v_float(1.0, at), at);
+    int lg = p1.kind == V_ERR ? -1 : unary_node(b, OP_LOG, p1.node, at);
+    r = lg < 0 ? -1 : binary_node(b, OP_ADD, rl, lg, at);
+    if (r >= 0 && a != 1) {
+      Value s = desugar_binary(b, OP_MUL, r, sema_v_float(1 / a, at), at);
+      r = s.kind == V_ERR ? -1 : s.node;
+    }
+    return r < 0 ? sema_v_err() : tensor_val(r, at);
+  }
+  Value pos = desugar_binary(b, OP_GT, x, sema_v_float(0.0, at), at), neg;
+  if (pos.kind == V_ERR) return pos;
+  if (id == OP_LEAKY_RELU) {
+    neg = desugar_binary(b, OP_MUL, x, sema_v_float(a, at), at);
+  } else { /* elu */
+    Value m = desugar_binary(b, OP_MINIMUM, x, sema_v_float(0.0, at), at);
+    int ex = m.kind == V_ERR ? -1 : unary_node(b, OP_EXP, m.node, at);
+    Value em1 = ex < 0 ? sema_v_err() : desugar_binary(b, OP_ADD, ex, sema_v_float(-1.0, at), at);
+    if (em1.kind == V_ERR) return em1;
+    neg = a == 1 ? em1 : desugar_binary(b, OP_MUL, em1.node, sema_v_float(a, at), at);
+  }
+  r = neg.kind == V_ERR ? -1 : where_node(b, pos.node, x, neg.node, at);
+  return r < 0 ? sema_v_err() : tensor_val(r, at);
+}
+
+/* stack(xs, axis) (ops.def macro): each x with a dim of 1 at axis, concatenated along it. */
+static Value expand_stack(Build *b, const PrimNode *pn, Span at) {
+  int n = pn->in.n, *in = cp_alloc(sizeof(int) * (size_t)(n ? n : 1));
+  memcpy(in, pn->in.a, sizeof(int) * (size_t)n);
+  Node scratch = {.op = OP_STACK, .in = in, .nin = n, .layer = b->g->cur_layer, .span = at};
+  scratch.ia[0] = pn->ia[0];
+  char err[512];
+  if (!ir_ops[OP_STACK].shape(b->g, &scratch, err, sizeof err)) {
+    diag_error(at, "%s", err);
+    return sema_v_err();
+  }
+  int axis = (int)scratch.ia[0];
+  if (!promote_i32(b, in, n, at)) return sema_v_err(); /* torch.stack promotes as torch.cat */
+  for (int k = 0; k < n; k++) {
+    const Shape xs = b->g->nodes[in[k]].shape;
+    int64_t d[CP_MAX_RANK];
+    for (int j = 0, i = 0; j <= xs.rank; j++) d[j] = j == axis ? 1 : xs.d[i++];
+    if ((in[k] = dims_node(b, OP_RESHAPE, in[k], d, xs.rank + 1, 0, at)) < 0) return sema_v_err();
+  }
+  int c = add_node(b, OP_CONCAT, in, n, at);
+  if (c < 0) return sema_v_err();
+  b->g->nodes[c].ia[0] = axis;
+  return infer(b, c, at);
+}
+
 /* mse_loss, l1_loss and binary_cross_entropy_with_logits (ops.def macros): the mean over every
  * element of (x - y)^2, |x - y|, or relu(x) - x·y + log(1 + exp(-|x|)) (PyTorch's stable form). */
 static Value expand_pair_loss(Build *b, const PrimNode *pn, OpId id, Span at) {
@@ -1596,6 +1687,9 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
     return expand_reduction(b, &pn, id, e->span);
   if (id == OP_EXPAND || id == OP_REPEAT_INTERLEAVE) return expand_broadcast(b, &pn, id, e->span);
   if (id == OP_MSE_LOSS || id == OP_L1_LOSS || id == OP_BCE_WITH_LOGITS) return expand_pair_loss(b, &pn, id, e->span);
+  if (id == OP_SOFTPLUS || id == OP_LEAKY_RELU || id == OP_ELU || id == OP_MASKED_FILL)
+    return expand_activation(b, &pn, id, e->span, pn.in.n > 1 ? vals[1].span : e->span);
+  if (id == OP_STACK) return expand_stack(b, &pn, e->span);
   if (id == OP_UNSQUEEZE || id == OP_SQUEEZE || id == OP_FLATTEN) { /* a RESHAPE to the macro's shape */
     Node s;
     int x = pn.in.a[0];

@@ -329,6 +329,20 @@ def m23(p, d):
     return (F.mse_loss(pred, d['y']) + 0.5 * F.l1_loss(pred, d['y']) +
             F.binary_cross_entropy_with_logits(logits, d['labels'].double()))
 
+@model('m24_activations', lambda: {'idx': rng.integers(0, 11, size=(B, 6)).astype(np.int32),
+                                   'y': np.array([0, 3, 1, 2], np.int32)})
+def m24(p, d):
+    idx = d['idx'].long()
+    x = F.layer_norm(p['emb'][idx.masked_fill(idx > 8, 0)], (8,), p['ln.weight'], None, 1e-5)
+    h = F.softplus(x @ p['w1']) + F.softplus(x @ p['w1'], beta=2.0) * 0.5 + F.leaky_relu(x @ p['w1'], 0.2)
+    h = F.elu(h @ p['w1'] - 1.0) + F.elu(h @ p['w1'], alpha=0.5) + F.leaky_relu(h)
+    a, c = (h @ p['w2']).chunk(2, -1)
+    r = torch.stack([a, c], -1).reshape(B, 6, 16) @ p['w4']
+    s = r.masked_fill((idx == 0)[..., None], -1e9)
+    pr = torch.softmax(s.reshape(B, 48), -1)
+    pooled = torch.stack([a, c])
+    return ce((pr.reshape(B, 6, 8) * 4.0 + pooled.sum(0)).mean(1) @ p['w3'], d['y'])
+
 # CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default
 # f32) instead of the CPU one, compiled against the CUDA emulator of BUILD_DIR (tests/cuda/emu, as
 # tests/cuda/emu_program.sh does) and run from the CPU program's initial params; bf16 and f16 store

@@ -396,6 +396,22 @@ static void test_split_concat_slice(void) {
   at(fl)->ia[1] = 0;
   ERR(fl, "flatten: start_axis 1 comes after end_axis 0");
 
+  /* softplus, leaky_relu, elu, masked_fill, stack (macros) */
+  OK(N1(OP_SOFTPLUS, T(DT_F32, 2, 4, 3)), "f32[4, 3]");
+  OK(N1(OP_LEAKY_RELU, T(DT_F32, 1, 3)), "f32[3]");
+  OK(N1(OP_ELU, T(DT_I32, 1, 3)), "f32[3]");
+  OK(N2(OP_MASKED_FILL, T(DT_I32, 2, 4, 3), T(DT_F32, 2, 4, 1)), "i32[4, 3]");
+  ERR(N2(OP_MASKED_FILL, T(DT_F32, 2, 4, 1), T(DT_F32, 2, 4, 3)), "masked_fill: the mask [4, 3] does not broadcast to x [4, 1]");
+  int st = N2(OP_STACK, T(DT_F32, 2, 4, 3), T(DT_F32, 2, 4, 3));
+  at(st)->ia[0] = -1;
+  OK(st, "f32[4, 3, 2]");
+  CHECK(at(st)->ia[0] == 2);
+  st = N2(OP_STACK, T(DT_F32, 2, 4, 3), T(DT_F32, 2, 4, 2));
+  ERR(st, "stack: tensor 1 has shape [4, 2], tensor 0 has [4, 3]: stack needs one shape");
+  st = N1(OP_STACK, T(DT_F32, 1, 4));
+  at(st)->ia[0] = 2;
+  ERR(st, "stack: axis 2 is out of range for a result of 2 dims (valid axes: -2 to 1)");
+
   /* mse_loss, l1_loss, binary_cross_entropy_with_logits (macros): a float input, a target of its shape */
   OK(N2(OP_MSE_LOSS, T(DT_F32, 2, 4, 1), T(DT_F32, 2, 4, 1)), "f32[]");
   OK(N2(OP_L1_LOSS, T(DT_F32, 1, 3), T(DT_I32, 1, 3)), "f32[]");
