@@ -163,7 +163,7 @@ static int reshard(Ctx *c, int j, const Pl *want) {
 }
 
 /* Whether node i, split on the tp axis a along a dim of `size`, has the blocked layout a slice of
- * it assumes (find_blocks): it comes from params, whose shards init, save and load lay out so,
+ * it assumes (lower_find_blocks): it comes from params, whose shards init, save and load lay out so,
  * through ops split alike; not from a reshard into the split (a contiguous part) or an input. */
 static bool blocked_source(const StratPlan *sp, int a, int i, int64_t size) {
   const Node *n = &sp->g->nodes[i];
@@ -335,35 +335,47 @@ static int tp_axis(const StratPlan *sp) {
   return -1;
 }
 
-/* Marks node i (split along a dim of size `size` on axis a) and the producers it was computed
- * from that are split alike with `b` blocks. */
-static void mark_blocks(const StratPlan *sp, int *blocks, int a, int i, int64_t size, int b) {
-  const Graph *g = sp->g;
-  Pl p = sp->pl[i].ax[a];
+/* Marks node i (split along a dim of size `size` on the tp axis, placements pl) and the producers
+ * it was computed from that are split alike with `b` blocks. */
+static void mark_blocks(const Graph *g, const Pl *pl, int *blocks, int i, int64_t size, int b) {
+  Pl p = pl[i];
   if (p.kind != PL_S || g->nodes[i].shape.d[p.dim] != size || blocks[i] == b) return;
   blocks[i] = b;
-  for (int k = 0; k < g->nodes[i].nin; k++) mark_blocks(sp, blocks, a, g->nodes[i].in[k], size, b);
+  for (int k = 0; k < g->nodes[i].nin; k++) mark_blocks(g, pl, blocks, g->nodes[i].in[k], size, b);
 }
 
-/* A slice of q, k or v out of a split fused tensor needs the blocked layout on everything the
- * fused tensor came from (lower.h); states and gradients follow their param. */
-static void find_blocks(const StratPlan *sp, int *blocks) {
-  const Graph *g = sp->g;
+void lower_find_blocks(const Graph *g, const Pl *pl, Pl *const *cons, int *blocks) {
   for (int i = 0; i < g->n; i++) blocks[i] = 1;
-  int a = tp_axis(sp);
-  if (a < 0) return;
+  if (!pl) return;
   for (int i = 0; i < g->n; i++) {
     const Node *n = &g->nodes[i];
     if (n->op != OP_SLICE || n->role != ROLE_FWD) continue;
-    Pl x = sp->cons[a][i][0];
+    Pl x = cons[i][0];
     int64_t size = g->nodes[n->in[0]].shape.d[n->ia[0]], len = n->ia[2] - n->ia[1];
     if (x.kind == PL_S && x.dim == n->ia[0] && len < size && size % len == 0)
-      mark_blocks(sp, blocks, a, n->in[0], size, (int)(size / len));
+      mark_blocks(g, pl, blocks, n->in[0], size, (int)(size / len));
   }
   for (int i = 0; i < g->n; i++)
     if (g->nodes[i].op == OP_STATE) blocks[i] = blocks[g->nodes[i].ia[0]];
   for (int k = 0; k < g->grads.n; k++)
     if (g->grads.a[k] >= 0) blocks[g->grads.a[k]] = blocks[g->params.a[k]];
+}
+
+int lower_blocked_escape(const Graph *g, const Pl *pl, const int *blocks, int *src) {
+  for (int c = 0; c < g->n && pl; c++) {
+    const Node *n = &g->nodes[c];
+    if (n->role != ROLE_FWD) continue;
+    for (int k = 0; k < n->nin; k++) {
+      int i = n->in[k];
+      Pl p = pl[i];
+      if (blocks[i] <= 1 || p.kind != PL_S || blocks[c] == blocks[i]) continue;
+      int64_t size = g->nodes[i].shape.d[p.dim];
+      if (n->op == OP_SLICE && n->ia[0] == p.dim && (n->ia[2] - n->ia[1]) * blocks[i] == size) continue;
+      *src = i;
+      return c;
+    }
+  }
+  return -1;
 }
 
 int64_t lower_global_index(const StratPlan *sp, const Lowered *lw, int i, const int64_t *coord, int64_t local) {
@@ -440,11 +452,19 @@ Lowered *lower_spmd(const StratPlan *sp, char *err, size_t errlen) {
   c.cur = cp_alloc(sizeof(int) * (size_t)g->n);
   c.have = cp_alloc(sizeof(Pl) * (size_t)g->n * (size_t)(sp->naxes ? sp->naxes : 1));
   c.lin = cp_alloc(sizeof(int *) * (size_t)g->n);
-  find_blocks(sp, lw->blocks);
+  int a = tp_axis(sp);
+  Pl *tp_pl = a < 0 ? NULL : cp_alloc(sizeof(Pl) * (size_t)(g->n ? g->n : 1));
+  for (int i = 0; i < g->n && tp_pl; i++) tp_pl[i] = sp->pl[i].ax[a];
+  lower_find_blocks(g, tp_pl, a < 0 ? NULL : sp->cons[a], lw->blocks);
   for (int i = 0; i < g->n && !c.failed; i++) {
     lw->g->cur_layer = g->nodes[i].layer;
     lower_node(&c, i);
   }
+  int src = -1, esc = c.failed ? -1 : lower_blocked_escape(g, tp_pl, lw->blocks, &src); /* after a slice's own error */
+  if (esc >= 0)
+    fail(&c, "lowering: %%%d (%s) reads %%%d, which tp splits in %d blocks for the slices taken of it (Megatron's "
+         "fused q/k/v layout), other than through those slices: a value both sliced in parts and read whole is not "
+         "supported under tp yet", esc, ir_ops[g->nodes[esc].op].name, src, lw->blocks[src]);
   if (c.failed) return NULL;
   map_lists(&c, lw->g);
   if (!ir_verify(lw->g, err, errlen)) return NULL;

@@ -79,6 +79,13 @@ typedef struct Lowered {
 
 /* The per-rank graph of sp's training graph. NULL with a message in err when a placement has no
  * lowering yet (an internal limitation, not a user error). The result passes ir_verify. */
+/* Blocked layouts on the tp axis (above), from its placements pl (NULL: no tp) and the
+ * placements each node consumes its inputs at: blocks[i] for every node of g (1: contiguous). */
+void lower_find_blocks(const Graph *g, const Pl *pl, Pl *const *cons, int *blocks);
+/* A forward reader of a blocked value other than a slice taking one of its blocks or an op of
+ * the same blocked chain (an elementwise op of the whole fused tensor, or its gather): it would
+ * read the shard as if contiguous, so the lowering refuses it. Its index (*src the value), or -1. */
+int lower_blocked_escape(const Graph *g, const Pl *pl, const int *blocks, int *src);
 Lowered *lower_spmd(const StratPlan *sp, char *err, size_t errlen);
 
 /* The global index (row-major, in the global shape) of element `local` of rank coordinate

@@ -12,6 +12,7 @@
  * overestimate); the boundary between layers of different classes is taken as replicated;
  * stages of a pipeline all use submeshes of the same shape (dp x tp). */
 #include "search.h"
+#include "lower.h"
 #include "pipeline.h"
 #include "train.h"
 
@@ -700,7 +701,10 @@ static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
     pin_cons = cp_alloc(sizeof(Pl *) * (size_t)g->n);
     pin_from = cp_alloc(sizeof(Pl *) * (size_t)g->n);
     bwd_done = cp_alloc((size_t)g->n);
-    if (!strat_tp_place(g, n, sp > 1, pin_out, pin_cons, pin_from)) {
+    int *blocks = cp_alloc(sizeof(int) * (size_t)g->n), src;
+    if (strat_tp_place(g, n, sp > 1, pin_out, pin_cons, pin_from)) lower_find_blocks(g, pin_out, pin_cons, blocks);
+    else blocks = NULL;
+    if (!blocks || lower_blocked_escape(g, pin_out, blocks, &src) >= 0) { /* what the build refuses */
       r->refused = true;
       return r;
     }
