@@ -180,7 +180,7 @@ static const char *shape_ints(const Shape *s) {
 
 static const char *const unary_k[] = {"K_NEG", "K_EXP", "K_LOG", "K_SQRT", "K_RSQRT", "K_TANH",
                                        "K_SIGMOID", "K_RELU", "K_GELU", "K_SILU", "K_SQUARE", "K_POW",
-                                       "K_ABS", "K_CLAMP_MIN", "K_CLAMP_MAX", "K_ERF"};
+                                       "K_ABS", "K_CLAMP_MIN", "K_CLAMP_MAX", "K_ERF", "K_SIN", "K_COS"};
 static const char *const binary_k[] = {"K_ADD", "K_SUB", "K_MUL", "K_DIV", "K_MAXIMUM", "K_MINIMUM", "K_MOD",
                                         "K_FLOORDIV", "K_EQ", "K_NE", "K_LT", "K_LE", "K_GT", "K_GE"};
 
@@ -549,7 +549,7 @@ static void emit_forward(Cg *c, int i) {
   case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: emit_binary(c, i); break;
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
-  case OP_CLAMP_MAX: case OP_ERF: emit_unary(c, i); break;
+  case OP_CLAMP_MAX: case OP_ERF: case OP_SIN: case OP_COS: emit_unary(c, i); break;
   case OP_WHERE: emit_where(c, i); break;
   case OP_SUM: case OP_MEAN: case OP_MAX: emit_reduce(c, i); break;
   case OP_MATMUL: emit_matmul(c, i); break;
@@ -797,7 +797,7 @@ static void emit_grad(Cg *c, int i) {
     break;
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
-  case OP_CLAMP_MAX: case OP_ERF:
+  case OP_CLAMP_MAX: case OP_ERF: case OP_SIN: case OP_COS:
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
     EMIT("  kf_unary_backward(%s, %s, %s, %s, %s, %lld, %s);\n", unary_k[f->op - OP_NEG], dx, dy, x, ptr(c, n->fwd),
          (long long)numel(n), cg_flt(unary_c(f)));

@@ -1623,7 +1623,7 @@ static void emit_forward(Cu *c, int i) {
   case OP_EQ: case OP_NE: case OP_LT: case OP_LE: case OP_GT: case OP_GE: emit_binary(c, i); break;
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
-  case OP_CLAMP_MAX: case OP_ERF: emit_unary(c, i); break;
+  case OP_CLAMP_MAX: case OP_ERF: case OP_SIN: case OP_COS: emit_unary(c, i); break;
   case OP_WHERE: emit_where(c, i); break;
   case OP_SUM: case OP_MEAN: case OP_MAX: emit_reduce(c, i); break;
   case OP_MATMUL: {
@@ -2007,7 +2007,7 @@ static void emit_grad(Cu *c, int i) {
     break;
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
-  case OP_CLAMP_MAX: case OP_ERF: {
+  case OP_CLAMP_MAX: case OP_ERF: case OP_SIN: case OP_COS: {
     emit_zero(c, dx, bytes);
     const char *args[8] = {ai((int)(f->op - OP_NEG)), ai(tcodes(c, 4, (int[]){i, n->in[0], f->in[n->ia[0]], n->fwd})),
                            ap(dx), ap(dy), ap(x), ap(ptr(c, n->fwd)), al(numel(n)), af(unary_c(f))};

@@ -190,6 +190,8 @@ static void emit_unary(FILE *f, int j, int op, int a, float c) {
   case K_SILU: fprintf(f, "    float v%d = v%d / (1.0f + expf(-v%d));\n", j, a, a); return;
   case K_SQUARE: fprintf(f, "    float v%d = v%d * v%d;\n", j, a, a); return;
   case K_ERF: fprintf(f, "    float v%d = erff(v%d);\n", j, a); return;
+  case K_SIN: fprintf(f, "    float v%d = sinf(v%d);\n", j, a); return;
+  case K_COS: fprintf(f, "    float v%d = cosf(v%d);\n", j, a); return;
   case K_POW:
     if (c == 0.5f) {
       fprintf(f, "    float v%d = sqrtf(v%d);\n", j, a);

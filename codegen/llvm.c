@@ -345,6 +345,32 @@ static LLVMValueRef gen_erf(Gen *g, LLVMValueRef x) {
   return sel(g, fcmp(g, LLVMRealOLT, ax, cf(g, 0.5)), small, big);
 }
 
+/* sin x (want_cos 0) or cos x as kernels/cpu/fast_nn.c's f_sincos (Cephes): |x| reduced by an
+ * even multiple j of pi/4, the sine or cosine polynomial chosen by the quadrant (j/2 + want_cos)
+ * mod 4, the sign of x for sin; NaN in, NaN out. */
+static LLVMValueRef gen_sincos(Gen *g, LLVMValueRef x, int want_cos) {
+  static const double S[] = {-1.9515295891E-4, 8.3321608736E-3, -1.6666654611E-1};
+  static const double C[] = {2.443315711809948E-5, -1.388731625493765E-3, 4.166664568298827E-2};
+  LLVMValueRef a = call1(g, "llvm.fabs", x), ja = fmul(g, a, cf(g, 1.27323954473516));
+  ja = call1(g, "llvm.floor", sel(g, fcmp(g, LLVMRealOGT, ja, cf(g, 16777216.0)), cf(g, 16777216.0), ja));
+  LLVMValueRef j = LLVMBuildFPToSI(g->b, sel(g, fcmp(g, LLVMRealUNO, ja, ja), cf(g, 0.0), ja), g->i32, "");
+  j = LLVMBuildAnd(g->b, LLVMBuildAdd(g->b, j, ci32(g, 1), ""), ci32(g, ~1), "");
+  LLVMValueRef y = LLVMBuildSIToFP(g->b, j, g->f32, "");
+  LLVMValueRef r = fsub(g, fsub(g, fsub(g, a, fmul(g, y, cf(g, 0.78515625))), fmul(g, y, cf(g, 2.4187564849853515625e-4))),
+                        fmul(g, y, cf(g, 3.77489497744594108e-8)));
+  LLVMValueRef z = fmul(g, r, r);
+  LLVMValueRef s = fadd(g, r, fmul(g, fmul(g, r, z), poly(g, z, S, 3)));
+  LLVMValueRef c = fadd(g, fsub(g, cf(g, 1.0), fmul(g, z, cf(g, 0.5))), fmul(g, fmul(g, z, z), poly(g, z, C, 3)));
+  LLVMValueRef q = LLVMBuildAnd(g->b, LLVMBuildAdd(g->b, LLVMBuildAShr(g->b, j, ci32(g, 1), ""), ci32(g, want_cos), ""),
+                                ci32(g, 3), "");
+  LLVMValueRef odd = LLVMBuildICmp(g->b, LLVMIntEQ, LLVMBuildAnd(g->b, q, ci32(g, 1), ""), ci32(g, 1), "");
+  LLVMValueRef neg = LLVMBuildICmp(g->b, LLVMIntUGE, q, ci32(g, 2), "");
+  LLVMValueRef out = sel(g, odd, c, s);
+  out = sel(g, neg, LLVMBuildFNeg(g->b, out, ""), out);
+  if (!want_cos) out = sel(g, fcmp(g, LLVMRealOLT, x, cf(g, 0.0)), LLVMBuildFNeg(g->b, out, ""), out);
+  return sel(g, fcmp(g, LLVMRealUNO, x, x), x, out);
+}
+
 /* x / (1 + e^-t): sigmoid (x = 1, t = x), silu (t = x) and gelu (t = 2u) */
 static LLVMValueRef over_1_exp(Gen *g, LLVMValueRef num, LLVMValueRef t) {
   LLVMValueRef e = gen_exp(g, LLVMBuildFNeg(g->b, t, ""));
@@ -391,6 +417,8 @@ static LLVMValueRef gen_unary(Gen *g, int op, LLVMValueRef x, float c) {
   case K_CLAMP_MIN: return sel(g, fcmp(g, LLVMRealOLT, x, cf(g, c)), cf(g, c), x);
   case K_CLAMP_MAX: return sel(g, fcmp(g, LLVMRealOGT, x, cf(g, c)), cf(g, c), x);
   case K_ERF: return gen_erf(g, x);
+  case K_SIN: return gen_sincos(g, x, 0);
+  case K_COS: return gen_sincos(g, x, 1);
   case K_UNARY_COUNT: break;
   }
   return NULL; /* cg_llvm_check rejected it */

@@ -19,7 +19,7 @@ bool fusion_kernel_op(OpId op, bool *unary, int *kop) {
       {OP_SIGMOID, true, K_SIGMOID}, {OP_RELU, true, K_RELU},       {OP_GELU, true, K_GELU},
       {OP_SILU, true, K_SILU},      {OP_SQUARE, true, K_SQUARE},    {OP_POW, true, K_POW},
       {OP_ABS, true, K_ABS},        {OP_CLAMP_MIN, true, K_CLAMP_MIN}, {OP_CLAMP_MAX, true, K_CLAMP_MAX},
-      {OP_ERF, true, K_ERF},
+      {OP_ERF, true, K_ERF},        {OP_SIN, true, K_SIN},          {OP_COS, true, K_COS},
   };
   for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
     if (map[i].op == op) {
@@ -201,6 +201,8 @@ static int unary_df(KBuild *b, const Node *f, int x, int y) {
   case OP_CLAMP_MIN: return kbin(b, K_GE, x, kconst(b, f->fa[0]));
   case OP_CLAMP_MAX: return kbin(b, K_LE, x, kconst(b, f->fa[0]));
   case OP_ERF: return kbin(b, K_MUL, kconst(b, 1.1283791670955126), kun(b, K_EXP, kun(b, K_NEG, kbin(b, K_MUL, x, x))));
+  case OP_SIN: return kun(b, K_COS, x);
+  case OP_COS: return kun(b, K_NEG, kun(b, K_SIN, x));
   default: cp_unreachable();
   }
 }

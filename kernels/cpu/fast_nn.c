@@ -200,6 +200,22 @@ static inline float f_erf(float v) {
   return a < 0.5f ? small : copysignf(big, v);
 }
 
+/* sin and cos in float as Cephes' sinf/cosf: |x| reduced by multiples of pi/4 (j even, pi/4 in
+ * three parts), then the sine or cosine polynomial on [-pi/4, pi/4] by quadrant (j/2) mod 4.
+ * Accurate to about 1e-7 for |x| <= 8192 (beyond, the reduction loses bits); j is clamped so no
+ * input overflows the int. llvm.c's gen_sincos computes the same. */
+static inline float f_sincos(float v, int want_cos) {
+  float a = fabsf(v), jf = floorf(fminf(a * 1.27323954473516f, 16777216.0f));
+  int j = (int)jf;
+  j = (j + 1) & ~1;
+  float y = (float)j, r = ((a - y * 0.78515625f) - y * 2.4187564849853515625e-4f) - y * 3.77489497744594108e-8f, z = r * r;
+  float s = r + r * z * ((-1.9515295891e-4f * z + 8.3321608736e-3f) * z - 1.6666654611e-1f);
+  float c = 1.0f - 0.5f * z + z * z * ((2.443315711809948e-5f * z - 1.388731625493765e-3f) * z + 4.166664568298827e-2f);
+  int q = ((j >> 1) + want_cos) & 3; /* cos x = sin(x + pi/2): one quadrant on */
+  float out = q == 0 ? s : q == 1 ? c : q == 2 ? -s : -c;
+  return want_cos || v >= 0 ? (v != v ? v : out) : -out;
+}
+
 static float gelu_f(float v) {
   return v / (1.0f + f_exp(-2.0f * GELU_S * (v + GELU_C * v * v * v)));
 }
@@ -224,6 +240,8 @@ void kf_unary_forward(KUnary op, float *out, const float *x, long n, float c) {
   case K_CLAMP_MIN: MAP(v < c ? c : v);
   case K_CLAMP_MAX: MAP(v > c ? c : v);
   case K_ERF: MAP(f_erf(v));
+  case K_SIN: MAP(f_sincos(v, 0));
+  case K_COS: MAP(f_sincos(v, 1));
   default: k_assert(!"bad KUnary");
   }
 }
@@ -269,6 +287,8 @@ void kf_unary_backward(KUnary op, float *dx, const float *dout, const float *x, 
   case K_CLAMP_MIN: GRAD(V >= c ? 1.0f : 0.0f);
   case K_CLAMP_MAX: GRAD(V <= c ? 1.0f : 0.0f);
   case K_ERF: GRAD(1.1283791671f * f_exp(-V * V));
+  case K_SIN: GRAD(f_sincos(V, 1));
+  case K_COS: GRAD(-f_sincos(V, 0));
   default: k_assert(!"bad KUnary");
   }
 }

@@ -31,7 +31,7 @@ _Noreturn void k_data_error(const char *op, const char *what, long i, long value
 
 const char *const k_unary_names[K_UNARY_COUNT] = {
     "neg", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu", "silu", "square", "pow",
-    "abs", "clamp_min", "clamp_max", "erf"};
+    "abs", "clamp_min", "clamp_max", "erf", "sin", "cos"};
 const char *const k_binary_names[K_BINARY_COUNT] = {
     "add", "sub", "mul", "div", "maximum", "minimum", "mod", "floordiv", "eq", "ne", "lt", "le", "gt", "ge"};
 
@@ -145,6 +145,8 @@ static double K_NAME(unary_f)(KUnary op, double x, double c) {
   case K_CLAMP_MIN: return x < c ? c : x;
   case K_CLAMP_MAX: return x > c ? c : x;
   case K_ERF: return erf(x);
+  case K_SIN: return sin(x);
+  case K_COS: return cos(x);
   default: k_assert(!"bad KUnary");
   }
   return 0;
@@ -174,6 +176,8 @@ static double K_NAME(unary_df)(KUnary op, double x, double y, double c) {
   /* PyTorch's: sign(x) (0 at 0); clamp passes the gradient inside the closed range */
   case K_ABS: return x > 0 ? 1.0 : x < 0 ? -1.0 : 0.0;
   case K_ERF: return 1.1283791670955126 * exp(-x * x); /* 2/sqrt(pi) e^(-x^2) */
+  case K_SIN: return cos(x);
+  case K_COS: return -sin(x);
   case K_CLAMP_MIN: return x >= c ? 1.0 : 0.0;
   case K_CLAMP_MAX: return x <= c ? 1.0 : 0.0;
   default: k_assert(!"bad KUnary");

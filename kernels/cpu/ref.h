@@ -57,7 +57,7 @@ static inline int32_t k_mod_i(int32_t a, int32_t b) {
  * Checklist: the order is ops.def's (OP_NEG ..), emit_c.c's unary_k and emit_cu_support.h's cps_un. */
 typedef enum {
   K_NEG, K_EXP, K_LOG, K_SQRT, K_RSQRT, K_TANH, K_SIGMOID, K_RELU, K_GELU, K_SILU, K_SQUARE, K_POW,
-  K_ABS, K_CLAMP_MIN, K_CLAMP_MAX, K_ERF,
+  K_ABS, K_CLAMP_MIN, K_CLAMP_MAX, K_ERF, K_SIN, K_COS,
   K_UNARY_COUNT
 } KUnary;
 

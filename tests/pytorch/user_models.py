@@ -343,6 +343,19 @@ def m24(p, d):
     pooled = torch.stack([a, c])
     return ce((pr.reshape(B, 6, 8) * 4.0 + pooled.sum(0)).mean(1) @ p['w3'], d['y'])
 
+@model('m25_sincos', lambda: {'idx': rng.integers(0, 13, size=(B, 6)).astype(np.int32),
+                              'targets': rng.integers(0, 13, size=(B, 6)).astype(np.int32)})
+def m25(p, d):
+    pos = torch.arange(6, dtype=torch.float64)[:, None]
+    freq = torch.exp(torch.arange(4, dtype=torch.float64)[None] * -1.1512925464970228)
+    ang = pos * freq
+    x = p['emb'][d['idx'].long()] + torch.cat([torch.sin(ang), torch.cos(ang)], -1)
+    h = x @ p['w']
+    a, b = h.chunk(2, -1)
+    r = torch.cat([a * torch.cos(ang) - b * torch.sin(ang), a * torch.sin(ang) + b * torch.cos(ang)], -1)
+    g = x @ p['w2']
+    return ce((r + 0.3 * torch.sin(g) + 0.2 * torch.cos(g * 2.0)) @ p['emb'].T, d['targets'])
+
 # CPLAN_EMU=BUILD_DIR: the CUDA program (a mesh of one h100_sxm, precision CPLAN_EMU_PRECISION, default
 # f32) instead of the CPU one, compiled against the CUDA emulator of BUILD_DIR (tests/cuda/emu, as
 # tests/cuda/emu_program.sh does) and run from the CPU program's initial params; bf16 and f16 store

@@ -182,7 +182,7 @@ static void forward(Interp *I, const Node *f, double *out) {
   }
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
-  case OP_CLAMP_MAX: case OP_ERF:
+  case OP_CLAMP_MAX: case OP_ERF: case OP_SIN: case OP_COS:
     k_unary_forward_f64((KUnary)(f->op - OP_NEG), out, a, n, f->fa[0]);
     return;
   case OP_WHERE: {
@@ -292,7 +292,7 @@ static void backward(Interp *I, const Node *f, int k, const double *dy, double *
   }
   case OP_NEG: case OP_EXP: case OP_LOG: case OP_SQRT: case OP_RSQRT: case OP_TANH: case OP_SIGMOID:
   case OP_RELU: case OP_GELU: case OP_SILU: case OP_SQUARE: case OP_POW: case OP_ABS: case OP_CLAMP_MIN:
-  case OP_CLAMP_MAX: case OP_ERF:
+  case OP_CLAMP_MAX: case OP_ERF: case OP_SIN: case OP_COS:
     k_unary_backward_f64((KUnary)(f->op - OP_NEG), dx, dy, a, I->v[f - I->g->nodes], n, f->fa[0]);
     return;
   case OP_WHERE: {
@@ -517,7 +517,7 @@ static void test_gradients(void) {
                       "  y = dropout(x * a, 0.1)\n"
                       "  z = y - 1\n"
                       "  loss = sum(neg(y)) + sum(exp(y)) + sum(log(y)) + sum(sqrt(y)) + sum(rsqrt(y)) + sum(tanh(y))"
-                      " + sum(sigmoid(z)) + sum(relu(z)) + sum(gelu(z)) + sum(erf(z)) + sum(silu(z)) + sum(square(z)) + sum(pow(y, 1.5))"
+                      " + sum(sigmoid(z)) + sum(relu(z)) + sum(gelu(z)) + sum(erf(z)) + sum(sin(z)) + sum(cos(y)) + sum(silu(z)) + sum(square(z)) + sum(pow(y, 1.5))"
                       " + sum(float(y) * float(z))\n" /* float of f32: the identity, its gradient passing */
                       "}\n", 1);
   GRAD_CHECK("binary, broadcasting, a value used twice",

@@ -93,7 +93,7 @@ static int sel(TK *t, int q, int a, int b) { return add(t, (CgNode){.kind = CG_S
 /* names for kernel symbols (ref.c's k_unary_names is not linked into this test) */
 static const char *const unames[K_UNARY_COUNT] = {"neg", "exp", "log", "sqrt", "rsqrt", "tanh",
                                                   "sigmoid", "relu", "gelu", "silu", "square", "pow",
-                                                  "abs", "clamp_min", "clamp_max", "erf"};
+                                                  "abs", "clamp_min", "clamp_max", "erf", "sin", "cos"};
 static const char *const bnames[K_BINARY_COUNT] = {"add", "sub", "mul", "div", "maximum", "minimum", "mod",
                                                    "floordiv", "eq", "ne", "lt", "le", "gt", "ge"};
 
@@ -111,6 +111,10 @@ static void unary_kernels(void) {
   un(t, K_EXP, in(t, 1, 1000));
   t = kernel("u_erf_small", -0.6f, 0.6f, 1, 1000); /* erf's series branch and the switch at 0.5 */
   un(t, K_ERF, in(t, 1, 1000));
+  t = kernel("u_sin_wide", -8192.0f, 8192.0f, 1, 1000); /* positions x frequencies: the reduction's range */
+  un(t, K_SIN, in(t, 1, 1000));
+  t = kernel("u_cos_wide", -8192.0f, 8192.0f, 1, 1000);
+  un(t, K_COS, in(t, 1, 1000));
   t = kernel("u_tanh_small", -0.7f, 0.7f, 1, 1000); /* the polynomial branch, relative error */
   un(t, K_TANH, in(t, 1, 1000));
   t = kernel("u_log_tiny", 1e-30f, 1e-20f, 1, 333);

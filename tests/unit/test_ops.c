@@ -178,7 +178,7 @@ static void test_compare(void) {
 
 static void test_unary(void) {
   static const OpId keep[] = {OP_NEG, OP_RELU, OP_SQUARE};
-  static const OpId flt[] = {OP_EXP, OP_LOG, OP_SQRT, OP_RSQRT, OP_TANH, OP_SIGMOID, OP_GELU, OP_SILU, OP_POW, OP_ERF};
+  static const OpId flt[] = {OP_EXP, OP_LOG, OP_SQRT, OP_RSQRT, OP_TANH, OP_SIGMOID, OP_GELU, OP_SILU, OP_POW, OP_ERF, OP_SIN, OP_COS};
   for (size_t k = 0; k < sizeof keep / sizeof keep[0]; k++) {
     OK(N1(keep[k], T(DT_BF16, 2, 3, 5)), "bf16[3, 5]");
     OK(N1(keep[k], T(DT_I32, 1, 7)), "i32[7]");
