@@ -281,16 +281,24 @@ bool cg_grad_skip(FILE *out, const CgPlan *p, int i) {
 
 /* ---- the RtPlan tables ---------------------------------------------------------------------- */
 
-void cg_emit_param_row(FILE *out, const Node *p, int64_t off) {
+void cg_emit_param_row(FILE *out, const Node *p, int64_t off, int64_t valid) {
   static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
-  fprintf(out, "    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", cg_c_string(p->name), p->shape.rank,
+  fprintf(out, "    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g", cg_c_string(p->name), p->shape.rank,
           cg_shape_list(&p->shape), (long long)numel(p), (long long)off, inits[p->ia[0]], p->fa[0], p->fa[1]);
+  if (valid) fprintf(out, ", %lld", (long long)valid);
+  fprintf(out, "},\n");
+}
+
+/* The elements of whole param p that files hold: its valid rows when vocab_pad padded it (the
+ * pad rows come last, so they are a prefix), else 0 (all). */
+static int64_t param_valid(const Node *p) {
+  return p->op == OP_PARAM && p->ia[1] > 0 ? p->ia[1] * (numel(p) / p->shape.d[0]) : 0;
 }
 
 void cg_emit_tables(FILE *out, const CgPlan *p, const CgTables *o) {
   const Graph *g = p->g;
   fprintf(out, "\nstatic const RtPlanParam params[] = {\n");
-  for (int k = 0; k < g->params.n; k++) cg_emit_param_row(out, nd(p, g->params.a[k]), p->nc[g->params.a[k]].off);
+  for (int k = 0; k < g->params.n; k++) cg_emit_param_row(out, nd(p, g->params.a[k]), p->nc[g->params.a[k]].off, 0);
   if (!g->params.n) fprintf(out, "    {0},\n");
   fprintf(out, "};\n\nstatic const RtPlanState states[] = {\n");
   for (int k = 0; k < g->states.n; k++) {
@@ -467,7 +475,7 @@ void cg_emit_global_tables(FILE *out, const StratPlan *sp, const Lowered *lw, co
        "static const RtPlanParam gparams[] = {\n");
   for (int k = 0; k < gg->params.n; k++) {
     const Node *p = &gg->nodes[gg->params.a[k]];
-    cg_emit_param_row(out, p, off);
+    cg_emit_param_row(out, p, off, param_valid(p));
     off += align16(numel(p));
   }
   o->gparam_floats = off;
@@ -475,7 +483,11 @@ void cg_emit_global_tables(FILE *out, const StratPlan *sp, const Lowered *lw, co
   fprintf(out, "};\nstatic const RtPlanState gstates[] = {\n");
   for (int k = 0; k < gg->states.n; k++) {
     const Node *st = &gg->nodes[gg->states.a[k]];
-    fprintf(out, "    {%s, %lld, %lld, %d},\n", cg_c_string(st->name), (long long)numel(st), (long long)off, (int)st->ia[1]);
+    const Node *sp_ = &gg->nodes[st->ia[0]];
+    int64_t valid = param_valid(sp_) && numel(st) == numel(sp_) ? param_valid(sp_) : 0;
+    fprintf(out, "    {%s, %lld, %lld, %d", cg_c_string(st->name), (long long)numel(st), (long long)off, (int)st->ia[1]);
+    if (valid) fprintf(out, ", 0, %lld", (long long)valid);
+    fprintf(out, "},\n");
     off += align16(numel(st));
   }
   if (!gg->states.n) fprintf(out, "    {0},\n");

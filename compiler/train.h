@@ -57,6 +57,19 @@ int64_t train_graph_batch(const TrainConf *t);
  * Every index of g is renumbered. RC_NONE and RC_SEARCH change nothing. */
 bool recompute_apply(Graph *g, Recompute mode);
 
+/* Exact vocabulary padding under tensor parallelism (vocab_pad.c): an embedding table [V, C] tp
+ * does not divide, read only by lookups and by tied heads x @ transpose(table) whose logits only
+ * cross_entropy and argmax read, becomes [vocab_pad_rows(V, tp), C] with V valid rows (PARAM
+ * ia[1]) and each head's logits masked with -inf past V, so it is vocab-parallel and every
+ * value but the pad rows (zero throughout) is the unpadded model's. Before autodiff; renumbers g.
+ * True when it padded a table. */
+bool vocab_pad(Graph *g, int64_t tp);
+/* Whether vocab_pad pads param p of g (not yet padded) under tp. */
+bool vocab_pad_fits(const Graph *g, int p, int64_t tp);
+/* The rows of a vocabulary of v padded for tp: the next multiple of tp (and of 128 from v = 1024
+ * on, as llm.c's 50304 for GPT-2's 50257); v when tp divides it. */
+int64_t vocab_pad_rows(int64_t v, int64_t tp);
+
 /* ad_backward with accum = batch / (dp * micro) (B of g must be bound to the micro-batch), then
  * opt_lower, recompute_apply (t's strategy.recompute) and ir_verify. False after a diagnostic
  * (also when batch is not a multiple of dp * micro). */

@@ -40,6 +40,7 @@ int rt_params_save(const RtRun *run, const char *path, RtError *err) {
     ts[i].dtype = RT_F32;
     ts[i].ndim = pp->rank;
     memcpy(ts[i].shape, pp->shape, sizeof ts[i].shape);
+    if (pp->valid > 0) ts[i].shape[0] = pp->valid / (pp->numel / pp->shape[0]); /* the unpadded rows */
     ts[i].data = run->params + pp->offset;
   }
   int rc = rt_st_write(path, ts, p->nparams, meta_keys, meta_values, 1, err);
@@ -54,7 +55,13 @@ int rt_params_load(RtRun *run, const char *path, RtError *err) {
   int rc = 0;
   for (int i = 0; i < p->nparams && rc == 0; i++) {
     const RtPlanParam *pp = &p->params[i];
-    rc = rt_st_read(f, pp->name, RT_F32, pp->rank, pp->shape, run->params + pp->offset, err);
+    int64_t shape[RT_ST_MAX_DIMS];
+    memcpy(shape, pp->shape, sizeof shape);
+    if (pp->valid > 0) { /* a padded table: the file's [V, C], then zero rows (rt_params_save) */
+      shape[0] = pp->valid / (pp->numel / pp->shape[0]);
+      memset(run->params + pp->offset + pp->valid, 0, (size_t)(pp->numel - pp->valid) * sizeof(float));
+    }
+    rc = rt_st_read(f, pp->name, RT_F32, pp->rank, shape, run->params + pp->offset, err);
     for (int64_t k = 0; rc == 0 && k < pp->numel; k++) /* training from it would only say the loss is NaN */
       if (!isfinite(run->params[pp->offset + k]))
         rc = rt_errf(err, "%s: tensor '%s' holds %g at element %lld", path, pp->name, (double)run->params[pp->offset + k],
@@ -290,7 +297,7 @@ static int write_states(const RtRun *run, const char *path, RtError *err) {
   for (int i = 0; i < p->nstates; i++) {
     const RtPlanState *s = &p->states[i];
     if (!s->saved) continue;
-    ts[n] = (RtStTensor){.name = s->name, .dtype = RT_F32, .ndim = 1, .shape = {s->numel},
+    ts[n] = (RtStTensor){.name = s->name, .dtype = RT_F32, .ndim = 1, .shape = {s->valid > 0 ? s->valid : s->numel},
                          .data = run->state + s->offset};
     n++;
   }
@@ -351,8 +358,9 @@ static int read_states(RtRun *run, const char *path, RtError *err) {
   for (int i = 0; i < p->nstates && rc == 0; i++) {
     const RtPlanState *s = &p->states[i];
     float *dst = run->state + s->offset;
-    if (s->saved) rc = rt_st_read(f, s->name, RT_F32, 1, &s->numel, dst, err);
-    else memset(dst, 0, (size_t)s->numel * sizeof *dst);
+    int64_t n = s->valid > 0 ? s->valid : s->numel; /* a padded table's: its valid part, then zeros */
+    memset(dst, 0, (size_t)s->numel * sizeof *dst);
+    if (s->saved) rc = rt_st_read(f, s->name, RT_F32, 1, &n, dst, err);
   }
   rt_st_close(f);
   return rc;

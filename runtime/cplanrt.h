@@ -191,6 +191,9 @@ typedef struct RtPlanParam {
   int64_t offset;               /* in floats, into RtRun.params */
   RtInit init;
   double init_a, init_b;        /* full(a), normal(std = a), uniform(lo = a, hi = b) */
+  int64_t valid;                /* 0, or a table the compiler padded for tp (compiler/vocab_pad.c): its
+                                   first `valid` elements are the real [V, C] tensor, the rest zero
+                                   rows; files hold the valid rows only (whole tensors: gparams) */
 } RtPlanParam;
 
 typedef struct RtPlanState {
@@ -201,6 +204,8 @@ typedef struct RtPlanState {
                                    accumulators, zero at every step boundary */
   int reduce;                   /* a lowered plan's (gparams != NULL): 1 when the runtime reduces
                                    this gradient accumulator over dp (others: in the graph) */
+  int64_t valid;                /* 0, or the state of a padded param (RtPlanParam.valid): files hold
+                                   its first `valid` elements, the rest is zero */
 } RtPlanState;
 
 typedef struct RtPlanInput {

@@ -77,7 +77,10 @@ static void init_param(const RtRun *run, int pk, float *dst) {
     int gk = p->param_global ? p->param_global[pk] : pk;
     uint64_t k = (uint64_t)(p->gparams && pp->numel != p->gparams[gk].numel ? p->global_index(0, pk, run->axis_coord, i) : i);
     double v = 0;
-    switch (pp->init) {
+    /* the pad rows of a table padded for tp (compiler/vocab_pad.c) are zero: the valid rows keep
+     * their indices, so they take the unpadded tensor's values */
+    int64_t valid = p->gparams ? p->gparams[gk].valid : pp->valid;
+    switch (valid > 0 && k >= (uint64_t)valid ? RT_INIT_ZEROS : pp->init) {
     case RT_INIT_ZEROS: v = 0; break;
     case RT_INIT_ONES: v = 1; break;
     case RT_INIT_FULL: v = a; break;
