@@ -4,16 +4,19 @@
  * by columns only when tp divides V. llm.c and Megatron pad the vocabulary (GPT-2's 50257 to
  * 50304), which changes the model: the pad classes are trained towards no probability. This pass
  * pads exactly instead, before autodiff: the table becomes [V', C] (V' the next multiple of tp, of
- * 128 too for V >= 1024) with V kept as its valid rows (PARAM ia[1]), and every head's logits
- * [..., V'] are masked, where(arange(V') < V, logits, -inf), before their readers. So
+ * 128 too for V >= 1024) with V kept as its valid rows (PARAM ia[1]; ia[2] the padded dim, 0), and
+ * every head's logits [..., V'] are masked, where(arange(V') < V, logits, -inf), before their
+ * readers. An untied head weight [C, V] tp does not divide (which column-parallel splits) is padded
+ * alike to [C, V'] (ia[2] = 1), with the same mask. So
  *   - the lookups never read rows >= V (the indices are below V);
  *   - cross_entropy's max and sum of exponentials see exp(-inf) = 0 in the pad columns (an exact
  *     +0) and its gradient there is 0, so the where's gradient to the head is 0 there and the
- *     table's pad rows get exactly zero gradient: they are zero at init (runtime/train.c) and
+ *     table's pad rows (a head weight's pad columns) get exactly zero gradient: they are zero at
+ *     init (runtime/train.c draws each valid element at its unpadded index) and
  *     stay zero under every optimizer (a zero gradient moves no zero param, weight decay of 0 is
  *     0), and zero rows change no norm (clipping, LAMB, LARS);
  *   - argmax never picks a pad column (-inf is below every valid logit).
- * Files hold the [V, C] tensor (RtPlanParam.valid: trimmed on save, zero-padded on load), so
+ * Files hold the [V, C] tensor (RtPlanParam.pad_*: trimmed on save, zero-padded on load), so
  * checkpoints stay strategy-invariant. A table read any other way (a head whose logits reach
  * another op, label smoothing's log_softmax, ...) is not padded: it stays whole on tp
  * (strategy.c's warning says so). */
@@ -56,10 +59,10 @@ static bool logits_reader_ok(const Graph *g, int j, int l) {
   return r->op == OP_ARGMAX && r->ia[0] == g->nodes[l].shape.rank - 1;
 }
 
-/* A head: x @ transpose(table), logits read only as above. */
-static bool head_ok(const Graph *g, int j, int t) {
+/* A head: x @ w (w the transposed table, or an untied head weight [C, V]), logits read only as above. */
+static bool head_ok(const Graph *g, int j, int w) {
   const Node *m = &g->nodes[j];
-  return m->op == OP_MATMUL && m->in[1] == t && m->in[0] != t && m->shape.rank >= 2 && !is_output(g, j) &&
+  return m->op == OP_MATMUL && m->in[1] == w && m->in[0] != w && m->shape.rank >= 2 && !is_output(g, j) &&
          readers_all(g, j, logits_reader_ok);
 }
 
@@ -69,28 +72,36 @@ static bool table_reader_ok(const Graph *g, int j, int p) {
   return r->op == OP_TRANSPOSE && r->shape.rank == 2 && !is_output(g, j) && readers_all(g, j, head_ok);
 }
 
-bool vocab_pad_fits(const Graph *g, int p, int64_t tp) {
+/* The dim of param p vocab_pad pads under tp: 0 (a table [V, C]), 1 (an untied head weight [C, V]), or -1. */
+static int pad_dim(const Graph *g, int p, int64_t tp) {
   const Node *n = &g->nodes[p];
-  return tp > 1 && n->op == OP_PARAM && n->shape.rank == 2 && n->shape.d[0] % tp != 0 && n->ia[1] == 0 &&
-         readers_all(g, p, table_reader_ok);
+  if (tp <= 1 || n->op != OP_PARAM || n->shape.rank != 2 || n->ia[1] != 0) return -1;
+  if (n->shape.d[0] % tp != 0 && readers_all(g, p, table_reader_ok)) return 0;
+  if (n->shape.d[1] % tp != 0 && readers_all(g, p, head_ok)) return 1;
+  return -1;
 }
 
-/* The head matmuls of the padded tables: pad[i] for a matmul whose logits get the mask (its valid columns). */
+bool vocab_pad_fits(const Graph *g, int p, int64_t tp) { return pad_dim(g, p, tp) >= 0; }
+
+/* Pads the params that fit; per node of g, the valid columns of a head matmul whose logits get
+ * the mask (0: none). */
 static int64_t *find_heads(Graph *g, int64_t tp, int *npadded) {
   int64_t *heads = cp_alloc(sizeof(int64_t) * (size_t)(g->n + 1));
   *npadded = 0;
   for (int k = 0; k < g->params.n; k++) {
-    int p = g->params.a[k];
-    if (!vocab_pad_fits(g, p, tp)) continue;
+    int p = g->params.a[k], d = pad_dim(g, p, tp);
+    if (d < 0) continue;
     Node *pn = &g->nodes[p];
     for (int j = p + 1; j < g->n; j++) {
-      const Node *t = &g->nodes[j];
-      if (t->op != OP_TRANSPOSE || t->in[0] != p) continue;
-      for (int m = j + 1; m < g->n; m++)
-        if (g->nodes[m].op == OP_MATMUL && g->nodes[m].in[1] == j) heads[m] = pn->shape.d[0];
+      const Node *r = &g->nodes[j];
+      if (d == 1 && r->op == OP_MATMUL && r->in[1] == p) heads[j] = pn->shape.d[1];
+      if (d == 0 && r->op == OP_TRANSPOSE && r->in[0] == p)
+        for (int m = j + 1; m < g->n; m++)
+          if (g->nodes[m].op == OP_MATMUL && g->nodes[m].in[1] == j) heads[m] = pn->shape.d[0];
     }
-    pn->ia[1] = pn->shape.d[0];
-    pn->shape.d[0] = vocab_pad_rows(pn->shape.d[0], tp);
+    pn->ia[1] = pn->shape.d[d];
+    pn->ia[2] = d;
+    pn->shape.d[d] = vocab_pad_rows(pn->shape.d[d], tp);
     ++*npadded;
   }
   return heads;

@@ -129,6 +129,57 @@ e2e_prog 0 kdim-res1 ./kdim-1 --resume ck-kdim-tp2/step_000003 --metrics kdim-re
 e2e_tail_close "kdim tp=2 -> 1 resume (padded table)" kdim-1.jsonl kdim-res1.jsonl 3
 e2e_prog 0 kdim-res2 "$mpirun" -np 2 --oversubscribe ./kdim-tp2 --resume ck-kdim-1/step_000003 --metrics kdim-res2.jsonl
 e2e_tail_close "kdim 1 -> tp=2 resume (padded table)" kdim-1.jsonl kdim-res2.jsonl 3
+# an untied head [C, 65] whose input arrives whole is column-parallel: tp = 2 does not divide its
+# 65 columns, which used to be an error ("tp = 2 does not divide dim 1 (65) of head"); it is padded
+# to [16, 66] like the table, exactly (argmax metric too), and its checkpoints hold [16, 65]
+cat >untied.cplan <<'CPLAN'
+model untied(vocab: int = 65, ctx: int = 16, C: int = 16, h: int = 2) {
+  input idx:     i32[B, ctx]
+  input targets: i32[B, ctx]
+  param wte: [vocab, C] = normal(0.3)
+  param wqkv: [C, 3 * C] = normal(0.3)
+  param head: [C, vocab] = normal(0.3)
+  param g: [C] = ones
+  x = embedding(wte, idx)
+  q, k, v = split(x @ wqkv, 3)
+  y = x + merge_heads(sdpa(split_heads(q, h), split_heads(k, h), split_heads(v, h), causal = true))
+  logits = rms_norm(y, g) @ head
+  loss = cross_entropy(logits, targets)
+  metric accuracy = mean(argmax(logits) == targets)
+}
+train {
+  model     = untied()
+  data      = tokens("tokens.bin")
+  batch     = 4
+  steps     = 6
+  optimizer = adamw(lr = 1e-2, weight_decay = 0.1)
+  clip      = 1.0
+  seed      = 3
+}
+mesh laptop {
+  shape  = [cpu = 1]
+  device = cpu
+}
+CPLAN
+sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2)
+e2e_build untied-1 untied.cplan
+e2e_prog 0 untied-1 ./untied-1 --save untied-1.st --metrics untied-1.jsonl
+e2e_build untied-tp2 untied.cplan "${sets[@]}"
+vocab_padded untied-tp2 untied.cplan 66 65 "${sets[@]}"
+grep -qE "^  head +f32\[16, 66\] +\[S\(1\)\]  \(padded for tp: 65 valid columns\)" untied-tp2.explain ||
+  { cat untied-tp2.explain; fail "untied tp=2: the head is not padded to [16, 66] and column-parallel"; }
+e2e_prog 0 untied-tp2 "$mpirun" -np 2 --oversubscribe ./untied-tp2 --save untied-tp2.st --metrics untied-tp2.jsonl \
+  --checkpoint-every 3 --checkpoint-dir ck-untied
+e2e_close "untied tp=2 (a column-parallel head of 65 columns, padded to 66)" untied-1.jsonl untied-tp2.jsonl untied-1.st untied-tp2.st
+python3 - ck-untied/step_000003/model.safetensors <<'PY' || exit 1
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+if h["head"]["shape"] != [16, 65]:
+    sys.exit("FAILED: untied tp=2: the checkpoint holds head %s, expected [16, 65]" % h["head"]["shape"])
+PY
+e2e_prog 0 untied-res1 ./untied-1 --resume ck-untied/step_000003 --metrics untied-res1.jsonl
+e2e_tail_close "untied tp=2 -> 1 resume (padded head)" untied-1.jsonl untied-res1.jsonl 3
 # means over dims tp splits (the heads, the channels; a metric too): each rank's mean of its part and
 # its gradient are scaled by 1/tp (lower.c tp_mean_share); it used to be a lowering error
 sed -e 's/  loss = cross_entropy(y @ transpose(wte), targets)/  loss = cross_entropy(y @ transpose(wte), targets) + mean(a * a) + 0.1 * mean(mean(q, axis = -1))/' \
