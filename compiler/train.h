@@ -64,6 +64,10 @@ bool recompute_apply(Graph *g, Recompute mode);
  * value but the pad rows (zero throughout) is the unpadded model's. Before autodiff; renumbers g.
  * True when it padded a table. */
 bool vocab_pad(Graph *g, int64_t tp);
+/* The forward graph g with the params vocab_pad pads under tp padded and the shapes downstream
+ * re-inferred, but no mask inserted, so every node keeps its index (the search prices tp on it:
+ * the where is one elementwise op over the logits); g itself when nothing is padded. */
+const Graph *vocab_pad_priced(const Graph *g, int64_t tp);
 /* Whether vocab_pad pads param p of g (not yet padded) under tp. */
 bool vocab_pad_fits(const Graph *g, int p, int64_t tp);
 /* The rows of a vocabulary of v padded for tp: the next multiple of tp (and of 128 from v = 1024

@@ -172,3 +172,25 @@ bool vocab_pad(Graph *g, int64_t tp) {
   if (!ir_verify(g, err, sizeof err)) cp_panic(__FILE__, __LINE__, "vocab padding made a bad graph: %s", err);
   return true;
 }
+
+const Graph *vocab_pad_priced(const Graph *g, int64_t tp) {
+  int *dim = cp_alloc(sizeof(int) * (size_t)(g->params.n + 1));
+  bool any = false;
+  for (int k = 0; k < g->params.n; k++) any |= (dim[k] = pad_dim(g, g->params.a[k], tp)) >= 0;
+  if (!any) return g;
+  Graph *c = cp_alloc(sizeof *c);
+  *c = *g;
+  c->nodes = cp_alloc(sizeof(Node) * (size_t)g->n);
+  memcpy(c->nodes, g->nodes, sizeof(Node) * (size_t)g->n); /* the inputs' arrays are shared: unchanged */
+  c->cap = g->n;
+  for (int k = 0; k < g->params.n; k++) {
+    Node *pn = &c->nodes[g->params.a[k]];
+    if (dim[k] < 0) continue;
+    pn->ia[1] = pn->shape.d[dim[k]], pn->ia[2] = dim[k];
+    pn->shape.d[dim[k]] = vocab_pad_rows(pn->shape.d[dim[k]], tp);
+  }
+  for (int i = 0; i < c->n; i++)
+    if (!(ir_ops[c->nodes[i].op].flags & OPF_LEAF)) infer(c, i);
+  return c;
+}
+

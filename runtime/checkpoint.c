@@ -43,12 +43,25 @@ static int padded_dim(int rank, const int64_t *shape, int64_t pad_len, int64_t p
   return -1;
 }
 
-/* The unpadded elements of padded x (numel of them), in a malloc'ed buffer (NULL: out of memory). */
-static float *unpad(const float *x, int64_t numel, int64_t len, int64_t valid, int64_t inner) {
+/* The unpadded elements of padded x (numel of them) of tensor `name`, in a malloc'ed buffer; NULL
+ * after an error. The pad is zero throughout training (its gradient is exactly zero): a nonzero pad
+ * element would make LAMB's and LARS's norms differ from one device's, so it is a cplan bug. */
+static float *unpad(const float *x, int64_t numel, int64_t len, int64_t valid, int64_t inner, const char *path,
+                    const char *name, RtError *err) {
   float *out = malloc((size_t)(numel / len * valid) * sizeof *out + 1);
-  for (int64_t k = 0; out && k < numel; k++) {
+  if (!out) {
+    rt_errf(err, "%s: out of memory", path);
+    return NULL;
+  }
+  for (int64_t k = 0; k < numel; k++) {
     int64_t u = rt_unpadded_index(k, len, valid, inner);
     if (u >= 0) out[u] = x[k];
+    else if (x[k] != 0.0f) {
+      rt_errf(err, "%s: element %lld of '%s', in the padding the compiler added for tp, is %g, not 0 (a bug in "
+              "cplan: please report it)", path, (long long)k, name, (double)x[k]);
+      free(out);
+      return NULL;
+    }
   }
   return out;
 }
@@ -76,8 +89,8 @@ int rt_params_save(const RtRun *run, const char *path, RtError *err) {
     int d = padded_dim(pp->rank, pp->shape, pp->pad_len, pp->pad_inner);
     if (d >= 0) { /* the unpadded tensor */
       ts[i].shape[d] = pp->pad_valid;
-      if (!(own[i] = unpad(ts[i].data, pp->numel, pp->pad_len, pp->pad_valid, pp->pad_inner)))
-        rc = rt_errf(err, "%s: out of memory", path);
+      if (!(own[i] = unpad(ts[i].data, pp->numel, pp->pad_len, pp->pad_valid, pp->pad_inner, path, pp->name, err)))
+        rc = -1;
       ts[i].data = own[i];
     }
   }
@@ -339,8 +352,8 @@ static int write_states(const RtRun *run, const char *path, RtError *err) {
     ts[n] = (RtStTensor){.name = s->name, .dtype = RT_F32, .ndim = 1, .shape = {s->numel}, .data = run->state + s->offset};
     if (s->pad_len > 0) { /* a padded param's: unpadded, as the param */
       ts[n].shape[0] = s->numel / s->pad_len * s->pad_valid;
-      if (!(own[n] = unpad(ts[n].data, s->numel, s->pad_len, s->pad_valid, s->pad_inner)))
-        rc = rt_errf(err, "%s: out of memory", path);
+      if (!(own[n] = unpad(ts[n].data, s->numel, s->pad_len, s->pad_valid, s->pad_inner, path, s->name, err)))
+        rc = -1;
       ts[n].data = own[n];
     }
     n++;
