@@ -114,6 +114,17 @@ static int root_param(const Graph *g, int i) {
   return g->nodes[i].op == OP_PARAM ? i : -1;
 }
 
+/* Whether param p is a head weight: cross_entropy reads x @ p, or that plus a bias. */
+static bool head_of_ce(const Graph *g, int p) {
+  for (int i = 0; i < g->n; i++) {
+    if (g->nodes[i].op != OP_CROSS_ENTROPY) continue;
+    const Node *l = &g->nodes[g->nodes[i].in[0]];
+    if (l->op == OP_ADD) l = &g->nodes[l->in[0]];
+    if (l->op == OP_MATMUL && l->in[1] == p) return true;
+  }
+  return false;
+}
+
 static bool param_dim_ok(Ctx *c, int p, int d, const char *why) {
   const Node *pn = &c->g->nodes[p];
   if (pn->shape.d[d] % c->n == 0) return true;
@@ -122,6 +133,9 @@ static bool param_dim_ok(Ctx *c, int p, int d, const char *why) {
   diag_error(strat_field_span(c->prog, c->t, "tp"), "tp = %lld does not divide dim %d (%lld) of %s %s, which %s",
              (long long)c->n, d, (long long)pn->shape.d[d], pn->name, shape_str(&pn->shape), why);
   diag_note(pn->span, "the param is declared here");
+  if (d == 1 && head_of_ce(c->g, p)) /* what vocab_pad (train.h) takes */
+    diag_hint("cplan pads a head weight [C, V] itself, exactly, when only `x @ %s` (or that plus a bias [V]) reads "
+              "it and only cross_entropy (without label smoothing) and argmax read its logits", pn->name);
   return false;
 }
 

@@ -60,9 +60,10 @@ bool recompute_apply(Graph *g, Recompute mode);
 /* Exact vocabulary padding under tensor parallelism (vocab_pad.c): an embedding table [V, C] tp
  * does not divide, read only by lookups and by tied heads x @ transpose(table) whose logits only
  * cross_entropy and argmax read, becomes [vocab_pad_rows(V, tp), C] with V valid rows (PARAM
- * ia[1]) and each head's logits masked with -inf past V, so it is vocab-parallel and every
- * value but the pad rows (zero throughout) is the unpadded model's. Before autodiff; renumbers g.
- * True when it padded a table. */
+ * ia[1]; ia[2] the padded dim) and each head's logits masked with -inf past V, so it is
+ * vocab-parallel and every value but the pad (zero throughout) is the unpadded model's. An untied
+ * head weight [C, V] (and its bias [V]) is padded alike. Before autodiff; renumbers g. True when
+ * it padded a param. */
 bool vocab_pad(Graph *g, int64_t tp);
 /* The forward graph g with the params vocab_pad pads under tp padded and the shapes downstream
  * re-inferred, but no mask inserted, so every node keeps its index (the search prices tp on it:

@@ -7,7 +7,8 @@
  * 128 too for V >= 1024) with V kept as its valid rows (PARAM ia[1]; ia[2] the padded dim, 0), and
  * every head's logits [..., V'] are masked, where(arange(V') < V, logits, -inf), before their
  * readers. An untied head weight [C, V] tp does not divide (which column-parallel splits) is padded
- * alike to [C, V'] (ia[2] = 1), with the same mask. So
+ * alike to [C, V'] (ia[2] = 1), with the same mask; so is a head's bias [V] (nn's linear: x @ w + b)
+ * to [V'], the mask then after the add. So
  *   - the lookups never read rows >= V (the indices are below V);
  *   - cross_entropy's max and sum of exponentials see exp(-inf) = 0 in the pad columns (an exact
  *     +0) and its gradient there is 0, so the where's gradient to the head is 0 there and the
@@ -59,11 +60,37 @@ static bool logits_reader_ok(const Graph *g, int j, int l) {
   return r->op == OP_ARGMAX && r->ia[0] == g->nodes[l].shape.rank - 1;
 }
 
-/* A head: x @ w (w the transposed table, or an untied head weight [C, V]), logits read only as above. */
+/* The only reader of node i, or -1. */
+static int single_reader(const Graph *g, int i) {
+  int r = -1;
+  for (int j = i + 1; j < g->n; j++)
+    for (int k = 0; k < g->nodes[j].nin; k++)
+      if (g->nodes[j].in[k] == i) {
+        if (r >= 0 && r != j) return -1;
+        r = j;
+      }
+  return r;
+}
+
+/* The node holding the logits of head matmul m: m itself, or m + b with b a bias [V] param only
+ * that add reads (nn's linear), read only as above; -1 when neither. */
+static int head_logits(const Graph *g, int m) {
+  if (readers_all(g, m, logits_reader_ok)) return m;
+  int a = single_reader(g, m);
+  if (a < 0 || g->nodes[a].op != OP_ADD || g->nodes[a].in[0] != m || is_output(g, a)) return -1;
+  int b = g->nodes[a].in[1];
+  const Node *bn = &g->nodes[b];
+  bool bias = bn->op == OP_PARAM && bn->shape.rank == 1 && bn->ia[1] == 0 && single_reader(g, b) == a &&
+              bn->shape.d[0] == g->nodes[m].shape.d[g->nodes[m].shape.rank - 1];
+  return bias && readers_all(g, a, logits_reader_ok) ? a : -1;
+}
+
+/* A head: x @ w (w the transposed table, or an untied head weight [C, V]), its logits (+ a bias)
+ * read only as above. */
 static bool head_ok(const Graph *g, int j, int w) {
   const Node *m = &g->nodes[j];
   return m->op == OP_MATMUL && m->in[1] == w && m->in[0] != w && m->shape.rank >= 2 && !is_output(g, j) &&
-         readers_all(g, j, logits_reader_ok);
+         head_logits(g, j) >= 0;
 }
 
 static bool table_reader_ok(const Graph *g, int j, int p) {
@@ -83,28 +110,45 @@ static int pad_dim(const Graph *g, int p, int64_t tp) {
 
 bool vocab_pad_fits(const Graph *g, int p, int64_t tp) { return pad_dim(g, p, tp) >= 0; }
 
-/* Pads the params that fit; per node of g, the valid columns of a head matmul whose logits get
- * the mask (0: none). */
-static int64_t *find_heads(Graph *g, int64_t tp, int *npadded) {
-  int64_t *heads = cp_alloc(sizeof(int64_t) * (size_t)(g->n + 1));
-  *npadded = 0;
+/* Head matmul m of v classes: its logits get the mask, its bias (if any) is padded. The params it pads. */
+static int mark_head(const Graph *g, int m, int64_t v, int *dim, int64_t *mask) {
+  int l = head_logits(g, m);
+  mask[l] = v;
+  if (l == m) return 0;
+  dim[g->nodes[l].in[1]] = 0;
+  return 1;
+}
+
+/* What vocab_pad does to g under tp, per node: dim[i] the dim of param i it pads (-1: none; a head's
+ * bias: 0) and mask[i] the valid classes of a head's logits node i to mask (0: none). The number of
+ * params it pads. */
+static int plan_pads(const Graph *g, int64_t tp, int *dim, int64_t *mask) {
+  int n = 0;
+  for (int i = 0; i < g->n; i++) dim[i] = -1, mask[i] = 0;
   for (int k = 0; k < g->params.n; k++) {
     int p = g->params.a[k], d = pad_dim(g, p, tp);
     if (d < 0) continue;
-    Node *pn = &g->nodes[p];
+    dim[p] = d, n++;
     for (int j = p + 1; j < g->n; j++) {
       const Node *r = &g->nodes[j];
-      if (d == 1 && r->op == OP_MATMUL && r->in[1] == p) heads[j] = pn->shape.d[1];
+      if (d == 1 && r->op == OP_MATMUL && r->in[1] == p) n += mark_head(g, j, g->nodes[p].shape.d[d], dim, mask);
       if (d == 0 && r->op == OP_TRANSPOSE && r->in[0] == p)
         for (int m = j + 1; m < g->n; m++)
-          if (g->nodes[m].op == OP_MATMUL && g->nodes[m].in[1] == j) heads[m] = pn->shape.d[0];
+          if (g->nodes[m].op == OP_MATMUL && g->nodes[m].in[1] == j) n += mark_head(g, m, g->nodes[p].shape.d[d], dim, mask);
     }
-    pn->ia[1] = pn->shape.d[d];
-    pn->ia[2] = d;
-    pn->shape.d[d] = vocab_pad_rows(pn->shape.d[d], tp);
-    ++*npadded;
   }
-  return heads;
+  return n;
+}
+
+/* Pads the params plan_pads chose (nodes of a graph of n nodes). */
+static void apply_pads(Node *nodes, int n, const int *dim, int64_t tp) {
+  for (int i = 0; i < n; i++) {
+    if (dim[i] < 0) continue;
+    Node *pn = &nodes[i];
+    pn->ia[1] = pn->shape.d[dim[i]];
+    pn->ia[2] = dim[i];
+    pn->shape.d[dim[i]] = vocab_pad_rows(pn->shape.d[dim[i]], tp);
+  }
 }
 
 static int copy_node(Graph *g, const Node *o, const int *map) {
@@ -147,20 +191,21 @@ static int add_mask(Graph *g, int l, int64_t valid) {
 }
 
 bool vocab_pad(Graph *g, int64_t tp) {
-  int npadded;
   if (tp <= 1 || g->seed >= 0) return false; /* before autodiff only */
-  int64_t *heads = find_heads(g, tp, &npadded);
-  if (!npadded) return false;
+  int *dim = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  int64_t *mask = cp_alloc(sizeof(int64_t) * (size_t)(g->n + 1));
+  if (!plan_pads(g, tp, dim, mask)) return false;
+  apply_pads(g->nodes, g->n, dim, tp);
   Node *old = g->nodes;
   int n = g->n, cur = g->cur_layer;
   int *map = cp_alloc(sizeof(int) * (size_t)(n + 1));
   g->nodes = NULL, g->n = g->cap = 0;
   for (int j = 0; j < n; j++) {
     map[j] = copy_node(g, &old[j], map);
-    if (!(ir_ops[old[j].op].flags & OPF_LEAF)) infer(g, map[j]); /* the shapes the padded tables give */
-    if (heads[j]) {
+    if (!(ir_ops[old[j].op].flags & OPF_LEAF)) infer(g, map[j]); /* the shapes the padded params give */
+    if (mask[j]) {
       g->cur_layer = old[j].layer;
-      map[j] = add_mask(g, map[j], heads[j]);
+      map[j] = add_mask(g, map[j], mask[j]);
     }
   }
   g->cur_layer = cur;
@@ -174,23 +219,16 @@ bool vocab_pad(Graph *g, int64_t tp) {
 }
 
 const Graph *vocab_pad_priced(const Graph *g, int64_t tp) {
-  int *dim = cp_alloc(sizeof(int) * (size_t)(g->params.n + 1));
-  bool any = false;
-  for (int k = 0; k < g->params.n; k++) any |= (dim[k] = pad_dim(g, g->params.a[k], tp)) >= 0;
-  if (!any) return g;
+  int *dim = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  int64_t *mask = cp_alloc(sizeof(int64_t) * (size_t)(g->n + 1));
+  if (tp <= 1 || !plan_pads(g, tp, dim, mask)) return g;
   Graph *c = cp_alloc(sizeof *c);
   *c = *g;
   c->nodes = cp_alloc(sizeof(Node) * (size_t)g->n);
   memcpy(c->nodes, g->nodes, sizeof(Node) * (size_t)g->n); /* the inputs' arrays are shared: unchanged */
   c->cap = g->n;
-  for (int k = 0; k < g->params.n; k++) {
-    Node *pn = &c->nodes[g->params.a[k]];
-    if (dim[k] < 0) continue;
-    pn->ia[1] = pn->shape.d[dim[k]], pn->ia[2] = dim[k];
-    pn->shape.d[dim[k]] = vocab_pad_rows(pn->shape.d[dim[k]], tp);
-  }
+  apply_pads(c->nodes, c->n, dim, tp);
   for (int i = 0; i < c->n; i++)
     if (!(ir_ops[c->nodes[i].op].flags & OPF_LEAF)) infer(c, i);
   return c;
 }
-

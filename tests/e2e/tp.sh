@@ -129,9 +129,10 @@ e2e_prog 0 kdim-res1 ./kdim-1 --resume ck-kdim-tp2/step_000003 --metrics kdim-re
 e2e_tail_close "kdim tp=2 -> 1 resume (padded table)" kdim-1.jsonl kdim-res1.jsonl 3
 e2e_prog 0 kdim-res2 "$mpirun" -np 2 --oversubscribe ./kdim-tp2 --resume ck-kdim-1/step_000003 --metrics kdim-res2.jsonl
 e2e_tail_close "kdim 1 -> tp=2 resume (padded table)" kdim-1.jsonl kdim-res2.jsonl 3
-# an untied head [C, 65] whose input arrives whole is column-parallel: tp = 2 does not divide its
-# 65 columns, which used to be an error ("tp = 2 does not divide dim 1 (65) of head"); it is padded
-# to [16, 66] like the table, exactly (argmax metric too), and its checkpoints hold [16, 65]
+# an untied head [C, 65] (with a bias, as nn's linear) whose input arrives whole is column-parallel:
+# tp = 2 does not divide its 65 columns, which used to be an error ("tp = 2 does not divide dim 1
+# (65) of head"); it is padded to [16, 66] (its bias to [66]) like the table, exactly (argmax metric
+# too), and its checkpoints hold [16, 65]
 cat >untied.cplan <<'CPLAN'
 model untied(vocab: int = 65, ctx: int = 16, C: int = 16, h: int = 2) {
   input idx:     i32[B, ctx]
@@ -140,10 +141,11 @@ model untied(vocab: int = 65, ctx: int = 16, C: int = 16, h: int = 2) {
   param wqkv: [C, 3 * C] = normal(0.3)
   param head: [C, vocab] = normal(0.3)
   param g: [C] = ones
+  param hb: [vocab] = uniform(-0.1, 0.1)
   x = embedding(wte, idx)
   q, k, v = split(x @ wqkv, 3)
   y = x + merge_heads(sdpa(split_heads(q, h), split_heads(k, h), split_heads(v, h), causal = true))
-  logits = rms_norm(y, g) @ head
+  logits = rms_norm(y, g) @ head + hb
   loss = cross_entropy(logits, targets)
   metric accuracy = mean(argmax(logits) == targets)
 }
@@ -168,6 +170,8 @@ e2e_build untied-tp2 untied.cplan "${sets[@]}"
 vocab_padded untied-tp2 untied.cplan 66 65 "${sets[@]}"
 grep -qE "^  head +f32\[16, 66\] +\[S\(1\)\]  \(padded for tp: 65 valid columns\)" untied-tp2.explain ||
   { cat untied-tp2.explain; fail "untied tp=2: the head is not padded to [16, 66] and column-parallel"; }
+grep -qE "^  hb +f32\[66\] +\[S\(0\)\]  \(padded for tp: 65 valid entries\)" untied-tp2.explain ||
+  { cat untied-tp2.explain; fail "untied tp=2: the head's bias is not padded to [66] and split"; }
 e2e_prog 0 untied-tp2 "$mpirun" -np 2 --oversubscribe ./untied-tp2 --save untied-tp2.st --metrics untied-tp2.jsonl \
   --checkpoint-every 3 --checkpoint-dir ck-untied
 e2e_close "untied tp=2 (a column-parallel head of 65 columns, padded to 66)" untied-1.jsonl untied-tp2.jsonl untied-1.st untied-tp2.st
