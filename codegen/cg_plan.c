@@ -488,8 +488,8 @@ void cg_emit_global_tables(FILE *out, const StratPlan *sp, const Lowered *lw, co
     const Node *st = &gg->nodes[gg->states.a[k]];
     const Node *pn = &gg->nodes[st->ia[0]]; /* a padded param's state of its shape is padded alike */
     const char *pad = numel(st) == numel(pn) ? param_pad(pn) : "";
-    fprintf(out, "    {%s, %lld, %lld, %d%s%s},\n", cg_c_string(st->name), (long long)numel(st), (long long)off, (int)st->ia[1],
-            *pad ? ", 0" : "", pad);
+    fprintf(out, "    {%s, %lld, %lld, %d%s%s},\n", cg_c_string(st->name), (long long)numel(st), (long long)off,
+            (int)st->ia[1], *pad ? ", 0" : "", pad);
     off += align16(numel(st));
   }
   if (!gg->states.n) fprintf(out, "    {0},\n");

@@ -351,8 +351,10 @@ static void print_params(FILE *f, const StratPlan *sp) {
     int p = g->params.a[q];
     fprintf(f, "  %-28s %s%-14s %s", g->nodes[p].name, dtype_name(g->nodes[p].dtype), shape_str(&g->nodes[p].shape),
             placement_str(&sp->pl[p]));
-    if (g->nodes[p].ia[1] > 0) /* vocab_pad's: the rows past the valid ones are zero, and files hold the valid ones */
-      fprintf(f, "  (padded for tp: %lld valid %s)", (long long)g->nodes[p].ia[1], g->nodes[p].ia[2] ? "columns" : g->nodes[p].shape.rank == 1 ? "entries" : "rows");
+    const Node *pn = &g->nodes[p];
+    if (pn->ia[1] > 0) /* vocab_pad's: the pad past the valid entries is zero, and files hold the valid ones */
+      fprintf(f, "  (padded for tp: %lld valid %s)", (long long)pn->ia[1],
+              pn->ia[2] ? "columns" : pn->shape.rank == 1 ? "entries" : "rows");
     fputc('\n', f);
   }
   fprintf(f, "optimizer state and gradient accumulators:\n");

@@ -409,7 +409,8 @@ static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *
     diag_hint("cplan pads such a table itself (exactly) when only lookups and a tied head x @ transpose(table) read it, "
               "its logits read only by cross_entropy (no label smoothing) and argmax; else pad the vocabulary to a "
               "multiple of tp, e.g. %lld%s: the extra rows are never looked up nor targets, and the model learns to "
-              "give them no probability", (long long)pad, tb->shape.d[0] >= 1024 ? " (of 128 too, as nanoGPT's GPT-2 uses 50304)" : "");
+              "give them no probability", (long long)pad,
+              tb->shape.d[0] >= 1024 ? " (of 128 too, as nanoGPT's GPT-2 uses 50304)" : "");
   }
   if (!strat_sp_fits(g, sp)) {
     const Node *x = &g->nodes[g->inputs.a[0]];

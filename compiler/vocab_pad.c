@@ -33,7 +33,7 @@ int64_t vocab_pad_rows(int64_t v, int64_t tp) {
   return (v + m - 1) / m * m;
 }
 
-/* Whether every reader of node i (in g's first n nodes) satisfies ok(g, reader, i); false when none. */
+/* Whether every reader of node i satisfies ok(g, reader, i); false when it has none. */
 static bool readers_all(const Graph *g, int i, bool (*ok)(const Graph *, int, int)) {
   bool any = false;
   for (int j = i + 1; j < g->n; j++)

@@ -113,7 +113,8 @@ int rt_params_load(RtRun *run, const char *path, RtError *err) {
     int d = padded_dim(pp->rank, pp->shape, pp->pad_len, pp->pad_inner);
     if (d >= 0) shape[d] = pp->pad_valid; /* the file's unpadded tensor (rt_params_save), read into a prefix */
     rc = rt_st_read(f, pp->name, RT_F32, pp->rank, shape, run->params + pp->offset, err);
-    if (rc == 0 && d >= 0) repad(run->params + pp->offset, run->params + pp->offset, pp->numel, pp->pad_len, pp->pad_valid, pp->pad_inner);
+    float *x = run->params + pp->offset;
+    if (rc == 0 && d >= 0) repad(x, x, pp->numel, pp->pad_len, pp->pad_valid, pp->pad_inner);
     for (int64_t k = 0; rc == 0 && k < pp->numel; k++) /* training from it would only say the loss is NaN */
       if (!isfinite(run->params[pp->offset + k]))
         rc = rt_errf(err, "%s: tensor '%s' holds %g at element %lld", path, pp->name, (double)run->params[pp->offset + k],
