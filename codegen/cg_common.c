@@ -164,6 +164,9 @@ int64_t cg_vocab(const Graph *g, const StratPlan *sp) {
   if (g->inputs.n == 0) return 0;
   for (int i = 0; i < g->n; i++) {
     const Node *n = &g->nodes[i];
+    const Node *tb = n->op == OP_EMBEDDING ? &g->nodes[n->in[0]] : NULL;
+    if (tb && n->in[1] == g->inputs.a[0] && tb->op == OP_PARAM && tb->ia[1] > 0 && tb->ia[2] == 0)
+      return tb->ia[1]; /* a table padded for tp (vocab_pad): its valid rows, not the pad */
     if (n->op == OP_EMBEDDING && n->in[1] == g->inputs.a[0]) /* vocab-parallel: this rank's rows */
       return g->nodes[n->in[0]].shape.d[0] * (sp && n->ia[0] > 0 ? sp->axes[n->ia[0] - 1].n : 1);
   }

@@ -281,16 +281,27 @@ bool cg_grad_skip(FILE *out, const CgPlan *p, int i) {
 
 /* ---- the RtPlan tables ---------------------------------------------------------------------- */
 
-void cg_emit_param_row(FILE *out, const Node *p, int64_t off) {
+/* The padding of whole param p (RtPlanParam.pad_len, pad_valid, pad_inner) when vocab_pad padded
+ * it, as C initializers after a comma; "" when it did not. */
+static const char *param_pad(const Node *p) {
+  if (p->op != OP_PARAM || p->ia[1] <= 0) return "";
+  int d = (int)p->ia[2];
+  int64_t inner = 1;
+  for (int k = d + 1; k < p->shape.rank; k++) inner *= p->shape.d[k];
+  return cp_fmt(", %lld, %lld, %lld", (long long)p->shape.d[d], (long long)p->ia[1], (long long)inner);
+}
+
+void cg_emit_param_row(FILE *out, const Node *p, int64_t off, bool whole) {
   static const char *const inits[] = {"RT_INIT_ZEROS", "RT_INIT_ONES", "RT_INIT_FULL", "RT_INIT_NORMAL", "RT_INIT_UNIFORM"};
-  fprintf(out, "    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g},\n", cg_c_string(p->name), p->shape.rank,
-          cg_shape_list(&p->shape), (long long)numel(p), (long long)off, inits[p->ia[0]], p->fa[0], p->fa[1]);
+  fprintf(out, "    {%s, %d, %s, %lld, %lld, %s, %.17g, %.17g%s},\n", cg_c_string(p->name), p->shape.rank,
+          cg_shape_list(&p->shape), (long long)numel(p), (long long)off, inits[p->ia[0]], p->fa[0], p->fa[1],
+          whole ? param_pad(p) : "");
 }
 
 void cg_emit_tables(FILE *out, const CgPlan *p, const CgTables *o) {
   const Graph *g = p->g;
   fprintf(out, "\nstatic const RtPlanParam params[] = {\n");
-  for (int k = 0; k < g->params.n; k++) cg_emit_param_row(out, nd(p, g->params.a[k]), p->nc[g->params.a[k]].off);
+  for (int k = 0; k < g->params.n; k++) cg_emit_param_row(out, nd(p, g->params.a[k]), p->nc[g->params.a[k]].off, false);
   if (!g->params.n) fprintf(out, "    {0},\n");
   fprintf(out, "};\n\nstatic const RtPlanState states[] = {\n");
   for (int k = 0; k < g->states.n; k++) {
@@ -467,7 +478,7 @@ void cg_emit_global_tables(FILE *out, const StratPlan *sp, const Lowered *lw, co
        "static const RtPlanParam gparams[] = {\n");
   for (int k = 0; k < gg->params.n; k++) {
     const Node *p = &gg->nodes[gg->params.a[k]];
-    cg_emit_param_row(out, p, off);
+    cg_emit_param_row(out, p, off, true);
     off += align16(numel(p));
   }
   o->gparam_floats = off;
@@ -475,7 +486,10 @@ void cg_emit_global_tables(FILE *out, const StratPlan *sp, const Lowered *lw, co
   fprintf(out, "};\nstatic const RtPlanState gstates[] = {\n");
   for (int k = 0; k < gg->states.n; k++) {
     const Node *st = &gg->nodes[gg->states.a[k]];
-    fprintf(out, "    {%s, %lld, %lld, %d},\n", cg_c_string(st->name), (long long)numel(st), (long long)off, (int)st->ia[1]);
+    const Node *pn = &gg->nodes[st->ia[0]]; /* a padded param's state of its shape is padded alike */
+    const char *pad = numel(st) == numel(pn) ? param_pad(pn) : "";
+    fprintf(out, "    {%s, %lld, %lld, %d%s%s},\n", cg_c_string(st->name), (long long)numel(st), (long long)off,
+            (int)st->ia[1], *pad ? ", 0" : "", pad);
     off += align16(numel(st));
   }
   if (!gg->states.n) fprintf(out, "    {0},\n");

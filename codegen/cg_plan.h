@@ -115,8 +115,9 @@ typedef struct CgTables {
   const char *more_metrics;  /* names appended to metric_names (f16 loss scaling's), or NULL */
 } CgTables;
 void cg_emit_tables(FILE *out, const CgPlan *p, const CgTables *o);
-/* one row of an RtPlanParam table: param p at offset off (floats) */
-void cg_emit_param_row(FILE *out, const Node *p, int64_t off);
+/* one row of an RtPlanParam table: param p at offset off (floats); whole: a row of the whole
+ * tensors (gparams), with the padding vocab_pad gave p (RtPlanParam.pad_*) */
+void cg_emit_param_row(FILE *out, const Node *p, int64_t off, bool whole);
 
 /* The mesh's axis tables, then `const RtPlan cplan_plan = {` and its fields from .model to
  * .flops_per_step; the backends then add their functions and the rest. */

@@ -201,6 +201,7 @@ static int64_t accum_steps(const TrainConf *t) {
 
 bool train_graph(Graph *g, const TrainConf *t) {
   int64_t accum = accum_steps(t);
+  if (accum >= 1 && t->strategy.tp > 1) vocab_pad(g, t->strategy.tp);
   if (accum < 1 || !ad_backward(g, accum) || !opt_lower(g, t) || !recompute_apply(g, t->strategy.recompute))
     return false;
   char err[512];

@@ -270,6 +270,8 @@ static void print_leaf(StrBuf *b, const Node *n) {
   }
   sb_printf(b, " \"%s\"", n->name ? n->name : "?");
   if (n->op == OP_PARAM) print_init(b, n);
+  if (n->op == OP_PARAM && n->ia[1] > 0) /* vocab_pad's */
+    sb_printf(b, ", valid_%s=%lld", n->ia[2] ? "columns" : n->shape.rank == 1 ? "entries" : "rows", (long long)n->ia[1]);
   if (n->op == OP_INPUT && n->ia[1] >= 0) sb_printf(b, ", batch_dim=%lld", (long long)n->ia[1]);
 }
 

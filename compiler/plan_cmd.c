@@ -349,8 +349,13 @@ static void print_params(FILE *f, const StratPlan *sp) {
   fprintf(f, "\nparams %s:\n", axes_str(sp));
   for (int q = 0; q < g->params.n; q++) {
     int p = g->params.a[q];
-    fprintf(f, "  %-28s %s%-14s %s\n", g->nodes[p].name, dtype_name(g->nodes[p].dtype), shape_str(&g->nodes[p].shape),
+    fprintf(f, "  %-28s %s%-14s %s", g->nodes[p].name, dtype_name(g->nodes[p].dtype), shape_str(&g->nodes[p].shape),
             placement_str(&sp->pl[p]));
+    const Node *pn = &g->nodes[p];
+    if (pn->ia[1] > 0) /* vocab_pad's: the pad past the valid entries is zero, and files hold the valid ones */
+      fprintf(f, "  (padded for tp: %lld valid %s)", (long long)pn->ia[1],
+              pn->ia[2] ? "columns" : pn->shape.rank == 1 ? "entries" : "rows");
+    fputc('\n', f);
   }
   fprintf(f, "optimizer state and gradient accumulators:\n");
   for (int k = 0; k < g->states.n; k++) {

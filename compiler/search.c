@@ -692,6 +692,7 @@ static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
   VEC_PUSH(S->solved, r);
   const Graph *g = graph_at(S, b);
   if (!g || g->n != S->g1n) return r; /* the structure the layers were found on */
+  if (n > 1) g = vocab_pad_priced(g, n); /* the tables the build pads for this tp (train.h) */
   r->g = g;
   Pl *pin_out = NULL, **pin_cons = NULL, **pin_from = NULL;
   uint8_t *bwd_done = NULL;

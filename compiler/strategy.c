@@ -14,6 +14,7 @@
  * inputs, they are resharded (the rule's suggestion first, then P -> R or S, then S -> R) and
  * each reshard is recorded as a collective. */
 #include "placement.h"
+#include "train.h"
 
 #include <string.h>
 
@@ -113,6 +114,17 @@ static int root_param(const Graph *g, int i) {
   return g->nodes[i].op == OP_PARAM ? i : -1;
 }
 
+/* Whether param p is a head weight: cross_entropy reads x @ p, or that plus a bias. */
+static bool head_of_ce(const Graph *g, int p) {
+  for (int i = 0; i < g->n; i++) {
+    if (g->nodes[i].op != OP_CROSS_ENTROPY) continue;
+    const Node *l = &g->nodes[g->nodes[i].in[0]];
+    if (l->op == OP_ADD) l = &g->nodes[l->in[0]];
+    if (l->op == OP_MATMUL && l->in[1] == p) return true;
+  }
+  return false;
+}
+
 static bool param_dim_ok(Ctx *c, int p, int d, const char *why) {
   const Node *pn = &c->g->nodes[p];
   if (pn->shape.d[d] % c->n == 0) return true;
@@ -121,6 +133,9 @@ static bool param_dim_ok(Ctx *c, int p, int d, const char *why) {
   diag_error(strat_field_span(c->prog, c->t, "tp"), "tp = %lld does not divide dim %d (%lld) of %s %s, which %s",
              (long long)c->n, d, (long long)pn->shape.d[d], pn->name, shape_str(&pn->shape), why);
   diag_note(pn->span, "the param is declared here");
+  if (d == 1 && head_of_ce(c->g, p)) /* what vocab_pad (train.h) takes */
+    diag_hint("cplan pads a head weight [C, V] itself, exactly, when only `x @ %s` (or that plus a bias [V]) reads "
+              "it and only cross_entropy (without label smoothing) and argmax read its logits", pn->name);
   return false;
 }
 
@@ -379,19 +394,23 @@ static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *
     diag_note(g->nodes[h].span, "the heads are split here");
     return false;
   }
-  for (int i = 0; i < g->n && tp > 1; i++) { /* a vocabulary tp cannot split (place_lazy keeps it whole) */
+  /* a vocabulary tp does not divide: vocab_pad pads it (train_graph) when only lookups and tied heads
+   * into cross_entropy or argmax read it; otherwise place_lazy keeps it whole */
+  for (int i = 0; i < g->n && tp > 1; i++) {
     const Node *n = &g->nodes[i], *tb = n->op == OP_EMBEDDING ? &g->nodes[n->in[0]] : NULL;
-    if (!tb || tb->op != OP_PARAM || g->nodes[n->in[1]].op != OP_INPUT || tb->shape.d[0] % tp == 0) continue;
-    int64_t m = tb->shape.d[0] >= 1024 ? 128 : tp; /* large: also a multiple of 128, as nanoGPT's 50304 */
-    while (m % tp) m += 128;
-    int64_t pad = (tb->shape.d[0] + m - 1) / m * m;
+    if (!tb || tb->op != OP_PARAM || g->nodes[n->in[1]].op != OP_INPUT || tb->shape.d[0] % tp == 0 ||
+        vocab_pad_fits(g, n->in[0], tp))
+      continue;
+    int64_t pad = vocab_pad_rows(tb->shape.d[0], tp);
     diag_warning(strat_field_span(prog, t, "tp"), "tp = %lld does not divide the %lld rows of '%s' %s: it stays whole on "
                  "every tp rank (not vocab-parallel), so its lookups, a head that reads it and their gradient's "
                  "all-reduce are not split", (long long)tp, (long long)tb->shape.d[0], tb->name, shape_str(&tb->shape));
     diag_note(tb->span, "the param is declared here");
-    diag_hint("pad the vocabulary to a multiple of tp, e.g. %lld%s: the extra rows are never looked up nor targets, "
-              "and the model learns to give them no probability", (long long)pad,
-              m > tp ? " (of 128 too, as nanoGPT's GPT-2 uses 50304)" : "");
+    diag_hint("cplan pads such a table itself (exactly) when only lookups and a tied head x @ transpose(table) read it, "
+              "its logits read only by cross_entropy (no label smoothing) and argmax; else pad the vocabulary to a "
+              "multiple of tp, e.g. %lld%s: the extra rows are never looked up nor targets, and the model learns to "
+              "give them no probability", (long long)pad,
+              tb->shape.d[0] >= 1024 ? " (of 128 too, as nanoGPT's GPT-2 uses 50304)" : "");
   }
   if (!strat_sp_fits(g, sp)) {
     const Node *x = &g->nodes[g->inputs.a[0]];

@@ -57,6 +57,24 @@ int64_t train_graph_batch(const TrainConf *t);
  * Every index of g is renumbered. RC_NONE and RC_SEARCH change nothing. */
 bool recompute_apply(Graph *g, Recompute mode);
 
+/* Exact vocabulary padding under tensor parallelism (vocab_pad.c): an embedding table [V, C] tp
+ * does not divide, read only by lookups and by tied heads x @ transpose(table) whose logits only
+ * cross_entropy and argmax read, becomes [vocab_pad_rows(V, tp), C] with V valid rows (PARAM
+ * ia[1]; ia[2] the padded dim) and each head's logits masked with -inf past V, so it is
+ * vocab-parallel and every value but the pad (zero throughout) is the unpadded model's. An untied
+ * head weight [C, V] (and its bias [V]) is padded alike. Before autodiff; renumbers g. True when
+ * it padded a param. */
+bool vocab_pad(Graph *g, int64_t tp);
+/* The forward graph g with the params vocab_pad pads under tp padded and the shapes downstream
+ * re-inferred, but no mask inserted, so every node keeps its index (the search prices tp on it:
+ * the where is one elementwise op over the logits); g itself when nothing is padded. */
+const Graph *vocab_pad_priced(const Graph *g, int64_t tp);
+/* Whether vocab_pad pads param p of g (not yet padded) under tp. */
+bool vocab_pad_fits(const Graph *g, int p, int64_t tp);
+/* The rows of a vocabulary of v padded for tp: the next multiple of tp (and of 128 from v = 1024
+ * on, as llm.c's 50304 for GPT-2's 50257); v when tp divides it. */
+int64_t vocab_pad_rows(int64_t v, int64_t tp);
+
 /* ad_backward with accum = batch / (dp * micro) (B of g must be bound to the micro-batch), then
  * opt_lower, recompute_apply (t's strategy.recompute) and ir_verify. False after a diagnostic
  * (also when batch is not a multiple of dp * micro). */

@@ -30,19 +30,73 @@
 static const char *const meta_keys[] = {"format"};
 static const char *const meta_values[] = {"pt"};
 
+/* ---- tensors the compiler padded for tp (RtPlanParam.pad_*): files hold them unpadded ------------ */
+
+/* The padded dim of a param of `rank` dims `shape` (the one of size pad_len with pad_inner elements
+ * after it), or -1. */
+static int padded_dim(int rank, const int64_t *shape, int64_t pad_len, int64_t pad_inner) {
+  int64_t inner = 1;
+  for (int d = rank - 1; d >= 0 && pad_len > 0; d--) {
+    if (shape[d] == pad_len && inner == pad_inner) return d;
+    inner *= shape[d];
+  }
+  return -1;
+}
+
+/* The unpadded elements of padded x (numel of them) of tensor `name`, in a malloc'ed buffer; NULL
+ * after an error. The pad is zero throughout training (its gradient is exactly zero): a nonzero pad
+ * element would make LAMB's and LARS's norms differ from one device's, so it is a cplan bug. */
+static float *unpad(const float *x, int64_t numel, int64_t len, int64_t valid, int64_t inner, const char *path,
+                    const char *name, RtError *err) {
+  float *out = malloc((size_t)(numel / len * valid) * sizeof *out + 1);
+  if (!out) {
+    rt_errf(err, "%s: out of memory", path);
+    return NULL;
+  }
+  for (int64_t k = 0; k < numel; k++) {
+    int64_t u = rt_unpadded_index(k, len, valid, inner);
+    if (u >= 0) out[u] = x[k];
+    else if (x[k] != 0.0f) {
+      rt_errf(err, "%s: element %lld of '%s', in the padding the compiler added for tp, is %g, not 0 (a bug in "
+              "cplan: please report it)", path, (long long)k, name, (double)x[k]);
+      free(out);
+      return NULL;
+    }
+  }
+  return out;
+}
+
+/* x (numel, padded) from its unpadded elements u, zeros in the pad */
+static void repad(float *x, const float *u, int64_t numel, int64_t len, int64_t valid, int64_t inner) {
+  for (int64_t k = numel - 1; k >= 0; k--) { /* from the end: u may be x itself, a prefix of it */
+    int64_t i = rt_unpadded_index(k, len, valid, inner);
+    x[k] = i >= 0 ? u[i] : 0.0f;
+  }
+}
+
 int rt_params_save(const RtRun *run, const char *path, RtError *err) {
   const RtPlan *p = run->plan;
   RtStTensor *ts = calloc((size_t)p->nparams + 1, sizeof *ts);
-  if (!ts) return rt_errf(err, "%s: out of memory", path);
-  for (int i = 0; i < p->nparams; i++) {
+  float **own = calloc((size_t)p->nparams + 1, sizeof *own);
+  int rc = ts && own ? 0 : rt_errf(err, "%s: out of memory", path);
+  for (int i = 0; i < p->nparams && rc == 0; i++) {
     const RtPlanParam *pp = &p->params[i];
     ts[i].name = pp->name;
     ts[i].dtype = RT_F32;
     ts[i].ndim = pp->rank;
     memcpy(ts[i].shape, pp->shape, sizeof ts[i].shape);
     ts[i].data = run->params + pp->offset;
+    int d = padded_dim(pp->rank, pp->shape, pp->pad_len, pp->pad_inner);
+    if (d >= 0) { /* the unpadded tensor */
+      ts[i].shape[d] = pp->pad_valid;
+      if (!(own[i] = unpad(ts[i].data, pp->numel, pp->pad_len, pp->pad_valid, pp->pad_inner, path, pp->name, err)))
+        rc = -1;
+      ts[i].data = own[i];
+    }
   }
-  int rc = rt_st_write(path, ts, p->nparams, meta_keys, meta_values, 1, err);
+  if (rc == 0) rc = rt_st_write(path, ts, p->nparams, meta_keys, meta_values, 1, err);
+  for (int i = 0; own && i < p->nparams; i++) free(own[i]);
+  free(own);
   free(ts);
   return rc;
 }
@@ -54,7 +108,13 @@ int rt_params_load(RtRun *run, const char *path, RtError *err) {
   int rc = 0;
   for (int i = 0; i < p->nparams && rc == 0; i++) {
     const RtPlanParam *pp = &p->params[i];
-    rc = rt_st_read(f, pp->name, RT_F32, pp->rank, pp->shape, run->params + pp->offset, err);
+    int64_t shape[RT_ST_MAX_DIMS];
+    memcpy(shape, pp->shape, sizeof shape);
+    int d = padded_dim(pp->rank, pp->shape, pp->pad_len, pp->pad_inner);
+    if (d >= 0) shape[d] = pp->pad_valid; /* the file's unpadded tensor (rt_params_save), read into a prefix */
+    rc = rt_st_read(f, pp->name, RT_F32, pp->rank, shape, run->params + pp->offset, err);
+    float *x = run->params + pp->offset;
+    if (rc == 0 && d >= 0) repad(x, x, pp->numel, pp->pad_len, pp->pad_valid, pp->pad_inner);
     for (int64_t k = 0; rc == 0 && k < pp->numel; k++) /* training from it would only say the loss is NaN */
       if (!isfinite(run->params[pp->offset + k]))
         rc = rt_errf(err, "%s: tensor '%s' holds %g at element %lld", path, pp->name, (double)run->params[pp->offset + k],
@@ -285,16 +345,23 @@ static int read_state(const char *path, RtCkptInfo *info, RtError *err) {
 static int write_states(const RtRun *run, const char *path, RtError *err) {
   const RtPlan *p = run->plan;
   RtStTensor *ts = calloc((size_t)p->nstates + 1, sizeof *ts);
-  if (!ts) return rt_errf(err, "%s: out of memory", path);
-  int n = 0;
-  for (int i = 0; i < p->nstates; i++) {
+  float **own = calloc((size_t)p->nstates + 1, sizeof *own);
+  int n = 0, rc = ts && own ? 0 : rt_errf(err, "%s: out of memory", path);
+  for (int i = 0; i < p->nstates && rc == 0; i++) {
     const RtPlanState *s = &p->states[i];
     if (!s->saved) continue;
-    ts[n] = (RtStTensor){.name = s->name, .dtype = RT_F32, .ndim = 1, .shape = {s->numel},
-                         .data = run->state + s->offset};
+    ts[n] = (RtStTensor){.name = s->name, .dtype = RT_F32, .ndim = 1, .shape = {s->numel}, .data = run->state + s->offset};
+    if (s->pad_len > 0) { /* a padded param's: unpadded, as the param */
+      ts[n].shape[0] = s->numel / s->pad_len * s->pad_valid;
+      if (!(own[n] = unpad(ts[n].data, s->numel, s->pad_len, s->pad_valid, s->pad_inner, path, s->name, err)))
+        rc = -1;
+      ts[n].data = own[n];
+    }
     n++;
   }
-  int rc = rt_st_write(path, ts, n, meta_keys, meta_values, 1, err);
+  if (rc == 0) rc = rt_st_write(path, ts, n, meta_keys, meta_values, 1, err);
+  for (int i = 0; own && i < n; i++) free(own[i]);
+  free(own);
   free(ts);
   return rc;
 }
@@ -351,8 +418,10 @@ static int read_states(RtRun *run, const char *path, RtError *err) {
   for (int i = 0; i < p->nstates && rc == 0; i++) {
     const RtPlanState *s = &p->states[i];
     float *dst = run->state + s->offset;
-    if (s->saved) rc = rt_st_read(f, s->name, RT_F32, 1, &s->numel, dst, err);
-    else memset(dst, 0, (size_t)s->numel * sizeof *dst);
+    int64_t n = s->pad_len > 0 ? s->numel / s->pad_len * s->pad_valid : s->numel; /* a padded param's: unpadded */
+    memset(dst, 0, (size_t)s->numel * sizeof *dst);
+    if (s->saved) rc = rt_st_read(f, s->name, RT_F32, 1, &n, dst, err);
+    if (rc == 0 && s->saved && s->pad_len > 0) repad(dst, dst, s->numel, s->pad_len, s->pad_valid, s->pad_inner);
   }
   rt_st_close(f);
   return rc;

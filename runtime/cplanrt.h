@@ -191,6 +191,10 @@ typedef struct RtPlanParam {
   int64_t offset;               /* in floats, into RtRun.params */
   RtInit init;
   double init_a, init_b;        /* full(a), normal(std = a), uniform(lo = a, hi = b) */
+  /* A param the compiler padded for tp (compiler/vocab_pad.c; pad_len 0: none): one dim of size
+   * pad_len (pad_inner elements after it in row-major order) holds pad_valid real entries, then
+   * zeros; files hold the unpadded tensor (whole tensors only: gparams; rt_unpadded_index) */
+  int64_t pad_len, pad_valid, pad_inner;
 } RtPlanParam;
 
 typedef struct RtPlanState {
@@ -201,6 +205,7 @@ typedef struct RtPlanState {
                                    accumulators, zero at every step boundary */
   int reduce;                   /* a lowered plan's (gparams != NULL): 1 when the runtime reduces
                                    this gradient accumulator over dp (others: in the graph) */
+  int64_t pad_len, pad_valid, pad_inner; /* the state of a padded param: as its RtPlanParam's */
 } RtPlanState;
 
 typedef struct RtPlanInput {
@@ -392,6 +397,9 @@ int rt_main(int argc, char **argv, const RtPlan *plan);
  * [0, 1) from (seed, a 64-bit key, an element index), the same on every rank and strategy. */
 double rt_uniform(uint64_t seed, uint64_t key, uint64_t index);
 uint64_t rt_hash_str(const char *s); /* the key of a param path */
+/* The index in the unpadded tensor of element k of a tensor padded along one dim (RtPlanParam.pad_*),
+ * or -1 for a pad element; k itself when pad_len is 0. */
+int64_t rt_unpadded_index(int64_t k, int64_t pad_len, int64_t pad_valid, int64_t pad_inner);
 
 /* ---- checkpoint.c: params files and checkpoints (added with train.c) -------------------------
  *

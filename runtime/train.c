@@ -62,6 +62,12 @@ uint64_t rt_hash_str(const char *s) {
   return h;
 }
 
+int64_t rt_unpadded_index(int64_t k, int64_t pad_len, int64_t pad_valid, int64_t pad_inner) {
+  if (pad_len <= 0) return k;
+  int64_t i = k % pad_inner, j = k / pad_inner % pad_len, o = k / (pad_inner * pad_len);
+  return j < pad_valid ? (o * pad_valid + j) * pad_inner + i : -1;
+}
+
 /* Param init, keyed by (plan->seed, rt_hash_str(path), element index i):
  *   normal(std): std * sqrt(-2 ln(1 - u1)) * cos(2 pi u2), u1 = rt_uniform(seed, key, 2i),
  *                u2 = rt_uniform(seed, key, 2i + 1) (Box-Muller, one value per element);
@@ -77,7 +83,12 @@ static void init_param(const RtRun *run, int pk, float *dst) {
     int gk = p->param_global ? p->param_global[pk] : pk;
     uint64_t k = (uint64_t)(p->gparams && pp->numel != p->gparams[gk].numel ? p->global_index(0, pk, run->axis_coord, i) : i);
     double v = 0;
-    switch (pp->init) {
+    /* a param padded for tp (compiler/vocab_pad.c): its pad elements are zero, the others take the
+     * values of their indices in the unpadded tensor (the same values as one device) */
+    const RtPlanParam *w = p->gparams ? &p->gparams[gk] : pp;
+    int64_t u = rt_unpadded_index((int64_t)k, w->pad_len, w->pad_valid, w->pad_inner);
+    k = (uint64_t)(u < 0 ? 0 : u);
+    switch (u < 0 ? RT_INIT_ZEROS : pp->init) {
     case RT_INIT_ZEROS: v = 0; break;
     case RT_INIT_ONES: v = 1; break;
     case RT_INIT_FULL: v = a; break;

@@ -5,7 +5,8 @@
 # relative and the consolidated params (--save: rank 0 gathers the shards into whole tensors) within 1e-4
 # (also with sequence parallelism, sp = 2 on dp = 2 x tp = 2); a tp
 # checkpoint (whole tensors) resumes on 1 device with the same losses. The metrics are compared
-# too (2e-4 relative + 1e-6), and a model whose vocabulary tp does not divide reports the same loss;
+# too (2e-4 relative + 1e-6), and a model whose vocabulary tp does not divide is padded exactly
+# (vocab-parallel) and reports the same loss, params and checkpoints;
 # slice_small (i32 tokens taken apart in the model) with sp too.
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
@@ -41,15 +42,52 @@ for m in gpt_small llama_small; do
   e2e_prog 0 "$m-resume" "./$m-1" --resume "ck-$m/step_000003" --metrics "$m-res.jsonl"
   e2e_tail_close "$m tp=2 -> 1 resume" "$m-1.jsonl" "$m-res.jsonl" 3
 done
-# a vocabulary tp does not divide (13, adder_tiny): the embedding stays whole, cross_entropy and the
-# accuracy metric (argmax) run on whole logits on every tp rank, and the reported loss and metric are
-# the single device's, not tp times them (the runtime sums the tp ranks' parts)
+# vocab_padded LABEL FILE ROWS VALID SETS...: `plan --explain` places the table wte of FILE padded to
+# ROWS rows (VALID of them real) and split on tp (vocab-parallel), and its build said no warning
+vocab_padded() {
+  local label=$1 file=$2 rows=$3 valid=$4
+  shift 4
+  "$cplanc" plan "$file" --explain "$@" >"$label.explain" 2>&1 || { cat "$label.explain"; fail "$label: cplanc plan --explain"; }
+  grep -qE "^  wte +f32\[$rows, 16\] +\[S\(0\)\]  \(padded for tp: $valid valid rows\)" "$label.explain" ||
+    { cat "$label.explain"; fail "$label: wte is not padded to $rows rows and vocab-parallel"; }
+  grep -q "log-sum-exp exchange" "$label.explain" || fail "$label: cross_entropy is not vocab-parallel"
+  if grep -q "not vocab-parallel" "build_$label.log"; then cat "build_$label.log"; fail "$label: the build still warns"; fi
+}
+# vocab_shape LABEL FILE.st ROWS: the file holds wte [ROWS, 16] (a padded table is saved unpadded)
+vocab_shape() {
+  python3 - "$@" <<'PY' || exit 1
+import json, struct, sys
+label, path, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
+b = open(path, "rb").read()
+h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+if h["wte"]["shape"] != [rows, 16]:
+    sys.exit("FAILED: %s: %s holds wte %s, expected [%d, 16]" % (label, path, h["wte"]["shape"], rows))
+PY
+}
+# a vocabulary tp does not divide (13, adder_tiny): the compiler pads the table exactly to [14, 16]
+# (compiler/vocab_pad.c): vocab-parallel lookups, a column-parallel tied head, the pad columns of
+# the logits masked (-inf) before the vocab-parallel cross_entropy and the accuracy metric (argmax,
+# on gathered logits); the loss, metric, grad norms and params are the single device's, and the
+# saved table is [13, 16]
 { cat "$src/tests/e2e/adder_tiny.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >adder.cplan
 e2e_build adder-1 adder.cplan
 e2e_prog 0 adder-1 ./adder-1 --save adder-1.st --metrics adder-1.jsonl
-e2e_build adder-tp2 adder.cplan --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2
+sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2)
+e2e_build adder-tp2 adder.cplan "${sets[@]}"
+vocab_padded adder-tp2 adder.cplan 14 13 "${sets[@]}"
 e2e_prog 0 adder-tp2 "$mpirun" -np 2 --oversubscribe ./adder-tp2 --save adder-tp2.st --metrics adder-tp2.jsonl
-e2e_close "adder_tiny tp=2 (vocab 13)" adder-1.jsonl adder-tp2.jsonl adder-1.st adder-tp2.st
+e2e_close "adder_tiny tp=2 (vocab 13, padded to 14)" adder-1.jsonl adder-tp2.jsonl adder-1.st adder-tp2.st
+vocab_shape "adder_tiny tp=2" adder-tp2.st 13
+# tp = 4 (with 4 heads): 16 rows, 4 per rank, the last rank's one valid row and three pad rows
+sed 's/heads: int = 2/heads: int = 4/' adder.cplan >adder4.cplan
+grep -q 'heads: int = 4' adder4.cplan || fail "adder4.cplan was not made"
+e2e_build adder4-1 adder4.cplan
+e2e_prog 0 adder4-1 ./adder4-1 --save adder4-1.st --metrics adder4-1.jsonl
+sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=4 --set train.strategy.tp=4)
+e2e_build adder4-tp4 adder4.cplan "${sets[@]}"
+vocab_padded adder4-tp4 adder4.cplan 16 13 "${sets[@]}"
+e2e_prog 0 adder4-tp4 "$mpirun" -np 4 --oversubscribe ./adder4-tp4 --save adder4-tp4.st --metrics adder4-tp4.jsonl
+e2e_close "adder_tiny tp=4 (vocab 13, padded to 16)" adder4-1.jsonl adder4-tp4.jsonl adder4-1.st adder4-tp4.st
 # the reduction strategy with one operand whole: the head reads the attention's merged heads (split
 # along C, the contracted dim) with the whole table of an odd vocabulary (65): each rank multiplies
 # its C block of the table's columns (lower.c slices it, shard_sliced_input), the partial logits
@@ -78,10 +116,74 @@ mesh laptop {
 }
 CPLAN
 e2e_build kdim-1 kdim.cplan
-e2e_prog 0 kdim-1 ./kdim-1 --save kdim-1.st --metrics kdim-1.jsonl
+e2e_prog 0 kdim-1 ./kdim-1 --save kdim-1.st --metrics kdim-1.jsonl --checkpoint-every 3 --checkpoint-dir ck-kdim-1
 e2e_build kdim-tp2 kdim.cplan --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2
-e2e_prog 0 kdim-tp2 "$mpirun" -np 2 --oversubscribe ./kdim-tp2 --save kdim-tp2.st --metrics kdim-tp2.jsonl
+e2e_prog 0 kdim-tp2 "$mpirun" -np 2 --oversubscribe ./kdim-tp2 --save kdim-tp2.st --metrics kdim-tp2.jsonl \
+  --checkpoint-every 3 --checkpoint-dir ck-kdim-tp2
 e2e_close "kdim tp=2 (a K-split activation with a whole weight)" kdim-1.jsonl kdim-tp2.jsonl kdim-1.st kdim-tp2.st
+# ... whose odd vocabulary (65) is padded to 66 and vocab-parallel; its checkpoints hold [65, 16]
+# (and moments of 65 x 16): the tp = 2 one resumes on one device, the one-device one on tp = 2
+vocab_padded kdim-tp2 kdim.cplan 66 65 --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2
+vocab_shape "kdim tp=2 checkpoint" ck-kdim-tp2/step_000003/model.safetensors 65
+e2e_prog 0 kdim-res1 ./kdim-1 --resume ck-kdim-tp2/step_000003 --metrics kdim-res1.jsonl
+e2e_tail_close "kdim tp=2 -> 1 resume (padded table)" kdim-1.jsonl kdim-res1.jsonl 3
+e2e_prog 0 kdim-res2 "$mpirun" -np 2 --oversubscribe ./kdim-tp2 --resume ck-kdim-1/step_000003 --metrics kdim-res2.jsonl
+e2e_tail_close "kdim 1 -> tp=2 resume (padded table)" kdim-1.jsonl kdim-res2.jsonl 3
+# an untied head [C, 65] (with a bias, as nn's linear) whose input arrives whole is column-parallel:
+# tp = 2 does not divide its 65 columns, which used to be an error ("tp = 2 does not divide dim 1
+# (65) of head"); it is padded to [16, 66] (its bias to [66]) like the table, exactly (argmax metric
+# too), and its checkpoints hold [16, 65]
+cat >untied.cplan <<'CPLAN'
+model untied(vocab: int = 65, ctx: int = 16, C: int = 16, h: int = 2) {
+  input idx:     i32[B, ctx]
+  input targets: i32[B, ctx]
+  param wte: [vocab, C] = normal(0.3)
+  param wqkv: [C, 3 * C] = normal(0.3)
+  param head: [C, vocab] = normal(0.3)
+  param g: [C] = ones
+  param hb: [vocab] = uniform(-0.1, 0.1)
+  x = embedding(wte, idx)
+  q, k, v = split(x @ wqkv, 3)
+  y = x + merge_heads(sdpa(split_heads(q, h), split_heads(k, h), split_heads(v, h), causal = true))
+  logits = rms_norm(y, g) @ head + hb
+  loss = cross_entropy(logits, targets)
+  metric accuracy = mean(argmax(logits) == targets)
+}
+train {
+  model     = untied()
+  data      = tokens("tokens.bin")
+  batch     = 4
+  steps     = 6
+  optimizer = adamw(lr = 1e-2, weight_decay = 0.1)
+  clip      = 1.0
+  seed      = 3
+}
+mesh laptop {
+  shape  = [cpu = 1]
+  device = cpu
+}
+CPLAN
+sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2)
+e2e_build untied-1 untied.cplan
+e2e_prog 0 untied-1 ./untied-1 --save untied-1.st --metrics untied-1.jsonl
+e2e_build untied-tp2 untied.cplan "${sets[@]}"
+vocab_padded untied-tp2 untied.cplan 66 65 "${sets[@]}"
+grep -qE "^  head +f32\[16, 66\] +\[S\(1\)\]  \(padded for tp: 65 valid columns\)" untied-tp2.explain ||
+  { cat untied-tp2.explain; fail "untied tp=2: the head is not padded to [16, 66] and column-parallel"; }
+grep -qE "^  hb +f32\[66\] +\[S\(0\)\]  \(padded for tp: 65 valid entries\)" untied-tp2.explain ||
+  { cat untied-tp2.explain; fail "untied tp=2: the head's bias is not padded to [66] and split"; }
+e2e_prog 0 untied-tp2 "$mpirun" -np 2 --oversubscribe ./untied-tp2 --save untied-tp2.st --metrics untied-tp2.jsonl \
+  --checkpoint-every 3 --checkpoint-dir ck-untied
+e2e_close "untied tp=2 (a column-parallel head of 65 columns, padded to 66)" untied-1.jsonl untied-tp2.jsonl untied-1.st untied-tp2.st
+python3 - ck-untied/step_000003/model.safetensors <<'PY' || exit 1
+import json, struct, sys
+b = open(sys.argv[1], "rb").read()
+h = json.loads(b[8:8 + struct.unpack("<Q", b[:8])[0]])
+if h["head"]["shape"] != [16, 65]:
+    sys.exit("FAILED: untied tp=2: the checkpoint holds head %s, expected [16, 65]" % h["head"]["shape"])
+PY
+e2e_prog 0 untied-res1 ./untied-1 --resume ck-untied/step_000003 --metrics untied-res1.jsonl
+e2e_tail_close "untied tp=2 -> 1 resume (padded head)" untied-1.jsonl untied-res1.jsonl 3
 # means over dims tp splits (the heads, the channels; a metric too): each rank's mean of its part and
 # its gradient are scaled by 1/tp (lower.c tp_mean_share); it used to be a lowering error
 sed -e 's/  loss = cross_entropy(y @ transpose(wte), targets)/  loss = cross_entropy(y @ transpose(wte), targets) + mean(a * a) + 0.1 * mean(mean(q, axis = -1))/' \

@@ -339,9 +339,9 @@ def m24(p, d):
     a, c = (h @ p['w2']).chunk(2, -1)
     r = torch.stack([a, c], -1).reshape(B, 6, 16) @ p['w4']
     s = r.masked_fill((idx == 0)[..., None], -1e9)
-    pr = torch.softmax(s.reshape(B, 48), -1)
+    pr = torch.softmax(s, -1)
     pooled = torch.stack([a, c])
-    return ce((pr.reshape(B, 6, 8) * 4.0 + pooled.sum(0)).mean(1) @ p['w3'], d['y'])
+    return ce((pr * 4.0 + pooled.sum(0)).mean(1) @ p['w3'], d['y'])
 
 @model('m25_sincos', lambda: {'idx': rng.integers(0, 13, size=(B, 6)).astype(np.int32),
                               'targets': rng.integers(0, 13, size=(B, 6)).astype(np.int32)})

@@ -1,7 +1,8 @@
 /* test_lower.c: the SPMD lowering (compiler/lower.c) of a small GPT and a LLaMA-style model under
  * tp = 2, tp = 4 and dp = 2 x tp = 2: the per-rank graph passes ir_verify (every shape rule re-run
  * on local shapes), holds one collective node per collective strat_pin lists (the two agree), the
- * fused QKV weight gets the blocked layout, and shard elements map to the right global ones. */
+ * fused QKV weight gets the blocked layout, and shard elements map to the right global ones; a
+ * vocabulary tp does not divide is padded (vocab_pad.c) and split. */
 #include "lower.h"
 #include "train.h"
 #include "ast.h"
@@ -88,11 +89,12 @@ static int count_op(const Graph *g, OpId op) {
   return n;
 }
 
-/* One collective node per collective of the plan (inner ones, like cross-entropy's, excepted). */
+/* One collective node per collective of the plan (inner ones, like cross-entropy's, excepted; local
+ * slices of whole values, which the plan does not list as they send nothing, too). */
 static void check_colls(const StratPlan *sp, const Lowered *lw) {
   int want = 0;
   for (int i = 0; i < sp->colls.n; i++) want += sp->colls.a[i].what == NULL;
-  CHECK(lw->ncolls + lw->nruntime == want); /* the dp gradient reductions: the runtime's */
+  CHECK(lw->ncolls - count_op(lw->g, OP_SHARD_SLICE) + lw->nruntime == want); /* the dp gradient reductions: the runtime's */
   bool dp = false;
   for (int a = 0; a < sp->naxes; a++) dp |= sp->axes[a].role == AX_DP;
   CHECK(dp == (lw->nruntime > 0));
@@ -144,6 +146,47 @@ static void test_llama(int64_t tp, const char *strategy, int devices) {
   check_colls(sp, lw);
 }
 
+/* src with its vocabulary 16 made 15 */
+static const char *vocab15(const char *src) {
+  const char *at = strstr(src, "vocab: int = 16");
+  if (!at) return src;
+  return cp_fmt("%.*svocab: int = 15%s", (int)(at - src), src, at + strlen("vocab: int = 16"));
+}
+
+/* Exact vocabulary padding (vocab_pad.c): a vocabulary of 15 under tp = 2 pads the table to 16 rows
+ * (vocab-parallel: 8 a rank) and llama's untied output head to 16 columns (column-parallel), each
+ * with 15 valid, and masks the logits (a where before cross_entropy). */
+static void test_vocab_pad(void) {
+  CHECK(vocab_pad_rows(13, 2) == 14 && vocab_pad_rows(13, 4) == 16 && vocab_pad_rows(64, 4) == 64);
+  CHECK(vocab_pad_rows(50257, 2) == 50304 && vocab_pad_rows(50257, 8) == 50304 && vocab_pad_rows(50257, 3) == 50304);
+  CHECK(vocab_pad_rows(1025, 6) == 1152 && vocab_pad_rows(1025, 1) == 1025);
+  StratPlan *sp = NULL;
+  Lowered *lw = lower(vocab15(gpt_src), "{ tp = 2 }", 2, &sp);
+  CHECK(lw != NULL);
+  if (lw) {
+    int wte = param(sp->g, "wte");
+    const Node *n = &sp->g->nodes[wte];
+    CHECK(n->shape.d[0] == 16 && n->ia[1] == 15 && n->ia[2] == 0);
+    CHECK(sp->pl[wte].ax[0].kind == PL_S && sp->pl[wte].ax[0].dim == 0);
+    CHECK(lw->g->nodes[lw->map[wte]].shape.d[0] == 8);
+    CHECK(count_op(sp->g, OP_WHERE) == 1);
+    check_colls(sp, lw);
+  }
+  lw = lower(vocab15(llama_src), "{ tp = 2 }", 2, &sp);
+  CHECK(lw != NULL);
+  if (lw) {
+    int tok = param(sp->g, "tok"), out = param(sp->g, "output.weight");
+    CHECK(tok >= 0 && out >= 0);
+    if (tok < 0 || out < 0) return;
+    CHECK(sp->g->nodes[tok].shape.d[0] == 16 && sp->g->nodes[tok].ia[1] == 15);
+    const Node *o = &sp->g->nodes[out];
+    CHECK(o->shape.d[1] == 16 && o->ia[1] == 15 && o->ia[2] == 1);
+    CHECK(sp->pl[out].ax[0].kind == PL_S && sp->pl[out].ax[0].dim == 1);
+    CHECK(lw->g->nodes[lw->map[out]].shape.d[1] == 8);
+    check_colls(sp, lw);
+  }
+}
+
 int main(void) {
   test_gpt(2, "{ tp = 2 }", 2);
   test_gpt(4, "{ tp = 4 }", 4);
@@ -151,6 +194,7 @@ int main(void) {
   test_llama(2, "{ tp = 2 }", 2);
   test_llama(4, "{ tp = 4 }", 4);
   test_llama(2, "{ dp = 2, tp = 2 }", 4);
+  test_vocab_pad();
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
   return failures ? 1 : 0;
 }
