@@ -160,6 +160,8 @@ const char *cg_scalar_in(const OptimizerConf *o, const Node *n) {
   return NULL;
 }
 
+int64_t cg_index_bound(const Node *n, int64_t whole) { return n->ia[1] > 0 ? n->ia[1] : whole; }
+
 int64_t cg_vocab(const Graph *g, const StratPlan *sp) {
   if (g->inputs.n == 0) return 0;
   for (int i = 0; i < g->n; i++) {

@@ -51,6 +51,9 @@ bool cg_mm_dims(const Graph *g, const Node *f, CgMm *mm); /* false: batch dims b
 /* The value of optimizer scalar input n (lr, bc1, bc2) as a C expression of `run`; NULL for
  * another name. */
 const char *cg_scalar_in(const OptimizerConf *o, const Node *n);
+/* The range an embedding's indices or a cross_entropy's targets must lie in: `whole` (the table's
+ * rows, the classes), or the valid ones of a table or head tp pads (ia[1], compiler/vocab_pad.c). */
+int64_t cg_index_bound(const Node *n, int64_t whole);
 /* The bound on token values: dim 0 of the embedding table that reads input 0, else the last dim
  * of the loss's logits; vocab-parallel ones times their axis's devices (sp: the lowering's). */
 int64_t cg_vocab(const Graph *g, const struct StratPlan *sp);

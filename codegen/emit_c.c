@@ -537,7 +537,7 @@ static void emit_vocab_ce(Cg *c, int i) {
   EMIT("  rt_comm_all_reduce(%s, %s, %lld, RT_COMM_F32);\n", grp, sx, (long long)rows);
   EMIT("  %s[0] = kvp_ce_forward_part(NULL, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld, "
        "run->axis_coord[%d] == 0);\n", ptr(c, i), l, m, sx, ptr(c, n->in[1]), (long long)rows, (long long)vl, a,
-       (long long)vl, (long long)(vl * k), a);
+       (long long)vl, (long long)cg_index_bound(n, vl * k), a);
 }
 
 static void emit_forward(Cg *c, int i) {
@@ -561,11 +561,11 @@ static void emit_forward(Cg *c, int i) {
       int a = (int)n->ia[0] - 1;
       EMIT("  kvp_embedding_forward(%s, %s, %s, %lld, (int)run->axis_coord[%d] * %lld, %lld, %lld, %lld);\n", ptr(c, i),
            ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(in(c, i, 1)), a, (long long)t->shape.d[0],
-           (long long)t->shape.d[0], (long long)(t->shape.d[0] * axis_n(c, a)), (long long)t->shape.d[1]);
+           (long long)t->shape.d[0], (long long)cg_index_bound(n, t->shape.d[0] * axis_n(c, a)), (long long)t->shape.d[1]);
       break;
     }
     EMIT("  kf_embedding_forward(%s, %s, %s, %lld, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]), ptr(c, n->in[1]),
-         (long long)numel(in(c, i, 1)), (long long)t->shape.d[0], (long long)t->shape.d[1]);
+         (long long)numel(in(c, i, 1)), (long long)cg_index_bound(n, t->shape.d[0]), (long long)t->shape.d[1]);
     break;
   }
   case OP_SOFTMAX: case OP_LOG_SOFTMAX: case OP_LAYER_NORM: case OP_RMS_NORM: case OP_ROPE: case OP_SDPA:
@@ -713,7 +713,7 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
       int64_t vl = cg_last_dim(lg), r = cg_rows(lg);
       EMIT("  kvp_ce_backward(%s, %s[0], %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld);\n", dx, dy,
            x, aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)vl, a,
-           (long long)vl, (long long)(vl * axis_n(c, a)));
+           (long long)vl, (long long)cg_index_bound(f, vl * axis_n(c, a)));
       break;
     }
     EMIT("  kf_cross_entropy_backward(%s, %s[0], %s, %s, %lld, %lld);\n", dx, dy, x, ptr(c, f->in[1]),
@@ -771,11 +771,11 @@ static void emit_grad_shape(Cg *c, int i, const Node *f) {
       int a = (int)f->ia[0] - 1;
       EMIT("  kvp_embedding_backward(%s, %s, %s, %lld, (int)run->axis_coord[%d] * %lld, %lld, %lld, %lld);\n", dx, dy,
            ptr(c, f->in[1]), (long long)numel(nd(c, f->in[1])), a, (long long)d[0], (long long)d[0],
-           (long long)(d[0] * axis_n(c, a)), (long long)d[1]);
+           (long long)cg_index_bound(f, d[0] * axis_n(c, a)), (long long)d[1]);
       break;
     }
     EMIT("  kf_embedding_backward(%s, %s, %s, %lld, %lld, %lld);\n", dx, dy, ptr(c, f->in[1]),
-         (long long)numel(nd(c, f->in[1])), (long long)d[0], (long long)d[1]);
+         (long long)numel(nd(c, f->in[1])), (long long)cg_index_bound(f, d[0]), (long long)d[1]);
     break;
   default: cp_unreachable();
   }

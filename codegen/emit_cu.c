@@ -1495,7 +1495,7 @@ static void emit_vocab_ce(Cu *c, int i) {
   EMIT("  coll_all_reduce(run, %d, %s, %lldLL, RT_NCCL_F32);\n", a, sx, (long long)rows);
   KL("cplan_cuda_vp_ce_forward_part(%s, %s, (int *)%s, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld, "
      "run->axis_coord[%d] == 0, G.s), %d);\n", kdt(c), ptr(c, i), cnt, l, m, sx, ptr(c, n->in[1]), (long long)rows,
-     (long long)vl, a, (long long)vl, (long long)(vl * k), a, i);
+     (long long)vl, a, (long long)vl, (long long)cg_index_bound(n, vl * k), a, i);
 }
 
 /* kernels/cuda takes its tensors in one storage type: under bf16 / f16 the operands it reads are
@@ -1665,11 +1665,11 @@ static void emit_forward(Cu *c, int i) {
       int a = (int)n->ia[0] - 1;
       KL("cplan_cuda_vp_embedding_forward(%s, %s, %s, %s, %lld, (int)run->axis_coord[%d] * %lld, %lld, %lld, %lld, G.s), %d);\n",
          kdt(c), ptr(c, i), ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(in(c, i, 1)), a, (long long)t->shape.d[0],
-         (long long)t->shape.d[0], (long long)(t->shape.d[0] * c->sp->axes[a].n), (long long)t->shape.d[1], i);
+         (long long)t->shape.d[0], (long long)cg_index_bound(n, t->shape.d[0] * c->sp->axes[a].n), (long long)t->shape.d[1], i);
       break;
     }
     KL("cplan_cuda_embedding_forward(%s, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", kdt(c), ptr(c, i),
-       ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(in(c, i, 1)), (long long)t->shape.d[0],
+       ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(in(c, i, 1)), (long long)cg_index_bound(n, t->shape.d[0]),
        (long long)t->shape.d[1], i);
     break;
   }
@@ -1906,7 +1906,7 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
       int64_t vl = cg_last_dim(lg);
       KL("cplan_cuda_vp_ce_backward(%s, %s, %s, (const int *)%s, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, "
          "%lld, G.s), %d);\n", kdt(c), dx, dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, r),
-         ptr(c, f->in[1]), (long long)r, (long long)vl, a, (long long)vl, (long long)(vl * c->sp->axes[a].n), i);
+         ptr(c, f->in[1]), (long long)r, (long long)vl, a, (long long)vl, (long long)cg_index_bound(f, vl * c->sp->axes[a].n), i);
       break;
     }
     /* written, not added: no zeroing (the logits' gradient is never an accumulator) */
@@ -1983,11 +1983,11 @@ static void emit_grad_shape(Cu *c, int i, const Node *f) {
       int a = (int)f->ia[0] - 1;
       KL("cplan_cuda_vp_embedding_backward(%s, %s, %s, %s, %lld, (int)run->axis_coord[%d] * %lld, %lld, %lld, %lld, G.s), %d);\n",
          kdt(c), dx, dy, ptr(c, f->in[1]), (long long)numel(nd(c, f->in[1])), a, (long long)d[0], (long long)d[0],
-         (long long)(d[0] * c->sp->axes[a].n), (long long)d[1], i);
+         (long long)cg_index_bound(f, d[0] * c->sp->axes[a].n), (long long)d[1], i);
       break;
     }
     KL("cplan_cuda_embedding_backward(%s, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", kdt(c), dx, dy, ptr(c, f->in[1]),
-       (long long)numel(nd(c, f->in[1])), (long long)d[0], (long long)d[1], i);
+       (long long)numel(nd(c, f->in[1])), (long long)cg_index_bound(f, d[0]), (long long)d[1], i);
     break;
   default: cp_unreachable();
   }

@@ -17,6 +17,8 @@
  *     stay zero under every optimizer (a zero gradient moves no zero param, weight decay of 0 is
  *     0), and zero rows change no norm (clipping, LAMB, LARS);
  *   - argmax never picks a pad column (-inf is below every valid logit).
+ * The lookups of a padded table and the cross_entropy of masked logits carry V (ia[1]), the range
+ * the kernels check indices and targets against, as on one device (the pad is never a valid index).
  * Files hold the [V, C] tensor (RtPlanParam.pad_*: trimmed on save, zero-padded on load), so
  * checkpoints stay strategy-invariant. A table read any other way (a head whose logits reach
  * another op, label smoothing's log_softmax, ...) is not padded: it stays whole on tp
@@ -203,6 +205,9 @@ bool vocab_pad(Graph *g, int64_t tp) {
   for (int j = 0; j < n; j++) {
     map[j] = copy_node(g, &old[j], map);
     if (!(ir_ops[old[j].op].flags & OPF_LEAF)) infer(g, map[j]); /* the shapes the padded params give */
+    const Node *o = &old[j];
+    if (o->op == OP_EMBEDDING && dim[o->in[0]] == 0) g->nodes[map[j]].ia[1] = old[o->in[0]].ia[1];
+    if (o->op == OP_CROSS_ENTROPY && mask[o->in[0]]) g->nodes[map[j]].ia[1] = mask[o->in[0]];
     if (mask[j]) {
       g->cur_layer = old[j].layer;
       map[j] = add_mask(g, map[j], mask[j]);

@@ -11,7 +11,7 @@ static int kvp_mine(int32_t i, int v0, int vl) { return i >= v0 && i < v0 + vl; 
 
 void kvp_embedding_forward(float *out, const float *table, const int32_t *idx, int n, int v0,
                            int vl, int v, int c) {
-  k_assert(n >= 0 && vl > 0 && c > 0 && v0 >= 0 && v0 + vl <= v);
+  k_assert(n >= 0 && vl > 0 && c > 0 && v0 >= 0 && v > 0);
   for (long i = 0; i < n; i++) {
     k_check_index("embedding", "index", i, idx[i], v);
     if (kvp_mine(idx[i], v0, vl))
@@ -23,7 +23,7 @@ void kvp_embedding_forward(float *out, const float *table, const int32_t *idx, i
 
 void kvp_embedding_backward(float *dtable, const float *dout, const int32_t *idx, int n, int v0,
                             int vl, int v, int c) {
-  k_assert(n >= 0 && vl > 0 && c > 0 && v0 >= 0 && v0 + vl <= v);
+  k_assert(n >= 0 && vl > 0 && c > 0 && v0 >= 0 && v > 0);
   for (long i = 0; i < n; i++) {
     k_check_index("embedding", "index", i, idx[i], v);
     if (!kvp_mine(idx[i], v0, vl)) continue; /* another rank's row */
@@ -71,7 +71,7 @@ static int kvp_count(const int32_t *targets, int rows, int v) {
 
 float kvp_ce_forward_part(int *count, const float *logits, const float *m, const float *s,
                           const int32_t *targets, int rows, int vl, int v0, int v, int lead) {
-  k_assert(rows >= 0 && vl > 0 && v0 >= 0 && v0 + vl <= v);
+  k_assert(rows >= 0 && vl > 0 && v0 >= 0 && v > 0);
   int cnt = kvp_count(targets, rows, v);
   double loss = 0;
   for (long r = 0; r < rows; r++) {
@@ -85,7 +85,7 @@ float kvp_ce_forward_part(int *count, const float *logits, const float *m, const
 
 void kvp_ce_backward(float *dlogits, float dloss, const float *logits, const float *m,
                      const float *s, const int32_t *targets, int rows, int vl, int v0, int v) {
-  k_assert(rows >= 0 && vl > 0 && v0 >= 0 && v0 + vl <= v);
+  k_assert(rows >= 0 && vl > 0 && v0 >= 0 && v > 0);
   int cnt = kvp_count(targets, rows, v);
   for (long r = 0; r < rows; r++) {
     if (targets[r] == -1) continue; /* an ignored row gets no gradient at all */

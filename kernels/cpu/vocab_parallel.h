@@ -1,8 +1,9 @@
 /* vocab_parallel.h: f32 kernels of the vocab-parallel embedding and cross_entropy (tensor
  * parallelism, compiler/lower.h: EMBEDDING / CROSS_ENTROPY with ia[0] = axis + 1).
  *
- * A rank holds vocabulary rows [v0, v0 + vl) of the global vocabulary v (lower.h: rank r of n
- * holds [r*v/n, (r+1)*v/n)). The kernels never communicate: they compute a rank's part, and the
+ * A rank holds vocabulary rows [v0, v0 + vl) of the global vocabulary (lower.h: rank r of n
+ * holds [r*V/n, (r+1)*V/n)); indices and targets must lie below v, the valid rows (V, or fewer
+ * when tp pads the table: compiler/vocab_pad.c, the rows past v are padding). The kernels never communicate: they compute a rank's part, and the
  * caller (the generated plan) exchanges what the comments say over the axis group with rt_comm.
  * Only SUM all-reduce and all-gather are needed, since rt_comm has no MAX reduction.
  *

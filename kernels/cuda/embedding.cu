@@ -123,7 +123,7 @@ extern "C" int cplan_cuda_embedding_backward(CplanDtype dt, float *dtable, const
 }
 
 /* rows [v0, v0 + vl) of a vocabulary of v, with vl > 0 */
-static int emb_range_ok(int v0, int vl, int v) { return vl > 0 && v0 >= 0 && (long long)v0 + vl <= v; }
+static int emb_range_ok(int v0, int vl, int v) { return vl > 0 && v0 >= 0 && v > 0; } /* rows past v: a padded table's */
 
 extern "C" int cplan_cuda_vp_embedding_forward(CplanDtype dt, void *out, const void *table, const int32_t *idx, int n,
                                                int v0, int vl, int v, int c, cudaStream_t stream) {

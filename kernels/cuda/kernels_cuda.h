@@ -154,7 +154,8 @@ int cplan_cuda_embedding_backward(CplanDtype dt, float *dtable, const void *dout
                                   int n, int v, int c, cudaStream_t stream);
 
 /* ---- vocab_parallel.cu (and embedding.cu: vp_embedding_*): kvp_* (kernels/cpu/vocab_parallel.h), tp --
- * This rank holds vocabulary rows [v0, v0 + vl) of v (v0 >= 0, vl > 0, v0 + vl <= v); the plan
+ * This rank holds vocabulary rows [v0, v0 + vl) (v0 >= 0, vl > 0) of which those below v are valid
+ * (a table tp pads holds rows past v: compiler/vocab_pad.c); the plan
  * runs the collectives between the kernels as vocab_parallel.h says. table, out, dout, logits,
  * dlogits are dt; m, s [rows], gathered [n, rows], loss, dloss are f32 and count an int, all in
  * device memory. Embedding: out [n, c] is this rank's part (0 for another rank's rows, a NaN row

@@ -26,6 +26,8 @@
 #                           the sequence-split logits gathered for cross_entropy, the replicated loss reported in tp shares
 #   gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 (vocab 67: the logits' rows padded to 128 bytes, emit_cu.c find_pitched,
 #                           and cross_entropy's forward and backward in one launch over them, find_ce_fused)
+#   gpt_smallv-bf16-tp2-nccl gpt_smallv-f32-tp2-mpi (vocab 67 under tp 2: the table padded to 68 rows and
+#                           vocab-parallel, the -inf masked logits, compiler/vocab_pad.c)
 #   gpt_small-{f32,f16}-dp2-{mpi,nccl}  (mesh of 2 GPUs, mpirun -np 2, CPLAN_COMM=mpi or nccl: the
 #                           emulated NCCL must have been made on both ranks, or on none)
 #   gpt_small-f16-resume   (an f16 run checkpointed half way, resumed: state.json has loss_scale,
@@ -53,7 +55,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 slice_small-f32 slice_small-bf16 slice_small-f32-tp2sp-mpi gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallv-bf16-tp2-nccl gpt_smallv-f32-tp2-mpi sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 slice_small-f32 slice_small-bf16 slice_small-f32-tp2sp-mpi gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
 export CUEMU_DEFER=${CUEMU_DEFER:-1}
 env_file=$build/tests/cuda_emu/program.env

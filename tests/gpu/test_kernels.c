@@ -840,7 +840,9 @@ static void test_vp_refusals(void) {
   float *p = zeros(64, 4);
   int32_t *ip = zeros(64, 4);
   refused("cplan_cuda_vp_embedding_forward",
-             cplan_cuda_vp_embedding_forward(CPLAN_F32, p, p, ip, 4, 8, 4, 11, 2, stream), "bad shape");
+             cplan_cuda_vp_embedding_forward(CPLAN_F32, p, p, ip, 4, -1, 4, 11, 2, stream), "bad shape");
+  /* rows past v are a padded table's (compiler/vocab_pad.c): [8, 12) of 11 valid is a rank's part */
+  LAUNCH_OK(cplan_cuda_vp_embedding_forward(CPLAN_F32, p, p, ip, 4, 8, 4, 11, 2, stream));
   refused("cplan_cuda_vp_embedding_backward",
              cplan_cuda_vp_embedding_backward(CPLAN_F32, p, p, NULL, 4, 0, 4, 11, 2, stream), "must not be NULL");
   refused("cplan_cuda_vp_ce_row_max", cplan_cuda_vp_ce_row_max(CPLAN_F32, p, p, 4, 0, stream), "bad shape");
