@@ -69,25 +69,24 @@ PY
 # the logits masked (-inf) before the vocab-parallel cross_entropy and the accuracy metric (argmax,
 # on gathered logits); the loss, metric, grad norms and params are the single device's, and the
 # saved table is [13, 16]
+# padded_tp NAME TP ROWS: NAME.cplan on one device and on TP ranks, its 13-row table padded to ROWS
+padded_tp() {
+  local m=$1 n=$2 rows=$3
+  e2e_build "$m-1" "$m.cplan"
+  e2e_prog 0 "$m-1" "./$m-1" --save "$m-1.st" --metrics "$m-1.jsonl"
+  sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu="$n" --set train.strategy.tp="$n")
+  e2e_build "$m-tp$n" "$m.cplan" "${sets[@]}"
+  vocab_padded "$m-tp$n" "$m.cplan" "$rows" 13 "${sets[@]}"
+  e2e_prog 0 "$m-tp$n" "$mpirun" -np "$n" --oversubscribe "./$m-tp$n" --save "$m-tp$n.st" --metrics "$m-tp$n.jsonl"
+  e2e_close "$m tp=$n (vocab 13, padded to $rows)" "$m-1.jsonl" "$m-tp$n.jsonl" "$m-1.st" "$m-tp$n.st"
+}
 { cat "$src/tests/e2e/adder_tiny.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >adder.cplan
-e2e_build adder-1 adder.cplan
-e2e_prog 0 adder-1 ./adder-1 --save adder-1.st --metrics adder-1.jsonl
-sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2)
-e2e_build adder-tp2 adder.cplan "${sets[@]}"
-vocab_padded adder-tp2 adder.cplan 14 13 "${sets[@]}"
-e2e_prog 0 adder-tp2 "$mpirun" -np 2 --oversubscribe ./adder-tp2 --save adder-tp2.st --metrics adder-tp2.jsonl
-e2e_close "adder_tiny tp=2 (vocab 13, padded to 14)" adder-1.jsonl adder-tp2.jsonl adder-1.st adder-tp2.st
+padded_tp adder 2 14
 vocab_shape "adder_tiny tp=2" adder-tp2.st 13
 # tp = 4 (with 4 heads): 16 rows, 4 per rank, the last rank's one valid row and three pad rows
 sed 's/heads: int = 2/heads: int = 4/' adder.cplan >adder4.cplan
 grep -q 'heads: int = 4' adder4.cplan || fail "adder4.cplan was not made"
-e2e_build adder4-1 adder4.cplan
-e2e_prog 0 adder4-1 ./adder4-1 --save adder4-1.st --metrics adder4-1.jsonl
-sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=4 --set train.strategy.tp=4)
-e2e_build adder4-tp4 adder4.cplan "${sets[@]}"
-vocab_padded adder4-tp4 adder4.cplan 16 13 "${sets[@]}"
-e2e_prog 0 adder4-tp4 "$mpirun" -np 4 --oversubscribe ./adder4-tp4 --save adder4-tp4.st --metrics adder4-tp4.jsonl
-e2e_close "adder_tiny tp=4 (vocab 13, padded to 16)" adder4-1.jsonl adder4-tp4.jsonl adder4-1.st adder4-tp4.st
+padded_tp adder4 4 16
 # the reduction strategy with one operand whole: the head reads the attention's merged heads (split
 # along C, the contracted dim) with the whole table of an odd vocabulary (65): each rank multiplies
 # its C block of the table's columns (lower.c slices it, shard_sliced_input), the partial logits
