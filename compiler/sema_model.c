@@ -1356,10 +1356,10 @@ static int reduce_node(Build *b, OpId op, int x, const int64_t *ax, int nax, int
 /* The reduction macros of ops.def (min, argmin, logsumexp, var, std) in the ops every backend
  * has; pn holds the call's arguments (axis in dims, keepdims in ia[0] but argmin's axis there,
  * var's correction in fa[0]). */
-/* A macro's own shape rule on a scratch node (*scratch: its canonical attributes and shape), so
- * that errors name the macro; false after an error. */
-static bool macro_rule(Build *b, const PrimNode *pn, OpId id, int *x, Node *scratch, Span at) {
-  *scratch = (Node){.op = id, .in = x, .nin = 1, .layer = b->g->cur_layer, .span = at, .ndims = pn->ndims};
+/* A macro's own shape rule on a scratch node of inputs in[0..nin) (*scratch: its canonical
+ * attributes and shape), so that errors name the macro; false after an error. */
+static bool macro_rule(Build *b, const PrimNode *pn, OpId id, int *in, int nin, Node *scratch, Span at) {
+  *scratch = (Node){.op = id, .in = in, .nin = nin, .layer = b->g->cur_layer, .span = at, .ndims = pn->ndims};
   memcpy(scratch->ia, pn->ia, sizeof pn->ia);
   memcpy(scratch->dims, pn->dims, sizeof pn->dims);
   char err[512];
@@ -1371,7 +1371,7 @@ static bool macro_rule(Build *b, const PrimNode *pn, OpId id, int *x, Node *scra
 static Value expand_reduction(Build *b, const PrimNode *pn, OpId id, Span at) {
   int x = pn->in.a[0], r = -1;
   Node scratch;
-  if (!macro_rule(b, pn, id, &x, &scratch, at)) return sema_v_err();
+  if (!macro_rule(b, pn, id, &x, 1, &scratch, at)) return sema_v_err();
   const int64_t *ax = pn->dims;
   int nax = pn->ndims;
   int64_t keep = pn->ia[0];
@@ -1420,13 +1420,9 @@ static Value expand_activation(Build *b, const PrimNode *pn, OpId id, Span at, S
   int x = pn->in.a[0], r = -1;
   double a = pn->fa[0];
   if (id == OP_MASKED_FILL) {
-    int m = pn->in.a[1];
-    Node scratch = {.op = id, .in = (int *)pn->in.a, .nin = 2, .layer = b->g->cur_layer, .span = at};
-    char err[512];
-    if (!ir_ops[id].shape(b->g, &scratch, err, sizeof err)) {
-      diag_error(at, "%s", err);
-      return sema_v_err();
-    }
+    int m = pn->in.a[1], in[2] = {x, m};
+    Node scratch;
+    if (!macro_rule(b, pn, id, in, 2, &scratch, at)) return sema_v_err();
     if (!is_bool_node(b->g, m)) { /* PyTorch's mask is a bool tensor */
       diag_error(mask_at, "masked_fill's mask must be boolean, a comparison's 1.0/0.0 (PyTorch's bool tensor)");
       diag_hint("compare it: masked_fill(x, %s != 0, value)", sema_span_text(mask_at));
@@ -1478,13 +1474,8 @@ static Value expand_activation(Build *b, const PrimNode *pn, OpId id, Span at, S
 static Value expand_stack(Build *b, const PrimNode *pn, Span at) {
   int n = pn->in.n, *in = cp_alloc(sizeof(int) * (size_t)(n ? n : 1));
   memcpy(in, pn->in.a, sizeof(int) * (size_t)n);
-  Node scratch = {.op = OP_STACK, .in = in, .nin = n, .layer = b->g->cur_layer, .span = at};
-  scratch.ia[0] = pn->ia[0];
-  char err[512];
-  if (!ir_ops[OP_STACK].shape(b->g, &scratch, err, sizeof err)) {
-    diag_error(at, "%s", err);
-    return sema_v_err();
-  }
+  Node scratch;
+  if (!macro_rule(b, pn, OP_STACK, in, n, &scratch, at)) return sema_v_err();
   int axis = (int)scratch.ia[0];
   if (!promote_i32(b, in, n, at)) return sema_v_err(); /* torch.stack promotes as torch.cat */
   for (int k = 0; k < n; k++) {
@@ -1503,12 +1494,8 @@ static Value expand_stack(Build *b, const PrimNode *pn, Span at) {
  * element of (x - y)^2, |x - y|, or relu(x) - x·y + log(1 + exp(-|x|)) (PyTorch's stable form). */
 static Value expand_pair_loss(Build *b, const PrimNode *pn, OpId id, Span at) {
   int in[2] = {pn->in.a[0], pn->in.a[1]};
-  Node scratch = {.op = id, .in = in, .nin = 2, .layer = b->g->cur_layer, .span = at};
-  char err[512];
-  if (!ir_ops[id].shape(b->g, &scratch, err, sizeof err)) {
-    diag_error(at, "%s", err);
-    return sema_v_err();
-  }
+  Node scratch;
+  if (!macro_rule(b, pn, id, in, 2, &scratch, at)) return sema_v_err();
   int x = in[0], y = in[1], r;
   if (b->g->nodes[y].dtype == DT_I32 && (y = to_float(b, y, at)) < 0) return sema_v_err();
   if (id == OP_BCE_WITH_LOGITS) {
@@ -1578,7 +1565,7 @@ static int repeat_node(Build *b, int x, int64_t r, int ax, Span at) {
 static Value expand_broadcast(Build *b, const PrimNode *pn, OpId id, Span at) {
   int x = pn->in.a[0];
   Node s;
-  if (!macro_rule(b, pn, id, &x, &s, at)) return sema_v_err();
+  if (!macro_rule(b, pn, id, &x, 1, &s, at)) return sema_v_err();
   if (id == OP_EXPAND) {
     int r = expand_node(b, x, s.dims, s.ndims, at);
     return r < 0 ? sema_v_err() : tensor_val(r, at);
@@ -1693,7 +1680,7 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
   if (id == OP_UNSQUEEZE || id == OP_SQUEEZE || id == OP_FLATTEN) { /* a RESHAPE to the macro's shape */
     Node s;
     int x = pn.in.a[0];
-    if (!macro_rule(b, &pn, id, &x, &s, e->span)) return sema_v_err();
+    if (!macro_rule(b, &pn, id, &x, 1, &s, e->span)) return sema_v_err();
     int r = dims_node(b, OP_RESHAPE, x, s.shape.d, s.shape.rank, 0, e->span);
     return r < 0 ? sema_v_err() : tensor_val(r, e->span);
   }
