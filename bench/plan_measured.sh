@@ -15,7 +15,8 @@
 #     point-to-point the message), n = 2; beside them the sum of the plan's explained collectives
 #     (`collectives` in the JSON: the placements the lowering runs) and the metrics' comm_bytes.
 # --profile uses a profile calibrated before (2 ranks) instead of calibrating.
-# --only picks plans by name (best,dp,tp,pp,zero1; also zero2, zero3: 2 micro-batches); --set adds `cplanc --set` overrides (a smaller
+# --only picks plans by name (best,dp,tp,pp,zero1; also zero2, zero3: 2 micro-batches; tp_rule and tp_ilp:
+# the fastest tp = 2 plan with the params placed by Megatron's rule, and by the search's ILP); --set adds `cplanc --set` overrides (a smaller
 # model: --set train.model.L=2); --json writes the rows for tests/cli/plan_measured.sh.
 # A benchmark, not a test: it prints, never asserts.  About 2 minutes on 2 cores (--quick with a
 # small model and few steps: seconds).
@@ -50,7 +51,7 @@ pin() {
   case $1 in
     best) ;;
     dp) echo train.strategy.dp=2 train.strategy.zero=0 train.strategy.recompute='"none"' ;;
-    tp) echo train.strategy.tp=2 train.strategy.dp=1 train.strategy.recompute='"none"' ;;
+    tp|tp_rule|tp_ilp) echo train.strategy.tp=2 train.strategy.dp=1 train.strategy.recompute='"none"' ;;
     pp) echo train.strategy.pp=2 train.strategy.dp=1 train.strategy.micro=2 train.strategy.pipeline='"1f1b"' train.strategy.recompute='"none"' ;;
     zero1) echo train.strategy.dp=2 train.strategy.zero=1 train.strategy.recompute='"none"' ;;
     zero2) echo train.strategy.dp=2 train.strategy.zero=2 train.strategy.micro=2 train.strategy.recompute='"none"' ;;
@@ -59,7 +60,7 @@ pin() {
   esac
 }
 for name in ${only//,/ }; do
-  pin "$name" >/dev/null || { echo "plan_measured.sh: unknown plan '$name' (best, dp, tp, pp, zero1, zero2, zero3)"; exit 2; }
+  pin "$name" >/dev/null || { echo "plan_measured.sh: unknown plan '$name' (best, dp, tp, pp, zero1, zero2, zero3, tp_rule, tp_ilp)"; exit 2; }
 done
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/cplan_plan_measured.XXXXXX")
@@ -93,11 +94,25 @@ PY
 
 names=()
 for name in ${only//,/ }; do
-  pins=$(pin "$name") || { echo "plan_measured.sh: unknown plan '$name' (best, dp, tp, pp, zero1, zero2, zero3)"; exit 2; }
+  pins=$(pin "$name") || { echo "plan_measured.sh: unknown plan '$name' (best, dp, tp, pp, zero1, zero2, zero3, tp_rule, tp_ilp)"; exit 2; }
   ps=()
   for kv in $pins; do ps+=(--set "$kv"); done
-  "$cplanc" plan --json g.cplan "${sets[@]}" "${ps[@]}" >"plan_$name.json" 2>"plan_$name.log" ||
+  top=()
+  case $name in tp_rule|tp_ilp) top=(--top 100) ;; esac
+  "$cplanc" plan --json g.cplan "${sets[@]}" "${ps[@]}" "${top[@]}" >"plan_$name.json" 2>"plan_$name.log" ||
     { cat "plan_$name.log"; echo "plan_measured.sh: cplanc plan ($name) failed"; exit 1; }
+  if [ "$name" = tp_rule ] || [ "$name" = tp_ilp ]; then # the fastest candidate placed that way, as the plan's best
+    python3 - "plan_$name.json" "$name" <<'PY' || { echo "plan_measured.sh: no $name plan"; exit 1; }
+import json, sys
+path, name = sys.argv[1], sys.argv[2]
+d = json.load(open(path))
+c = [p for p in d["candidates"] if ("tp_params" in p) == (name == "tp_ilp")]
+if not c:
+    sys.exit("plan_measured.sh: the search ranks no %s plan (the ILP placed the params as the rule does?)" % name)
+d["best"] = c[0]
+json.dump(d, open(path, "w"))
+PY
+  fi
   "$cplanc" build g.cplan "${sets[@]}" "${ps[@]}" --plan "plan_$name.json" -o "prog_$name" 2>"build_$name.log" ||
     { cat "build_$name.log"; echo "plan_measured.sh: cplanc build ($name) failed"; exit 1; }
   timeout 600 "$mpirun" --oversubscribe -np 2 "./prog_$name" --steps "$steps" --metrics "m_$name.jsonl" \

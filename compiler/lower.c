@@ -25,6 +25,7 @@ typedef struct Ctx {
   int **lin;         /* per global node: its local inputs */
   VEC(Cached) cache;
   VEC(Cached) regathered; /* zero 3: a forward all-gather of a param -> its backward one */
+  const Pl *tp_pl;   /* per node: its placement on the tp axis (NULL: none) */
   Role role;         /* the role of the node being lowered (its reshards run in its phase) */
   int global;        /* the global node being lowered */
   char *err;
@@ -162,22 +163,40 @@ static int reshard(Ctx *c, int j, const Pl *want) {
   return v;
 }
 
-/* Whether node i, split on the tp axis a along a dim of `size`, has the blocked layout a slice of
- * it assumes (lower_find_blocks): it comes from params, whose shards init, save and load lay out so,
- * through ops split alike; not from a reshard into the split (a contiguous part) or an input. */
-static bool blocked_source(const StratPlan *sp, int a, int i, int64_t size) {
-  const Node *n = &sp->g->nodes[i];
-  Pl p = sp->pl[i].ax[a];
+/* Whether node i, split on the tp axis (placements pl, inputs consumed as cons) along a dim of
+ * `size`, has the blocked layout a slice of it assumes (lower_find_blocks): it comes from params, whose
+ * shards init, save and load lay out so, through ops split alike; not from a reshard into the split (a
+ * contiguous part) or an input. */
+static bool blocked_source(const Graph *g, const Pl *pl, Pl *const *cons, int i, int64_t size) {
+  const Node *n = &g->nodes[i];
+  Pl p = pl[i];
   if (p.kind != PL_S || n->shape.d[p.dim] != size) return false;
   if (n->op == OP_PARAM) return true;
   bool any = false;
   for (int k = 0; k < n->nin; k++) {
-    Pl got = sp->cons[a][i][k];
+    Pl got = cons[i][k];
     if (got.kind != PL_S) continue;
-    if (!pl_eq(sp->pl[n->in[k]].ax[a], got) || !blocked_source(sp, a, n->in[k], size)) return false;
+    if (!pl_eq(pl[n->in[k]], got) || !blocked_source(g, pl, cons, n->in[k], size)) return false;
     any = true;
   }
   return any;
+}
+
+/* Whether slice node i takes part of a dim tp splits in contiguous parts (its input not blocked):
+ * each rank's part of the input is not the slice's, so the lowering refuses it. */
+static bool contiguous_slice(const Graph *g, const Pl *pl, Pl *const *cons, int i) {
+  const Node *o = &g->nodes[i];
+  if (o->op != OP_SLICE || !cons[i]) return false;
+  Pl in0 = cons[i][0];
+  int64_t size = g->nodes[o->in[0]].shape.d[o->ia[0]];
+  return in0.kind == PL_S && in0.dim == o->ia[0] && o->ia[2] - o->ia[1] < size &&
+         !blocked_source(g, pl, cons, o->in[0], size);
+}
+
+int lower_contiguous_slice(const Graph *g, const Pl *pl, Pl *const *cons) {
+  for (int i = 0; i < g->n; i++)
+    if (g->nodes[i].role == ROLE_FWD && contiguous_slice(g, pl, cons, i)) return i;
+  return -1;
 }
 
 /* Local attributes of node i's copy n (see lower.h). */
@@ -193,7 +212,7 @@ static void localize(Ctx *c, int i, Node *n, const Shape *want) {
       if (in0.kind == PL_S && in0.dim == o->ia[0]) {
         if (o->ia[1] % k || o->ia[2] % k) fail(c, "lowering: slice %%%d of a split dim by %lld", i, (long long)k);
         int64_t size = g->nodes[o->in[0]].shape.d[in0.dim];
-        if (o->ia[2] - o->ia[1] < size && (sp->axes[a].role != AX_TP || !blocked_source(sp, a, o->in[0], size)))
+        if (sp->axes[a].role == AX_TP ? contiguous_slice(g, c->tp_pl, sp->cons[a], i) : o->ia[2] - o->ia[1] < size)
           fail(c, "lowering: slice %%%d [%lld, %lld) of dim %d, which the %s axis splits in contiguous parts: each "
                "rank's part of it is not the slice's", i, (long long)o->ia[1], (long long)o->ia[2], in0.dim,
                sp->axes[a].role == AX_TP ? "tp" : "dp");
@@ -456,6 +475,7 @@ Lowered *lower_spmd(const StratPlan *sp, char *err, size_t errlen) {
   Pl *tp_pl = a < 0 ? NULL : cp_alloc(sizeof(Pl) * (size_t)(g->n ? g->n : 1));
   for (int i = 0; i < g->n && tp_pl; i++) tp_pl[i] = sp->pl[i].ax[a];
   lower_find_blocks(g, tp_pl, a < 0 ? NULL : sp->cons[a], lw->blocks);
+  c.tp_pl = tp_pl;
   for (int i = 0; i < g->n && !c.failed; i++) {
     lw->g->cur_layer = g->nodes[i].layer;
     lower_node(&c, i);

@@ -86,6 +86,10 @@ void lower_find_blocks(const Graph *g, const Pl *pl, Pl *const *cons, int *block
  * the same blocked chain (an elementwise op of the whole fused tensor, or its gather): it would
  * read the shard as if contiguous, so the lowering refuses it. Its index (*src the value), or -1. */
 int lower_blocked_escape(const Graph *g, const Pl *pl, const int *blocks, int *src);
+/* A forward slice of part of a dim tp splits (placements pl, inputs consumed as cons) whose input is
+ * not in the blocked layout (a sequence-parallel activation, an input): each rank's part of it is not
+ * the slice's, so the lowering refuses it. Its index, or -1. */
+int lower_contiguous_slice(const Graph *g, const Pl *pl, Pl *const *cons);
 Lowered *lower_spmd(const StratPlan *sp, char *err, size_t errlen);
 
 /* The global index (row-major, in the global shape) of element `local` of rank coordinate

@@ -96,7 +96,7 @@ static const Command commands[] = {
      "        the CUDA program's kernels.cu\n"},
     {"plan", cmd_plan, "search the strategy and rank the best ones; explain a strategy's placements",
      "usage: cplanc plan FILE [--top K] [--explain] [--json] [--trace F.json] [--report F.html]\n"
-     "                        [--train NAME] [--set KEY=VALUE]...\n"
+     "                        [--plan F.json] [--train NAME] [--set KEY=VALUE]...\n"
      "\n"
      "Searches the train block's strategy (what `strategy` pins is kept) with the cost model\n"
      "of the mesh and prints the K fastest plans that fit the memory limit: dp, tp, pp, sp,\n"
@@ -112,6 +112,8 @@ static const Command commands[] = {
      "  --trace F.json  write the simulated step of the best plan as a Chrome/Perfetto trace\n"
      "  --report F.html write a page with the pipeline timeline, the memory breakdown and a\n"
      "                  chart of the top K (step time against memory)\n"
+     "  --plan F.json   the best plan of a saved `plan --json`, as a pinned strategy (with its\n"
+     "                  params' tp placements): --explain prints what `build --plan` builds\n"
      "  --train NAME    the train block to use when the file has several\n"
      "  --set KEY=VALUE override a setting (see `cplanc check --help`)\n"},
     {"build", cmd_build, "compile a training program (CPU: one device, or dp/tp over MPI ranks)",
@@ -366,10 +368,11 @@ static void use_search(Sema *s, TrainConf *t) {
     return;
   }
   fprintf(stderr, "cplanc: %s the search chose dp %lld, tp %lld, pp %lld, sp %lld, zero %lld, micro %lld, "
-          "recompute %s%s%s (`cplanc plan` ranks the alternatives)\n", why, (long long)best.dp, (long long)best.tp,
+          "recompute %s%s%s%s (`cplanc plan` ranks the alternatives)\n", why, (long long)best.dp, (long long)best.tp,
           (long long)best.pp, (long long)(best.sp > 0 ? best.sp : 1), (long long)best.zero, (long long)best.micro,
           best.recompute >= 0 ? rc[best.recompute] : "none", best.pp > 1 ? ", schedule " : "",
-          best.pp > 1 && best.pipeline >= 0 ? ps[best.pipeline] : "");
+          best.pp > 1 && best.pipeline >= 0 ? ps[best.pipeline] : "",
+          best.tp_pins ? ", the params placed on tp by its ILP" : "");
   t->strategy = best;
 }
 
@@ -449,7 +452,7 @@ static int cmd_plan(Options *o) {
         return usage_error(command_named("plan"), "--top takes a number from 1 to 1000, got '%s'", o->top);
       po.top = (int)k;
     }
-    plan_cmd_run(stdout, fe.sema, fe.train, &po);
+    if (!o->plan || plan_load(o->plan, &fe.train->strategy)) plan_cmd_run(stdout, fe.sema, fe.train, &po);
   }
   return finish();
 }
@@ -606,7 +609,8 @@ static int run_command(const Command *c, int argc, char **argv) {
       o.out = v;
     } else if (c->run == cmd_build && opt_value(argc, argv, &i, "--keep-c", &v, &status)) {
       o.keep_c = v;
-    } else if ((c->run == cmd_build || c->run == cmd_emit) && opt_value(argc, argv, &i, "--plan", &v, &status)) {
+    } else if ((c->run == cmd_build || c->run == cmd_emit || c->run == cmd_plan) &&
+               opt_value(argc, argv, &i, "--plan", &v, &status)) {
       o.plan = v;
     } else if (c->run == cmd_plan && opt_value(argc, argv, &i, "--top", &v, &status)) {
       o.top = v;

@@ -127,6 +127,7 @@ typedef struct StratPlan {
    * reshard (NULL for leaves; a GRAD's forward inputs are given as its forward node consumed
    * them). The SPMD lowering (lower.c) reads them, so build and `plan --explain` agree. */
   Pl **cons[3];
+  const int *pins;    /* or NULL: the params' tp placements the plan pins (strat_pins_of) */
 } StratPlan;
 
 /* The strategy's degrees with what is left out filled in (dp takes the remaining devices), checked
@@ -145,7 +146,14 @@ StratPlan *strat_pin(const Program *prog, const Graph *g, const TrainConf *t);
  * activations tp splits, along which dim, and which stay whole (a dim tp does not divide, as
  * GPT-2's 50257-row embedding and its tied head). False, quietly, where strat_pin would refuse
  * tp (a column- or row-parallel weight whose split dim tp does not divide). */
-bool strat_tp_place(const Graph *g, int64_t tp, bool seqpar, Pl *out, Pl **cons, Pl **from);
+bool strat_tp_place(const Graph *g, int64_t tp, bool seqpar, const int *pin, Pl *out, Pl **cons, Pl **from);
+/* pin (or NULL): per node of g, the tp placement a plan gives a param instead of the rule's: PIN_NONE
+ * the rule's, -1 whole (R), d >= 0 split S(d). The search's ILP chooses them (search.c); a plan
+ * carries them by param name (StrategyConf.tp_pins, strat_pins_of). */
+enum { PIN_NONE = -2 };
+/* The per-node pins of st->tp_pins on g (NULL when st has none, or after an error at `at`: a name
+ * g has no param of, a dim the param does not have). */
+int *strat_pins_of(const Graph *g, const StrategyConf *st, Span at);
 const char *strat_axis_name(AxisRole r); /* "dp" */
 /* The first split_heads of g whose head count tp does not divide (tensor parallelism splits the
  * heads), or -1: strat_pin refuses such a tp, and the search does not consider it. */

@@ -286,6 +286,18 @@ static const char *stage_name(const Ex *e, int s) {
   return cp_fmt("stage %d (pp rank %d)", s, s % (int)e->sp->pp);
 }
 
+/* Under the ILP's param placements (sp->pins): the tp placement Megatron's rule gives each node of
+ * sp->g (NULL otherwise, or where the rule refuses), and the tp axis. */
+static const Pl *rule_tp(const StratPlan *sp, int *axis) {
+  *axis = -1;
+  for (int a = 0; a < sp->naxes; a++)
+    if (sp->axes[a].role == AX_TP) *axis = a;
+  if (!sp->pins || *axis < 0) return NULL;
+  Pl *rule = cp_alloc(sizeof(Pl) * (size_t)(sp->g->n + 1));
+  Pl **cons = cp_alloc(sizeof(Pl *) * (size_t)(sp->g->n + 1));
+  return strat_tp_place(sp->g, sp->tp, sp->sp > 1, NULL, rule, cons, NULL) ? rule : NULL;
+}
+
 static void print_summary(FILE *f, const Ex *e) {
   const StratPlan *sp = e->sp;
   const TrainConf *t = e->t;
@@ -301,6 +313,15 @@ static void print_summary(FILE *f, const Ex *e) {
           (long long)sp->micro, (long long)sp->accum, sched);
   fprintf(f, "placement axes: %s (ranks: pp outermost, then dp, tp innermost)\n",
           sp->naxes ? axes_str(sp) : "none (every tensor whole on every device)");
+  int a;
+  const Pl *rule = rule_tp(sp, &a);
+  if (sp->pins) {
+    int differ = 0;
+    for (int q = 0; rule && q < sp->g->params.n; q++)
+      differ += !pl_eq(rule[sp->g->params.a[q]], sp->pl[sp->g->params.a[q]].ax[a]);
+    fprintf(f, "tp placements: every param's is the plan's (tp_params, as the search's ILP chose them; %d otherwise than "
+               "Megatron's rule, marked below), the rule's around them\n", differ);
+  }
 }
 
 static void print_stages(FILE *f, const Ex *e) {
@@ -346,11 +367,14 @@ static void print_stages(FILE *f, const Ex *e) {
 
 static void print_params(FILE *f, const StratPlan *sp) {
   const Graph *g = sp->g;
+  int a;
+  const Pl *rule = rule_tp(sp, &a);
   fprintf(f, "\nparams %s:\n", axes_str(sp));
   for (int q = 0; q < g->params.n; q++) {
     int p = g->params.a[q];
     fprintf(f, "  %-28s %s%-14s %s", g->nodes[p].name, dtype_name(g->nodes[p].dtype), shape_str(&g->nodes[p].shape),
             placement_str(&sp->pl[p]));
+    if (rule && !pl_eq(rule[p], sp->pl[p].ax[a])) fprintf(f, "  (the ILP's; Megatron's rule: %s)", pl_str(rule[p]));
     const Node *pn = &g->nodes[p];
     if (pn->ia[1] > 0) /* vocab_pad's: the pad past the valid entries is zero, and files hold the valid ones */
       fprintf(f, "  (padded for tp: %lld valid %s)", (long long)pn->ia[1],
@@ -617,14 +641,18 @@ static void print_ranking(FILE *f, const SrchResult *r, const TrainConf *t) {
           "bubble");
   for (int i = 0; i < r->n; i++) {
     const SrchPlan *p = &r->plans[i];
-    fprintf(f, "%4d %5lld %4lld %4lld %4lld %4lld %5lld %5lld %-9s %-11s %10s %10s %5.1f%% %11s %11s %5.1f%%\n", i + 1,
-            (long long)p->dp, (long long)p->tp, (long long)p->pp, (long long)p->sp, (long long)p->zero,
+    fprintf(f, "%4d %5lld %4s %4lld %4lld %4lld %5lld %5lld %-9s %-11s %10s %10s %5.1f%% %11s %11s %5.1f%%\n", i + 1,
+            (long long)p->dp, cp_fmt("%lld%s", (long long)p->tp, p->pins ? "*" : ""), (long long)p->pp, (long long)p->sp, (long long)p->zero,
             (long long)p->micro, (long long)p->microbatches, rc_str(p->recompute), sched_str(p),
             secs_str(p->step_time), count_str(p->tokens_per_s), 100 * p->mfu, cp_bytes_str(p->mem_total),
             cp_bytes_str(p->comm_bytes), 100 * p->bubble);
   }
   fprintf(f, "(micro: samples per micro-batch per replica; mbs: micro-batches per step; comm/dev: bytes sent per "
              "device per step)\n");
+  bool ilp = false;
+  for (int i = 0; i < r->n; i++) ilp |= r->plans[i].pins != NULL;
+  if (ilp) fprintf(f, "(tp*: the params placed on tp as the search's ILP chose, not as Megatron's rule does; `plan "
+                      "--json` saves them, `plan --plan F.json --explain` marks them)\n");
   const SrchPlan *b = &r->plans[0];
   fprintf(f, "\nbest: %s per step, %s per device (%.1f%% MFU), %s tokens/s\n", secs_str(b->step_time),
           cp_si_str(b->tflops, "FLOP/s"), 100 * b->mfu, count_str(b->tokens_per_s));
@@ -661,6 +689,12 @@ static cJSON *plan_json(const SrchPlan *p) {
   cJSON_AddNumberToObject(o, "bubble", p->bubble);
   cJSON *sl = cJSON_AddArrayToObject(o, "stage_layers");
   for (int s = 0; s < p->pp; s++) cJSON_AddItemToArray(sl, cJSON_CreateNumber(p->stage_layers[s]));
+  if (p->pins) { /* every param's tp placement, as the search's ILP chose it (build --plan takes them) */
+    cJSON *tpp = cJSON_AddObjectToObject(o, "tp_params");
+    for (int i = 0; i < p->pins_g->n; i++)
+      if (p->pins[i] != PIN_NONE)
+        cJSON_AddStringToObject(tpp, p->pins_g->nodes[i].name, p->pins[i] < 0 ? "R" : cp_fmt("S(%d)", p->pins[i]));
+  }
   return o;
 }
 
@@ -907,6 +941,11 @@ static void dedup_plans(Sema *s, const TrainConf *t, SrchResult *r, int topk) {
   for (int i = 0; i < r->n && kept < topk; i++) {
     const SrchPlan *p = &r->plans[i];
     bool drop = false;
+    /* the ILP's placements that price exactly as the rule's of the same configuration (params it
+     * placed otherwise that change nothing the model prices) */
+    for (int j = 0; j < r->n && !drop && p->pins; j++)
+      drop = !r->plans[j].pins && r->plans[j].recompute == p->recompute && same_config(p, &r->plans[j]) &&
+             same_prediction(p, &r->plans[j]);
     for (int j = 0; j < r->n && !drop && p->recompute != RC_NONE; j++) {
       const SrchPlan *q = &r->plans[j];
       if (q->recompute != RC_NONE || !same_config(p, q)) continue;
@@ -1020,10 +1059,25 @@ bool plan_load(const char *path, StrategyConf *out) {
       else if (strcmp(s, "interleaved") == 0) ps = PS_INTERLEAVED;
       else ok = false, diag_error(SPAN_NONE, "%s: best.pipeline '%s' is not 1f1b, gpipe or interleaved", path, s);
     }
+    const cJSON *tpp = cJSON_GetObjectItemCaseSensitive(best, "tp_params"), *it;
+    VEC(TpPin) pins = {0};
+    if (ok && tpp && !cJSON_IsObject(tpp)) ok = false, diag_error(SPAN_NONE, "%s: best.tp_params should be an object", path);
+    for (it = ok && tpp ? tpp->child : NULL; it; it = it->next) {
+      int d = -1, len = 0;
+      if (!cJSON_IsString(it) || (strcmp(it->valuestring, "R") != 0 &&
+                                  (sscanf(it->valuestring, "S(%d)%n", &d, &len) != 1 || it->valuestring[len] || d < 0))) {
+        diag_error(SPAN_NONE, "%s: best.tp_params.%s should be \"R\" or \"S(d)\" with d a dim of the param", path,
+                   it->string);
+        ok = false;
+        break;
+      }
+      VEC_PUSH(pins, ((TpPin){cp_strdup(it->string), d}));
+    }
     if (ok) {
       Span at = out->span;
       *out = (StrategyConf){.is_auto = false, .dp = v[0], .tp = v[1], .pp = v[2], .sp = v[3], .zero = v[4],
                             .micro = v[5], .recompute = r, .pipeline = ps, .span = at};
+      if (tpp) out->tp_pins = pins.a, out->ntp_pins = pins.n;
     }
   }
   cJSON_Delete(root);

@@ -632,6 +632,7 @@ typedef struct Solved {
   double boundary;      /* bytes of one layer's output per device (pipeline sends, full recompute) */
   bool ok;
   bool refused;         /* not ok because the build refuses this tp (strat_tp_place) */
+  const int *pins;      /* the ILP's variant: the params' tp placements it chose (ilp_pins); NULL: the rule's */
   int64_t over;         /* not ok because a tensor passes 2^31 - 1 elements per rank: the fewest
                            elements the worst node can hold (Seg.over) */
   int over_node;
@@ -656,6 +657,8 @@ typedef struct Search {
   int ilp_vars;
   double flops_per_sample, tokens_per_sample;
   VEC(SrchPlan) plans;
+  const int **pins_at;  /* per tp: the ILP's param placements (ilp_pins), NULL where they are the rule's */
+  bool *pins_done;
   double min_mem;       /* the smallest per-device memory of the configurations that did not fit */
   SrchPlan min_plan;
   bool report;
@@ -682,18 +685,86 @@ static bool solve(Search *S, Seg *s, IlpProblem *p, int *choice) {
   return srch_ilp_solve(p, choice, &obj);
 }
 
+/* The ILP (Alpa's formulation, on the tp axis): every forward node of g chooses among its sharding
+ * rule's strategies (params: R or S(d) for a dim n divides), each priced by the cost model, each edge
+ * by the collective between the producer's and the consumer's placements, forward and backward;
+ * CBC minimizes the sum. One ILP per layer class (every layer of a class takes its representative's
+ * choices), then one for the rest. What the build takes from the solution is each param's placement
+ * (the rule then places every other node given those: solved_at prices that, and the outer loop ranks
+ * it beside Megatron's rule). Per node of g, PIN_NONE for the non-params; NULL when the ILP places
+ * every param as the rule does (or finds no solution). Solved once per tp, on the graph of the first
+ * micro-batch size priced (the placements the build takes do not depend on it). */
+static const int *ilp_pins(Search *S, const Graph *g, int64_t n) {
+  if (S->pins_done[n]) return S->pins_at[n];
+  S->pins_done[n] = true;
+  if (S->t->strategy.tp_pins) return S->pins_at[n] = strat_pins_of(g, &S->t->strategy, S->t->strategy.span);
+  const bool *saved = saved_outputs(g), *flows = ad_grad_flows(g);
+  CostLink link = cost_group_link(&S->cm, 1, n);
+  Chosen *chosen = cp_alloc(sizeof(Chosen) * (size_t)g->n);
+  const Layers *ly = &S->ly;
+  bool *in_layer = cp_alloc((size_t)g->n);
+  for (int c = 0; c <= ly->ncls; c++) {
+    VEC(int) nodes = {0};
+    int plo = 0, phi = 0, off = 0, lo = 0;
+    if (c < ly->ncls) {
+      int l = ly->rep[c];
+      lo = ly->lo[l];
+      for (int i = lo; i < ly->hi[l]; i++) VEC_PUSH(nodes, i);
+      if (ly->periodic[c]) plo = ly->lo[l - 1], phi = ly->hi[l - 1], off = lo - plo;
+    } else
+      for (int i = 0; i < g->n; i++)
+        if (g->nodes[i].role == ROLE_FWD && !in_layer[i]) VEC_PUSH(nodes, i);
+    Seg *s = cp_alloc(sizeof *s);
+    *s = seg_new(g, &S->cm, n, link, S->bmask, saved, flows, NULL, NULL, NULL, NULL);
+    seg_build(s, nodes.a, nodes.n, plo, phi, off, c < ly->ncls ? NULL : chosen);
+    if (s->over > 0) return NULL;
+    IlpProblem *p = seg_problem(s, 1, 0, RC_NONE, 0);
+    int *choice = cp_alloc(sizeof(int) * (size_t)(p->nvars + 1));
+    if (!solve(S, s, p, choice)) return NULL;
+    if (c == ly->ncls) {
+      seg_cost(s, choice, chosen, 0);
+      break;
+    }
+    for (int m = 0; m < ly->L; m++) {
+      if (ly->cls[m] != c) continue;
+      seg_cost(s, choice, chosen, ly->lo[m] - lo);
+      for (int i = ly->lo[m]; i < ly->hi[m]; i++) in_layer[i] = true;
+    }
+  }
+  Pl *rule = cp_alloc(sizeof(Pl) * (size_t)g->n);
+  Pl **cons = cp_alloc(sizeof(Pl *) * (size_t)g->n);
+  bool ruled = strat_tp_place(g, n, false, NULL, rule, cons, NULL);
+  int *pin = cp_alloc(sizeof(int) * (size_t)g->n);
+  bool differs = false;
+  for (int i = 0; i < g->n; i++) {
+    pin[i] = PIN_NONE;
+    if (g->nodes[i].op != OP_PARAM || !chosen[i].set) continue;
+    Pl o = chosen[i].out;
+    pin[i] = o.kind == PL_S ? o.dim : -1;
+    differs |= !ruled || !pl_eq(o.kind == PL_S ? o : pl_r(), rule[i]);
+  }
+  if (differs) S->pins_at[n] = pin;
+  return S->pins_at[n];
+}
+
 /* Prices the layer classes and the rest for tp = n (sequence parallel when sp > 1) at micro-batch
- * b, every node placed as the build places it (strat_tp_place). */
-static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
+ * b, every node placed as the build places it (strat_tp_place): by Megatron's rule, or (ilp) with
+ * the params where the ILP puts them (ilp_pins; not ok when that is the rule's placement). */
+static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b, bool ilp) {
   for (int i = 0; i < S->solved.n; i++)
-    if (S->solved.a[i]->tp == n && S->solved.a[i]->sp == sp && S->solved.a[i]->b == b) return S->solved.a[i];
+    if (S->solved.a[i]->tp == n && S->solved.a[i]->sp == sp && S->solved.a[i]->b == b &&
+        (S->solved.a[i]->pins != NULL) == ilp)
+      return S->solved.a[i];
   Solved *r = cp_alloc(sizeof *r);
   r->tp = n, r->sp = sp, r->b = b;
-  VEC_PUSH(S->solved, r);
+  if (ilp && (n == 1 || (S->pins_done[n] && !S->pins_at[n]))) return r; /* the rule's placement */
+  if (!ilp) VEC_PUSH(S->solved, r);
   const Graph *g = graph_at(S, b);
   if (!g || g->n != S->g1n) return r; /* the structure the layers were found on */
   if (n > 1) g = vocab_pad_priced(g, n); /* the tables the build pads for this tp (train.h) */
   r->g = g;
+  if (ilp && (n == 1 || !(r->pins = ilp_pins(S, g, n)))) return r;
+  if (ilp) VEC_PUSH(S->solved, r);
   Pl *pin_out = NULL, **pin_cons = NULL, **pin_from = NULL;
   uint8_t *bwd_done = NULL;
   Layers lyp = S->ly;
@@ -703,9 +774,10 @@ static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b) {
     pin_from = cp_alloc(sizeof(Pl *) * (size_t)g->n);
     bwd_done = cp_alloc((size_t)g->n);
     int *blocks = cp_alloc(sizeof(int) * (size_t)g->n), src;
-    if (strat_tp_place(g, n, sp > 1, pin_out, pin_cons, pin_from)) lower_find_blocks(g, pin_out, pin_cons, blocks);
+    if (strat_tp_place(g, n, sp > 1, r->pins, pin_out, pin_cons, pin_from)) lower_find_blocks(g, pin_out, pin_cons, blocks);
     else blocks = NULL;
-    if (!blocks || lower_blocked_escape(g, pin_out, blocks, &src) >= 0) { /* what the build refuses */
+    if (!blocks || lower_blocked_escape(g, pin_out, blocks, &src) >= 0 || lower_contiguous_slice(g, pin_out, pin_cons) >= 0) {
+      /* what the build refuses */
       r->refused = true;
       return r;
     }
@@ -972,7 +1044,8 @@ static void evaluate(Search *S, const Solved *so, const Config *k) {
   double need;
   double tmax = pipeline_cut(S, so, k, cut, &need);
   SrchPlan p = {.dp = k->dp, .tp = k->tp, .pp = k->pp, .sp = k->sp, .zero = k->zero, .micro = k->b,
-                .microbatches = k->m, .v = k->v, .recompute = k->rc, .sched = k->sched};
+                .microbatches = k->m, .v = k->v, .recompute = k->rc, .sched = k->sched, .pins = so->pins,
+                .pins_g = so->pins ? so->g : NULL};
   if (tmax == INFINITY) {
     if (need < S->min_mem) S->min_mem = need, S->min_plan = p;
     return;
@@ -1028,19 +1101,34 @@ static bool pinned_ok(int64_t pin, int64_t v) { return pin <= 0 || pin == v; }
 /* How many features a plan uses beyond plain data parallelism (ties go to the simpler plan). */
 static int plan_features(const SrchPlan *p) {
   return (p->tp > 1) + (p->pp > 1) + (p->sp > 1) + (p->zero > 0) + (int)p->zero + (p->recompute != RC_NONE) +
-         (p->microbatches > 1);
+         (p->microbatches > 1) + (p->pins != NULL);
 }
 
-/* Fastest first; plans within 0.5% of each other's step time (below the model's precision) go
- * simpler first, then smaller. */
+static int time_cmp(const void *a, const void *b) {
+  const SrchPlan *x = a, *y = b;
+  return x->step_time < y->step_time ? -1 : x->step_time > y->step_time;
+}
+
+/* Within a band (plan_bands), simpler first, then faster, then smaller. */
 static int plan_cmp(const void *a, const void *b) {
   const SrchPlan *x = a, *y = b;
-  double lo = x->step_time < y->step_time ? x->step_time : y->step_time;
-  if (fabs(x->step_time - y->step_time) > 0.005 * lo) return x->step_time < y->step_time ? -1 : 1;
+  if (x->band != y->band) return x->band < y->band ? -1 : 1;
   if (plan_features(x) != plan_features(y)) return plan_features(x) < plan_features(y) ? -1 : 1;
   if (x->step_time != y->step_time) return x->step_time < y->step_time ? -1 : 1;
   if (x->mem_total != y->mem_total) return x->mem_total < y->mem_total ? -1 : 1;
   return 0;
+}
+
+/* Fastest first; plans within 0.5% of a band's fastest step time (below the model's precision) go
+ * simpler first, then faster, then smaller. (Bands, not a pairwise 0.5% test, so the order is one
+ * order whatever else is ranked: a pairwise tolerance is not transitive.) */
+static void plan_sort(SrchPlan *p, int n) {
+  qsort(p, (size_t)n, sizeof(SrchPlan), time_cmp);
+  for (int i = 0, band = 0; i < n; band++) {
+    double lo = p[i].step_time;
+    for (; i < n && p[i].step_time <= lo * 1.005; i++) p[i].band = band;
+  }
+  qsort(p, (size_t)n, sizeof(SrchPlan), plan_cmp);
 }
 
 /* Micro-batch sizes tried: the divisors of the per-replica batch up to 64, powers of two (and
@@ -1280,6 +1368,8 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
   S->min_mem = INFINITY;
   S->maxb = 64;
   S->graphs.a = cp_alloc(sizeof(Graph *) * (size_t)(S->maxb + 1));
+  S->pins_at = cp_alloc(sizeof(int *) * (size_t)(S->N + 1));
+  S->pins_done = cp_alloc((size_t)(S->N + 1));
   /* The structure and the batch dims: the graph at B = 1 and B = 2. */
   const Graph *g1 = graph_at(S, 1), *g2 = g1 ? graph_at(S, 2) : NULL;
   if (!g1 || !g2) return NULL;
@@ -1339,8 +1429,13 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
         /* sequence parallelism: pinned, or both ways where it divides the sequence (strat_pin's rule) */
         for (int64_t sp = 1; sp <= tp; sp += tp > 1 ? tp - 1 : 1) {
         if (st->sp > 1 ? sp != st->sp : st->sp == 1 ? sp != 1 : sp > 1 && !strat_sp_fits(g1, sp)) continue;
-        Solved *so = solved_at(S, tp, sp, b);
+        /* Megatron's rule, then the ILP's param placements: a saved plan's only, when it gives them; not
+         * when the strategy pins tp (a pinned tp places as the rule does, as `build` builds it) */
+        int nvar = st->tp > 0 && !st->tp_pins ? 1 : 2;
+        for (int var = st->tp_pins ? 1 : 0; var < nvar; var++) {
+        Solved *so = solved_at(S, tp, sp, b, var == 1);
         if (!so->ok) {
+          if (var == 1) continue; /* the rule's placement, or one the build refuses */
           if (so->over > 0) why_size(&W, so->over, so->g, so->over_node, 1, dp, tp, pp, b), size = true;
           else ilp = true;
           continue;
@@ -1359,6 +1454,7 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
               considered++;
             }
           }
+        }
         }
         }
       }
@@ -1394,16 +1490,16 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
       const SrchPlan *m = &S->min_plan;
       diag_error(at, "no strategy fits in %s per device: the smallest plan needs %s per device", cp_bytes_str(S->memory),
                  cp_bytes_str(S->min_mem));
-      diag_note(at, "that plan: dp = %lld, tp = %lld, pp = %lld, zero = %lld, micro = %lld, recompute = %s",
+      diag_note(at, "that plan: dp = %lld, tp = %lld, pp = %lld, zero = %lld, micro = %lld, recompute = %s%s",
                 (long long)m->dp, (long long)m->tp, (long long)m->pp, (long long)m->zero, (long long)m->micro,
-                rc_name(m->recompute));
+                rc_name(m->recompute), m->pins ? ", its params placed on tp by the search's ILP" : "");
       diag_hint(mem_set ? "raise `memory` to at least %s, or plan on more devices"
                         : "use devices with at least %s of memory, or more of them",
                 cp_bytes_str(S->min_mem));
     }
     return NULL;
   }
-  qsort(S->plans.a, (size_t)S->plans.n, sizeof(SrchPlan), plan_cmp);
+  plan_sort(S->plans.a, S->plans.n);
   r->n = topk > 0 && topk < S->plans.n ? topk : S->plans.n;
   r->plans = S->plans.a;
   return r;
@@ -1415,6 +1511,11 @@ void srch_pin(const SrchPlan *p, StrategyConf *out) {
   Span at = out->span;
   *out = (StrategyConf){.is_auto = false, .dp = p->dp, .tp = p->tp, .pp = p->pp, .sp = p->sp, .micro = p->micro,
                         .zero = p->zero, .recompute = p->recompute, .pipeline = p->sched, .span = at};
+  if (!p->pins) return;
+  VEC(TpPin) pins = {0};
+  for (int i = 0; i < p->pins_g->n; i++)
+    if (p->pins[i] != PIN_NONE) VEC_PUSH(pins, ((TpPin){p->pins_g->nodes[i].name, p->pins[i]}));
+  out->tp_pins = pins.a, out->ntp_pins = pins.n;
 }
 
 bool search_best_runnable(Sema *s, const TrainConf *t, StrategyConf *out) {

@@ -56,6 +56,10 @@ typedef struct SrchPlan {
   double p2p;           /* seconds of one activation send between stages */
   int *stage_layers;    /* per stage: its layers (contiguous) */
   double *stage_fwd, *stage_bwd; /* per stage, per micro-batch: seconds (tp collectives included) */
+  const int *pins;      /* or NULL (Megatron's rule): the params' tp placements the search's ILP chose, per
+                           node of pins_g (strategy.c PIN_NONE, -1 R, d S(d)) */
+  const Graph *pins_g;
+  int band;             /* the ranking's: plans within 0.5% of the band's fastest (search.c plan_sort) */
 } SrchPlan;
 
 typedef struct SrchResult {

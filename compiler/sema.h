@@ -157,6 +157,13 @@ typedef enum Recompute { RC_SEARCH = -1, RC_NONE, RC_SELECTIVE, RC_FULL } Recomp
 typedef enum PipeSched { PS_SEARCH = -1, PS_1F1B, PS_GPIPE, PS_INTERLEAVED } PipeSched;
 
 /* What `strategy` pins; 0 (or *_SEARCH) means "left to the search". */
+/* A param's placement on the tensor-parallel axis as the search's ILP chose it (a plan's
+ * "tp_params"): split along dim (>= 0) or whole (-1). */
+typedef struct TpPin {
+  const char *param;
+  int dim;
+} TpPin;
+
 typedef struct StrategyConf {
   bool is_auto;          /* strategy = auto (nothing pinned) */
   int64_t dp, tp, pp, sp, micro;
@@ -164,6 +171,10 @@ typedef struct StrategyConf {
   Recompute recompute;
   PipeSched pipeline;
   Span span;
+  /* every param's tp placement, when the search's ILP placed them (strategy.c place_lazy takes them
+   * instead of Megatron's rule); NULL: the rule */
+  const TpPin *tp_pins;
+  int ntp_pins;
 } StrategyConf;
 
 typedef struct TrainConf {

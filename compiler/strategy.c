@@ -102,6 +102,8 @@ typedef struct Ctx {
   Pl **cons;         /* per node: its inputs as it consumed them */
   Pl **from;         /* or NULL; per node: its inputs' placements before the reshards it needed */
   bool *lazy;        /* per node: a param not placed yet (tp axis) */
+  const int *pin;    /* or NULL; per node: a param's tp placement the plan gives (PIN_NONE: the rule's;
+                        -1: R; d >= 0: S(d)), StrategyConf.tp_pins */
   bool quiet;        /* the search's pricing (strat_tp_place): a refusal says nothing */
   bool failed;
   int *coll_at;      /* per node: the last of sp->colls[0 .. ncolls_at) on it, then coll_next[i] (NULL: none yet) */
@@ -139,7 +141,7 @@ static bool param_dim_ok(Ctx *c, int p, int d, const char *why) {
   return false;
 }
 
-/* Places a param on the tp axis at its first use (see the file comment). */
+/* Places a param on the tp axis at its first use (see the file comment), or where the plan pins it. */
 static void place_lazy(Ctx *c, int i) {
   const Node *n = &c->g->nodes[i];
   for (int k = 0; k < n->nin; k++) {
@@ -147,6 +149,12 @@ static void place_lazy(Ctx *c, int i) {
     if (!c->lazy[p]) continue;
     c->lazy[p] = false;
     const Node *pn = &c->g->nodes[p];
+    if (c->pin && c->pin[p] != PIN_NONE) {
+      int d = c->pin[p];
+      if (d < 0) c->out[p] = c->avail[p] = pl_r();
+      else if (param_dim_ok(c, p, d, "the plan's tp_params split")) c->out[p] = c->avail[p] = pl_s(d);
+      continue;
+    }
     Pl x = k > 0 ? c->avail[n->in[0]] : pl_r();
     if (n->op == OP_MATMUL && k == 1 && pn->shape.rank == 2) {
       bool row = x.kind == PL_S && x.dim == c->g->nodes[n->in[0]].shape.rank - 1;
@@ -320,11 +328,11 @@ static void run_axis(Ctx *c) {
   }
 }
 
-bool strat_tp_place(const Graph *g, int64_t tp, bool seqpar, Pl *out, Pl **cons, Pl **from) {
+bool strat_tp_place(const Graph *g, int64_t tp, bool seqpar, const int *pin, Pl *out, Pl **cons, Pl **from) {
   StratPlan tmp = {.g = g, .dp = 1, .tp = tp, .pp = 1, .sp = seqpar ? tp : 1, .micro = 1, .accum = 1};
   Ctx c = {.sp = &tmp, .g = g, .axis = 0, .role = AX_TP, .n = tp, .seqpar = seqpar, .out = out,
            .avail = cp_alloc(sizeof(Pl) * (size_t)(g->n + 1)), .cons = cons, .from = from, .lazy = cp_alloc((size_t)g->n + 1),
-           .quiet = true};
+           .quiet = true, .pin = pin};
   run_axis(&c);
   return !c.failed;
 }
@@ -451,6 +459,28 @@ static void finish_bytes(StratPlan *sp) {
   }
 }
 
+int *strat_pins_of(const Graph *g, const StrategyConf *st, Span at) {
+  if (!st->tp_pins) return NULL;
+  int *pin = cp_alloc(sizeof(int) * (size_t)(g->n + 1));
+  for (int i = 0; i < g->n; i++) pin[i] = PIN_NONE;
+  bool ok = true;
+  for (int k = 0; k < st->ntp_pins; k++) {
+    const TpPin *tpn = &st->tp_pins[k];
+    int p = -1;
+    for (int i = 0; i < g->n && p < 0; i++)
+      if (g->nodes[i].op == OP_PARAM && g->nodes[i].name && strcmp(g->nodes[i].name, tpn->param) == 0) p = i;
+    if (p < 0) {
+      diag_error(at, "the plan places param '%s' on tp, but the model has no param of that name", tpn->param);
+      ok = false;
+    } else if (tpn->dim >= g->nodes[p].shape.rank || tpn->dim < -1) {
+      diag_error(at, "the plan splits param '%s' %s along dim %d, which it does not have", tpn->param,
+                 shape_str(&g->nodes[p].shape), tpn->dim);
+      ok = false;
+    } else pin[p] = tpn->dim;
+  }
+  return ok ? pin : NULL;
+}
+
 StratPlan *strat_pin(const Program *prog, const Graph *g, const TrainConf *t) {
   StratPlan *sp = cp_alloc(sizeof *sp);
   sp->g = g;
@@ -459,6 +489,10 @@ StratPlan *strat_pin(const Program *prog, const Graph *g, const TrainConf *t) {
   sp->zero = t->strategy.zero > 0 ? t->strategy.zero : 0;
   sp->accum = g->accum > 0 ? g->accum : 1;
   if (!graph_checks(prog, g, t, sp)) return NULL;
+  const int *pin = NULL;
+  if (t->strategy.tp_pins && sp->tp > 1 && !(pin = strat_pins_of(g, &t->strategy, strat_field_span(prog, t, "tp"))))
+    return NULL;
+  sp->pins = pin;
   const int64_t degs[3] = {sp->pp, sp->dp, sp->tp};
   for (int r = AX_DP; r <= AX_TP; r++)
     if (degs[r] > 1) sp->axes[sp->naxes++] = (PlanAxis){(AxisRole)r, degs[r]};
@@ -467,7 +501,8 @@ StratPlan *strat_pin(const Program *prog, const Graph *g, const TrainConf *t) {
   Pl *out = cp_alloc(sizeof(Pl) * (size_t)g->n);
   for (int a = 0; a < sp->naxes; a++) {
     Ctx c = {.prog = prog, .t = t, .sp = sp, .g = g, .axis = a, .role = sp->axes[a].role, .n = sp->axes[a].n,
-             .out = out, .avail = cp_alloc(sizeof(Pl) * (size_t)g->n), .cons = cp_alloc(sizeof(Pl *) * (size_t)g->n), .lazy = cp_alloc((size_t)g->n)};
+             .out = out, .avail = cp_alloc(sizeof(Pl) * (size_t)g->n), .cons = cp_alloc(sizeof(Pl *) * (size_t)g->n), .lazy = cp_alloc((size_t)g->n),
+             .pin = pin};
     c.seqpar = c.role == AX_TP && sp->sp > 1;
     run_axis(&c);
     if (c.failed) return NULL;

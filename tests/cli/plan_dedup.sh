@@ -41,7 +41,7 @@ for c in cands:
 got = sorted({c["recompute"] for c in cands})
 if got != sorted(modes.split(",")):
     die("recompute modes listed: %s, expected %s" % (got, modes))
-rows = [l.split() for l in open(tt) if re.match(r"\s*\d+ +\d+ +\d+ +\d+ +\d+ ", l)]
+rows = [l.split() for l in open(tt) if re.match(r"\s*\d+ +\d+ +\d+\*? +\d+ +\d+ ", l)]
 if len(rows) != len(cands):
     die("the table has %d rows, --json %d candidates" % (len(rows), len(cands)))
 for r, c in zip(rows, cands):

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# ilp.sh CPLANC SRCDIR: the search's placement ILP (docs/language.md §7, "Tensor-parallel placements").
+# On a mesh of 2 (and 4) CPUs the search ranks, beside Megatron's rule, the plans whose params sit on
+# the tp axis where the ILP put them (`tp*`); such a plan saved by `cplanc plan --json` carries every
+# param's placement ("tp_params"), `build --plan` builds exactly it, and the program trains like the
+# single device (the losses, gradient norms and params of e2e_close), with sequence parallelism and
+# dp x tp too. A plan that names a param the model lacks, or a placement that is not R / S(d), is an
+# error naming it.
+# shellcheck source=e2e_lib.sh
+. "$(dirname "$0")/e2e_lib.sh"
+e2e_init "$1" "$2"
+e2e_mpi
+e2e_tokens tokens.bin
+
+# ilp_plan OUT.json N SP: the search's best plan on N CPUs whose params the ILP placed (tp*), with
+# sequence parallelism SP, as the plan's best (what `build --plan` builds)
+ilp_plan() {
+  "$cplanc" plan gpt_small.cplan --json --top 100 --set train.mesh=laptop --set "mesh.laptop.shape.cpu=$2" \
+    >"all_$1" 2>"plan_$1.log" || { cat "plan_$1.log"; fail "cplanc plan --json on $2 CPUs"; }
+  python3 - "all_$1" "$1" "$3" <<'PY' || exit 1
+import json, sys
+d = json.load(open(sys.argv[1]))
+c = [p for p in d["candidates"] if "tp_params" in p and p["sp"] == int(sys.argv[3])]
+if not c:
+    sys.exit("FAILED: no ILP plan (tp_params) with sp = %s among %d candidates" % (sys.argv[3], len(d["candidates"])))
+if d.get("ilp_solves", 0) < 1:
+    sys.exit("FAILED: the search reports no ILP solved")
+d["best"] = c[0]
+json.dump(d, open(sys.argv[2], "w"))
+PY
+}
+
+{ cat "$src/tests/e2e/gpt_small.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >gpt_small.cplan
+e2e_build one gpt_small.cplan
+e2e_prog 0 one ./one --save one.st --metrics one.jsonl
+
+for c in "2 1" "2 2" "4 1"; do
+  read -r n sp <<<"$c"
+  label="ilp-$n-sp$sp"
+  ilp_plan "$label.json" "$n" "$sp"
+  "$cplanc" build gpt_small.cplan -o "$label" --plan "$label.json" --set train.mesh=laptop \
+    --set "mesh.laptop.shape.cpu=$n" 2>"build_$label.log" || { cat "build_$label.log"; fail "$label: build --plan"; }
+  e2e_prog 0 "$label" "$mpirun" -np "$n" --oversubscribe "./$label" --save "$label.st" --metrics "$label.jsonl"
+  e2e_close "$label" one.jsonl "$label.jsonl" one.st "$label.st"
+  # priced as built: the plan's bytes per device are its explained collectives' (what the lowering runs)
+  "$cplanc" plan gpt_small.cplan --plan "$label.json" --json --set train.mesh=laptop --set "mesh.laptop.shape.cpu=$n" \
+    >"$label.pin.json" 2>"$label.pin.log" || { cat "$label.pin.log"; fail "$label: plan --plan --json"; }
+  python3 - "$label" "$label.pin.json" <<'PY' || exit 1
+import json, sys
+label, path = sys.argv[1:]
+p = json.load(open(path))
+comm = sum(c["bytes"] * c["per_step"] for c in p["collectives"])
+got = p["best"]["comm_bytes_per_device"]
+if "tp_params" not in p["best"] or abs(got - comm) > 64:  # the loss's and norm's scalars are not priced
+    sys.exit("FAILED: %s: the ranking prices %.0f bytes per device, the explained collectives %.0f (tp_params %s)"
+             % (label, got, comm, "tp_params" in p["best"]))
+PY
+done
+
+# placements no rule makes, as the ILP may choose them on another model: a whole QKV weight, a
+# column-split attention output, a row-split first MLP weight reading a whole input, split norm
+# weights and a table split along its channels
+python3 - ilp-2-sp1.json <<'PY' || exit 1
+import json, sys
+d = json.load(open(sys.argv[1]))
+pick = {"c_attn.weight": "R", "c_attn.bias": "R", "attn.c_proj.weight": "S(1)", "attn.c_proj.bias": "S(0)",
+        "c_fc.weight": "S(0)", "c_fc.bias": "R", "mlp.c_proj.weight": "R", "ln_1.weight": "S(0)", "ln_2.bias": "S(0)",
+        "wte": "S(1)", "wpe": "S(0)"}
+tpp = d["best"]["tp_params"]
+for k in tpp:
+    for suf, v in pick.items():
+        if k.endswith(suf): tpp[k] = v
+json.dump(d, open("mix.json", "w"))
+PY
+"$cplanc" build gpt_small.cplan -o mix --plan mix.json --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 \
+  2>build_mix.log || { cat build_mix.log; fail "mix: build --plan"; }
+"$cplanc" plan gpt_small.cplan --plan mix.json --explain --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 \
+  >mix.explain 2>&1 || { cat mix.explain; fail "mix: plan --plan --explain"; }
+grep -qE '^  h.1.attn.c_attn.weight +f32\[32, 96\] +\[R\]  \(the ILP.s; Megatron.s rule: S\(1\)\)' mix.explain ||
+  { cat mix.explain; fail "mix: plan --explain does not show the plan's placement of c_attn.weight"; }
+e2e_prog 0 mix "$mpirun" -np 2 --oversubscribe ./mix --save mix.st --metrics mix.jsonl
+e2e_close "mixed placements" one.jsonl mix.jsonl one.st mix.st
+
+# what a plan may not say
+python3 - ilp-2-sp1.json <<'PY' || exit 1
+import json, sys
+d = json.load(open(sys.argv[1]))
+bad = json.loads(json.dumps(d)); bad["best"]["tp_params"]["no.such.param"] = "R"
+json.dump(bad, open("bad_name.json", "w"))
+bad = json.loads(json.dumps(d)); bad["best"]["tp_params"]["wte"] = "S(x)"
+json.dump(bad, open("bad_pl.json", "w"))
+bad = json.loads(json.dumps(d)); bad["best"]["tp_params"]["wte"] = "S(5)"
+json.dump(bad, open("bad_dim.json", "w"))
+PY
+sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=2)
+e2e_prog 1 bad_name "$cplanc" build gpt_small.cplan -o bad --plan bad_name.json "${sets[@]}"
+e2e_says bad_name "the plan places param 'no.such.param' on tp, but the model has no param of that name"
+e2e_prog 1 bad_pl "$cplanc" build gpt_small.cplan -o bad --plan bad_pl.json "${sets[@]}"
+e2e_says bad_pl 'bad_pl.json: best.tp_params.wte should be "R" or "S(d)"'
+e2e_prog 1 bad_dim "$cplanc" build gpt_small.cplan -o bad --plan bad_dim.json "${sets[@]}"
+e2e_says bad_dim "the plan splits param 'wte' [64, 32] along dim 5, which it does not have"
+echo ok
