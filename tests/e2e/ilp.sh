@@ -5,7 +5,7 @@
 # param's placement ("tp_params"), `build --plan` builds exactly it, and the program trains like the
 # single device (the losses, gradient norms and params of e2e_close), with sequence parallelism and
 # dp x tp too. A plan that names a param the model lacks, or a placement that is not R / S(d), is an
-# error naming it.
+# error naming it. The ILP's placements combine with pp and ZeRO 1 and 3 (4 ranks).
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
 e2e_init "$1" "$2"
@@ -80,6 +80,22 @@ grep -qE '^  h.1.attn.c_attn.weight +f32\[32, 96\] +\[R\]  \(the ILP.s; Megatron
   { cat mix.explain; fail "mix: plan --explain does not show the plan's placement of c_attn.weight"; }
 e2e_prog 0 mix "$mpirun" -np 2 --oversubscribe ./mix --save mix.st --metrics mix.jsonl
 e2e_close "mixed placements" one.jsonl mix.jsonl one.st mix.st
+# the same placements on 4 ranks with pp = 2 (1f1b, 2 micro-batches), and dp = 2 with ZeRO 1 and 3
+python3 - <<'PY' || exit 1
+import json
+d = json.load(open("mix.json"))
+for name, upd in [("mix_pp", dict(dp=1, tp=2, pp=2, micro=2, microbatches=2, pipeline="1f1b")),
+                  ("mix_z1", dict(dp=2, tp=2, pp=1, zero=1, micro=2)), ("mix_z3", dict(dp=2, tp=2, pp=1, zero=3, micro=1))]:
+    e = json.loads(json.dumps(d))
+    e["best"].update(upd)
+    json.dump(e, open(name + ".json", "w"))
+PY
+for m in mix_pp mix_z1 mix_z3; do
+  "$cplanc" build gpt_small.cplan -o "$m" --plan "$m.json" --set train.mesh=laptop --set mesh.laptop.shape.cpu=4 \
+    2>"build_$m.log" || { cat "build_$m.log"; fail "$m: build --plan"; }
+  e2e_prog 0 "$m" "$mpirun" -np 4 --oversubscribe "./$m" --save "$m.st" --metrics "$m.jsonl"
+  e2e_close "$m" one.jsonl "$m.jsonl" one.st "$m.st"
+done
 
 # what a plan may not say
 python3 - ilp-2-sp1.json <<'PY' || exit 1
