@@ -39,7 +39,8 @@
 #   MODEL-PREC-STRAT-COMM  a lowered plan (compiler/lower.h) under mpirun, its collectives over the
 #                           emulated NCCL (nccl: a communicator per strategy axis on every rank) or MPI
 #                           (mpi: none): STRAT zero1, zero2, zero3 (dp 2 on 2 GPUs), tp2 (2 GPUs), tp2sp
-#                           (dp 2 x tp 2 with sequence parallelism, 4 GPUs); --save gathers whole tensors;
+#                           (dp 2 x tp 2 with sequence parallelism, 4 GPUs), tp2ilp (gpt_small: tp 2 with params
+#                           placed as the search's ILP may, a saved plan's tp_params); --save gathers whole tensors;
 #                           pipeline parallelism (one plan_sN.c per stage, micro-batches of one sample,
 #                           crossings through host memory and MPI whatever COMM): pp2 (1F1B, 2 GPUs),
 #                           pp2gpipe (GPipe), pp2i (interleaved: 2 stages per GPU, MODEL gpt_small4 or
@@ -55,7 +56,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallv-bf16-tp2-nccl gpt_smallv-f32-tp2-mpi sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 slice_small-f32 slice_small-bf16 slice_small-f32-tp2sp-mpi gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallv-bf16-tp2-nccl gpt_smallv-f32-tp2-mpi sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 slice_small-f32 slice_small-bf16 slice_small-f32-tp2sp-mpi gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl gpt_small-f32-tp2ilp-nccl gpt_small-bf16-tp2ilp-mpi llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
 export CUEMU_DEFER=${CUEMU_DEFER:-1}
 env_file=$build/tests/cuda_emu/program.env
@@ -201,7 +202,7 @@ for c in $cases; do
       { note "$c: $n ranks made an NCCL communicator with CPLAN_COMM=$comm"; continue; }
     compare "$c" "$p" "$m-cpu.jsonl" "$c.jsonl" "$m-cpu.st" "$c.st" || bad=1
     ;;
-  *-zero1-* | *-zero2-* | *-zero3-* | *-tp2-* | *-tp2sp-* | *pp2*-*)
+  *-zero1-* | *-zero2-* | *-zero3-* | *-tp2-* | *-tp2ilp-* | *-tp2sp-* | *pp2*-*)
     # a lowered plan (lower.h) on a mesh of 2 GPUs (4 for tp2sp: dp 2 x tp 2, sequence parallel):
     # ZeRO or tensor parallelism, its collectives over the emulated NCCL or MPI (CPLAN_COMM)
     strat=${rest#*-} comm=${rest##*-}
@@ -209,6 +210,21 @@ for c in $cases; do
     case $strat in
     zero*) np=2 sets=(--set train.strategy.zero="${strat#zero}") ;;
     tp2) np=2 sets=(--set train.strategy.tp=2) ;;
+    tp2ilp) # tp 2 with params placed as the search's ILP may (tests/e2e/ilp.sh's mixture): a saved plan
+      np=2 sets=(--plan "$c.plan.json")
+      python3 - "$c.plan.json" "$m" <<'PY' || { note "$c: writing the plan"; continue; }
+import json, sys
+pick = {"c_attn.weight": "R", "c_attn.bias": "R", "attn.c_proj.weight": "S(1)", "attn.c_proj.bias": "S(0)",
+        "c_fc.weight": "S(0)", "c_fc.bias": "R", "mlp.c_proj.weight": "R", "ln_1.weight": "S(0)", "ln_2.bias": "S(0)",
+        "wte": "S(1)", "wpe": "S(0)"}
+layer = ["ln_1.weight", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.bias",
+         "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight"]
+names = ["wte", "wpe"] + ["h.%d.%s" % (l, k) for l in range(2) for k in layer]
+best = dict(dp=1, tp=2, pp=1, sp=1, zero=0, micro=4, recompute="none",
+            tp_params={n: v for n in names for k, v in pick.items() if n.endswith(k)})
+json.dump({"format": "cplan-plan/1", "best": best}, open(sys.argv[1], "w"))
+PY
+      ;;
     tp2sp) np=4 sets=(--set train.strategy.dp=2 --set train.strategy.tp=2 --set train.strategy.sp=2) ;;
     pp2) np=2 sets=(--set train.strategy.pp=2 --set train.strategy.micro=1) ;;
     pp2i) np=2 sets=(--set train.strategy.pp=2 --set train.strategy.micro=1 --set 'train.strategy.pipeline="interleaved"') ;;
