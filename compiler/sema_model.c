@@ -73,6 +73,7 @@ typedef struct Build {
   Value sdpa_mask, sdpa_bias;
   bool sdpa_gqa; /* enable_gqa = true: k and v's heads repeated to q's (sdpa_gqa_heads) */
   double sdpa_dropout; /* dropout_p: on the probabilities, in the math form */
+  double sdpa_scale;   /* scale: the scores' factor (0: none given, 1/sqrt(d)), as q times scale * sqrt(d) */
 } Build;
 
 static Value eval(Build *b, Frame *f, const Expr *e);
@@ -441,11 +442,11 @@ static int find_str(const char *const *names, int n, const char *s) {
  * sdpa's (call_sdpa) and cross_entropy's (call_cross_entropy). */
 typedef struct OwnArgs {
   const char *callee;
-  const char *names[4];
+  const char *names[5];
   int n;
 } OwnArgs;
 static const OwnArgs own_args[] = {
-    {"sdpa", {"attn_mask", "attn_bias", "enable_gqa", "dropout_p"}, 4},
+    {"sdpa", {"attn_mask", "attn_bias", "enable_gqa", "dropout_p", "scale"}, 5},
     {"cross_entropy", {"ignore_index", "label_smoothing"}, 2},
     {"gelu", {"approximate"}, 1},
 };
@@ -487,8 +488,13 @@ static bool match_args(const Expr *call, const char *callee, const char *const *
       for (int i = 0; own && i < own->n; i++) all[na++] = own->names[i];
       const char *torch = ir_pytorch_hint(cp_fmt("%s.%s", callee, kw)); /* gelu(x, approximate = ...) */
       if (!torch) torch = ir_pytorch_hint(cp_fmt("*.%s", kw));
-      if (strcmp(kw, "dim") == 0 && find_str(pn, np, "axis") >= 0)
-        diag_hint("cplan calls PyTorch's 'dim' 'axis': axis = ...");
+      /* PyTorch's names of parameters cplan has under another name */
+      static const char *const renamed[][3] = {{"dim", "axis", "..."}, {"is_causal", "causal", "true"}};
+      int rn = -1;
+      for (int i = 0; i < 2 && rn < 0; i++)
+        if (strcmp(kw, renamed[i][0]) == 0 && find_str(pn, np, renamed[i][1]) >= 0) rn = i;
+      if (rn >= 0)
+        diag_hint("cplan calls PyTorch's '%s' '%s': %s = %s", kw, renamed[rn][1], renamed[rn][1], renamed[rn][2]);
       else if (torch)
         diag_hint("leave out PyTorch's '%s': %s", kw, torch);
       else if (cp_closest(kw, all, na) || !na)
@@ -1128,7 +1134,7 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id);
 /* A call without its own arguments (rest), and their values (got: kind V_ERR where absent). */
 typedef struct OwnCall {
   Expr rest;
-  Value got[4];
+  Value got[5];
 } OwnCall;
 
 /* The call e as oc->rest, without the keyword arguments own_args_of(callee) names, whose values are
@@ -1198,15 +1204,27 @@ static Value call_sdpa(Build *b, Frame *f, const Expr *e) {
     diag_error(dp.span, "sdpa's dropout_p must lie in [0, 1), got %g", p);
     return sema_v_err();
   }
-  if (mask.kind == V_ERR && bias.kind == V_ERR && gqa.kind == V_ERR && p == 0) return call_prim(b, f, &oc.rest, OP_SDPA);
+  Value sc = oc.got[4];
+  if (sc.kind != V_ERR && !is_num(sc)) {
+    diag_error(sc.span, "argument 'scale' of 'sdpa' must be a float, got %s", sema_value_desc(sc));
+    return sema_v_err();
+  }
+  double scale = sc.kind == V_ERR ? 0 : sc.kind == V_INT ? (double)sc.i : sc.f;
+  if (sc.kind != V_ERR && !(isfinite(scale) && scale > 0)) {
+    diag_error(sc.span, "sdpa's scale must be a positive float, got %g", scale);
+    return sema_v_err();
+  }
+  if (mask.kind == V_ERR && bias.kind == V_ERR && gqa.kind == V_ERR && p == 0 && scale == 0)
+    return call_prim(b, f, &oc.rest, OP_SDPA);
   const Expr *outer = b->sdpa_call;
   Value om = b->sdpa_mask, ob = b->sdpa_bias;
   bool og = b->sdpa_gqa;
-  double op = b->sdpa_dropout;
+  double op = b->sdpa_dropout, os = b->sdpa_scale;
   b->sdpa_call = &oc.rest, b->sdpa_mask = mask, b->sdpa_bias = bias, b->sdpa_gqa = gqa.kind == V_BOOL && gqa.i;
-  b->sdpa_dropout = p;
+  b->sdpa_dropout = p, b->sdpa_scale = scale;
   Value r = call_prim(b, f, &oc.rest, OP_SDPA);
   b->sdpa_call = outer, b->sdpa_mask = om, b->sdpa_bias = ob, b->sdpa_gqa = og, b->sdpa_dropout = op;
+  b->sdpa_scale = os;
   return r;
 }
 
@@ -1709,6 +1727,13 @@ static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {
     if ((pn.in.a[0] = to_float(b, pn.in.a[0], e->span)) < 0) return sema_v_err(); /* exp(idx) is f32 */
   }
   if (id == OP_SDPA && !sdpa_gqa_heads(b, pn.in.a, e == b->sdpa_call && b->sdpa_gqa, e->span)) return sema_v_err();
+  if (id == OP_SDPA && e == b->sdpa_call && b->sdpa_scale > 0) { /* PyTorch's scale: q times scale * sqrt(d) */
+    const Shape *q = &b->g->nodes[pn.in.a[0]].shape;
+    double c = b->sdpa_scale * sqrt((double)(q->rank ? q->d[q->rank - 1] : 1));
+    Value qs = c == 1 ? tensor_val(pn.in.a[0], e->span) : desugar_binary(b, OP_MUL, pn.in.a[0], sema_v_float(c, e->span), e->span);
+    if (qs.kind == V_ERR) return qs;
+    pn.in.a[0] = qs.node;
+  }
   int i = add_node(b, id, pn.in.a, pn.in.n, e->span);
   if (i < 0) return sema_v_err();
   Node *n = &b->g->nodes[i];

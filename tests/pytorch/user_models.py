@@ -32,8 +32,8 @@ def heads(x, h):
 def merge(x):
     B, h, T, d = x.shape
     return x.transpose(1, 2).reshape(B, T, h * d)
-def sdpa(q, k, v, is_causal=False):
-    sc = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+def sdpa(q, k, v, is_causal=False, scale=None):
+    sc = q @ k.transpose(-1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
     if is_causal:
         T = q.shape[-2]
         sc = sc.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float('-inf'))
@@ -280,7 +280,7 @@ def m17(p, d):
 def m18(p, d):
     x = F.embedding(d['idx'].long(), p['wte'])
     q, k, v = (heads(x @ p[w], 2) for w in ('wq', 'wk', 'wv'))
-    a = merge(sdpa(q, k, v, True)) + merge(sdpa(q, k, v))
+    a = merge(sdpa(q, k, v, True)) + merge(sdpa(q, k, v, scale=0.3))
     return ce((x + a) @ p['wte'].T, d['targets'])
 
 @model('m19_gqa', lambda: {'idx': rng.integers(0, 13, size=(B, 6)).astype(np.int32),
