@@ -16,7 +16,8 @@
 #     (`collectives` in the JSON: the placements the lowering runs) and the metrics' comm_bytes.
 # --profile uses a profile calibrated before (2 ranks) instead of calibrating.
 # --only picks plans by name (best,dp,tp,pp,zero1; also zero2, zero3: 2 micro-batches; tp_rule and tp_ilp:
-# the fastest tp = 2 plan with the params placed by Megatron's rule, and by the search's ILP); --set adds `cplanc --set` overrides (a smaller
+# the fastest tp = 2 plan with the params placed by Megatron's rule, and by the search's ILP, at batch 7
+# so that tp is the search's); --set adds `cplanc --set` overrides (a smaller
 # model: --set train.model.L=2); --json writes the rows for tests/cli/plan_measured.sh.
 # A benchmark, not a test: it prints, never asserts.  About 2 minutes on 2 cores (--quick with a
 # small model and few steps: seconds).
@@ -51,7 +52,10 @@ pin() {
   case $1 in
     best) ;;
     dp) echo train.strategy.dp=2 train.strategy.zero=0 train.strategy.recompute='"none"' ;;
-    tp|tp_rule|tp_ilp) echo train.strategy.tp=2 train.strategy.dp=1 train.strategy.recompute='"none"' ;;
+    tp) echo train.strategy.tp=2 train.strategy.dp=1 train.strategy.recompute='"none"' ;;
+    # a pinned tp places as Megatron's rule does: a batch of 7 (no dp = 2) leaves tp to the search,
+    # which then ranks the ILP's placements too
+    tp_rule|tp_ilp) echo train.batch=7 ;;
     pp) echo train.strategy.pp=2 train.strategy.dp=1 train.strategy.micro=2 train.strategy.pipeline='"1f1b"' train.strategy.recompute='"none"' ;;
     zero1) echo train.strategy.dp=2 train.strategy.zero=1 train.strategy.recompute='"none"' ;;
     zero2) echo train.strategy.dp=2 train.strategy.zero=2 train.strategy.micro=2 train.strategy.recompute='"none"' ;;
@@ -106,7 +110,7 @@ for name in ${only//,/ }; do
 import json, sys
 path, name = sys.argv[1], sys.argv[2]
 d = json.load(open(path))
-c = [p for p in d["candidates"] if ("tp_params" in p) == (name == "tp_ilp")]
+c = [p for p in d["candidates"] if p["tp"] == 2 and ("tp_params" in p) == (name == "tp_ilp")]
 if not c:
     sys.exit("plan_measured.sh: the search ranks no %s plan (the ILP placed the params as the rule does?)" % name)
 d["best"] = c[0]
