@@ -46,6 +46,19 @@ int64_t cg_dims_prod(const Shape *s, int lo, int hi) {
   return p;
 }
 
+void cg_all_to_all_blocks(const Node *n, const Node *x, CgBlocks *pack, CgBlocks *unpack) {
+  int d1 = (int)n->ia[1], d2 = (int)n->ia[2];
+  int64_t k = n->ia[3];
+  const Shape *X = &x->shape, *Y = &n->shape;
+  int64_t o2 = cg_dims_prod(X, 0, d2), i2 = cg_dims_prod(X, d2 + 1, X->rank);
+  *pack = (CgBlocks){.k = k, .rows = o2, .width = Y->d[d2] * i2, .src_pitch = X->d[d2] * i2, .dst_pitch = Y->d[d2] * i2,
+                     .src_step = Y->d[d2] * i2, .dst_step = o2 * Y->d[d2] * i2};
+  /* a received block has x's shape with d2 at Y's size: Y's dims but d1 at x's size */
+  int64_t o1 = cg_dims_prod(Y, 0, d1), i1 = cg_dims_prod(Y, d1 + 1, Y->rank);
+  *unpack = (CgBlocks){.k = k, .rows = o1, .width = X->d[d1] * i1, .src_pitch = X->d[d1] * i1, .dst_pitch = Y->d[d1] * i1,
+                       .src_step = o1 * X->d[d1] * i1, .dst_step = X->d[d1] * i1};
+}
+
 /* A float literal: 1 -> "1.0f", 1e-06 -> "1e-06f". */
 const char *cg_tp_share(const Lowered *lw, int k) {
   double f = !lw ? 1 : k < 0 ? lw->loss_share : lw->metric_share[k];

@@ -16,6 +16,15 @@ const char *cg_c_string(const char *s);                 /* a C string literal of
 const char *cg_shape_list(const Shape *s);              /* "{2, 3}" */
 const char *cg_abs_path(const char *p);                 /* p made absolute (NULL stays NULL) */
 int64_t cg_dims_prod(const Shape *s, int lo, int hi);   /* d[lo] * ... * d[hi-1] */
+/* k copies of `rows` rows of `width` elements, copy r from src + r * src_step (rows src_pitch apart)
+ * to dst + r * dst_step (rows dst_pitch apart). */
+typedef struct CgBlocks {
+  int64_t k, rows, width, src_pitch, dst_pitch, src_step, dst_step;
+} CgBlocks;
+/* ALL_TO_ALL node n of input x (S(d1) -> S(d2) on k ranks, ops.def): pack, x into the send buffer
+ * as k blocks (block r: x's part r along d2, for rank r); unpack, the k received blocks (block r
+ * from rank r: its part along d1) into n's value. */
+void cg_all_to_all_blocks(const Node *n, const Node *x, CgBlocks *pack, CgBlocks *unpack);
 const char *cg_flt(double v);                           /* a float literal, NAN and INFINITY included */
 struct Lowered;
 /* " * F" after a reported value of a lowered plan whose ranks of a tp axis each hold it whole (the

@@ -115,6 +115,7 @@ static void cpu_sides(const void *ctx, int i, CgPlace *x) {
   if (n->op == OP_DROPOUT) x->scratch = numel(n);
   if (n->op == OP_ALL_GATHER) x->scratch = (int64_t)ir_node_bytes(c->g, i);
   if (n->op == OP_REDUCE_SCATTER) x->scratch = (int64_t)ir_node_bytes(c->g, n->in[0]);
+  if (n->op == OP_ALL_TO_ALL) x->scratch = 2 * (int64_t)ir_node_bytes(c->g, n->in[0]); /* sent, received */
   if (n->op == OP_CROSS_ENTROPY && n->ia[0] > 0) { /* m and s for the backward, the gathered maxima */
     int64_t rows = cg_rows(in(c, i, 0));
     x->aux = 2 * rows * 4;
@@ -465,6 +466,14 @@ static void split_view(const Shape *whole, int d, int64_t n, int64_t *outer, int
   *piece = whole->d[d] / n * cg_dims_prod(whole, d + 1, whole->rank);
 }
 
+/* The copies of b (cg_all_to_all_blocks), elements of 4 bytes. */
+static void emit_block_copies(Cg *c, const char *dst, const char *src, const CgBlocks *b) {
+  EMIT("  for (long r = 0; r < %lld; r++)\n    for (long q = 0; q < %lld; q++)\n"
+       "      memcpy(%s + r * %lld + q * %lld, %s + r * %lld + q * %lld, %lld);\n",
+       (long long)b->k, (long long)b->rows, dst, (long long)b->dst_step, (long long)b->dst_pitch, src,
+       (long long)b->src_step, (long long)b->src_pitch, (long long)(b->width * 4));
+}
+
 /* One collective node (ops.def) as rt_comm calls on its axis group. The result has its own
  * buffer (a copy for the in-place all-reduce), as the GRADs may still read the input. */
 static void emit_collective(Cg *c, int i) {
@@ -501,6 +510,15 @@ static void emit_collective(Cg *c, int i) {
     EMIT("  for (long q = 0; q < %lld; q++)\n    memcpy(%s + q * %lld, %s + (q * %lld + run->axis_coord[%d]) * %lld, %lld);\n",
          (long long)outer, o, (long long)piece, src, (long long)k, a, (long long)piece, (long long)(piece * 4));
     break;
+  case OP_ALL_TO_ALL: { /* S(d1) -> S(d2): block r of the input along d2 to rank r, rank r's block along d1 */
+    CgBlocks pack, unpack;
+    cg_all_to_all_blocks(n, x, &pack, &unpack);
+    const char *rcv = cp_fmt("F(%lld)", (long long)(c->pl.nc[i].soff[c->ph] + numel(x) * 4));
+    emit_block_copies(c, tmp, src, &pack);
+    EMIT("  rt_comm_all_to_all(%s, %s, %s, %lld, %s);\n", grp, tmp, rcv, (long long)(numel(x) / k), ty);
+    emit_block_copies(c, o, rcv, &unpack);
+    break;
+  }
   default: cp_unreachable();
   }
   if (x->dtype != DT_F32 && x->dtype != DT_I32) unsupported(c, i, "a collective of a tensor of this dtype");
@@ -600,7 +618,9 @@ static void emit_forward(Cg *c, int i) {
   case OP_ACCUM:
     EMIT("  k_accum(%s, %s, %lld);\n", ptr(c, n->in[0]), ptr(c, n->in[1]), (long long)numel(n));
     break;
-  case OP_ALL_REDUCE: case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_SHARD_SLICE: emit_collective(c, i); break;
+  case OP_ALL_REDUCE: case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_SHARD_SLICE: case OP_ALL_TO_ALL:
+    emit_collective(c, i);
+    break;
   case OP_PP_SEND: case OP_PP_RECV: emit_pp(c, i); break;
   default: unsupported(c, i, cp_fmt("the op '%s'", ir_ops[n->op].name));
   }

@@ -166,6 +166,7 @@ static void cu_sides(const void *ctx, int i, CgPlace *x) {
     x->scratch = cg_rows(in(c, i, 0)) * c->sp->axes[n->ia[0] - 1].n * 4;
   if (n->op == OP_ALL_GATHER || n->op == OP_REDUCE_SCATTER) /* the blocks in rank order (f32 at most) */
     x->scratch = (numel(n) > numel(in(c, i, 0)) ? numel(n) : numel(in(c, i, 0))) * 4;
+  if (n->op == OP_ALL_TO_ALL) x->scratch = 2 * numel(n) * 4; /* the blocks sent, received */
   if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
   if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) /* delta [nb, t] */
     x->scratch = nd(c, n->fwd)->shape.d[0] * nd(c, n->fwd)->shape.d[1] * nd(c, n->fwd)->shape.d[2] * 4;
@@ -1396,6 +1397,14 @@ static void emit_blocks(Cu *c, bool gather, const char *dst, const char *src, in
   }
 }
 
+/* The copies of b (cg_all_to_all_blocks), elements of es bytes, on the stream. */
+static void emit_block_copies(Cu *c, const char *dst, const char *src, const CgBlocks *b, int64_t es) {
+  for (int64_t r = 0; r < b->k; r++)
+    EMIT("  CU(cudaMemcpy2DAsync((char *)%s + %lld, %lld, (const char *)%s + %lld, %lld, %lld, %lld, "
+         "cudaMemcpyDeviceToDevice, G.s));\n", dst, (long long)(r * b->dst_step * es), (long long)(b->dst_pitch * es), src,
+         (long long)(r * b->src_step * es), (long long)(b->src_pitch * es), (long long)(b->width * es), (long long)b->rows);
+}
+
 /* One collective node on its axis group (coll_* of emit_cu_support.h: NCCL, or MPI through the
  * host). The result has its own buffer, as the GRADs may still read the input. */
 static void emit_collective(Cu *c, int i) {
@@ -1428,6 +1437,15 @@ static void emit_collective(Cu *c, int i) {
     EMIT("  coll_reduce_scatter(run, %d, %s, %s, %lldLL, %s);\n", a, outer == 1 ? src : tmp, o, (long long)numel(n),
          coll_type(c, i));
     break;
+  case OP_ALL_TO_ALL: { /* S(d1) -> S(d2): block r of the input along d2 to rank r, rank r's block along d1 */
+    CgBlocks pack, unpack;
+    cg_all_to_all_blocks(n, x, &pack, &unpack);
+    const char *rcv = cp_fmt("((char *)%s + %lld)", tmp, (long long)(numel(x) * es));
+    emit_block_copies(c, tmp, src, &pack, es);
+    EMIT("  coll_all_to_all(run, %d, %s, %s, %lldLL, %s);\n", a, tmp, rcv, (long long)(numel(x) / k), coll_type(c, i));
+    emit_block_copies(c, o, rcv, &unpack, es);
+    break;
+  }
   case OP_SHARD_SLICE: /* x [outer, k, piece] -> out [outer, piece]: block axis_coord[a] */
     split_view(&x->shape, d, k, &outer, &piece);
     EMIT("  CU(cudaMemcpy2DAsync(%s, %lld, (const char *)%s + run->axis_coord[%d] * %lldLL, %lld, %lld, %lld, "
@@ -1731,7 +1749,9 @@ static void emit_forward(Cu *c, int i) {
     emit_lk(c, "cps_accum", numel(n), i, 4, args);
     break;
   }
-  case OP_ALL_REDUCE: case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_SHARD_SLICE: emit_collective(c, i); break;
+  case OP_ALL_REDUCE: case OP_ALL_GATHER: case OP_REDUCE_SCATTER: case OP_SHARD_SLICE: case OP_ALL_TO_ALL:
+    emit_collective(c, i);
+    break;
   case OP_PP_SEND: case OP_PP_RECV: emit_pp(c, i); break;
   default: unsupported(c, i, cp_fmt("the op '%s'", ir_ops[n->op].name));
   }

@@ -175,6 +175,8 @@ static bool blocked_source(const Graph *g, const Pl *pl, Pl *const *cons, int i,
   bool any = false;
   for (int k = 0; k < n->nin; k++) {
     Pl got = cons[i][k];
+    /* a whole input this op takes its part of (shard_sliced_input): a contiguous part, not the blocks */
+    if (got.kind != PL_S && shard_sliced_input(g, n, k, cons[i], pl[i]).kind == PL_S) return false;
     if (got.kind != PL_S) continue;
     if (!pl_eq(pl[n->in[k]], got) || !blocked_source(g, pl, cons, n->in[k], size)) return false;
     any = true;

@@ -776,8 +776,8 @@ static Solved *solved_at(Search *S, int64_t n, int64_t sp, int64_t b, bool ilp) 
     int *blocks = cp_alloc(sizeof(int) * (size_t)g->n), src;
     if (strat_tp_place(g, n, sp > 1, r->pins, pin_out, pin_cons, pin_from)) lower_find_blocks(g, pin_out, pin_cons, blocks);
     else blocks = NULL;
-    if (!blocks || lower_blocked_escape(g, pin_out, blocks, &src) >= 0 || lower_contiguous_slice(g, pin_out, pin_cons) >= 0) {
-      /* what the build refuses */
+    if (!blocks || lower_blocked_escape(g, pin_out, blocks, &src) >= 0 ||
+        lower_contiguous_slice(g, pin_out, pin_cons) >= 0) { /* what the build refuses */
       r->refused = true;
       return r;
     }

@@ -330,17 +330,22 @@ bool shard_rowwise(const Graph *g, const Node *n, ShardIO *io) {
     return reject(io, "%s of %s", ir_ops[n->op].name,
                   x.kind == PL_P ? "partial sums" : "a split normalized axis");
   }
+  /* rope rotates each row by its position along dim -2: the kernels count positions from 0 */
+  if (n->op == OP_ROPE && x.kind == PL_S && x.dim == n->shape.rank - 2) {
+    io->want[0] = pl_r();
+    return reject(io, "rope of a split position axis");
+  }
   io->out = x;
   return x.kind != PL_S || divisible(io, n->shape.d[x.dim], x.dim);
 }
 
 /* sdpa(q, k, v [B, h, T, d]): split by batch or by heads (all three alike), or the queries' T
- * alone with k and v whole. */
+ * alone with k and v whole when not causal (the kernels' causal mask counts the query rows from 0). */
 bool shard_sdpa(const Graph *g, const Node *n, ShardIO *io) {
   Pl q = io->in[0];
   if (q.kind == PL_R && io->in[1].kind == PL_R && io->in[2].kind == PL_R) return shard_leaf(g, n, io);
   bool bh = q.kind == PL_S && q.dim <= 1 && pl_eq(io->in[1], q) && pl_eq(io->in[2], q);
-  bool tq = q.kind == PL_S && q.dim == 2 && io->in[1].kind == PL_R && io->in[2].kind == PL_R;
+  bool tq = q.kind == PL_S && q.dim == 2 && io->in[1].kind == PL_R && io->in[2].kind == PL_R && !n->ia[0];
   if (bh || tq) {
     io->out = q;
     return divisible(io, n->shape.d[q.dim], q.dim);

@@ -40,7 +40,8 @@
 #                           emulated NCCL (nccl: a communicator per strategy axis on every rank) or MPI
 #                           (mpi: none): STRAT zero1, zero2, zero3 (dp 2 on 2 GPUs), tp2 (2 GPUs), tp2sp
 #                           (dp 2 x tp 2 with sequence parallelism, 4 GPUs), tp2ilp (gpt_small: tp 2 with params
-#                           placed as the search's ILP may, a saved plan's tp_params); --save gathers whole tensors;
+#                           placed as the search's ILP may, a saved plan's tp_params), tp2a2a (llama_small: sp 2
+#                           with w3 whole, an all-to-all); --save gathers whole tensors;
 #                           pipeline parallelism (one plan_sN.c per stage, micro-batches of one sample,
 #                           crossings through host memory and MPI whatever COMM): pp2 (1F1B, 2 GPUs),
 #                           pp2gpipe (GPipe), pp2i (interleaved: 2 stages per GPU, MODEL gpt_small4 or
@@ -56,7 +57,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallv-bf16-tp2-nccl gpt_smallv-f32-tp2-mpi sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 slice_small-f32 slice_small-bf16 slice_small-f32-tp2sp-mpi gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl gpt_small-f32-tp2ilp-nccl gpt_small-bf16-tp2ilp-mpi llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallv-bf16-tp2-nccl gpt_smallv-f32-tp2-mpi sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 slice_small-f32 slice_small-bf16 slice_small-f32-tp2sp-mpi gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl gpt_small-f32-tp2ilp-nccl gpt_small-bf16-tp2ilp-mpi llama_small-f32-tp2a2a-nccl llama_small-bf16-tp2a2a-mpi llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
 export CUEMU_DEFER=${CUEMU_DEFER:-1}
 env_file=$build/tests/cuda_emu/program.env
@@ -202,7 +203,7 @@ for c in $cases; do
       { note "$c: $n ranks made an NCCL communicator with CPLAN_COMM=$comm"; continue; }
     compare "$c" "$p" "$m-cpu.jsonl" "$c.jsonl" "$m-cpu.st" "$c.st" || bad=1
     ;;
-  *-zero1-* | *-zero2-* | *-zero3-* | *-tp2-* | *-tp2ilp-* | *-tp2sp-* | *pp2*-*)
+  *-zero1-* | *-zero2-* | *-zero3-* | *-tp2-* | *-tp2ilp-* | *-tp2a2a-* | *-tp2sp-* | *pp2*-*)
     # a lowered plan (lower.h) on a mesh of 2 GPUs (4 for tp2sp: dp 2 x tp 2, sequence parallel):
     # ZeRO or tensor parallelism, its collectives over the emulated NCCL or MPI (CPLAN_COMM)
     strat=${rest#*-} comm=${rest##*-}
@@ -225,6 +226,16 @@ best = dict(dp=1, tp=2, pp=1, sp=1, zero=0, micro=4, recompute="none",
 json.dump({"format": "cplan-plan/1", "best": best}, open(sys.argv[1], "w"))
 PY
       ;;
+    tp2a2a) # llama_small, tp 2 with sequence parallelism and w3 whole: its product, split along the
+      # sequence, meets w1's, split along the channels (an all-to-all, S(1) -> S(2))
+      np=2 sets=(--plan "$c.plan.json")
+      python3 - "$c.plan.json" <<'PY' || { note "$c: writing the plan"; continue; }
+import json, sys
+best = dict(dp=1, tp=2, pp=1, sp=2, zero=0, micro=4, recompute="none",
+            tp_params={"layers.%d.feed_forward.w3.weight" % l: "R" for l in range(2)})
+json.dump({"format": "cplan-plan/1", "best": best}, open(sys.argv[1], "w"))
+PY
+      ;;
     tp2sp) np=4 sets=(--set train.strategy.dp=2 --set train.strategy.tp=2 --set train.strategy.sp=2) ;;
     pp2) np=2 sets=(--set train.strategy.pp=2 --set train.strategy.micro=1) ;;
     pp2i) np=2 sets=(--set train.strategy.pp=2 --set train.strategy.micro=1 --set 'train.strategy.pipeline="interleaved"') ;;
@@ -239,6 +250,7 @@ PY
     plan=keep-$c/plan.c
     case $strat in *pp2*) plan=keep-$c/plan_s0.c ;; esac
     grep -q '^    .gparams = gparams,' "$plan" || { note "$c: $plan is not a lowered plan"; continue; }
+    case $strat in tp2a2a) grep -q "^  coll_all_to_all(run" "$plan" || { note "$c: $plan has no all-to-all"; continue; } ;; esac
     case $strat in *pp2*) grep -q '^    .pp = 2,' "$plan" || { note "$c: $plan is not a pipeline stage"; continue; } ;; esac
     timeout 900 "${MPIEXEC:-mpirun}" -np $np --oversubscribe -x CUEMU_DEFER -x CPLAN_COMM="$comm" -x CPLAN_NVRTC_CACHE "./$c" \
       --init "$m-init.st" --save "$c.st" --metrics "$c.jsonl" 2>"$c.run.log" >"$c.out" ||

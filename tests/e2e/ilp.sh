@@ -97,6 +97,69 @@ for m in mix_pp mix_z1 mix_z3; do
   e2e_close "$m" one.jsonl "$m.jsonl" one.st "$m.st"
 done
 
+# random placements (fixed seeds) of gpt_small's and llama_small's params on tp = 2, with and without
+# sequence parallelism: each builds and trains as one device, or the build refuses it with the
+# lowering's error (a slice of a contiguous split), which the search refuses alike. Such placements
+# found the blocked layout taken from a whole input's contiguous part (a whole QKV weight plus a
+# split bias), rope on a sequence-split k, and the all-to-all (S(1) -> S(2)) no backend ran.
+{ cat "$src/tests/e2e/llama_small.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >llama_small.cplan
+e2e_build one_llama llama_small.cplan
+e2e_prog 0 one_llama ./one_llama --save one_llama.st --metrics one_llama.jsonl
+for m in gpt_small llama_small; do
+  "$cplanc" check --json "$m.cplan" >"$m.check.json" 2>/dev/null || fail "check --json $m"
+  python3 - "$m" <<'PY' || exit 1
+import json, random, sys
+m = sys.argv[1]
+params = [(p["name"], p["shape"]) for p in json.load(open(m + ".check.json"))["param_tensors"]]
+rng = random.Random(8 if m == "gpt_small" else 7)
+for t in range(6):
+    pins = {n: rng.choice(["R"] + ["S(%d)" % d for d, s in enumerate(sh) if s % 2 == 0]) for n, sh in params}
+    best = dict(dp=1, tp=2, pp=1, sp=1 + t % 2, zero=0, micro=4, recompute="none", tp_params=pins)
+    json.dump({"format": "cplan-plan/1", "best": best}, open("rnd_%s_%d.json" % (m, t), "w"))
+PY
+  ref=one.jsonl refst=one.st
+  [ "$m" = llama_small ] && ref=one_llama.jsonl refst=one_llama.st
+  built=0
+  for t in 0 1 2 3 4 5; do
+    r=rnd_${m}_$t
+    if ! "$cplanc" build "$m.cplan" -o "$r" --plan "$r.json" --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 \
+      2>"build_$r.log"; then
+      grep -q "which the tp axis splits in contiguous parts" "build_$r.log" || { cat "build_$r.log"; fail "$r: build --plan"; }
+      continue
+    fi
+    built=$((built + 1))
+    e2e_prog 0 "$r" "$mpirun" -np 2 --oversubscribe "./$r" --save "$r.st" --metrics "$r.jsonl"
+    e2e_close "$r" "$ref" "$r.jsonl" "$refst" "$r.st"
+  done
+  [ "$built" -ge 2 ] || fail "$m: only $built of the random placements built"
+done
+# the case that found rope on a sequence-split k: wk row-split under sp (its input arrives split along
+# the sequence and is resharded to the channels, an all-to-all; rope and the causal sdpa need whole
+# positions)
+python3 - <<'PY' || exit 1
+import json
+best = dict(dp=1, tp=2, pp=1, sp=2, zero=0, micro=4, recompute="none",
+            tp_params={"layers.%d.attention.wk.weight" % l: "S(0)" for l in range(2)})
+json.dump({"format": "cplan-plan/1", "best": best}, open("wk_rows.json", "w"))
+PY
+"$cplanc" build llama_small.cplan -o wk_rows --plan wk_rows.json --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 \
+  2>build_wk_rows.log || { cat build_wk_rows.log; fail "wk_rows: build --plan"; }
+e2e_prog 0 wk_rows "$mpirun" -np 2 --oversubscribe ./wk_rows --save wk_rows.st --metrics wk_rows.jsonl
+e2e_close "wk rows under sp" one_llama.jsonl wk_rows.jsonl one_llama.st wk_rows.st
+# an all-to-all (S(1) -> S(2)): under sp, w3 whole makes its product split along the sequence, which
+# meets w1's, split along the channels
+python3 - <<'PY' || exit 1
+import json
+best = dict(dp=1, tp=2, pp=1, sp=2, zero=0, micro=4, recompute="none",
+            tp_params={"layers.%d.feed_forward.w3.weight" % l: "R" for l in range(2)})
+json.dump({"format": "cplan-plan/1", "best": best}, open("a2a.json", "w"))
+PY
+"$cplanc" build llama_small.cplan -o a2a --plan a2a.json --set train.mesh=laptop --set mesh.laptop.shape.cpu=2 \
+  --keep-c a2a_c 2>build_a2a.log || { cat build_a2a.log; fail "a2a: build --plan"; }
+grep -q "rt_comm_all_to_all(" a2a_c/plan.c || fail "a2a: the program makes no all-to-all"
+e2e_prog 0 a2a "$mpirun" -np 2 --oversubscribe ./a2a --save a2a.st --metrics a2a.jsonl
+e2e_close "all-to-all" one_llama.jsonl a2a.jsonl one_llama.st a2a.st
+
 # what a plan may not say
 python3 - ilp-2-sp1.json <<'PY' || exit 1
 import json, sys
