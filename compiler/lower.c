@@ -163,11 +163,8 @@ static int reshard(Ctx *c, int j, const Pl *want) {
   return v;
 }
 
-/* Whether node i, split on the tp axis (placements pl, inputs consumed as cons) along a dim of
- * `size`, has the blocked layout a slice of it assumes (lower_find_blocks): it comes from params, whose
- * shards init, save and load lay out so, through ops split alike; not from a reshard into the split (a
- * contiguous part) or an input. */
-static bool blocked_source(const Graph *g, const Pl *pl, Pl *const *cons, int i, int64_t size) {
+/* lower.h */
+bool lower_blocked_source(const Graph *g, const Pl *pl, Pl *const *cons, int i, int64_t size) {
   const Node *n = &g->nodes[i];
   Pl p = pl[i];
   if (p.kind != PL_S || n->shape.d[p.dim] != size) return false;
@@ -178,7 +175,7 @@ static bool blocked_source(const Graph *g, const Pl *pl, Pl *const *cons, int i,
     /* a whole input this op takes its part of (shard_sliced_input): a contiguous part, not the blocks */
     if (got.kind != PL_S && shard_sliced_input(g, n, k, cons[i], pl[i]).kind == PL_S) return false;
     if (got.kind != PL_S) continue;
-    if (!pl_eq(pl[n->in[k]], got) || !blocked_source(g, pl, cons, n->in[k], size)) return false;
+    if (!pl_eq(pl[n->in[k]], got) || !lower_blocked_source(g, pl, cons, n->in[k], size)) return false;
     any = true;
   }
   return any;
@@ -192,7 +189,7 @@ static bool contiguous_slice(const Graph *g, const Pl *pl, Pl *const *cons, int 
   Pl in0 = cons[i][0];
   int64_t size = g->nodes[o->in[0]].shape.d[o->ia[0]];
   return in0.kind == PL_S && in0.dim == o->ia[0] && o->ia[2] - o->ia[1] < size &&
-         !blocked_source(g, pl, cons, o->in[0], size);
+         !lower_blocked_source(g, pl, cons, o->in[0], size);
 }
 
 int lower_contiguous_slice(const Graph *g, const Pl *pl, Pl *const *cons) {

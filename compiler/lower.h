@@ -90,6 +90,11 @@ int lower_blocked_escape(const Graph *g, const Pl *pl, const int *blocks, int *s
  * not in the blocked layout (a sequence-parallel activation, an input): each rank's part of it is not
  * the slice's, so the lowering refuses it. Its index, or -1. */
 int lower_contiguous_slice(const Graph *g, const Pl *pl, Pl *const *cons);
+/* Whether node i, split on the tp axis (placements pl, inputs consumed as cons) along a dim of
+ * `size`, has the blocked layout a slice of it assumes (lower_find_blocks): it comes from params, whose
+ * shards init, save and load lay out so, through ops split alike; not from a reshard into the split (a
+ * contiguous part) or an input. */
+bool lower_blocked_source(const Graph *g, const Pl *pl, Pl *const *cons, int i, int64_t size);
 Lowered *lower_spmd(const StratPlan *sp, char *err, size_t errlen);
 
 /* The global index (row-major, in the global shape) of element `local` of rank coordinate

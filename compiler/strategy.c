@@ -13,6 +13,7 @@
  * pairs without naming layers. Every node then runs its sharding rule; when the rule rejects its
  * inputs, they are resharded (the rule's suggestion first, then P -> R or S, then S -> R) and
  * each reshard is recorded as a collective. */
+#include "lower.h"
 #include "placement.h"
 #include "train.h"
 
@@ -280,6 +281,12 @@ static void apply_node(Ctx *c, int i) {
   if (c->role == AX_TP && n->op == OP_CROSS_ENTROPY && in[0].kind == PL_S &&
       in[0].dim < c->g->nodes[n->in[0]].shape.rank - 1)
     in[0] = in[1] = pl_r();
+  /* a slice of part of a dim tp splits in contiguous parts (not the blocked layout of params'
+   * products, lower.h): no rank holds the slice's part of it, so the slice reads it whole */
+  if (c->role == AX_TP && n->op == OP_SLICE && in[0].kind == PL_S && in[0].dim == n->ia[0] &&
+      n->ia[2] - n->ia[1] < c->g->nodes[n->in[0]].shape.d[n->ia[0]] &&
+      !lower_blocked_source(c->g, c->out, c->cons, n->in[0], c->g->nodes[n->in[0]].shape.d[n->ia[0]]))
+    in[0] = pl_r();
   ShardIO io = {.in = in, .n = c->n};
   int tries = 0;
   while (!shard_node(c->g, n, &io)) {

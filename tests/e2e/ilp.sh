@@ -160,6 +160,25 @@ grep -q "rt_comm_all_to_all(" a2a_c/plan.c || fail "a2a: the program makes no al
 e2e_prog 0 a2a "$mpirun" -np 2 --oversubscribe ./a2a --save a2a.st --metrics a2a.jsonl
 e2e_close "all-to-all" one_llama.jsonl a2a.jsonl one_llama.st a2a.st
 
+# Megatron's rule too: a slice along the sequence of the residual stream sp splits in contiguous
+# parts reads it whole (tests/golden/emit_sp_slice_split.cplan, which used to be refused), on
+# dp 2 x tp 2 x sp 2 as one device
+sed -e 's/no_such_data.safetensors/slice.safetensors/' -e 's/steps    = 10/steps    = 6/' \
+  "$src/tests/golden/emit_sp_slice_split.cplan" >sps.cplan
+python3 - <<'PY' || exit 1
+import json, random, struct
+rng = random.Random(3)
+vals = [rng.randrange(16) for _ in range(64 * 32)]
+h = json.dumps({"tok": {"dtype": "I32", "shape": [64, 32], "data_offsets": [0, 4 * len(vals)]}}).encode()
+h += b" " * (-len(h) % 8)
+open("slice.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + struct.pack("<%di" % len(vals), *vals))
+PY
+e2e_build sps1 sps.cplan --set mesh.box.shape.cpu=1 --set 'train.strategy={dp=1}'
+e2e_prog 0 sps1 ./sps1 --save sps1.st --metrics sps1.jsonl
+e2e_build sps4 sps.cplan
+e2e_prog 0 sps4 "$mpirun" -np 4 --oversubscribe ./sps4 --save sps4.st --metrics sps4.jsonl
+e2e_close "slice of a sequence-split residual" sps1.jsonl sps4.jsonl sps1.st sps4.st
+
 # what a plan may not say
 python3 - ilp-2-sp1.json <<'PY' || exit 1
 import json, sys
