@@ -121,6 +121,8 @@ static void cpu_sides(const void *ctx, int i, CgPlace *x) {
     x->aux = 2 * rows * 4;
     x->scratch = rows * 4 * axis_n(c, (int)n->ia[0] - 1);
   }
+  if (n->op == OP_ARGMAX && n->ia[1] > 0) /* vocab-parallel: this rank's (max, index) pairs, then every rank's */
+    x->scratch = 2 * cg_rows(in(c, i, 0)) * 4 * (1 + axis_n(c, (int)n->ia[1] - 1));
   if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
   if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) x->scratch = n->shape.d[2] * n->shape.d[2] * 4;
 }
@@ -558,6 +560,23 @@ static void emit_vocab_ce(Cg *c, int i) {
        (long long)vl, (long long)cg_index_bound(n, vl * k), a);
 }
 
+/* The vocab-parallel argmax of the last dim (kernels/cpu/vocab_parallel.h): the ranks' row maxima
+ * and their global indices all-gathered, two floats per row; the result is whole (R). */
+static void emit_vocab_argmax(Cg *c, int i) {
+  const Node *n = nd(c, i), *lg = in(c, i, 0);
+  int a = (int)n->ia[1] - 1;
+  int64_t rows = cg_rows(lg), vl = cg_last_dim(lg), k = axis_n(c, a), off = c->pl.nc[i].soff[c->ph];
+  if (vl * k > (1 << 24)) {
+    unsupported(c, i, "a vocab-parallel argmax over more than 2^24 columns (its indices travel as floats)");
+    return;
+  }
+  const char *pair = cp_fmt("F(%lld)", (long long)off), *gat = cp_fmt("F(%lld)", (long long)(off + 2 * rows * 4));
+  EMIT("  kvp_argmax_local(%s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld);\n", pair, ptr(c, n->in[0]),
+       (long long)rows, (long long)vl, a, (long long)vl);
+  EMIT("  rt_comm_all_gather(run->axis_comm[%d], %s, %s, %lld, RT_COMM_F32);\n", a, pair, gat, (long long)(2 * rows));
+  EMIT("  kvp_argmax_combine(%s, %s, %lld, %lld);\n", ptr(c, i), gat, (long long)rows, (long long)k);
+}
+
 static void emit_forward(Cg *c, int i) {
   const Node *n = nd(c, i);
   if (cg_forward_skip(c->out, &c->pl, i)) return;
@@ -603,6 +622,10 @@ static void emit_forward(Cg *c, int i) {
   case OP_ARGMAX: {
     const Node *x = in(c, i, 0);
     int ax = (int)n->ia[0];
+    if (n->ia[1] > 0) {
+      emit_vocab_argmax(c, i);
+      break;
+    }
     EMIT("  k_argmax_forward(%s, %s, %lld, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]),
          (long long)cg_dims_prod(&x->shape, 0, ax), (long long)x->shape.d[ax],
          (long long)cg_dims_prod(&x->shape, ax + 1, x->shape.rank));

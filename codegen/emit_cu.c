@@ -164,6 +164,8 @@ static void cu_sides(const void *ctx, int i, CgPlace *x) {
   if (n->op == OP_DROPOUT) x->scratch = numel(n);                               /* the mask */
   if (n->op == OP_CROSS_ENTROPY && n->ia[0] > 0) /* vocab-parallel: the gathered row maxima (aux: m, s, count) */
     x->scratch = cg_rows(in(c, i, 0)) * c->sp->axes[n->ia[0] - 1].n * 4;
+  if (n->op == OP_ARGMAX && n->ia[1] > 0) /* vocab-parallel: this rank's (max, index) pairs, then every rank's */
+    x->scratch = 2 * cg_rows(in(c, i, 0)) * 4 * (1 + c->sp->axes[n->ia[1] - 1].n);
   if (n->op == OP_ALL_GATHER || n->op == OP_REDUCE_SCATTER) /* the blocks in rank order (f32 at most) */
     x->scratch = (numel(n) > numel(in(c, i, 0)) ? numel(n) : numel(in(c, i, 0))) * 4;
   if (n->op == OP_ALL_TO_ALL) x->scratch = 2 * numel(n) * 4; /* the blocks sent, received */
@@ -1516,6 +1518,26 @@ static void emit_vocab_ce(Cu *c, int i) {
      (long long)vl, a, (long long)vl, (long long)cg_index_bound(n, vl * k), a, i);
 }
 
+/* The vocab-parallel argmax of the last dim (kernels/cpu/vocab_parallel.h) on kernels/cuda
+ * vocab_parallel.cu: the ranks' row maxima and their global indices all-gathered (two floats per
+ * row); the result is whole (R). The logits are read in their storage type. */
+static void emit_vocab_argmax(Cu *c, int i) {
+  const Node *n = nd(c, i), *lg = in(c, i, 0);
+  int a = (int)n->ia[1] - 1, code = rcode(c, n->in[0]);
+  int64_t rows = cg_rows(lg), vl = cg_last_dim(lg), k = c->sp->axes[a].n, off = c->pl.nc[i].soff[c->ph];
+  if (vl * k > (1 << 24)) {
+    unsupported(c, i, "a vocab-parallel argmax over more than 2^24 columns (its indices travel as floats)");
+    return;
+  }
+  const char *pair = cp_fmt("F(%lld)", (long long)off), *gat = cp_fmt("F(%lld)", (long long)(off + 2 * rows * 4));
+  KL("cplan_cuda_vp_argmax_local(%s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, G.s), %d);\n",
+     code == 1 ? "CPLAN_BF16" : code == 2 ? "CPLAN_F16" : "CPLAN_F32", pair, ptr(c, n->in[0]), (long long)rows,
+     (long long)vl, a, (long long)vl, i);
+  EMIT("  coll_all_gather(run, %d, %s, %s, %lldLL, RT_NCCL_F32);\n", a, pair, gat, (long long)(2 * rows));
+  KL("cplan_cuda_vp_argmax_combine((int32_t *)%s, %s, %lld, %lld, G.s), %d);\n", ptr(c, i), gat, (long long)rows,
+     (long long)k, i);
+}
+
 /* kernels/cuda takes its tensors in one storage type: under bf16 / f16 the operands it reads are
  * low or cast (low_reads), and what it writes must be stored low */
 static bool hw_typed(Cu *c, int node, int n, const int *ops) {
@@ -1718,6 +1740,10 @@ static void emit_forward(Cu *c, int i) {
   case OP_ARGMAX: {
     const Node *x = in(c, i, 0);
     int ax = (int)n->ia[0];
+    if (n->ia[1] > 0) {
+      emit_vocab_argmax(c, i);
+      break;
+    }
     const char *args[6] = {ai(tcodes(c, 2, (int[]){-1, n->in[0]})), ap(ptr(c, i)), ap(ptr(c, n->in[0])),
                            al(cg_dims_prod(&x->shape, 0, ax)), al(x->shape.d[ax]), al(cg_dims_prod(&x->shape, ax + 1, x->shape.rank))};
     emit_lk(c, "cps_argmax", numel(n), i, 6, args);

@@ -227,6 +227,9 @@ static void localize(Ctx *c, int i, Node *n, const Shape *want) {
     case OP_CROSS_ENTROPY:
       if (in0.kind == PL_S && in0.dim == g->nodes[o->in[0]].shape.rank - 1) n->ia[0] = a + 1;
       break;
+    case OP_ARGMAX: /* ia[0] is its axis */
+      if (in0.kind == PL_S && in0.dim == o->ia[0] && in0.dim == g->nodes[o->in[0]].shape.rank - 1) n->ia[1] = a + 1;
+      break;
     case OP_ARANGE:
       if (out.kind == PL_S) fail(c, "lowering: a split arange (%%%d)", i);
       break;

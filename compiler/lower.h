@@ -13,6 +13,9 @@
  *   CROSS_ENTROPY with logits S(last) on axis a (vocab-parallel): ia[0] = a + 1; the rows' max
  *     and sum of exponentials are all-reduced inside the op, and each rank's result is its part
  *     of the loss (the parts sum to the loss: P).
+ *   ARGMAX of its last dim with its input S(last) on axis a (vocab-parallel): ia[1] = a + 1 (ia[0]
+ *     stays its axis); each rank's row maxima and their global indices are all-gathered inside the
+ *     op and every rank picks the first maximum (R).
  *   SLICE along a split dim: start and end divided by the axis size (see blocks below); an error
  *     unless the value has the blocked layout (its split comes from params, lower.c blocked_source).
  *   SPLIT_HEADS whose heads are split: h divided by the axis size.

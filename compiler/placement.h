@@ -54,8 +54,9 @@ typedef struct ShardIO {
   int64_t n;           /* devices on this axis (divisibility checks) */
   Pl out;              /* result: the output's placement */
   Pl want[8];          /* on failure, the placement an input should be resharded to (PL_ANY: none) */
-  double extra_bytes;  /* a collective inside the op (vocab-parallel cross-entropy), bytes/device */
+  double extra_bytes;  /* a collective inside the op (vocab-parallel cross-entropy, argmax), bytes/device */
   const char *extra;   /* its description, NULL when none */
+  Collective extra_coll; /* its kind (all-reduce unless the rule says otherwise) */
   char why[200];       /* why the inputs' placements are not a valid strategy */
 } ShardIO;
 

@@ -109,13 +109,24 @@ static bool reduced(const Node *n, int d) {
   return false;
 }
 
-/* sum/mean of a split dim leaves partial sums (P); max and argmax cannot (no max-reduce in the
- * vocabulary). Other split dims move down past the reduced ones unless keepdims. */
+/* sum/mean of a split dim leaves partial sums (P); max cannot (no max-reduce in the vocabulary).
+ * argmax of the split last dim is vocab-parallel (Megatron): each device's row maximum and its
+ * global index are all-gathered, two floats per row, and every device picks the first maximum:
+ * the result is whole (R). Other split dims move down past the reduced ones unless keepdims. */
 bool shard_reduce(const Graph *g, const Node *n, ShardIO *io) {
-  (void)g;
   bool sumlike = n->op == OP_SUM || n->op == OP_MEAN;
   Pl x = io->in[0];
   if (x.kind == PL_R) return shard_leaf(g, n, io);
+  const Shape *s = in_shape(g, n, 0);
+  if (n->op == OP_ARGMAX && x.kind == PL_S && x.dim == s->rank - 1 && reduced(n, x.dim)) {
+    if (!divisible(io, s->d[x.dim], x.dim)) return false;
+    double rows = (double)shape_numel(s) / (double)s->d[x.dim];
+    io->extra_coll = COLL_ALL_GATHER;
+    io->extra_bytes = pl_coll_bytes(COLL_ALL_GATHER, 2 * rows * 4 * (double)io->n, io->n);
+    io->extra = "argmax exchange (each device's row max and its index)";
+    io->out = pl_r();
+    return true;
+  }
   if (x.kind == PL_P || reduced(n, x.dim)) {
     if (!sumlike) {
       io->want[0] = pl_r();
@@ -443,6 +454,7 @@ bool shard_node(const Graph *g, const Node *n, ShardIO *io) {
   for (int i = 0; i < 8; i++) io->want[i] = (Pl){PL_ANY, 0};
   io->extra = NULL;
   io->extra_bytes = 0;
+  io->extra_coll = COLL_ALL_REDUCE;
   io->why[0] = 0;
   io->out = pl_r();
   return ir_ops[n->op].shard(g, n, io);

@@ -313,7 +313,7 @@ static void apply_node(Ctx *c, int i) {
   if (c->from) c->from[i] = was;
   if (io.extra) {
     CollOp op = {.node = i, .consumer = i, .axis = c->axis, .from = io.out, .to = io.out,
-                 .coll = COLL_ALL_REDUCE, .bytes = io.extra_bytes, .what = io.extra};
+                 .coll = io.extra_coll, .bytes = io.extra_bytes, .what = io.extra};
     VEC_PUSH(c->sp->colls, op);
   }
   c->out[i] = c->avail[i] = io.out;

@@ -1,4 +1,4 @@
-/* vocab_parallel.c: the vocab-parallel embedding and cross_entropy kernels (vocab_parallel.h).
+/* vocab_parallel.c: the vocab-parallel embedding, cross_entropy and argmax kernels (vocab_parallel.h).
  * Sums run in double, as ref.c does, so the split loss matches the single-device one closely. */
 #include "vocab_parallel.h"
 #include "ref.h"
@@ -94,5 +94,29 @@ void kvp_ce_backward(float *dlogits, float dloss, const float *logits, const flo
       double p = exp(logits[r * vl + j] - lse);
       dlogits[r * vl + j] += (float)(g * (p - (v0 + j == targets[r])));
     }
+  }
+}
+
+void kvp_argmax_local(float *pair, const float *logits, int rows, int vl, int v0) {
+  k_assert(rows >= 0 && vl > 0 && v0 >= 0);
+  for (long r = 0; r < rows; r++) {
+    const float *x = logits + r * vl;
+    int best = -1;
+    if (v0 == 0 && isnan(x[0])) best = 0; /* k_argmax_forward's scan starts at a NaN: it wins */
+    else
+      for (int j = 0; j < vl; j++)
+        if (best < 0 ? !isnan(x[j]) : x[j] > x[best]) best = j;
+    pair[r] = best < 0 ? -INFINITY : x[best];
+    pair[rows + r] = (float)(v0 + (best < 0 ? 0 : best));
+  }
+}
+
+void kvp_argmax_combine(int32_t *out, const float *gathered, int rows, int n) {
+  k_assert(rows >= 0 && n > 0);
+  for (long r = 0; r < rows; r++) {
+    long best = 0; /* a later rank wins only with a strictly greater maximum (NaN never does) */
+    for (long k = 1; k < n; k++)
+      if (gathered[k * 2 * rows + r] > gathered[best * 2 * rows + r]) best = k;
+    out[r] = (int32_t)gathered[best * 2 * rows + rows + r];
   }
 }

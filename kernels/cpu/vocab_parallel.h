@@ -1,5 +1,6 @@
-/* vocab_parallel.h: f32 kernels of the vocab-parallel embedding and cross_entropy (tensor
- * parallelism, compiler/lower.h: EMBEDDING / CROSS_ENTROPY with ia[0] = axis + 1).
+/* vocab_parallel.h: f32 kernels of the vocab-parallel embedding, cross_entropy and argmax (tensor
+ * parallelism, compiler/lower.h: EMBEDDING / CROSS_ENTROPY with ia[0] = axis + 1, ARGMAX with
+ * ia[1] = axis + 1).
  *
  * A rank holds vocabulary rows [v0, v0 + vl) of the global vocabulary (lower.h: rank r of n
  * holds [r*V/n, (r+1)*V/n)); indices and targets must lie below v, the valid rows (V, or fewer
@@ -15,6 +16,15 @@
  *                                         loss of k_cross_entropy_forward on the whole logits.
  * Backward: kvp_ce_backward with the same m and s gives this rank's columns of the gradient of
  * the (summed) loss, so the loss's seed gradient is dloss on every rank.
+ *
+ * Argmax over the last dim, per rank (every rank has all rows):
+ *   kvp_argmax_local(pair)             -> all_gather pair [2 * rows] into g [n, 2 * rows]
+ *   kvp_argmax_combine(out, g)         -> out = k_argmax_forward's indices on the whole logits,
+ *                                         the same on every rank (R).
+ * The first maximum wins, as k_argmax_forward: ranks hold increasing index ranges, so among the
+ * ranks whose maximum is the global one the lowest rank holds the lowest index. NaN is exact too:
+ * a NaN never beats an earlier value, except a NaN at global index 0, which wins (the scan starts
+ * there). Indices travel as floats, exact below 2^24 (the emitters refuse larger vocabularies).
  * Checked against ref.h on split inputs in tests/kernels/test_vocab_parallel.c. */
 #ifndef CPLAN_KERNELS_VOCAB_PARALLEL_H
 #define CPLAN_KERNELS_VOCAB_PARALLEL_H
@@ -46,5 +56,13 @@ float kvp_ce_forward_part(int *count, const float *logits, const float *m, const
  * global m and s of the forward. Ignored rows get no gradient. */
 void kvp_ce_backward(float *dlogits, float dloss, const float *logits, const float *m,
                      const float *s, const int32_t *targets, int rows, int vl, int v0, int v);
+
+/* pair[r] = the maximum of this rank's logits row r ([rows, vl], columns [v0, v0 + vl) of the
+ * vocabulary) and pair[rows + r] = the global index of its first occurrence, as a float; NaNs are
+ * skipped (a row of NaNs gives -inf at v0) except at global index 0, which gives (NaN, 0). */
+void kvp_argmax_local(float *pair, const float *logits, int rows, int vl, int v0);
+/* out[r] = the global index of the row's first maximum, from the all-gathered pairs gathered
+ * [n, 2 * rows] of the n ranks in rank order. */
+void kvp_argmax_combine(int32_t *out, const float *gathered, int rows, int n);
 
 #endif

@@ -166,7 +166,10 @@ int cplan_cuda_embedding_backward(CplanDtype dt, float *dtable, const void *dout
  * writes *loss (its f64 sum over the rows in a fixed order, / the count) and *count (count may be
  * NULL); a target outside [-1, v) makes *loss NaN. The backward adds (*dloss / *count)
  * (softmax - onehot) to this rank's columns (none when *count is 0); it is given the count the
- * forward part wrote, as the reference counts the same rows. */
+ * forward part wrote, as the reference counts the same rows. Argmax of the last dim: pair [2, rows]
+ * (f32) = this rank's row maxima and their global indices (as floats, so v0 + vl <= 2^24); the
+ * plan all-gathers it into gathered [n, 2, rows] and combine writes out [rows] (i32), the first
+ * maximum's global index, the same on every rank. */
 int cplan_cuda_vp_embedding_forward(CplanDtype dt, void *out, const void *table, const int32_t *idx, int n, int v0,
                                     int vl, int v, int c, cudaStream_t stream);
 int cplan_cuda_vp_embedding_backward(CplanDtype dt, float *dtable, const void *dout, const int32_t *idx, int n,
@@ -178,6 +181,9 @@ int cplan_cuda_vp_ce_row_sumexp(CplanDtype dt, float *s, const void *logits, con
 int cplan_cuda_vp_ce_forward_part(CplanDtype dt, float *loss, int *count, const void *logits, const float *m,
                                   const float *s, const int32_t *targets, int rows, int vl, int v0, int v, int lead,
                                   cudaStream_t stream);
+int cplan_cuda_vp_argmax_local(CplanDtype dt, float *pair, const void *logits, int rows, int vl, int v0,
+                               cudaStream_t stream);
+int cplan_cuda_vp_argmax_combine(int32_t *out, const float *gathered, int rows, int n, cudaStream_t stream);
 int cplan_cuda_vp_ce_backward(CplanDtype dt, void *dlogits, const float *dloss, const int *count, const void *logits,
                               const float *m, const float *s, const int32_t *targets, int rows, int vl, int v0, int v,
                               cudaStream_t stream);

@@ -1,4 +1,4 @@
-/* vocab_parallel.cu: the vocab-parallel embedding and cross entropy of tensor parallelism
+/* vocab_parallel.cu: the vocab-parallel embedding, cross entropy and argmax of tensor parallelism
  * (kernels_cuda.h; reference kvp_* in kernels/cpu/vocab_parallel.c, whose header describes the
  * collectives the plan runs between the kernels). A rank holds vocabulary rows [v0, v0 + vl) of
  * the global vocabulary v; the kernels never communicate.
@@ -6,7 +6,9 @@
  *  - row max and row sum of exp: one block per row (grid-stride over rows), a block reduction;
  *  - max combine: a thread per row over the n gathered maxima;
  *  - forward part: one block adds the rows' parts up in f64 in a fixed order (deterministic);
- *  - backward: one block per row adds (dloss / count) (softmax - onehot) to its columns.
+ *  - backward: one block per row adds (dloss / count) (softmax - onehot) to its columns;
+ *  - argmax: one block per row, a block max of the non-NaN values (fmaxf skips NaN), then a block
+ *    max of -j over the columns j holding it (the first one); a thread per row picks the rank.
  * Targets and indices outside their ranges give NaN (loss, embedding row) rather than reading out
  * of bounds, as cross_entropy.cu and embedding.cu do; the CPU reference asserts instead. */
 #include "cuda_common.h"
@@ -89,6 +91,40 @@ __device__ __forceinline__ void vp_ce_bwd(T *dlogits, const float *dloss, const 
   }
 }
 
+/* pair[r], pair[rows + r] = this rank's row max and the global index of its first occurrence
+ * (kvp_argmax_local: NaN skipped, except a NaN at global index 0, which wins) */
+template <typename T>
+__device__ __forceinline__ void vp_argmax_local(float *pair, const T *logits, int rows, int vl, int v0) {
+  __shared__ float sh[33];
+  for (int r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T *x = logits + (long long)r * vl;
+    float a = -CPLAN_INF;
+    for (int j = threadIdx.x; j < vl; j += blockDim.x) a = fmaxf(a, ld(x[j]));
+    float m = block_reduce<true>(a, sh), b = -CPLAN_INF;
+    for (int j = threadIdx.x; j < vl; j += blockDim.x)
+      if (ld(x[j]) == m) {
+        b = -(float)j; /* this thread's first */
+        break;
+      }
+    b = block_reduce<true>(b, sh);
+    if (threadIdx.x == 0) {
+      float x0 = ld(x[0]);
+      bool nan0 = v0 == 0 && x0 != x0;
+      pair[r] = nan0 ? x0 : m;
+      pair[rows + r] = (float)v0 + (nan0 || b == -CPLAN_INF ? 0.0f : -b);
+    }
+  }
+}
+
+__device__ __forceinline__ void vp_argmax_pick(int *out, const float *gathered, int rows, int n) {
+  for (long long r = blockIdx.x * (long long)blockDim.x + threadIdx.x; r < rows; r += (long long)gridDim.x * blockDim.x) {
+    int best = 0; /* a later rank wins only with a strictly greater maximum (NaN never does) */
+    for (int k = 1; k < n; k++)
+      if (gathered[2LL * k * rows + r] > gathered[2LL * best * rows + r]) best = k;
+    out[r] = (int)gathered[2LL * best * rows + rows + r];
+  }
+}
+
 #define VP_ENTRIES(T, S)                                                                                   \
   extern "C" __global__ void vp_ce_row_max_##S(float *m, const T *logits, int rows, int vl) {              \
     vp_row_max<T>(m, logits, rows, vl);                                                                    \
@@ -106,6 +142,9 @@ __device__ __forceinline__ void vp_ce_bwd(T *dlogits, const float *dloss, const 
                                                 const T *logits, const float *m, const float *s,           \
                                                 const int *targets, int rows, int vl, int v0) {            \
     vp_ce_bwd<T>(dlogits, dloss, count, logits, m, s, targets, rows, vl, v0);                              \
+  }                                                                                                        \
+  extern "C" __global__ void vp_argmax_local_##S(float *pair, const T *logits, int rows, int vl, int v0) {   \
+    vp_argmax_local<T>(pair, logits, rows, vl, v0);                                                        \
   }
 
 VP_ENTRIES(float, f32)
@@ -114,6 +153,10 @@ VP_ENTRIES(fp16, f16)
 
 extern "C" __global__ void vp_ce_max_combine(float *m, const float *gathered, int rows, int n) {
   vp_max_combine(m, gathered, rows, n);
+}
+
+extern "C" __global__ void vp_argmax_combine(int *out, const float *gathered, int rows, int n) {
+  vp_argmax_pick(out, gathered, rows, n);
 }
 
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
@@ -183,6 +226,32 @@ extern "C" int cplan_cuda_vp_ce_forward_part(CplanDtype dt, float *loss, int *co
     vp_ce_forward_part_f16<<<1, 1024, 0, stream>>>(loss, count, (const fp16 *)logits, m, s, targets, rows, vl, v0, v,
                                                    lead);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_vp_argmax_local(CplanDtype dt, float *pair, const void *logits, int rows, int vl, int v0,
+                                         cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_argmax_local";
+  CPLAN_REQUIRE(me, rows >= 0 && vl > 0 && v0 >= 0 && (long long)v0 + vl <= (1LL << 24),
+                "bad shape: [%d, %d] logits of columns [%d, %d + %d) (indices travel as floats: below 2^24)", rows, vl,
+                v0, v0, vl);
+  CPLAN_REQUIRE(me, rows == 0 || (pair && logits), "pair and logits must not be NULL");
+  if (rows == 0) return 0;
+  unsigned grid = vp_row_grid(rows);
+  int th = cplan_row_threads(vl);
+  if (dt == CPLAN_F32) vp_argmax_local_f32<<<grid, th, 0, stream>>>(pair, (const float *)logits, rows, vl, v0);
+  else if (dt == CPLAN_BF16) vp_argmax_local_bf16<<<grid, th, 0, stream>>>(pair, (const bf16 *)logits, rows, vl, v0);
+  else if (dt == CPLAN_F16) vp_argmax_local_f16<<<grid, th, 0, stream>>>(pair, (const fp16 *)logits, rows, vl, v0);
+  else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_vp_argmax_combine(int32_t *out, const float *gathered, int rows, int n, cudaStream_t stream) {
+  const char *me = "cplan_cuda_vp_argmax_combine";
+  CPLAN_REQUIRE(me, rows >= 0 && n > 0, "bad shape: %d rows' pairs gathered from %d ranks", rows, n);
+  CPLAN_REQUIRE(me, rows == 0 || (out && gathered), "out and gathered must not be NULL");
+  if (rows == 0) return 0;
+  vp_argmax_combine<<<cplan_blocks(rows, 256, CPLAN_MAX_GRID), 256, 0, stream>>>((int *)out, gathered, rows, n);
   return cplan_cuda_launched(me);
 }
 

@@ -5,7 +5,8 @@
 # relative and the consolidated params (--save: rank 0 gathers the shards into whole tensors) within 1e-4
 # (also with sequence parallelism, sp = 2 on dp = 2 x tp = 2); a tp
 # checkpoint (whole tensors) resumes on 1 device with the same losses. The metrics are compared
-# too (2e-4 relative + 1e-6), and a model whose vocabulary tp does not divide is padded exactly
+# too (2e-4 relative + 1e-6: an accuracy of 32 tokens exactly; its argmax vocab-parallel, without
+# the all-gather of the logits), and a model whose vocabulary tp does not divide is padded exactly
 # (vocab-parallel) and reports the same loss, params and checkpoints;
 # slice_small (i32 tokens taken apart in the model) with sp too.
 # shellcheck source=e2e_lib.sh
@@ -53,6 +54,19 @@ vocab_padded() {
   grep -q "log-sum-exp exchange" "$label.explain" || fail "$label: cross_entropy is not vocab-parallel"
   if grep -q "not vocab-parallel" "build_$label.log"; then cat "build_$label.log"; fail "$label: the build still warns"; fi
 }
+# argmax_exchanged LABEL M.jsonl: LABEL.explain (vocab_padded's) runs the argmax of the split logits
+# vocab-parallel: an all-gather of each rank's row maxima and their indices inside the op, and no
+# reshard of the logits (the all-gather of the whole logits it used to take); prints the comm bytes
+# of the run's first step
+argmax_exchanged() {
+  local label=$1
+  grep -qE "^  tp +all-gather +%[0-9]+ argmax: argmax exchange \(each device's row max and its index\), " "$label.explain" ||
+    { cat "$label.explain"; fail "$label: the argmax is not vocab-parallel"; }
+  if grep -qE " -> R for %[0-9]+ argmax," "$label.explain"; then
+    cat "$label.explain"; fail "$label: the argmax's logits are still gathered whole"
+  fi
+  echo "$label: comm bytes of step 1: $(head -1 "$2" | python3 -c 'import json, sys; print(json.load(sys.stdin)["comm_bytes"])')"
+}
 # vocab_shape LABEL FILE.st ROWS: the file holds wte [ROWS, 16] (a padded table is saved unpadded)
 vocab_shape() {
   python3 - "$@" <<'PY' || exit 1
@@ -66,9 +80,10 @@ PY
 }
 # a vocabulary tp does not divide (13, adder_tiny): the compiler pads the table exactly to [14, 16]
 # (compiler/vocab_pad.c): vocab-parallel lookups, a column-parallel tied head, the pad columns of
-# the logits masked (-inf) before the vocab-parallel cross_entropy and the accuracy metric (argmax,
-# on gathered logits); the loss, metric, grad norms and params are the single device's, and the
-# saved table is [13, 16]
+# the logits masked (-inf) before the vocab-parallel cross_entropy and the accuracy metric's
+# vocab-parallel argmax (the ranks' row maxima and indices exchanged, the pad never the first
+# maximum); the loss, metric, grad norms and params are the single device's, and the saved table is
+# [13, 16]
 # padded_tp NAME TP ROWS: NAME.cplan on one device and on TP ranks, its 13-row table padded to ROWS
 padded_tp() {
   local m=$1 n=$2 rows=$3
@@ -79,6 +94,7 @@ padded_tp() {
   vocab_padded "$m-tp$n" "$m.cplan" "$rows" 13 "${sets[@]}"
   e2e_prog 0 "$m-tp$n" "$mpirun" -np "$n" --oversubscribe "./$m-tp$n" --save "$m-tp$n.st" --metrics "$m-tp$n.jsonl"
   e2e_close "$m tp=$n (vocab 13, padded to $rows)" "$m-1.jsonl" "$m-tp$n.jsonl" "$m-1.st" "$m-tp$n.st"
+  argmax_exchanged "$m-tp$n" "$m-tp$n.jsonl"
 }
 { cat "$src/tests/e2e/adder_tiny.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >adder.cplan
 padded_tp adder 2 14
@@ -174,6 +190,7 @@ grep -qE "^  hb +f32\[66\] +\[S\(0\)\]  \(padded for tp: 65 valid entries\)" unt
 e2e_prog 0 untied-tp2 "$mpirun" -np 2 --oversubscribe ./untied-tp2 --save untied-tp2.st --metrics untied-tp2.jsonl \
   --checkpoint-every 3 --checkpoint-dir ck-untied
 e2e_close "untied tp=2 (a column-parallel head of 65 columns, padded to 66)" untied-1.jsonl untied-tp2.jsonl untied-1.st untied-tp2.st
+argmax_exchanged untied-tp2 untied-tp2.jsonl
 python3 - ck-untied/step_000003/model.safetensors <<'PY' || exit 1
 import json, struct, sys
 b = open(sys.argv[1], "rb").read()

@@ -793,6 +793,44 @@ static void test_vp_cross_entropy(CplanDtype dt, int rows, int v, int n, float s
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
 }
 
+/* argmax of the last dim over n ranks: each rank's (max, index) pairs against kvp_argmax_local
+ * exactly (NaN where it gives NaN), the combined indices against kvp_argmax_combine and the whole
+ * row's k_argmax_forward. Values from `levels` integers (exact in every dtype: ties within and
+ * across ranks); rows 0..3: all -inf, NaN first (index 0), NaNs inside, all NaN. */
+static void test_vp_argmax(CplanDtype dt, int rows, int v, int n, int levels) {
+  char name[40];
+  snprintf(name, sizeof name, "vp_argmax v%d/%d", v, n);
+  long e = (long)rows * v;
+  float *x = malloc(4 * (size_t)e), *cg = malloc(4 * 2 * (size_t)n * rows), *fref = malloc(4 * (size_t)rows);
+  for (long i = 0; i < e; i++) x[i] = (float)(int)((frand() * 0.5f + 0.5f) * (float)levels);
+  for (int j = 0; j < v; j++) x[j] = -INFINITY, x[3L * v + j] = NAN;
+  x[1L * v] = NAN;
+  for (int j = 0; j < v; j += 3) x[2L * v + j] = NAN;
+  int32_t *ref = malloc(4 * (size_t)rows), *cout = malloc(4 * (size_t)rows), *hout = malloc(4 * (size_t)rows);
+  k_argmax_forward(ref, x, rows, v, 1);
+  float *dgath = zeros(2L * n * rows, 4);
+  int32_t *dout = zeros(rows, 4);
+  for (int k = 0; k < n; k++) {
+    int v0 = vp_lo(k, n, v), vl = vp_lo(k + 1, n, v) - v0;
+    float *shk = vp_cols(x, rows, v, v0, vl);
+    void *dsh = up(shk, (long)rows * vl, dt);
+    kvp_argmax_local(cg + 2L * k * rows, shk, rows, vl, v0);
+    LAUNCH_OK(cplan_cuda_vp_argmax_local(dt, dgath + 2L * k * rows, dsh, rows, vl, v0, stream));
+    vp_compare_nan(name, "local", dt, down(dgath + 2L * k * rows, 2L * rows, CPLAN_F32), cg + 2L * k * rows, 2L * rows);
+    free(shk), cudaFree(dsh);
+  }
+  kvp_argmax_combine(cout, cg, rows, n);
+  LAUNCH_OK(cplan_cuda_vp_argmax_combine(dout, dgath, rows, n, stream));
+  CUDA_OK(cudaStreamSynchronize(stream));
+  CUDA_OK(cudaMemcpy(hout, dout, 4 * (size_t)rows, cudaMemcpyDeviceToHost));
+  float *fgot = malloc(4 * (size_t)rows), *fcpu = malloc(4 * (size_t)rows);
+  for (int r = 0; r < rows; r++) fgot[r] = (float)hout[r], fcpu[r] = (float)cout[r], fref[r] = (float)ref[r];
+  compare(name, "combine", dt, copyv(fgot, rows), fcpu, rows, 0, 0);
+  compare(name, "vs whole", dt, fgot, fref, rows, 0, 0);
+  free(x), free(cg), free(fref), free(ref), free(cout), free(hout), free(fcpu);
+  cudaFree(dgath), cudaFree(dout);
+}
+
 static void test_vp_embedding(CplanDtype dt, int v, int nr) {
   const int n = 300, c = 130;
   char name[40];
@@ -853,6 +891,10 @@ static void test_vp_refusals(void) {
              cplan_cuda_vp_ce_forward_part(CPLAN_F32, p, NULL, p, p, p, ip, 2, 4, -1, 11, 1, stream), "bad shape");
   refused("cplan_cuda_vp_ce_backward",
              cplan_cuda_vp_ce_backward(CPLAN_BF16, p, p, NULL, p, p, p, ip, 2, 4, 0, 11, stream), "must not be NULL");
+  /* argmax's indices travel as floats: exact below 2^24 */
+  refused("cplan_cuda_vp_argmax_local", cplan_cuda_vp_argmax_local(CPLAN_F32, p, p, 2, 4, (1 << 24) - 2, stream),
+          "bad shape");
+  refused("cplan_cuda_vp_argmax_combine", cplan_cuda_vp_argmax_combine(NULL, p, 2, 2, stream), "must not be NULL");
   cudaFree(p), cudaFree(ip);
 }
 
@@ -918,6 +960,9 @@ int main(void) {
     test_vp_embedding(dt, 37, 3);
     test_vp_embedding(dt, 400, 3); /* more local rows than the backward's row classes */
     test_vp_embedding(dt, 37, 1);
+    test_vp_argmax(dt, 23, 37, 3, 3);    /* few levels: ties within and across ranks */
+    test_vp_argmax(dt, 9, 4099, 2, 200); /* rows longer than a block */
+    test_vp_argmax(dt, 6, 12, 1, 2);     /* one rank: the whole vocabulary */
     if (dt == CPLAN_F16) continue; /* the fused AdamW and global norm take f32 or bf16 gradients */
     test_adamw(dt);
     test_global_norm(dt);

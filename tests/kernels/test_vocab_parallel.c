@@ -4,7 +4,9 @@
  * collectives the plan would run are simulated here (all-gather of the row maxima, sum of the
  * sum-exps, sum of the embedding and loss parts), and the results must equal the single-device
  * kernels: forward loss and embedding, and the gradient shards against the columns (rows) of the
- * reference gradient, accumulated into random initial values (the kernels accumulate).
+ * reference gradient, accumulated into random initial values (the kernels accumulate). Argmax
+ * (all-gather of each rank's (max, index) pairs) must give k_argmax_forward's indices exactly,
+ * with ties within and across ranks (the first maximum wins), -inf and NaN.
  * Prints one line per check and "N passed, N failed"; exits non-zero on any failure. */
 #include "ref.h"
 #include "vocab_parallel.h"
@@ -121,13 +123,56 @@ static void test_embedding(int nidx, int v, int c, int n) {
   free(table), free(out), free(sum), free(dout), free(dref), free(dsplit), free(part), free(idx);
 }
 
+/* argmax of the last dim over n ranks against k_argmax_forward: exact. Values are drawn from a
+ * few levels so rows have ties within and across shards; `special` adds rows of -inf, NaN at the
+ * start, NaN inside and all NaN. */
+static void test_argmax(int rows, int v, int n, int levels, int special) {
+  float *logits = fbuf((long)rows * v), *gathered = fbuf((long)n * 2 * rows);
+  int32_t *ref = calloc((size_t)rows, sizeof(int32_t)), *out = calloc((size_t)rows, sizeof(int32_t));
+  for (long i = 0; i < (long)rows * v; i++) logits[i] = (float)(int)(urand() * levels);
+  if (special && rows >= 5) {
+    for (int j = 0; j < v; j++) logits[j] = -INFINITY, logits[4L * v + j] = NAN; /* row 0 all -inf, row 4 all NaN */
+    logits[1L * v] = NAN;                                                       /* row 1: NaN first: index 0 */
+    for (int j = 0; j < v; j += 3) logits[2L * v + j] = NAN;                    /* row 2: NaNs skipped */
+    for (int j = v / 2; j < v; j++) logits[3L * v + j] = -INFINITY;             /* row 3: pad columns masked */
+  }
+  k_argmax_forward(ref, logits, rows, v, 1);
+  for (int k = 0; k < n; k++) { /* each rank's columns; the all-gather */
+    float *shard = fbuf((long)rows * len(k, n, v));
+    for (int r = 0; r < rows; r++)
+      memcpy(shard + (long)r * len(k, n, v), logits + (long)r * v + lo(k, n, v), sizeof(float) * (size_t)len(k, n, v));
+    kvp_argmax_local(gathered + (long)k * 2 * rows, shard, rows, len(k, n, v), lo(k, n, v));
+    free(shard);
+  }
+  kvp_argmax_combine(out, gathered, rows, n);
+  int wrong = 0;
+  for (int r = 0; r < rows; r++) wrong += out[r] != ref[r];
+  check(special ? "argmax (-inf, NaN)" : levels < 4 ? "argmax (ties)" : "argmax", n, wrong);
+  free(logits), free(gathered), free(ref), free(out);
+}
+
+/* ties across ranks by hand: a row whose maximum appears on ranks 1 and 2 of 3 (not on rank 0):
+ * the lower global index, rank 1's, wins on every rank */
+static void test_argmax_tie(void) {
+  const float row[9] = {0, 1, 2, 5, 3, 5, 1, 5, 4}; /* ranks of 3: [0, 1, 2] [5, 3, 5] [1, 5, 4] */
+  float g[3 * 2];
+  int32_t out = -1;
+  for (int k = 0; k < 3; k++) kvp_argmax_local(g + k * 2, row + 3 * k, 1, 3, 3 * k);
+  kvp_argmax_combine(&out, g, 1, 3);
+  check("argmax tie across ranks -> index 3", 3, out != 3);
+}
+
 int main(void) {
   static const int ns[] = {1, 2, 3, 4, 5};
   for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++) {
     test_ce(13, 12, ns[i], 3.0f);   /* 5 does not divide 12: uneven ranges */
     test_ce(6, 50, ns[i], 40.0f);   /* large logits: the max must be the global one */
     test_embedding(9, 12, 7, ns[i]);
+    test_argmax(40, 13, ns[i], 2, 0); /* two levels: ties within and across shards; 13: uneven */
+    test_argmax(40, 64, ns[i], 1000, 0);
+    test_argmax(12, 14, ns[i], 3, 1);
   }
+  test_argmax_tie();
   printf("%d passed, %d failed\n", n_pass, n_fail);
   return n_fail != 0;
 }

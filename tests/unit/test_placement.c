@@ -1,5 +1,5 @@
 /* test_placement.c: the resharding table (collective and bytes per device) and the sharding rules
- * of matmul, embedding, reductions, sdpa, float, abs, clamp and where: each rule with a strategy it
+ * of matmul, embedding, reductions (argmax's vocab-parallel one), sdpa, float, abs, clamp and where: each rule with a strategy it
  * accepts and one it rejects. */
 #include "placement.h"
 
@@ -100,6 +100,28 @@ static void test_reduce(void) {
   CHECK(!rule(g, m, 2, pl_p(), pl_r(), pl_r(), &o));
 }
 
+/* argmax of the split last dim: vocab-parallel, whole output and an all-gather of two floats per
+ * row inside the op (4 x 8 rows, 2 devices: each sends its 32 x 2 x 4 bytes); of a split dim that is
+ * not the last, or of partial sums, it needs the whole tensor. */
+static void test_argmax(void) {
+  Graph *g = ir_new("t");
+  int x = leaf(g, OP_INPUT, (Shape){3, {4, 8, 16}}, DT_F32);
+  int a = ir_add(g, OP_ARGMAX, (int[]){x}, 1, SPAN_NONE), b = ir_add(g, OP_ARGMAX, (int[]){x}, 1, SPAN_NONE);
+  g->nodes[a].ia[0] = -1, g->nodes[b].ia[0] = 1;
+  char err[128];
+  CHECK(ir_infer(g, a, err, sizeof err) && ir_infer(g, b, err, sizeof err));
+  Pl in[1] = {pl_s(2)};
+  ShardIO io = {.in = in, .n = 2};
+  CHECK(shard_node(g, &g->nodes[a], &io) && pl_eq(io.out, pl_r()));
+  CHECK(io.extra && io.extra_coll == COLL_ALL_GATHER && fabs(io.extra_bytes - 32 * 2 * 4) < 1e-9);
+  Pl o;
+  CHECK(rule(g, a, 2, pl_s(0), pl_r(), pl_r(), &o) && pl_eq(o, pl_s(0)));
+  CHECK(!rule(g, a, 3, pl_s(2), pl_r(), pl_r(), &o));                    /* 3 does not divide 16 */
+  CHECK(!rule(g, a, 2, pl_p(), pl_r(), pl_r(), &o));
+  CHECK(!rule(g, b, 2, pl_s(1), pl_r(), pl_r(), &o));                    /* not the last dim */
+  CHECK(rule(g, b, 2, pl_s(2), pl_r(), pl_r(), &o) && pl_eq(o, pl_s(1)));
+}
+
 static void test_sdpa(void) {
   Graph *g = ir_new("t");
   Shape s = {4, {2, 4, 8, 16}};
@@ -158,6 +180,7 @@ int main(void) {
   test_matmul();
   test_embedding();
   test_reduce();
+  test_argmax();
   test_sdpa();
   test_float();
   test_abs_clamp_where();
