@@ -368,7 +368,9 @@ static void node_cands(Seg *s, int i, Var *var) {
     if (cost_class(g, i) == CC_MEMORY && !is_view(n->op)) c->cheap_t = t;
     ShardIO io = {.in = c->in, .n = s->n};
     if (s->n > 1 && shard_node(g, n, &io) && io.extra_bytes > 0) {
-      c->tf += s->link.lat * 2 * (double)(s->n - 1) + io.extra_bytes / s->link.bw;
+      /* ring hops: an all-gather n - 1, an all-reduce 2 (n - 1) */
+      double hops = (io.extra_coll == COLL_ALL_GATHER ? 1 : 2) * (double)(s->n - 1);
+      c->tf += s->link.lat * hops + io.extra_bytes / s->link.bw;
       c->bytes += io.extra_bytes;
     }
   }
