@@ -1111,7 +1111,7 @@ static int time_cmp(const void *a, const void *b) {
   return x->step_time < y->step_time ? -1 : x->step_time > y->step_time;
 }
 
-/* Within a band (plan_bands), simpler first, then faster, then smaller. */
+/* Within a band (plan_sort), simpler first, then faster, then smaller. */
 static int plan_cmp(const void *a, const void *b) {
   const SrchPlan *x = a, *y = b;
   if (x->band != y->band) return x->band < y->band ? -1 : 1;
