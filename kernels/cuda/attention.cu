@@ -2,7 +2,12 @@
  * manner of FlashAttention-2 (kernels_cuda.h; reference k_sdpa_* in kernels/cpu/ref.c, which
  * keeps the [t, t] probabilities: these kernels never do).
  *
- * Layout: q, k, v, out [nb, t, d] (nb = batch * heads), scale = 1/sqrt(d). Head dims up to
+ * Layout: q, out [nb, t, d] (nb = batch * heads), k, v [nb / group, t, d], scale = 1/sqrt(d): with
+ * group > 1, grouped-query attention (GQA; MQA at group = heads) as FlashAttention-2 runs it, k and
+ * v read with fewer heads, never repeated in memory: query batch-head z = b * heads + hh reads kv
+ * batch-head z / group = b * (heads / group) + hh / group. Each tensor lies in memory as its
+ * CplanAttnLayout says (attn_layout.h: q and dq as lq, k, v, dk and dv as lkv, out and dout as lo;
+ * lse and delta [nb, t]). Head dims up to
  * DMAX (64, 128 or 256, one entry each: d <= 64, <= 128, <= 256; 256 is FlashAttention-2's limit
  * too) are padded with zeros in registers and shared memory, so the dot products run over DMAX
  * with compile-time trip counts. CPLAN_ATTN_MAX_HEAD_DIM (attn_layout.h) is the widest.
@@ -11,7 +16,8 @@
  *    are rescaled once, and the output row is accumulated in registers. It saves lse = m + log l.
  *  - backward: delta_i = dout_i . out_i (one thread per row), then two kernels that recompute
  *    p_ij = exp(s_ij - lse_i) tile by tile: one owns a key row j and accumulates dk_j, dv_j over
- *    the query tiles; the other owns a query row i and accumulates dq_i over the key tiles.
+ *    the query tiles (of each of the group's query heads in turn, into the same accumulators,
+ *    stored once); the other owns a query row i and accumulates dq_i over the key tiles.
  *    Splitting dq from dk/dv costs one more pass over the scores but needs no atomics, so the
  *    gradients are deterministic. Causal blocks skip the tiles the mask removes entirely.
  *
@@ -64,24 +70,25 @@ template <int DMAX> __device__ __forceinline__ float dot(const float *a, const f
 }
 
 template <typename T, int DMAX>
-__device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t,
-                                        int d, int causal, CplanAttnLayout li, CplanAttnLayout lo) {
+__device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
+                                        int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                        CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float ks[BC][DMAX], vs[BC][DMAX], ss[BC][ATT_BR]; /* ss: each thread's scores */
-  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
-  const T *qz = q + bi, *kz = k + bi, *vz = v + bi;
+  long long z = blockIdx.y, bk = att_base(lkv, z / group);
+  const T *qz = q + att_base(lq, z), *kz = k + bk, *vz = v + bk;
   int i = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
   float qr[DMAX], o[DMAX];
-  if (i < t) load_row<T, DMAX>(qr, qz, li.ld, i, d, scale);
+  if (i < t) load_row<T, DMAX>(qr, qz, lq.ld, i, d, scale);
 #pragma unroll
   for (int c = 0; c < DMAX; c++) o[c] = 0.0f;
   float m = -CPLAN_INF, l = 0.0f;
   int kend = causal ? min(t, (int)(blockIdx.x + 1) * ATT_BR) : t;
   for (int k0 = 0; k0 < kend; k0 += BC) {
     __syncthreads();
-    stage<T, DMAX>(ks, kz, li.ld, k0, BC, t, d);
-    stage<T, DMAX>(vs, vz, li.ld, k0, BC, t, d);
+    stage<T, DMAX>(ks, kz, lkv.ld, k0, BC, t, d);
+    stage<T, DMAX>(vs, vz, lkv.ld, k0, BC, t, d);
     __syncthreads();
     if (i >= t) continue;
     float mt = m;
@@ -109,7 +116,7 @@ __device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T 
   }
   if (i >= t) return;
   float inv = 1.0f / l;
-  T *orow = out + bo + (long long)i * lo.ld;
+  T *orow = out + att_base(lo, z) + (long long)i * lo.ld;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
     if (c < d) orow[c] = st<T>(o[c] * inv);
@@ -132,51 +139,57 @@ __device__ __forceinline__ void att_delta(float *delta, const T *dout, const T *
   }
 }
 
-/* one thread per key row j: dv_j += sum_i p_ij dout_i, dk_j += scale sum_i ds_ij q_i (acc = 0: = instead
- * of +=, the rows' old values never read) */
+/* one thread per key row j of kv batch-head zk: dv_j += sum_i p_ij dout_i, dk_j += scale sum_i ds_ij q_i,
+ * the sums over the queries of the group's query heads zk * group .. (acc = 0: = instead of +=, the
+ * rows' old values never read) */
 template <typename T, int DMAX>
 __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                             const T *q, const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
+                                             const T *q, const T *k, const T *v, int t, int d, int causal, int acc,
+                                             int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float qs[BC][DMAX], dos[BC][DMAX], ls[BC], ds_[BC];
-  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
-  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
+  long long zk = blockIdx.y, bk = att_base(lkv, zk);
+  const T *kz = k + bk, *vz = v + bk;
   int j = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
   float kr[DMAX], vr[DMAX], gk[DMAX], gv[DMAX];
   if (j < t) {
-    load_row<T, DMAX>(kr, kz, li.ld, j, d, 1.0f);
-    load_row<T, DMAX>(vr, vz, li.ld, j, d, 1.0f);
+    load_row<T, DMAX>(kr, kz, lkv.ld, j, d, 1.0f);
+    load_row<T, DMAX>(vr, vz, lkv.ld, j, d, 1.0f);
   }
 #pragma unroll
   for (int c = 0; c < DMAX; c++) gk[c] = gv[c] = 0.0f;
   int q0 = causal ? (int)blockIdx.x * ATT_BR : 0; /* earlier queries see none of these keys */
-  for (int i0 = q0; i0 < t; i0 += BC) {
-    __syncthreads();
-    stage<T, DMAX>(qs, qz, li.ld, i0, BC, t, d);
-    stage<T, DMAX>(dos, doz, lo.ld, i0, BC, t, d);
-    for (int e = threadIdx.x; e < BC; e += blockDim.x) {
-      ls[e] = i0 + e < t ? lse[z * t + i0 + e] : 0.0f;
-      ds_[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
-    }
-    __syncthreads();
-    if (j >= t) continue;
+  /* the group's query heads in turn, into the same registers: dk and dv stored once, no atomics */
+  for (long long z = zk * group; z < (zk + 1) * group; z++) {
+    const T *qz = q + att_base(lq, z), *doz = dout + att_base(lo, z);
+    for (int i0 = q0; i0 < t; i0 += BC) {
+      __syncthreads();
+      stage<T, DMAX>(qs, qz, lq.ld, i0, BC, t, d);
+      stage<T, DMAX>(dos, doz, lo.ld, i0, BC, t, d);
+      for (int e = threadIdx.x; e < BC; e += blockDim.x) {
+        ls[e] = i0 + e < t ? lse[z * t + i0 + e] : 0.0f;
+        ds_[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
+      }
+      __syncthreads();
+      if (j >= t) continue;
 #pragma unroll 1
-    for (int ii = 0; ii < BC; ii++) {
-      int i = i0 + ii;
-      if (i >= t || (causal && i < j)) continue;
-      float p = expf(dot<DMAX>(qs[ii], kr) * scale - ls[ii]);
-      float dp = dot<DMAX>(dos[ii], vr);
-      float ds = p * (dp - ds_[ii]);
+      for (int ii = 0; ii < BC; ii++) {
+        int i = i0 + ii;
+        if (i >= t || (causal && i < j)) continue;
+        float p = expf(dot<DMAX>(qs[ii], kr) * scale - ls[ii]);
+        float dp = dot<DMAX>(dos[ii], vr);
+        float ds = p * (dp - ds_[ii]);
 #pragma unroll
-      for (int c = 0; c < DMAX; c++) {
-        gv[c] += p * dos[ii][c];
-        gk[c] += ds * qs[ii][c];
+        for (int c = 0; c < DMAX; c++) {
+          gv[c] += p * dos[ii][c];
+          gk[c] += ds * qs[ii][c];
+        }
       }
     }
   }
   if (j >= t) return;
-  T *dkr = dk + bi + (long long)j * li.ld, *dvr = dv + bi + (long long)j * li.ld;
+  T *dkr = dk + bk + (long long)j * lkv.ld, *dvr = dv + bk + (long long)j * lkv.ld;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
     if (c < d) {
@@ -188,16 +201,17 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
 /* one thread per query row i: dq_i += scale sum_j ds_ij k_j */
 template <typename T, int DMAX>
 __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                           const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
+                                           const T *k, const T *v, int t, int d, int causal, int acc, int group,
+                                           CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float ks[BC][DMAX], vs[BC][DMAX];
-  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
-  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
+  long long z = blockIdx.y, bq = att_base(lq, z), bk = att_base(lkv, z / group);
+  const T *qz = q + bq, *kz = k + bk, *vz = v + bk, *doz = dout + att_base(lo, z);
   int i = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
   float qr[DMAX], dor[DMAX], g[DMAX], lsi = 0.0f, di = 0.0f;
   if (i < t) {
-    load_row<T, DMAX>(qr, qz, li.ld, i, d, 1.0f);
+    load_row<T, DMAX>(qr, qz, lq.ld, i, d, 1.0f);
     load_row<T, DMAX>(dor, doz, lo.ld, i, d, 1.0f);
     lsi = lse[z * t + i];
     di = delta[z * t + i];
@@ -207,8 +221,8 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
   int kend = causal ? min(t, (int)(blockIdx.x + 1) * ATT_BR) : t;
   for (int k0 = 0; k0 < kend; k0 += BC) {
     __syncthreads();
-    stage<T, DMAX>(ks, kz, li.ld, k0, BC, t, d);
-    stage<T, DMAX>(vs, vz, li.ld, k0, BC, t, d);
+    stage<T, DMAX>(ks, kz, lkv.ld, k0, BC, t, d);
+    stage<T, DMAX>(vs, vz, lkv.ld, k0, BC, t, d);
     __syncthreads();
     if (i >= t) continue;
 #pragma unroll 1
@@ -222,7 +236,7 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
     }
   }
   if (i >= t) return;
-  T *dqr = dq + bi + (long long)i * li.ld;
+  T *dqr = dq + bq + (long long)i * lq.ld;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
     if (c < d) dqr[c] = st<T>((acc ? ld(dqr[c]) : 0.0f) + g[c] * scale);
@@ -232,19 +246,21 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
  * NAME_backward_dq_S_dDM, calling FWD, DKDV and DQ<T, DM> with BOUNDS threads a block. */
 #define ATT_ENTRY_SET(NAME, FWD, DKDV, DQ, FBOUNDS, BOUNDS, T, S, DM)                                     \
   extern "C" __global__ void __launch_bounds__(FBOUNDS) NAME##_forward_##S##_d##DM(                        \
-      T *out, float *lse, const T *q, const T *k, const T *v, int t, int d, int causal, CplanAttnLayout li,  \
-      CplanAttnLayout lo) {                                                                               \
-    FWD<T, DM>(out, lse, q, k, v, t, d, causal, li, lo);                                                  \
+      T *out, float *lse, const T *q, const T *k, const T *v, int t, int d, int causal, int group,          \
+      CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {                                       \
+    FWD<T, DM>(out, lse, q, k, v, t, d, causal, group, lq, lkv, lo);                                      \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dkdv_##S##_d##DM(                  \
       T *dk, T *dv, const T *dout, const float *lse, const float *delta, const T *q, const T *k,          \
-      const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {            \
-    DKDV<T, DM>(dk, dv, dout, lse, delta, q, k, v, t, d, causal, acc, li, lo);                            \
+      const T *v, int t, int d, int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,  \
+      CplanAttnLayout lo) {                                                                               \
+    DKDV<T, DM>(dk, dv, dout, lse, delta, q, k, v, t, d, causal, acc, group, lq, lkv, lo);                \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dq_##S##_d##DM(                    \
       T *dq, const T *dout, const float *lse, const float *delta, const T *q, const T *k, const T *v,     \
-      int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {                        \
-    DQ<T, DM>(dq, dout, lse, delta, q, k, v, t, d, causal, acc, li, lo);                                  \
+      int t, int d, int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,              \
+      CplanAttnLayout lo) {                                                                               \
+    DQ<T, DM>(dq, dout, lse, delta, q, k, v, t, d, causal, acc, group, lq, lkv, lo);                      \
   }
 #define ATT_ENTRIES(T, S, DM) ATT_ENTRY_SET(attention, att_fwd, att_bwd_dkdv, att_bwd_dq, ATT_BR, ATT_BR, T, S, DM)
 
@@ -360,7 +376,8 @@ __device__ __forceinline__ void tc_pb(nvcuda::wmma::fragment<nvcuda::wmma::accum
 
 template <typename T, int TD>
 __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
-                                       int causal, CplanAttnLayout li, CplanAttnLayout lo) {
+                                       int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                       CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -369,18 +386,18 @@ __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *
   float *sw = (float *)(tc_smem + 3 * Dm::TILE) + w * 16 * Dm::LS;
   T *pw = (T *)(tc_smem + 3 * Dm::TILE + TC_W * 16 * Dm::LS * 4) + w * 16 * Dm::LP;
   float *ow = (float *)(tc_smem + 3 * Dm::TILE + TC_W * 16 * (Dm::LS * 4 + Dm::LP * (int)sizeof(T))) + w * 16 * Dm::LO;
-  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
-  const T *qz = q + bi, *kz = k + bi, *vz = v + bi;
+  long long z = blockIdx.y, bk = att_base(lkv, z / group);
+  const T *qz = q + att_base(lq, z), *kz = k + bk, *vz = v + bk;
   int i0 = blockIdx.x * TC_R, i = i0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
-  tc_stage<T, TD>(qs, Dm::LQ, qz, li.ld, i0, TC_R, t, d);
+  tc_stage<T, TD>(qs, Dm::LQ, qz, lq.ld, i0, TC_R, t, d);
   for (int e = lane; e < 16 * Dm::LO; e += 32) ow[e] = 0.0f;
   float m = -CPLAN_INF, l = 0.0f;
   int kend = causal ? min(t, i0 + TC_R) : t;
   for (int k0 = 0; k0 < kend; k0 += TC_R) {
     __syncthreads();
-    tc_stage<T, TD>(ks, Dm::LQ, kz, li.ld, k0, TC_R, t, d);
-    tc_stage<T, TD>(vs, Dm::LQ, vz, li.ld, k0, TC_R, t, d);
+    tc_stage<T, TD>(ks, Dm::LQ, kz, lkv.ld, k0, TC_R, t, d);
+    tc_stage<T, TD>(vs, Dm::LQ, vz, lkv.ld, k0, TC_R, t, d);
     __syncthreads();
     tc_abt<T, TD>(sw, qs + w * 16 * Dm::LQ, ks);
     __syncwarp();
@@ -415,7 +432,7 @@ __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *
   }
   if (i >= t) return;
   float inv = l > 0.0f ? 1.0f / l : 0.0f;
-  T *orow = out + bo + (long long)i * lo.ld;
+  T *orow = out + att_base(lo, z) + (long long)i * lo.ld;
   for (int c = h; c < d; c += 2) orow[c] = st<T>(ow[r * Dm::LO + c] * inv);
   if (h == 0) lse[z * t + i] = m + logf(l);
 }
@@ -440,10 +457,12 @@ __device__ __forceinline__ void tc_add_rows(T *g, long long lg, const nvcuda::wm
   __syncwarp();
 }
 
-/* dk/dv: the block owns 64 keys (16 per warp) and walks the query tiles */
+/* dk/dv: the block owns 64 keys (16 per warp) of kv batch-head zk and walks the query tiles of the
+ * group's query heads in turn, accumulating in the same fragments: dk and dv stored once, no atomics */
 template <typename T, int TD>
 __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                            const T *q, const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
+                                            const T *q, const T *k, const T *v, int t, int d, int causal, int acc,
+                                            int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -454,46 +473,50 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
   unsigned char *wb = tc_smem + 4 * Dm::TILE + 2 * TC_R * 4;
   float *sw = (float *)wb + w * 32 * Dm::LS, *dpw = sw + 16 * Dm::LS; /* also the output buffer */
   T *pw = (T *)(wb + TC_W * 32 * Dm::LS * 4) + w * 32 * Dm::LP, *dsw = pw + 16 * Dm::LP;
-  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
-  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
+  long long zk = blockIdx.y, bk = att_base(lkv, zk);
+  const T *kz = k + bk, *vz = v + bk;
   int j0 = blockIdx.x * TC_R, j = j0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
-  tc_stage<T, TD>(ks, Dm::LQ, kz, li.ld, j0, TC_R, t, d);
-  tc_stage<T, TD>(vs, Dm::LQ, vz, li.ld, j0, TC_R, t, d);
+  tc_stage<T, TD>(ks, Dm::LQ, kz, lkv.ld, j0, TC_R, t, d);
+  tc_stage<T, TD>(vs, Dm::LQ, vz, lkv.ld, j0, TC_R, t, d);
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> gk[TD / 16], gv[TD / 16];
 #pragma unroll
   for (int nb = 0; nb < TD / 16; nb++) wmma::fill_fragment(gk[nb], 0.0f), wmma::fill_fragment(gv[nb], 0.0f);
-  for (int i0 = causal ? j0 : 0; i0 < t; i0 += TC_R) { /* earlier queries see none of these keys */
-    __syncthreads();
-    tc_stage<T, TD>(qs, Dm::LQ, qz, li.ld, i0, TC_R, t, d);
-    tc_stage<T, TD>(dos, Dm::LQ, doz, lo.ld, i0, TC_R, t, d);
-    for (int e = threadIdx.x; e < TC_R; e += blockDim.x) {
-      lss[e] = i0 + e < t ? lse[z * t + i0 + e] : 0.0f;
-      dls[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
+  for (long long z = zk * group; z < (zk + 1) * group; z++) {
+    const T *qz = q + att_base(lq, z), *doz = dout + att_base(lo, z);
+    for (int i0 = causal ? j0 : 0; i0 < t; i0 += TC_R) { /* earlier queries see none of these keys */
+      __syncthreads();
+      tc_stage<T, TD>(qs, Dm::LQ, qz, lq.ld, i0, TC_R, t, d);
+      tc_stage<T, TD>(dos, Dm::LQ, doz, lo.ld, i0, TC_R, t, d);
+      for (int e = threadIdx.x; e < TC_R; e += blockDim.x) {
+        lss[e] = i0 + e < t ? lse[z * t + i0 + e] : 0.0f;
+        dls[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
+      }
+      __syncthreads();
+      tc_abt<T, TD>(sw, ks + w * 16 * Dm::LQ, qs);   /* S^T: [16 keys, 64 queries] */
+      tc_abt<T, TD>(dpw, vs + w * 16 * Dm::LQ, dos); /* dP^T */
+      __syncwarp();
+      for (int ii = h * (TC_R / 2); ii < (h + 1) * (TC_R / 2); ii++) {
+        int i = i0 + ii;
+        bool ok = j < t && i < t && (!causal || i >= j);
+        float p = ok ? expf(sw[r * Dm::LS + ii] * scale - lss[ii]) : 0.0f;
+        pw[r * Dm::LP + ii] = st<T>(p);
+        dsw[r * Dm::LP + ii] = st<T>(p * (dpw[r * Dm::LS + ii] - dls[ii]));
+      }
+      __syncwarp();
+      tc_pb<T, TD>(gv, pw, dos); /* dv += P^T dO */
+      tc_pb<T, TD>(gk, dsw, qs); /* dk += dS^T Q (times scale at the end) */
     }
-    __syncthreads();
-    tc_abt<T, TD>(sw, ks + w * 16 * Dm::LQ, qs);   /* S^T: [16 keys, 64 queries] */
-    tc_abt<T, TD>(dpw, vs + w * 16 * Dm::LQ, dos); /* dP^T */
-    __syncwarp();
-    for (int ii = h * (TC_R / 2); ii < (h + 1) * (TC_R / 2); ii++) {
-      int i = i0 + ii;
-      bool ok = j < t && i < t && (!causal || i >= j);
-      float p = ok ? expf(sw[r * Dm::LS + ii] * scale - lss[ii]) : 0.0f;
-      pw[r * Dm::LP + ii] = st<T>(p);
-      dsw[r * Dm::LP + ii] = st<T>(p * (dpw[r * Dm::LS + ii] - dls[ii]));
-    }
-    __syncwarp();
-    tc_pb<T, TD>(gv, pw, dos); /* dv += P^T dO */
-    tc_pb<T, TD>(gk, dsw, qs); /* dk += dS^T Q (times scale at the end) */
   }
-  tc_add_rows<T, TD>(dv ? dv + bi : dv, li.ld, gv, sw, j0 + w * 16, t, d, 1.0f, acc);
-  tc_add_rows<T, TD>(dk ? dk + bi : dk, li.ld, gk, sw, j0 + w * 16, t, d, scale, acc);
+  tc_add_rows<T, TD>(dv ? dv + bk : dv, lkv.ld, gv, sw, j0 + w * 16, t, d, 1.0f, acc);
+  tc_add_rows<T, TD>(dk ? dk + bk : dk, lkv.ld, gk, sw, j0 + w * 16, t, d, scale, acc);
 }
 
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
 template <typename T, int TD>
 __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                          const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
+                                          const T *k, const T *v, int t, int d, int causal, int acc, int group,
+                                          CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -503,12 +526,12 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
   unsigned char *wb = tc_smem + 4 * Dm::TILE + 2 * TC_R * 4;
   float *sw = (float *)wb + w * 32 * Dm::LS, *dpw = sw + 16 * Dm::LS;
   T *dsw = (T *)(wb + TC_W * 32 * Dm::LS * 4) + w * 32 * Dm::LP;
-  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
-  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
+  long long z = blockIdx.y, bq = att_base(lq, z), bk = att_base(lkv, z / group);
+  const T *qz = q + bq, *kz = k + bk, *vz = v + bk, *doz = dout + att_base(lo, z);
   int i0 = blockIdx.x * TC_R, i = i0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
   float lsi = i < t ? lse[z * t + i] : 0.0f, di = i < t ? delta[z * t + i] : 0.0f;
-  tc_stage<T, TD>(qs, Dm::LQ, qz, li.ld, i0, TC_R, t, d);
+  tc_stage<T, TD>(qs, Dm::LQ, qz, lq.ld, i0, TC_R, t, d);
   tc_stage<T, TD>(dos, Dm::LQ, doz, lo.ld, i0, TC_R, t, d);
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> g[TD / 16];
 #pragma unroll
@@ -516,8 +539,8 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
   int kend = causal ? min(t, i0 + TC_R) : t;
   for (int k0 = 0; k0 < kend; k0 += TC_R) {
     __syncthreads();
-    tc_stage<T, TD>(ks, Dm::LQ, kz, li.ld, k0, TC_R, t, d);
-    tc_stage<T, TD>(vs, Dm::LQ, vz, li.ld, k0, TC_R, t, d);
+    tc_stage<T, TD>(ks, Dm::LQ, kz, lkv.ld, k0, TC_R, t, d);
+    tc_stage<T, TD>(vs, Dm::LQ, vz, lkv.ld, k0, TC_R, t, d);
     __syncthreads();
     tc_abt<T, TD>(sw, qs + w * 16 * Dm::LQ, ks);   /* S: [16 queries, 64 keys] */
     tc_abt<T, TD>(dpw, dos + w * 16 * Dm::LQ, vs); /* dP */
@@ -531,7 +554,7 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
     __syncwarp();
     tc_pb<T, TD>(g, dsw, ks); /* dq += dS K (times scale at the end) */
   }
-  tc_add_rows<T, TD>(dq + bi, li.ld, g, sw, i0 + w * 16, t, d, scale, acc);
+  tc_add_rows<T, TD>(dq + bq, lq.ld, g, sw, i0 + w * 16, t, d, scale, acc);
 }
 
 #define ATT_TC_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_tc, tc_fwd, tc_bwd_dkdv, tc_bwd_dq, TC_W * 32, TC_W * 32, T, S, TD)
@@ -739,18 +762,19 @@ __device__ __forceinline__ void fa_mask(float (*s)[4], int r0, int c0, int t, in
 
 template <typename T, int TD>
 __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
-                                       int causal, CplanAttnLayout li, CplanAttnLayout lo) {
+                                       int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                       CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int NT = Dm::BK / 8;
   extern __shared__ __align__(128) unsigned char fa_smem[];
   /* QREG: ks holds Q first, its fragments go to registers; else Q stays in qs, ahead of ks */
   T *qs = (T *)fa_smem, *ks = qs + (Dm::QREG ? 0 : FA_R * Dm::LD), *vt = ks + (Dm::QREG ? FA_R : Dm::BK) * Dm::LD;
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
-  const T *qz = q + bi, *kz = k + bi, *vz = v + bi;
+  long long z = blockIdx.y, bk = att_base(lkv, z / group);
+  const T *qz = q + att_base(lq, z), *kz = k + bk, *vz = v + bk;
   int i0 = blockIdx.x * FA_R, ra = i0 + w * 16 + (lane >> 2), rb = ra + 8;
   float sl2 = FA_LOG2E / sqrtf((float)d);
-  tc_stage<T, TD>(qs, Dm::LD, qz, li.ld, i0, FA_R, t, d);
+  tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, FA_R, t, d);
   __syncthreads();
   unsigned qf[Dm::QREG ? TD / 16 : 1][4];
   if (Dm::QREG) {
@@ -764,8 +788,8 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
   int kend = causal ? min(t, i0 + FA_R) : t;
   for (int k0 = 0; k0 < kend; k0 += Dm::BK) {
     __syncthreads(); /* every warp is done with the last tile (or with Q) */
-    tc_stage<T, TD>(ks, Dm::LD, kz, li.ld, k0, Dm::BK, t, d);
-    fa_stage_t<T, TD>(vt, Dm::LK, vz, li.ld, k0, Dm::BK, t, d);
+    tc_stage<T, TD>(ks, Dm::LD, kz, lkv.ld, k0, Dm::BK, t, d);
+    fa_stage_t<T, TD>(vt, Dm::LK, vz, lkv.ld, k0, Dm::BK, t, d);
     __syncthreads();
     float s[NT][4];
 #pragma unroll
@@ -819,17 +843,19 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  fa_store<T, TD>(out + bo, lo.ld, o, ra, t, d, l0 > 0.0f ? 1.0f / l0 : 0.0f, l1 > 0.0f ? 1.0f / l1 : 0.0f, 0);
+  fa_store<T, TD>(out + att_base(lo, z), lo.ld, o, ra, t, d, l0 > 0.0f ? 1.0f / l0 : 0.0f, l1 > 0.0f ? 1.0f / l1 : 0.0f, 0);
   if ((lane & 3) == 0) {
     if (ra < t) lse[z * t + ra] = m0 * FA_LN2 + logf(l0);
     if (rb < t) lse[z * t + rb] = m1 * FA_LN2 + logf(l1);
   }
 }
 
-/* dk/dv: the block owns 64 keys (16 per warp) and walks the query tiles */
+/* dk/dv: the block owns 64 keys (16 per warp) of kv batch-head zk and walks the query tiles of the
+ * group's query heads in turn, accumulating in the same registers: dk and dv stored once, no atomics */
 template <typename T, int TD>
 __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                        const T *q, const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
+                                        const T *q, const T *k, const T *v, int t, int d, int causal, int acc,
+                                        int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int BQ = Dm::BQ, NT = BQ / 8, CS = Dm::CS, TW = TD / CS; /* TW: the warp's columns of dk, dv */
   extern __shared__ __align__(128) unsigned char fa_smem[];
@@ -838,73 +864,77 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
   float *lss = (float *)(dot + TD * Dm::LQ), *dls = lss + BQ;
   /* warp w: keys 16 (w / CS).., columns TW (w % CS).. of dk and dv (its S^T and dP^T over all of TD) */
   int w = (threadIdx.x >> 5) / CS, cw = (threadIdx.x >> 5) % CS * TW, lane = threadIdx.x & 31, cq = 2 * (lane & 3);
-  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
-  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
+  long long zk = blockIdx.y, bk = att_base(lkv, zk);
+  const T *kz = k + bk, *vz = v + bk;
   int j0 = blockIdx.x * FA_R, jw = j0 + w * 16, ja = jw + (lane >> 2);
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
-  tc_stage<T, TD>(ks, Dm::LD, kz, li.ld, j0, FA_R, t, d);
-  tc_stage<T, TD>(vs, Dm::LD, vz, li.ld, j0, FA_R, t, d);
+  tc_stage<T, TD>(ks, Dm::LD, kz, lkv.ld, j0, FA_R, t, d);
+  tc_stage<T, TD>(vs, Dm::LD, vz, lkv.ld, j0, FA_R, t, d);
   float gk[TW / 8][4], gv[TW / 8][4];
 #pragma unroll
   for (int nd = 0; nd < TW / 8; nd++)
 #pragma unroll
     for (int e = 0; e < 4; e++) gk[nd][e] = gv[nd][e] = 0.0f;
-  for (int i0 = causal ? j0 : 0; i0 < t; i0 += BQ) { /* earlier queries see none of these keys */
-    __syncthreads();
-    tc_stage<T, TD>(qs, Dm::LD, qz, li.ld, i0, BQ, t, d);
-    tc_stage<T, TD>(dos, Dm::LD, doz, lo.ld, i0, BQ, t, d);
-    fa_stage_t<T, TD>(qt, Dm::LQ, qz, li.ld, i0, BQ, t, d);
-    fa_stage_t<T, TD>(dot, Dm::LQ, doz, lo.ld, i0, BQ, t, d);
-    for (int e = threadIdx.x; e < BQ; e += blockDim.x) {
-      lss[e] = i0 + e < t ? lse[z * t + i0 + e] * FA_LOG2E : 0.0f;
-      dls[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
-    }
-    __syncthreads();
-    if (jw >= t || (causal && i0 + BQ <= jw)) continue; /* no key of the warp's, or every query before them */
-    float s[NT][4], dp[NT][4];
-    fa_abt<T, TD, NT>(s, ks + w * 16 * Dm::LD, qs, Dm::LD);   /* S^T: [16 keys, BQ queries] */
-    fa_abt<T, TD, NT>(dp, vs + w * 16 * Dm::LD, dos, Dm::LD); /* dP^T */
-    unsigned pf[NT][2], df[NT][2];
-    /* no mask when the queries and the warp's keys are all before t and, causal, no key after a query
-     * (tested in line here: fa_mask's call would cost this kernel more registers than it has) */
-    bool full = i0 + BQ <= t && jw + 16 <= t && (!causal || i0 >= jw + 15);
-#pragma unroll
-    for (int nt = 0; nt < NT; nt++) {
-      float p[4], ds[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        int ii = nt * 8 + cq + (e & 1), i = i0 + ii, j = ja + (e < 2 ? 0 : 8);
-        bool ok = full || (j < t && i < t && (!causal || i >= j));
-        p[e] = ok ? exp2f(s[nt][e] * sl2 - lss[ii]) : 0.0f;
-        ds[e] = p[e] * (dp[nt][e] - dls[ii]);
+  for (long long z = zk * group; z < (zk + 1) * group; z++) {
+    const T *qz = q + att_base(lq, z), *doz = dout + att_base(lo, z);
+    for (int i0 = causal ? j0 : 0; i0 < t; i0 += BQ) { /* earlier queries see none of these keys */
+      __syncthreads();
+      tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, BQ, t, d);
+      tc_stage<T, TD>(dos, Dm::LD, doz, lo.ld, i0, BQ, t, d);
+      fa_stage_t<T, TD>(qt, Dm::LQ, qz, lq.ld, i0, BQ, t, d);
+      fa_stage_t<T, TD>(dot, Dm::LQ, doz, lo.ld, i0, BQ, t, d);
+      for (int e = threadIdx.x; e < BQ; e += blockDim.x) {
+        lss[e] = i0 + e < t ? lse[z * t + i0 + e] * FA_LOG2E : 0.0f;
+        dls[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
       }
-      fa_pack<T>(pf[nt], p[0], p[1], p[2], p[3]);
-      fa_pack<T>(df[nt], ds[0], ds[1], ds[2], ds[3]);
+      __syncthreads();
+      if (jw >= t || (causal && i0 + BQ <= jw)) continue; /* no key of the warp's, or every query before them */
+      float s[NT][4], dp[NT][4];
+      fa_abt<T, TD, NT>(s, ks + w * 16 * Dm::LD, qs, Dm::LD);   /* S^T: [16 keys, BQ queries] */
+      fa_abt<T, TD, NT>(dp, vs + w * 16 * Dm::LD, dos, Dm::LD); /* dP^T */
+      unsigned pf[NT][2], df[NT][2];
+      /* no mask when the queries and the warp's keys are all before t and, causal, no key after a query
+       * (tested in line here: fa_mask's call would cost this kernel more registers than it has) */
+      bool full = i0 + BQ <= t && jw + 16 <= t && (!causal || i0 >= jw + 15);
+#pragma unroll
+      for (int nt = 0; nt < NT; nt++) {
+        float p[4], ds[4];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          int ii = nt * 8 + cq + (e & 1), i = i0 + ii, j = ja + (e < 2 ? 0 : 8);
+          bool ok = full || (j < t && i < t && (!causal || i >= j));
+          p[e] = ok ? exp2f(s[nt][e] * sl2 - lss[ii]) : 0.0f;
+          ds[e] = p[e] * (dp[nt][e] - dls[ii]);
+        }
+        fa_pack<T>(pf[nt], p[0], p[1], p[2], p[3]);
+        fa_pack<T>(df[nt], ds[0], ds[1], ds[2], ds[3]);
+      }
+      fa_pb<T, TW, BQ / 16>(gv, pf, dot + cw * Dm::LQ, Dm::LQ); /* dv += P^T dO */
+      fa_pb<T, TW, BQ / 16>(gk, df, qt + cw * Dm::LQ, Dm::LQ); /* dk += dS^T Q (times scale at the store) */
     }
-    fa_pb<T, TW, BQ / 16>(gv, pf, dot + cw * Dm::LQ, Dm::LQ); /* dv += P^T dO */
-    fa_pb<T, TW, BQ / 16>(gk, df, qt + cw * Dm::LQ, Dm::LQ); /* dk += dS^T Q (times scale at the store) */
   }
-  fa_store<T, TW>(dv ? dv + bi + cw : dv, li.ld, gv, ja, t, d - cw, 1.0f, 1.0f, acc);
-  fa_store<T, TW>(dk ? dk + bi + cw : dk, li.ld, gk, ja, t, d - cw, scale, scale, acc);
+  fa_store<T, TW>(dv ? dv + bk + cw : dv, lkv.ld, gv, ja, t, d - cw, 1.0f, 1.0f, acc);
+  fa_store<T, TW>(dk ? dk + bk + cw : dk, lkv.ld, gk, ja, t, d - cw, scale, scale, acc);
 }
 
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
 template <typename T, int TD>
 __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                      const T *k, const T *v, int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo) {
+                                      const T *k, const T *v, int t, int d, int causal, int acc, int group,
+                                      CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int NT = Dm::BK / 8;
   extern __shared__ __align__(128) unsigned char fa_smem[];
   T *qs = (T *)fa_smem, *dos = qs + FA_R * Dm::LD, *ks = dos + FA_R * Dm::LD, *vs = ks + Dm::BK * Dm::LD,
     *kt = vs + Dm::BK * Dm::LD;
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  long long z = blockIdx.y, bi = att_base(li, z), bo = att_base(lo, z);
-  const T *qz = q + bi, *kz = k + bi, *vz = v + bi, *doz = dout + bo;
+  long long z = blockIdx.y, bq = att_base(lq, z), bk = att_base(lkv, z / group);
+  const T *qz = q + bq, *kz = k + bk, *vz = v + bk, *doz = dout + att_base(lo, z);
   int i0 = blockIdx.x * FA_R, iw = i0 + w * 16, ra = iw + (lane >> 2), rb = ra + 8;
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
   float la = ra < t ? lse[z * t + ra] * FA_LOG2E : 0.0f, lb = rb < t ? lse[z * t + rb] * FA_LOG2E : 0.0f;
   float da = ra < t ? delta[z * t + ra] : 0.0f, db = rb < t ? delta[z * t + rb] : 0.0f;
-  tc_stage<T, TD>(qs, Dm::LD, qz, li.ld, i0, FA_R, t, d);
+  tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, FA_R, t, d);
   tc_stage<T, TD>(dos, Dm::LD, doz, lo.ld, i0, FA_R, t, d);
   float g[TD / 8][4];
 #pragma unroll
@@ -912,9 +942,9 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
   int kend = causal ? min(t, i0 + FA_R) : t;
   for (int k0 = 0; k0 < kend; k0 += Dm::BK) {
     __syncthreads();
-    tc_stage<T, TD>(ks, Dm::LD, kz, li.ld, k0, Dm::BK, t, d);
-    tc_stage<T, TD>(vs, Dm::LD, vz, li.ld, k0, Dm::BK, t, d);
-    fa_stage_t<T, TD>(kt, Dm::LK, kz, li.ld, k0, Dm::BK, t, d);
+    tc_stage<T, TD>(ks, Dm::LD, kz, lkv.ld, k0, Dm::BK, t, d);
+    tc_stage<T, TD>(vs, Dm::LD, vz, lkv.ld, k0, Dm::BK, t, d);
+    fa_stage_t<T, TD>(kt, Dm::LK, kz, lkv.ld, k0, Dm::BK, t, d);
     __syncthreads();
     if (iw >= t) continue;
     float s[NT][4], dp[NT][4];
@@ -935,7 +965,7 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
     }
     fa_pb<T, TD, Dm::BK / 16>(g, df, kt, Dm::LK); /* dq += dS K (times scale at the store) */
   }
-  fa_store<T, TD>(dq + bi, li.ld, g, ra, t, d, scale, scale, acc);
+  fa_store<T, TD>(dq + bq, lq.ld, g, ra, t, d, scale, scale, acc);
 }
 
 /* launch bounds: at head dims up to 64, the backward kernels keep three blocks (12 warps) a
@@ -995,12 +1025,14 @@ static AttImpl att_impl(CplanDtype dt) {
 /* a tensor-core forward (WMMA or mma.sync: 64 rows a block either way) with `bytes` of shared memory */
 template <typename T>
 static int att_tc_forward(const char *me,
-                          void (*kern)(T *, float *, const T *, const T *, const T *, int, int, int, CplanAttnLayout,
-                                       CplanAttnLayout),
+                          void (*kern)(T *, float *, const T *, const T *, const T *, int, int, int, int,
+                                       CplanAttnLayout, CplanAttnLayout, CplanAttnLayout),
                           int bytes, void *out, float *lse, const void *q, const void *k, const void *v, int nb, int t,
-                          int d, int causal, CplanAttnLayout li, CplanAttnLayout lo, cudaStream_t stream) {
+                          int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo,
+                          cudaStream_t stream) {
   dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
-  ATT_TC_GO(me, kern, grid, TC_W * 32, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, t, d, causal, li, lo);
+  ATT_TC_GO(me, kern, grid, TC_W * 32, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, t, d, causal,
+            group, lq, lkv, lo);
   return cplan_cuda_launched(me);
 }
 
@@ -1019,18 +1051,31 @@ static const char *att_layout(const CplanAttnLayout *l, int nb, int d) {
   return NULL;
 }
 
+/* a launcher's checks of the shape, the three layouts and the group (query heads per kv head: they
+ * divide q's heads, so nb too, and k and v have q's heads / group): 0, or cplan_cuda_fail's -1 */
+static int att_check(const char *me, int nb, int t, int d, int group, const CplanAttnLayout *lq,
+                     const CplanAttnLayout *lkv, const CplanAttnLayout *lo) {
+  const char *bad = att_shape(nb, t, d), *badq = att_layout(lq, nb, d), *bado = att_layout(lo, nb, d);
+  CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
+  CPLAN_REQUIRE(me, !badq && !bado, "q's or out's layout: %s", badq ? badq : bado);
+  CPLAN_REQUIRE(me, group >= 1 && lq->heads % group == 0 && (long long)lkv->heads * group == lq->heads,
+                "group %d: q's %d heads are not k and v's %d heads times the group", group, lq->heads, lkv->heads);
+  const char *badkv = att_layout(lkv, nb / group, d);
+  CPLAN_REQUIRE(me, !badkv, "k and v's layout: %s", badkv);
+  return 0;
+}
+
 static CplanAttnLayout att_contiguous(int t, int d) {
   CplanAttnLayout l = {d, 1, (long long)t * d, 0};
   return l;
 }
 
 extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
-                                              const void *v, int nb, int t, int d, int causal, CplanAttnLayout li,
-                                              CplanAttnLayout lo, cudaStream_t stream) {
+                                              const void *v, int nb, int t, int d, int causal, int group,
+                                              CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo,
+                                              cudaStream_t stream) {
   const char *me = "cplan_cuda_attention_forward";
-  const char *bad = att_shape(nb, t, d), *badi = att_layout(&li, nb, d), *bado = att_layout(&lo, nb, d);
-  CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
-  CPLAN_REQUIRE(me, !badi && !bado, "q, k and v's or out's layout: %s", badi ? badi : bado);
+  if (att_check(me, nb, t, d, group, &lq, &lkv, &lo)) return -1;
   CPLAN_REQUIRE(me, out && lse && q && k && v, "out, lse, q, k and v must not be NULL");
   if (nb == 0) return 0;
   AttImpl impl = att_impl(dt);
@@ -1038,13 +1083,13 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
   if (impl != ATT_SIMT) {
 #define ATT_TC_FWD(T, S, TD)                                                                                   \
   (impl == ATT_MMA ? att_tc_forward<T>(me, attention_mma_forward_##S##_d##TD, FaDims<T, TD>::FWD, out, lse, q, k, v, \
-                                       nb, t, d, causal, li, lo, stream)                                          \
+                                       nb, t, d, causal, group, lq, lkv, lo, stream)                               \
                    : att_tc_forward<T>(me, attention_tc_forward_##S##_d##TD, TcDims<T, TD>::FWD, out, lse, q, k, v,  \
-                                       nb, t, d, causal, li, lo, stream))
+                                       nb, t, d, causal, group, lq, lkv, lo, stream))
     /* above 128, WMMA too runs on mma.sync (its dk/dv accumulators would not fit the registers) */
 #define ATT_MMA_FWD256(T, S)                                                                                    \
   att_tc_forward<T>(me, attention_mma_forward_##S##_d256, FaDims<T, 256>::FWD, out, lse, q, k, v, nb, t, d, causal, \
-                    li, lo, stream)
+                    group, lq, lkv, lo, stream)
     if (dt == CPLAN_BF16)
       return d <= 64 ? ATT_TC_FWD(bf16, bf16, 64) : d <= 128 ? ATT_TC_FWD(bf16, bf16, 128) : ATT_MMA_FWD256(bf16, bf16);
     return d <= 64 ? ATT_TC_FWD(fp16, f16, 64) : d <= 128 ? ATT_TC_FWD(fp16, f16, 128) : ATT_MMA_FWD256(fp16, f16);
@@ -1054,7 +1099,7 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
   dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);
 #define ATT_SIMT_FWD(T, S, DM)                                                                                 \
   attention_forward_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)out, lse, (const T *)q, (const T *)k,        \
-                                                             (const T *)v, t, d, causal, li, lo)
+                                                             (const T *)v, t, d, causal, group, lq, lkv, lo)
   if (dt == CPLAN_F32 && d <= 64) ATT_SIMT_FWD(float, f32, 64);
   else if (dt == CPLAN_F32 && d <= 128) ATT_SIMT_FWD(float, f32, 128);
   else if (dt == CPLAN_F32) ATT_SIMT_FWD(float, f32, 256);
@@ -1070,33 +1115,37 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
 extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
                                             const void *v, int nb, int t, int d, int causal, cudaStream_t stream) {
   CplanAttnLayout l = att_contiguous(t, d);
-  return cplan_cuda_attention_forward_l(dt, out, lse, q, k, v, nb, t, d, causal, l, l, stream);
+  return cplan_cuda_attention_forward_l(dt, out, lse, q, k, v, nb, t, d, causal, 1, l, l, l, stream);
 }
 
 template <typename T>
 static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,
                            const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d,
-                           int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo, cudaStream_t stream, int dm);
+                           int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo,
+                           cudaStream_t stream, int dm);
 
+/* the dk/dv kernel's blocks over the nb / group kv batch-heads (grid_kv), the dq kernel's over the nb
+ * query batch-heads (grid) */
 #define ATT_BWD_DM(T, S, DM)                                                                                \
   do {                                                                                                      \
     if (dk || dv)                                                                                           \
-      attention_backward_dkdv_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)dk, (T *)dv, (const T *)dout,   \
-          lse, delta, (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc, li, lo);                 \
+      attention_backward_dkdv_##S##_d##DM<<<grid_kv, ATT_BR, 0, stream>>>((T *)dk, (T *)dv,                 \
+          (const T *)dout, lse, delta, (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc, group,  \
+          lq, lkv, lo);                                                                                     \
     if (dq)                                                                                                 \
       attention_backward_dq_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta,  \
-          (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc, li, lo);                             \
+          (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc, group, lq, lkv, lo);                 \
   } while (0)
 #define ATT_BWD(T, S, DW)                                                                                    \
   template <>                                                                                               \
   void att_bwd_launch<T>(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,    \
                          const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d, \
-                         int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo, cudaStream_t stream,  \
-                         int dm) {                                                                          \
+                         int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,           \
+                         CplanAttnLayout lo, cudaStream_t stream, int dm) {                                 \
     long long rows = (long long)nb * t;                                                                     \
     attention_backward_delta_##S<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(                 \
         delta, (const T *)dout, (const T *)out, rows, t, d, lo);                                            \
-    dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);                                         \
+    dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb), grid_kv(grid.x, (unsigned)(nb / group)); \
     if (dm == 64) ATT_BWD_DM(T, S, 64);                                                                     \
     else if (dm == 128) ATT_BWD_DM(T, S, 128);                                                              \
     else ATT_BWD_DM(T, S, DW); /* 256: f32 only (dm 256 reaches no other) */                                \
@@ -1107,40 +1156,40 @@ ATT_BWD(fp16, f16, 128)
 #undef ATT_BWD
 #undef ATT_BWD_DM
 
-/* delta on the CUDA cores (a row dot product), then the tensor-core dk/dv and dq kernels (their
- * shared memory: bytes_kv, bytes_q) */
+/* delta on the CUDA cores (a row dot product), then the tensor-core dk/dv kernel (threads_kv a
+ * block, bytes_kv of shared memory, a block row per kv batch-head) and dq kernel (bytes_q, a block
+ * row per query batch-head) */
 template <typename T>
 static int att_tc_backward(const char *me,
                            void (*dkdv)(T *, T *, const T *, const float *, const float *, const T *, const T *,
-                                        const T *, int, int, int, int, CplanAttnLayout, CplanAttnLayout),
+                                        const T *, int, int, int, int, int, CplanAttnLayout, CplanAttnLayout,
+                                        CplanAttnLayout),
                            void (*dqk)(T *, const T *, const float *, const float *, const T *, const T *, const T *,
-                                       int, int, int, int, CplanAttnLayout, CplanAttnLayout),
+                                       int, int, int, int, int, CplanAttnLayout, CplanAttnLayout, CplanAttnLayout),
                            void (*dlt)(float *, const T *, const T *, long long, int, int, CplanAttnLayout),
-                           int threads_kv, int bytes_kv, int bytes_q, void *dq, void *dk, void *dv, float *delta, const void *dout,
-                           const void *out, const float *lse, const void *q, const void *k, const void *v, int nb,
-                           int t, int d, int causal, int acc, CplanAttnLayout li, CplanAttnLayout lo,
-                           cudaStream_t stream) {
+                           int threads_kv, int bytes_kv, int bytes_q, void *dq, void *dk, void *dv, float *delta,
+                           const void *dout, const void *out, const float *lse, const void *q, const void *k,
+                           const void *v, int nb, int t, int d, int causal, int acc, int group, CplanAttnLayout lq,
+                           CplanAttnLayout lkv, CplanAttnLayout lo, cudaStream_t stream) {
   long long rows = (long long)nb * t;
   dlt<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, t, d, lo);
-  dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
+  dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb), grid_kv(grid.x, (unsigned)(nb / group));
   if (dk || dv)
-    ATT_TC_GO(me, dkdv, grid, threads_kv, bytes_kv, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
-              (const T *)k, (const T *)v, t, d, causal, acc, li, lo);
+    ATT_TC_GO(me, dkdv, grid_kv, threads_kv, bytes_kv, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
+              (const T *)k, (const T *)v, t, d, causal, acc, group, lq, lkv, lo);
   if (dq)
     ATT_TC_GO(me, dqk, grid, TC_W * 32, bytes_q, (T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,
-              (const T *)v, t, d, causal, acc, li, lo);
+              (const T *)v, t, d, causal, acc, group, lq, lkv, lo);
   return cplan_cuda_launched(me);
 }
 
 extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
                                                const void *dout, const void *out, const float *lse, const void *q,
                                                const void *k, const void *v, int nb, int t, int d, int causal,
-                                               int accumulate, CplanAttnLayout li, CplanAttnLayout lo,
-                                               cudaStream_t stream) {
+                                               int accumulate, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                               CplanAttnLayout lo, cudaStream_t stream) {
   const char *me = "cplan_cuda_attention_backward";
-  const char *bad = att_shape(nb, t, d), *badi = att_layout(&li, nb, d), *bado = att_layout(&lo, nb, d);
-  CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
-  CPLAN_REQUIRE(me, !badi && !bado, "q, k and v's or out's layout: %s", badi ? badi : bado);
+  if (att_check(me, nb, t, d, group, &lq, &lkv, &lo)) return -1;
   CPLAN_REQUIRE(me, delta && dout && out && lse && q && k && v, "delta, dout, out, lse, q, k and v must not be NULL");
   if (nb == 0 || (!dq && !dk && !dv)) return 0;
   int acc = accumulate != 0;
@@ -1151,18 +1200,18 @@ extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk
   (impl == ATT_MMA                                                                                            \
        ? att_tc_backward<T>(me, attention_mma_backward_dkdv_##S##_d##TD, attention_mma_backward_dq_##S##_d##TD,  \
                             attention_backward_delta_##S, FaDims<T, TD>::WKV * 32, FaDims<T, TD>::DKDV,            \
-                            FaDims<T, TD>::DQ, dq, dk, dv, delta,                                                  \
-                            dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream)                      \
+                            FaDims<T, TD>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc,  \
+                            group, lq, lkv, lo, stream)                                                            \
        : att_tc_backward<T>(me, attention_tc_backward_dkdv_##S##_d##TD, attention_tc_backward_dq_##S##_d##TD,    \
                             attention_backward_delta_##S, TC_W * 32, TcDims<T, TD>::BWD, TcDims<T, TD>::BWD, dq,  \
-                            dk, dv, delta,                                                                         \
-                            dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream))
+                            dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, group, lq, lkv, lo,     \
+                            stream))
     /* above 128, WMMA too runs on mma.sync (as the forward) */
 #define ATT_MMA_BWD256(T, S)                                                                                   \
   att_tc_backward<T>(me, attention_mma_backward_dkdv_##S##_d256, attention_mma_backward_dq_##S##_d256,         \
                      attention_backward_delta_##S, FaDims<T, 256>::WKV * 32, FaDims<T, 256>::DKDV,            \
-                     FaDims<T, 256>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, \
-                     stream)
+                     FaDims<T, 256>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, group, \
+                     lq, lkv, lo, stream)
     if (dt == CPLAN_BF16)
       return d <= 64 ? ATT_TC_BWD(bf16, bf16, 64) : d <= 128 ? ATT_TC_BWD(bf16, bf16, 128) : ATT_MMA_BWD256(bf16, bf16);
     return d <= 64 ? ATT_TC_BWD(fp16, f16, 64) : d <= 128 ? ATT_TC_BWD(fp16, f16, 128) : ATT_MMA_BWD256(fp16, f16);
@@ -1170,10 +1219,13 @@ extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk
 #undef ATT_TC_BWD
   }
   int dm = d <= 64 ? 64 : d <= 128 ? 128 : 256;
-  if (dt == CPLAN_F32) att_bwd_launch<float>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, dm);
-  else if (dt == CPLAN_BF16) att_bwd_launch<bf16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, dm);
-  else if (dt == CPLAN_F16) att_bwd_launch<fp16>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, li, lo, stream, dm);
+#define ATT_SIMT_BWD(T)                                                                                        \
+  att_bwd_launch<T>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, group, lq, lkv, lo, stream, dm)
+  if (dt == CPLAN_F32) ATT_SIMT_BWD(float);
+  else if (dt == CPLAN_BF16) ATT_SIMT_BWD(bf16);
+  else if (dt == CPLAN_F16) ATT_SIMT_BWD(fp16);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+#undef ATT_SIMT_BWD
   return cplan_cuda_launched(me);
 }
 
@@ -1183,7 +1235,7 @@ extern "C" int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *d
                                                 int accumulate, cudaStream_t stream) {
   CplanAttnLayout l = att_contiguous(t, d);
   return cplan_cuda_attention_backward_l(dt, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, accumulate,
-                                         l, l, stream);
+                                         1, l, l, l, stream);
 }
 
 extern "C" int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,

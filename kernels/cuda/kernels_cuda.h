@@ -82,7 +82,7 @@ int cplan_cuda_softmax_backward(CplanDtype dt, void *dx, const void *dout, const
                                 int n, cudaStream_t stream);
 
 /* ---- attention.cu: k_sdpa_* without the [t, t] matrix ----------------------------------------
- * q, k, v, out [nb, t, d] (nb = batch * heads), d <= 128. The forward saves lse [nb, t] (f32,
+ * q, k, v, out [nb, t, d] (nb = batch * heads), d <= 256. The forward saves lse [nb, t] (f32,
  * the logsumexp of each query's scaled scores); the backward recomputes the probabilities from
  * it, tile by tile, and needs delta [nb, t] (f32 scratch, overwritten). */
 int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
@@ -97,17 +97,22 @@ int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *dk, void *dv
                                      const void *dout, const void *out, const float *lse, const void *q,
                                      const void *k, const void *v, int nb, int t, int d, int causal,
                                      int accumulate, cudaStream_t stream);
-/* the same on tensors in place in larger ones (attn_layout.h): q, k, v, dq, dk and dv laid out as
- * lqkv, out and dout as lout (GPT-2's fused qkv projection and merged heads read and written in
- * place, with no permute); lse and delta stay [nb, t] */
+/* the same on tensors in place in larger ones (attn_layout.h), with grouped-query attention: q and
+ * dq laid out as lq, out and dout as lout, [nb, t, d] (nb query batch-heads); k, v, dk and dv as lkv,
+ * [nb / group, t, d]: group (>= 1) query heads share each kv head, query batch-head z reads kv
+ * batch-head z / group (lkv.heads * group == lq.heads; group 1: ordinary attention). GPT-2's fused
+ * qkv projection and merged heads are read and written in place, with no permute, and GQA's k and v
+ * are never repeated; dk and dv sum the group's query heads in the kernel (deterministic). lse and
+ * delta stay [nb, t]. */
 int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
-                                   const void *v, int nb, int t, int d, int causal, CplanAttnLayout lqkv,
-                                   CplanAttnLayout lout, cudaStream_t stream);
+                                   const void *v, int nb, int t, int d, int causal, int group,
+                                   CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lout,
+                                   cudaStream_t stream);
 int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
                                     const void *dout, const void *out, const float *lse, const void *q,
                                     const void *k, const void *v, int nb, int t, int d, int causal,
-                                    int accumulate, CplanAttnLayout lqkv, CplanAttnLayout lout,
-                                    cudaStream_t stream);
+                                    int accumulate, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                    CplanAttnLayout lout, cudaStream_t stream);
 
 /* ---- activations.cu: k_unary_* K_GELU (tanh form) and K_SILU over n elements ------------------ */
 int cplan_cuda_gelu_forward(CplanDtype dt, void *out, const void *x, int64_t n, cudaStream_t stream);

@@ -451,9 +451,10 @@ static void test_attention_layout(CplanDtype dt, int d) {
   CplanAttnLayout l3 = {3 * C, h, (long long)t * 3 * C, d}, l1 = {C, h, (long long)t * C, d};
   size_t es = esize(dt);
   char *q0 = dqkv, *g0 = dg;
-  LAUNCH_OK(cplan_cuda_attention_forward_l(dt, dout, lse, q0, q0 + es * C, q0 + 2 * es * C, nb, t, d, 1, l3, l1, stream));
+  LAUNCH_OK(cplan_cuda_attention_forward_l(dt, dout, lse, q0, q0 + es * C, q0 + 2 * es * C, nb, t, d, 1, 1, l3, l3, l1,
+                                           stream));
   LAUNCH_OK(cplan_cuda_attention_backward_l(dt, g0, g0 + es * C, g0 + 2 * es * C, delta, ddy, dout, lse, q0, q0 + es * C,
-                                            q0 + 2 * es * C, nb, t, d, 1, 0, l3, l1, stream));
+                                            q0 + 2 * es * C, nb, t, d, 1, 0, 1, l3, l3, l1, stream));
   float *o1 = down(dout, n1, dt), *g3 = down(dg, n3, dt);
   float *got = malloc(4 * (size_t)e), *gotq = malloc(4 * (size_t)e), *gotk = malloc(4 * (size_t)e), *gotv = malloc(4 * (size_t)e);
   for (int bb = 0; bb < b; bb++)
@@ -470,7 +471,8 @@ static void test_attention_layout(CplanDtype dt, int d) {
   compare_dt(name, "bwd dv", dt, gotv, gv, e);
   /* a layout whose heads do not divide batch * heads is refused */
   CplanAttnLayout bad = {3 * C, 4, (long long)t * 3 * C, d};
-  int rc = cplan_cuda_attention_forward_l(dt, dout, lse, q0, q0 + es * C, q0 + 2 * es * C, nb, t, d, 1, bad, l1, stream);
+  int rc = cplan_cuda_attention_forward_l(dt, dout, lse, q0, q0 + es * C, q0 + 2 * es * C, nb, t, d, 1, 1, bad, bad, l1,
+                                          stream);
   checks++;
   failures += rc == 0;
   printf("%-22s %-10s %-5s %8s  %-40s %s\n", name, "refused", cplan_dtype_name(dt), "-", "heads 4 of 6 batch-heads",
