@@ -483,6 +483,87 @@ static void test_attention_layout(CplanDtype dt, int d) {
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
 }
 
+/* grouped-query attention (the _l launchers' group): b 2, h query heads, h / group kv heads; q, out
+ * and dout [b, h, t, d], k and v in place in a fused projection kv [b, t, 2, h / group, d] (rows
+ * 2 (h / group) d apart), their gradients into dkv [b, t, 2, h / group, d]. The reference repeats
+ * k and v on the heads (query head hh reads kv head hh / group), runs the plain reference and sums
+ * dk and dv over each group. The backward runs with accumulate 1 onto random gradients, then with
+ * accumulate 0 over NaN, twice (the same bits: the group's sum is in the kernel, no atomics). Then
+ * the groups that do not fit the heads are refused. */
+static void test_attention_gqa(CplanDtype dt, int d, int causal, int h, int group) {
+  const int b = 2, t = 100, hk = h / group, nb = b * h;
+  const long e = (long)nb * t * d, nkv = (long)b * t * 2 * hk * d;
+  char name[40];
+  snprintf(name, sizeof name, "attention_gqa%d d%d%s", group, d, causal ? " causal" : "");
+  float *q = randv(e, 1.0f, dt), *kv = randv(nkv, 1.0f, dt), *dy = randv(e, 1.0f, dt);
+  float *kr = malloc(4 * (size_t)e), *vr = malloc(4 * (size_t)e);
+  /* (z, i, c), z = bb * h + hh, of the repeated k, v; (bb, i, p, hh / group, c) of kv */
+#define ATZ (((long)(bb * h + hh) * t + i) * d + c)
+#define AKV(p) ((((long)bb * t + i) * 2 + (p)) * hk * d + (long)(hh / group) * d + c)
+  for (int bb = 0; bb < b; bb++)
+    for (int hh = 0; hh < h; hh++)
+      for (int i = 0; i < t; i++)
+        for (int c = 0; c < d; c++) kr[ATZ] = kv[AKV(0)], vr[ATZ] = kv[AKV(1)];
+  float *ref = malloc(4 * (size_t)e), *att = malloc(4 * (size_t)nb * t * t);
+  float *gq = calloc((size_t)e, 4), *gk = calloc((size_t)e, 4), *gv = calloc((size_t)e, 4);
+  float *gkv = calloc((size_t)nkv, 4); /* dk and dv summed over each group, laid out as kv */
+  k_sdpa_forward(ref, att, q, kr, vr, nb, t, d, causal);
+  k_sdpa_backward(gq, gk, gv, dy, att, q, kr, vr, nb, t, d);
+  for (int bb = 0; bb < b; bb++)
+    for (int hh = 0; hh < h; hh++)
+      for (int i = 0; i < t; i++)
+        for (int c = 0; c < d; c++) gkv[AKV(0)] += gk[ATZ], gkv[AKV(1)] += gv[ATZ];
+#undef ATZ
+#undef AKV
+  size_t es = esize(dt);
+  CplanAttnLayout lq = {d, h, (long long)h * t * d, (long long)t * d};
+  CplanAttnLayout lkv = {2L * hk * d, hk, (long long)t * 2 * hk * d, d};
+  void *dq_ = up(q, e, dt), *dkv = up(kv, nkv, dt), *ddy = up(dy, e, dt), *dout = zeros(e, es);
+  float *lse = zeros((long)nb * t, 4), *delta = zeros((long)nb * t, 4);
+  char *k0 = dkv, *v0 = k0 + es * hk * d;
+  LAUNCH_OK(cplan_cuda_attention_forward_l(dt, dout, lse, dq_, k0, v0, nb, t, d, causal, group, lq, lkv, lq, stream));
+  compare_dt(name, "fwd out", dt, down(dout, e, dt), ref, e);
+  /* accumulate 1: onto random gradients */
+  float *gq0 = randv(e, 0.1f, dt), *gkv0 = randv(nkv, 0.1f, dt);
+  void *dgq = up(gq0, e, dt), *dgkv = up(gkv0, nkv, dt);
+  char *gk0 = dgkv, *gv0 = gk0 + es * hk * d;
+  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, dgq, gk0, gv0, delta, ddy, dout, lse, dq_, k0, v0, nb, t, d, causal, 1,
+                                            group, lq, lkv, lq, stream));
+  for (long x = 0; x < e; x++) gq0[x] += gq[x];
+  for (long x = 0; x < nkv; x++) gkv0[x] += gkv[x];
+  compare_dt(name, "bwd dq", dt, down(dgq, e, dt), gq0, e);
+  compare_dt(name, "bwd dk dv", dt, down(dgkv, nkv, dt), gkv0, nkv);
+  /* accumulate 0: written over NaN, every element of dkv (k's and v's parts) written, none read */
+  void *dgkv2 = zeros(nkv, es);
+  char *gk2 = dgkv2, *gv2 = gk2 + es * hk * d;
+  CUDA_OK(cudaMemset(dgq, 0xff, es * (size_t)e));
+  CUDA_OK(cudaMemset(dgkv, 0xff, es * (size_t)nkv));
+  CUDA_OK(cudaMemset(dgkv2, 0xff, es * (size_t)nkv));
+  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, dgq, gk0, gv0, delta, ddy, dout, lse, dq_, k0, v0, nb, t, d, causal, 0,
+                                            group, lq, lkv, lq, stream));
+  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, NULL, gk2, gv2, delta, ddy, dout, lse, dq_, k0, v0, nb, t, d, causal, 0,
+                                            group, lq, lkv, lq, stream));
+  compare_dt(name, "bwd dq (written)", dt, down(dgq, e, dt), gq, e);
+  compare_dt(name, "bwd dk dv (written)", dt, down(dgkv, nkv, dt), gkv, nkv);
+  same_bits(name, "bwd dk dv", dt, dgkv, dgkv2, es * (size_t)nkv);
+  /* refused: a group that does not divide q's heads, group 0, and k and v's heads not q's / group */
+  CplanAttnLayout lkv1 = lkv;
+  lkv1.heads = hk + 1;
+  refused("cplan_cuda_attention_forward",
+          cplan_cuda_attention_forward_l(dt, dout, lse, dq_, k0, v0, nb, t, d, causal, h + 1, lq, lkv, lq, stream),
+          "group");
+  refused("cplan_cuda_attention_forward",
+          cplan_cuda_attention_forward_l(dt, dout, lse, dq_, k0, v0, nb, t, d, causal, 0, lq, lkv, lq, stream), "group 0");
+  refused("cplan_cuda_attention_backward",
+          cplan_cuda_attention_backward_l(dt, dgq, gk0, gv0, delta, ddy, dout, lse, dq_, k0, v0, nb, t, d, causal, 0,
+                                          group, lq, lkv1, lq, stream),
+          "heads times the group");
+  free(q), free(kv), free(dy), free(kr), free(vr), free(ref), free(att), free(gq), free(gk), free(gv), free(gkv);
+  free(gq0), free(gkv0);
+  void *bufs[] = {dq_, dkv, ddy, dout, lse, delta, dgq, dgkv, dgkv2};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+}
+
 static void test_activation(CplanDtype dt, KUnary op) {
   const long n = 100003;
   const char *name = op == K_GELU ? "gelu" : "silu";
@@ -950,6 +1031,10 @@ int main(void) {
     test_attention_layout(dt, 64);
     test_attention_layout(dt, 160);
     test_attention_layout(dt, 36); /* rows 3C = 324 apart, not a multiple of 8: element-wise staging */
+    test_attention_gqa(dt, 64, 1, 4, 2);
+    test_attention_gqa(dt, 96, 0, 8, 4);
+    test_attention_gqa(dt, 160, 0, 4, 2);
+    test_attention_gqa(dt, 160, 1, 4, 4); /* one kv head (MQA) */
     test_activation(dt, K_GELU);
     test_activation(dt, K_SILU);
     test_cross_entropy(dt);
