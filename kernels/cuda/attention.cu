@@ -163,13 +163,14 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
   /* the group's query heads in turn, into the same registers: dk and dv stored once, no atomics */
   for (long long z = zk * group; z < (zk + 1) * group; z++) {
     const T *qz = q + att_base(lq, z), *doz = dout + att_base(lo, z);
+    const float *lz = lse + z * t, *dz = delta + z * t;
     for (int i0 = q0; i0 < t; i0 += BC) {
       __syncthreads();
       stage<T, DMAX>(qs, qz, lq.ld, i0, BC, t, d);
       stage<T, DMAX>(dos, doz, lo.ld, i0, BC, t, d);
       for (int e = threadIdx.x; e < BC; e += blockDim.x) {
-        ls[e] = i0 + e < t ? lse[z * t + i0 + e] : 0.0f;
-        ds_[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
+        ls[e] = i0 + e < t ? lz[i0 + e] : 0.0f;
+        ds_[e] = i0 + e < t ? dz[i0 + e] : 0.0f;
       }
       __syncthreads();
       if (j >= t) continue;
@@ -484,13 +485,14 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
   for (int nb = 0; nb < TD / 16; nb++) wmma::fill_fragment(gk[nb], 0.0f), wmma::fill_fragment(gv[nb], 0.0f);
   for (long long z = zk * group; z < (zk + 1) * group; z++) {
     const T *qz = q + att_base(lq, z), *doz = dout + att_base(lo, z);
+    const float *lz = lse + z * t, *dz = delta + z * t; /* not z * t at each tile: at TD 64, sm_80 spilled */
     for (int i0 = causal ? j0 : 0; i0 < t; i0 += TC_R) { /* earlier queries see none of these keys */
       __syncthreads();
       tc_stage<T, TD>(qs, Dm::LQ, qz, lq.ld, i0, TC_R, t, d);
       tc_stage<T, TD>(dos, Dm::LQ, doz, lo.ld, i0, TC_R, t, d);
       for (int e = threadIdx.x; e < TC_R; e += blockDim.x) {
-        lss[e] = i0 + e < t ? lse[z * t + i0 + e] : 0.0f;
-        dls[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
+        lss[e] = i0 + e < t ? lz[i0 + e] : 0.0f;
+        dls[e] = i0 + e < t ? dz[i0 + e] : 0.0f;
       }
       __syncthreads();
       tc_abt<T, TD>(sw, ks + w * 16 * Dm::LQ, qs);   /* S^T: [16 keys, 64 queries] */
@@ -843,7 +845,8 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  fa_store<T, TD>(out + att_base(lo, z), lo.ld, o, ra, t, d, l0 > 0.0f ? 1.0f / l0 : 0.0f, l1 > 0.0f ? 1.0f / l1 : 0.0f, 0);
+  fa_store<T, TD>(out + att_base(lo, z), lo.ld, o, ra, t, d, l0 > 0.0f ? 1.0f / l0 : 0.0f,
+                  l1 > 0.0f ? 1.0f / l1 : 0.0f, 0);
   if ((lane & 3) == 0) {
     if (ra < t) lse[z * t + ra] = m0 * FA_LN2 + logf(l0);
     if (rb < t) lse[z * t + rb] = m1 * FA_LN2 + logf(l1);
@@ -877,6 +880,7 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
     for (int e = 0; e < 4; e++) gk[nd][e] = gv[nd][e] = 0.0f;
   for (long long z = zk * group; z < (zk + 1) * group; z++) {
     const T *qz = q + att_base(lq, z), *doz = dout + att_base(lo, z);
+    const float *lz = lse + z * t, *dz = delta + z * t;
     for (int i0 = causal ? j0 : 0; i0 < t; i0 += BQ) { /* earlier queries see none of these keys */
       __syncthreads();
       tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, BQ, t, d);
@@ -884,8 +888,8 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
       fa_stage_t<T, TD>(qt, Dm::LQ, qz, lq.ld, i0, BQ, t, d);
       fa_stage_t<T, TD>(dot, Dm::LQ, doz, lo.ld, i0, BQ, t, d);
       for (int e = threadIdx.x; e < BQ; e += blockDim.x) {
-        lss[e] = i0 + e < t ? lse[z * t + i0 + e] * FA_LOG2E : 0.0f;
-        dls[e] = i0 + e < t ? delta[z * t + i0 + e] : 0.0f;
+        lss[e] = i0 + e < t ? lz[i0 + e] * FA_LOG2E : 0.0f;
+        dls[e] = i0 + e < t ? dz[i0 + e] : 0.0f;
       }
       __syncthreads();
       if (jw >= t || (causal && i0 + BQ <= jw)) continue; /* no key of the warp's, or every query before them */
