@@ -450,9 +450,9 @@ static void emit_nn(Cg *c, int i) {
       unsupported(c, i, "sdpa with different query and key lengths or value width");
       return;
     }
-    EMIT("  k_sdpa_fast_forward(%s, %s, %s, %s, %s, %lld, %lld, %lld, %d);\n", o, aux_ptr(c, i, 0), x,
+    EMIT("  k_sdpa_fast_forward(%s, %s, %s, %s, %s, %lld, %lld, %lld, %d, %lld);\n", o, aux_ptr(c, i, 0), x,
          ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3],
-         (int)n->ia[0]);
+         (int)n->ia[0], (long long)(q[1] / k[1]));
     break;
   }
   default: cp_unreachable();
@@ -732,11 +732,11 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
          (long long)f->shape.d[f->shape.rank - 2], (long long)cc, cg_flt(f->fa[0]));
     break;
   case OP_SDPA: {
-    const int64_t *q = nd(c, f->in[0])->shape.d;
+    const int64_t *q = nd(c, f->in[0])->shape.d, *k = nd(c, f->in[1])->shape.d;
     group_outputs(c, i, d, 3, false);
-    EMIT("  k_sdpa_fast_backward(%s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, F(%lld));\n", d[0], d[1], d[2], dy,
-         aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]), ptr(c, f->in[2]), (long long)(q[0] * q[1]), (long long)q[2],
-         (long long)q[3], (long long)c->pl.nc[i].soff[c->ph]);
+    EMIT("  k_sdpa_fast_backward(%s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, F(%lld));\n", d[0], d[1], d[2],
+         dy, aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]), ptr(c, f->in[2]), (long long)(q[0] * q[1]), (long long)q[2],
+         (long long)q[3], (long long)(q[1] / k[1]), (long long)c->pl.nc[i].soff[c->ph]);
     break;
   }
   case OP_DROPOUT: {

@@ -744,7 +744,9 @@ static bool shape_rope(const Graph *g, Node *n, char *err, size_t errlen) {
   return true;
 }
 
-/* sdpa(q [B,h,Tq,d], k [B,h,Tk,d], v [B,h,Tk,dv]) -> [B,h,Tq,dv]; ia[0] causal. */
+/* sdpa(q [B,h,Tq,d], k [B,hk,Tk,d], v [B,hk,Tk,dv]) -> [B,h,Tq,dv]; ia[0] causal. hk divides h:
+ * grouped-query attention, query head i reading key/value head i / (h / hk) (sema checks
+ * enable_gqa; the kernels take the groups without repeating k and v). */
 static bool shape_sdpa(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *q = in_node(g, n, 0), *k = in_node(g, n, 1), *v = in_node(g, n, 2);
   const char *names[3] = {"q", "k", "v"};
@@ -753,8 +755,9 @@ static bool shape_sdpa(const Graph *g, Node *n, char *err, size_t errlen) {
     if (qkv[i]->shape.rank != 4)
       return fail(err, errlen, "sdpa: %s must be [B, h, T, d], got %s", names[i], shape_str(&qkv[i]->shape));
   const int64_t *Q = q->shape.d, *K = k->shape.d, *V = v->shape.d;
-  if (Q[0] != K[0] || Q[1] != K[1] || Q[3] != K[3])
-    return fail(err, errlen, "sdpa: q %s and k %s must agree in B, h and d: expected k [%lld, %lld, Tk, %lld]",
+  if (Q[0] != K[0] || K[1] < 1 || Q[1] % K[1] || Q[3] != K[3])
+    return fail(err, errlen,
+                "sdpa: q %s and k %s must agree in B and d, and k's heads divide q's: expected k [%lld, %lld, Tk, %lld]",
                 shape_str(&q->shape), shape_str(&k->shape), (long long)Q[0], (long long)Q[1], (long long)Q[3]);
   if (V[0] != K[0] || V[1] != K[1] || V[2] != K[2])
     return fail(err, errlen, "sdpa: k %s and v %s must agree in B, h and T: expected v [%lld, %lld, %lld, dv]",

@@ -1079,17 +1079,22 @@ static bool broadcasts_to(Build *b, Value v, const Shape *sc, const char *what) 
  * GPU mesh, heads wider than its kernels (attn_max_d). causal masks as PyTorch's is_causal does (top-left: query i
  * sees keys j <= i), with where(arange(Tq)[:, None] >= arange(Tk), s, -inf); attn_mask (1.0 attend,
  * 0.0 not) with where(mask, s, -inf) after it. */
+static int repeat_node(Build *b, int x, int64_t r, int ax, Span at);
+
 static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value *bias, double dropout) {
   const Node n = b->g->nodes[i];
   const int64_t *Q = b->g->nodes[n.in[0]].shape.d, *K = b->g->nodes[n.in[1]].shape.d, *V = b->g->nodes[n.in[2]].shape.d;
   bool wide = b->s->attn_max_d > 0 && Q[3] > b->s->attn_max_d; /* the backend's kernels take no such heads */
   if (Q[2] == K[2] && V[3] == Q[3] && !mask && !bias && !wide && dropout == 0) return tensor_val(i, at);
-  const int64_t tq = Q[2], tk = K[2], d = Q[3];
+  const int64_t tq = Q[2], tk = K[2], d = Q[3], group = Q[1] / K[1];
   const Shape sc = {.rank = 4, .d = {Q[0], Q[1], tq, tk}};
   if ((mask && !broadcasts_to(b, *mask, &sc, "attn_mask")) || (bias && !broadcasts_to(b, *bias, &sc, "attn_bias")))
     return sema_v_err();
   b->g->n--;
-  int kt = dims_node(b, OP_TRANSPOSE, n.in[1], NULL, 0, 0, at);
+  int kin = n.in[1], vin = n.in[2]; /* grouped-query: each key/value head repeated, as PyTorch's math form */
+  if (group > 1 && ((kin = repeat_node(b, kin, group, 1, at)) < 0 || (vin = repeat_node(b, vin, group, 1, at)) < 0))
+    return sema_v_err();
+  int kt = dims_node(b, OP_TRANSPOSE, kin, NULL, 0, 0, at);
   int x = kt < 0 ? -1 : binary_node(b, OP_MATMUL, n.in[0], kt, at);
   if (x < 0) return sema_v_err();
   Value s = desugar_binary(b, OP_MUL, x, sema_v_float(1.0 / sqrt((double)d), at), at);
@@ -1125,7 +1130,7 @@ static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value 
     if (dr >= 0) b->g->nodes[dr].fa[0] = dropout;
     p = dr < 0 || infer(b, dr, at).kind == V_ERR ? -1 : dr;
   }
-  int o = p < 0 ? -1 : binary_node(b, OP_MATMUL, p, n.in[2], at);
+  int o = p < 0 ? -1 : binary_node(b, OP_MATMUL, p, vin, at);
   return o < 0 ? sema_v_err() : tensor_val(o, at);
 }
 
@@ -1592,10 +1597,11 @@ static Value expand_broadcast(Build *b, const PrimNode *pn, OpId id, Span at) {
   return y < 0 ? sema_v_err() : tensor_val(y, at);
 }
 
-/* sdpa(q, k, v, enable_gqa = true), PyTorch's: k and v [B, hk, T, d] with hk dividing q's heads hq,
- * each repeated hq / hk times in a row (query head i reads key/value head i / (hq / hk)). Without
- * it, such heads get an error with that hint. in: q, k, v. */
-static bool sdpa_gqa_heads(Build *b, int *in, bool gqa, Span at) {
+/* sdpa(q, k, v, enable_gqa = true), PyTorch's: k and v [B, hk, T, d] with hk dividing q's heads hq
+ * (query head i reads key/value head i / (hq / hk)). The attention kernels take the groups as they
+ * are; the math form (sdpa_math) repeats k and v. Without enable_gqa, such heads get an error with
+ * that hint. in: q, k, v. */
+static bool sdpa_gqa_heads(Build *b, const int *in, bool gqa, Span at) {
   const Shape *q = &b->g->nodes[in[0]].shape, *k = &b->g->nodes[in[1]].shape, *v = &b->g->nodes[in[2]].shape;
   if (q->rank != 4 || k->rank != 4 || v->rank != 4 || q->d[1] == k->d[1] || k->d[1] != v->d[1]) return true;
   if (q->d[1] % k->d[1]) {
@@ -1610,8 +1616,7 @@ static bool sdpa_gqa_heads(Build *b, int *in, bool gqa, Span at) {
               (long long)(q->d[1] / k->d[1]));
     return false;
   }
-  int64_t r = q->d[1] / k->d[1];
-  return (in[1] = repeat_node(b, in[1], r, 1, at)) >= 0 && (in[2] = repeat_node(b, in[2], r, 1, at)) >= 0;
+  return true;
 }
 
 static Value call_prim(Build *b, Frame *f, const Expr *e, OpId id) {

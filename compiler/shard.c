@@ -350,16 +350,20 @@ bool shard_rowwise(const Graph *g, const Node *n, ShardIO *io) {
   return x.kind != PL_S || divisible(io, n->shape.d[x.dim], x.dim);
 }
 
-/* sdpa(q, k, v [B, h, T, d]): split by batch or by heads (all three alike), or the queries' T
- * alone with k and v whole when not causal (the kernels' causal mask counts the query rows from 0). */
+/* sdpa(q [B, h, T, d], k, v [B, hk, T, d]): split by batch or by heads (all three alike: under
+ * grouped-query attention the devices' query heads then read their own key/value heads), or the
+ * queries' T alone with k and v whole when not causal (the kernels' causal mask counts the query rows
+ * from 0). */
 bool shard_sdpa(const Graph *g, const Node *n, ShardIO *io) {
   Pl q = io->in[0];
   if (q.kind == PL_R && io->in[1].kind == PL_R && io->in[2].kind == PL_R) return shard_leaf(g, n, io);
+  const int64_t hk = in_shape(g, n, 1)->d[1];
+  bool kv_whole = io->in[1].kind == PL_R && io->in[2].kind == PL_R;
   bool bh = q.kind == PL_S && q.dim <= 1 && pl_eq(io->in[1], q) && pl_eq(io->in[2], q);
-  bool tq = q.kind == PL_S && q.dim == 2 && io->in[1].kind == PL_R && io->in[2].kind == PL_R && !n->ia[0];
+  bool tq = q.kind == PL_S && q.dim == 2 && kv_whole && !n->ia[0];
   if (bh || tq) {
     io->out = q;
-    return divisible(io, n->shape.d[q.dim], q.dim);
+    return divisible(io, n->shape.d[q.dim], q.dim) && (!bh || q.dim != 1 || divisible(io, hk, 1));
   }
   Pl w = q.kind == PL_S && q.dim <= 1 ? q : pl_r();
   want_all(io, 3, w);

@@ -98,13 +98,13 @@ void k_accum(float *dst, const float *x, long n) {
 /* ---- attention ------------------------------------------------------------------------------- */
 
 void k_sdpa_fast_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                         int nb, int t, int d, int causal) {
-  k_assert(nb >= 0 && t > 0 && d > 0);
+                         int nb, int t, int d, int causal, int group) {
+  k_assert(nb >= 0 && t > 0 && d > 0 && group > 0 && nb % group == 0);
   float scale = 1.0f / sqrtf((float)d);
   for (long z = 0; z < nb; z++) {
-    long o = z * t * d;
+    long o = z * t * d, ko = z / group * t * d;
     float *a = att + z * t * t;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, scale, q + o, d, k + o, d, 0.0f,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, scale, q + o, d, k + ko, d, 0.0f,
                 a, t);
     for (int i = 0; i < t; i++) {
       float *r = a + (long)i * t;
@@ -117,25 +117,28 @@ void k_sdpa_fast_forward(float *out, float *att, const float *q, const float *k,
       for (int j = 0; j < end; j++) r[j] *= inv;
       for (int j = end; j < t; j++) r[j] = 0;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, a, t, v + o, d, 0.0f,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, a, t, v + ko, d, 0.0f,
                 out + o, d);
   }
 }
 
 void k_sdpa_fast_backward(float *dq, float *dk, float *dv, const float *dout, const float *att,
                           const float *q, const float *k, const float *v, int nb, int t, int d,
-                          float *scratch) {
-  k_assert(nb >= 0 && t > 0 && d > 0);
+                          int group, float *scratch) {
+  k_assert(nb >= 0 && t > 0 && d > 0 && group > 0 && nb % group == 0);
   float scale = 1.0f / sqrtf((float)d);
   for (long z = 0; z < nb; z++) {
-    long o = z * t * d;
+    long o = z * t * d, ko = z / group * t * d;
+    /* a key/value head's gradient is the sum over its group's query heads (consecutive z): the
+     * first writes it, the others add */
+    float beta = z % group ? 1.0f : 0.0f;
     const float *a = att + z * t * t, *g = dout + o;
     if (dv) /* dV = P^T dO */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, a, t, g, d, 0.0f, dv + o, d);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, a, t, g, d, beta, dv + ko, d);
     if (!dq && !dk) continue;
     /* dP = dO V^T, then dS = P * (dP - rowsum(dP * P)) * scale; masked P = 0 gives dS = 0 */
     float *ds = scratch;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, 1.0f, g, d, v + o, d, 0.0f, ds, t);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, 1.0f, g, d, v + ko, d, 0.0f, ds, t);
     for (int i = 0; i < t; i++) {
       float *r = ds + (long)i * t;
       const float *p = a + (long)i * t;
@@ -143,7 +146,7 @@ void k_sdpa_fast_backward(float *dq, float *dk, float *dv, const float *dout, co
       for (int j = 0; j < t; j++) dot += r[j] * p[j];
       for (int j = 0; j < t; j++) r[j] = p[j] * (r[j] - dot) * scale;
     }
-    if (dq) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, ds, t, k + o, d, 0.0f, dq + o, d);
-    if (dk) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, ds, t, q + o, d, 0.0f, dk + o, d);
+    if (dq) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, ds, t, k + ko, d, 0.0f, dq + o, d);
+    if (dk) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, ds, t, q + o, d, beta, dk + ko, d);
   }
 }

@@ -16,6 +16,8 @@
 # and -refuse (the emulated cuBLASLt refuses DGELU_BGRAD and BGRAD_B, CUEMU_REFUSE_EPILOGUES: the program
 # says so once each and takes the fallbacks; DGELU still runs):
 #   gpt_small-f32 gpt_small-bf16 gpt_small-f16 llama_small-f32 llama_small-bf16 llama_small-f16
+#   gqa_small-bf16 gqa_small-f32-tp2-mpi (grouped-query attention, tests/e2e/gqa_small.cplan: 2 key/value heads
+#                           for 4 query heads, read by the attention kernels with no repeat; on tp 2 one each)
 #   sel_small-f32 sel_small-bf16 (abs, clamp and where in the MLP: fused, and cps_where_bwd for a broadcast param)
 #   feat_small-f32 feat_small-bf16 (feat_small-f16 by hand) (an MLP on float features from tensors data, feat.safetensors:
 #                           under bf16 / f16 the f32 input and a reduction are cast to the low type for the GEMMs
@@ -60,7 +62,7 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
-cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallva-bf16-tp2-nccl gpt_smallva-f32-tp2-mpi sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 slice_small-f32 slice_small-bf16 slice_small-f32-tp2sp-mpi gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl gpt_small-f32-tp2ilp-nccl gpt_small-bf16-tp2ilp-mpi llama_small-f32-tp2a2a-nccl llama_small-bf16-tp2a2a-mpi llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
+cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallva-bf16-tp2-nccl gpt_smallva-f32-tp2-mpi sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 slice_small-f32 slice_small-bf16 slice_small-f32-tp2sp-mpi gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gqa_small-bf16 gqa_small-f32-tp2-mpi gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl gpt_small-f32-tp2ilp-nccl gpt_small-bf16-tp2ilp-mpi llama_small-f32-tp2a2a-nccl llama_small-bf16-tp2a2a-mpi llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
 steps=${CPLAN_EMU_STEPS:-8}
 export CUEMU_DEFER=${CUEMU_DEFER:-1}
 env_file=$build/tests/cuda_emu/program.env

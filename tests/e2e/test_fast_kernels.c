@@ -91,21 +91,30 @@ static void test_binary(void) {
   free_all();
 }
 
-static void test_sdpa(int causal) {
-  int nb = 2, t = 6, d = 4;
-  long sz = (long)nb * t * d, asz = (long)nb * t * t;
-  float *q = rnd(sz), *k = rnd(sz), *v = rnd(sz), *dy = rnd(sz);
+/* group > 1: grouped-query attention, against the reference on k and v with each head repeated
+ * group times in a row and the reference's dk, dv summed over each group */
+static void test_sdpa(int causal, int group) {
+  int nb = 4, t = 6, d = 4;
+  long sz = (long)nb * t * d, ksz = sz / group, asz = (long)nb * t * t, hd = (long)t * d;
+  float *q = rnd(sz), *k = rnd(ksz), *v = rnd(ksz), *dy = rnd(sz);
+  float *rk_in = zeros(sz), *rv_in = zeros(sz);
+  for (long z = 0; z < nb; z++)
+    for (long e = 0; e < hd; e++) rk_in[z * hd + e] = k[z / group * hd + e], rv_in[z * hd + e] = v[z / group * hd + e];
   float *o = zeros(sz), *ro = zeros(sz), *att = zeros(asz), *ratt = zeros(asz);
-  k_sdpa_forward(ro, ratt, q, k, v, nb, t, d, causal);
-  k_sdpa_fast_forward(o, att, q, k, v, nb, t, d, causal);
+  k_sdpa_forward(ro, ratt, q, rk_in, rv_in, nb, t, d, causal);
+  k_sdpa_fast_forward(o, att, q, k, v, nb, t, d, causal, group);
   expect_close("sdpa out", o, ro, sz, 1e-5f);
   expect_close("sdpa att", att, ratt, asz, 1e-5f);
-  float *dq = zeros(sz), *dk = zeros(sz), *dv = zeros(sz), *rq = zeros(sz), *rk = zeros(sz), *rv = zeros(sz);
-  k_sdpa_backward(rq, rk, rv, dy, ratt, q, k, v, nb, t, d);
-  k_sdpa_fast_backward(dq, dk, dv, dy, att, q, k, v, nb, t, d, zeros((long)t * t));
+  /* dk, dv start as noise: the kernel writes them */
+  float *dq = zeros(sz), *dk = rnd(ksz), *dv = rnd(ksz), *rq = zeros(sz), *rk = zeros(sz), *rv = zeros(sz);
+  k_sdpa_backward(rq, rk, rv, dy, ratt, q, rk_in, rv_in, nb, t, d);
+  k_sdpa_fast_backward(dq, dk, dv, dy, att, q, k, v, nb, t, d, group, zeros((long)t * t));
+  float *sk = zeros(ksz), *sv = zeros(ksz);
+  for (long z = 0; z < nb; z++)
+    for (long e = 0; e < hd; e++) sk[z / group * hd + e] += rk[z * hd + e], sv[z / group * hd + e] += rv[z * hd + e];
   expect_close("sdpa dq", dq, rq, sz, 1e-4f);
-  expect_close("sdpa dk", dk, rk, sz, 1e-4f);
-  expect_close("sdpa dv", dv, rv, sz, 1e-4f);
+  expect_close("sdpa dk", dk, sk, ksz, 1e-4f);
+  expect_close("sdpa dv", dv, sv, ksz, 1e-4f);
   free_all();
 }
 
@@ -124,8 +133,10 @@ int main(void) {
   srand(7);
   test_gemm();
   test_binary();
-  test_sdpa(0);
-  test_sdpa(1);
+  for (int group = 1; group <= 4; group *= 2) {
+    test_sdpa(0, group);
+    test_sdpa(1, group);
+  }
   test_i32();
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
   else printf("fast kernels: ok\n");

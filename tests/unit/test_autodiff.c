@@ -244,7 +244,7 @@ static void forward(Interp *I, const Node *f, double *out) {
   case OP_RMS_NORM: k_rms_norm_forward_f64(out, NULL, a, b, (int)(n / dim(x, -1)), dim(x, -1), f->fa[0]); return;
   case OP_ROPE: k_rope_forward_f64(out, a, (int)(n / (dim(x, -1) * dim(x, -2))), dim(x, -2), dim(x, -1), f->fa[0]); return;
   case OP_SDPA: {
-    cp_assert(dim(x, 2) == dim(input(I, f, 1), 2) && dim(x, 3) == dim(input(I, f, 2), 3));
+    cp_assert(dim(x, 1) == dim(input(I, f, 1), 1) && dim(x, 2) == dim(input(I, f, 1), 2) && dim(x, 3) == dim(input(I, f, 2), 3));
     int nb = dim(x, 0) * dim(x, 1), t = dim(x, 2);
     double *att = calloc((size_t)nb * t * t, sizeof(double));
     k_sdpa_forward_f64(out, att, a, b, vin(I, f, 2), nb, t, dim(x, 3), (int)f->ia[0]);

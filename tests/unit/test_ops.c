@@ -565,7 +565,12 @@ static void test_sdpa(void) {
   int s = N(OP_SDPA, q, k, v);
   at(s)->ia[0] = 1;
   OK(s, "f32[2, 4, 16, 48]");
-  ERR(N(OP_SDPA, q, T(DT_F32, 4, 2, 4, 32, 32), v), "q [2, 4, 16, 64] and k [2, 4, 32, 32] must agree in B, h and d");
+  ERR(N(OP_SDPA, q, T(DT_F32, 4, 2, 4, 32, 32), v), "q [2, 4, 16, 64] and k [2, 4, 32, 32] must agree in B and d");
+  /* grouped-query: k and v with 2 (or 1) heads serve q's 4; 3 does not divide 4 */
+  OK(N(OP_SDPA, q, T(DT_F32, 4, 2, 2, 32, 64), T(DT_F32, 4, 2, 2, 32, 48)), "f32[2, 4, 16, 48]");
+  OK(N(OP_SDPA, q, T(DT_F32, 4, 2, 1, 32, 64), T(DT_F32, 4, 2, 1, 32, 48)), "f32[2, 4, 16, 48]");
+  ERR(N(OP_SDPA, q, T(DT_F32, 4, 2, 3, 32, 64), T(DT_F32, 4, 2, 3, 32, 48)), "k's heads divide q's");
+  ERR(N(OP_SDPA, q, T(DT_F32, 4, 2, 2, 32, 64), v), "must agree in B, h and T");
   ERR(N(OP_SDPA, q, k, T(DT_F32, 4, 2, 4, 31, 48)), "must agree in B, h and T");
   ERR(N(OP_SDPA, q, k, T(DT_F32, 4, 2, 3, 32, 48)), "must agree in B, h and T");
   ERR(N(OP_SDPA, T(DT_F32, 3, 2, 16, 64), k, v), "sdpa: q must be [B, h, T, d], got [2, 16, 64]");
