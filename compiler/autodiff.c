@@ -171,6 +171,13 @@ int64_t train_dp(const TrainConf *t) {
   return 1;
 }
 
+bool train_pinned(const TrainConf *t) {
+  const StrategyConf *st = &t->strategy;
+  if (!t->mesh || t->mesh->ndevices <= 1) return true;
+  return !st->is_auto && st->dp > 0 && st->tp > 0 && st->pp > 0 && st->sp > 0 && st->micro > 0 && st->zero >= 0 &&
+         st->recompute != RC_SEARCH && (st->pp == 1 || st->pipeline != PS_SEARCH);
+}
+
 bool train_cuda(const TrainConf *t) { return t->mesh && t->mesh->device.kind == DEV_CUDA; }
 
 bool train_lowered(const TrainConf *t) { return t->strategy.tp > 1 || t->strategy.zero > 0 || t->strategy.pp > 1; }

@@ -346,14 +346,11 @@ static StrategyConf strategy_defaults(const TrainConf *t) {
  * chooses the rest. One line on stderr says what the search chose. */
 static void use_search(Sema *s, TrainConf *t) {
   const StrategyConf *st = &t->strategy;
-  if (!t->mesh || t->mesh->ndevices <= 1) return;
+  if (train_pinned(t)) return;
   StrategyConf best = *st;
   static const char *const rc[] = {"none", "selective", "full"}, *const ps[] = {"1f1b", "gpipe", "interleaved"};
   const char *why = "strategy = auto:";
   if (!st->is_auto) {
-    if (st->dp > 0 && st->tp > 0 && st->pp > 0 && st->sp > 0 && st->micro > 0 && st->zero >= 0 &&
-        st->recompute != RC_SEARCH && (st->pp == 1 || st->pipeline != PS_SEARCH))
-      return; /* everything pinned */
     TrainConf d = *t;
     d.strategy = strategy_defaults(t);
     StrategyConf def = d.strategy, ignored;
@@ -376,24 +373,6 @@ static void use_search(Sema *s, TrainConf *t) {
   t->strategy = best;
 }
 
-/* A dropout mask is drawn at each element's index in the step's whole tensor (codegen's
- * cg_dropout_map), so each dropout node needs its batch dim: the dim whose size follows B, found by
- * elaborating the model again at B + 1 (as the search finds its batch dims). ia[1] = dim + 1
- * (0: none, as a dropout of a param). Its stream is keyed by its index here (ia[0] = i + 1), which
- * recompute's clones, the per-rank lowering and pipeline stages keep. */
-static void mark_dropout_batch(Front *fe, Graph *g, int64_t b) {
-  bool any = false;
-  for (int i = 0; i < g->n; i++)
-    if (g->nodes[i].op == OP_DROPOUT) g->nodes[i].ia[0] = i + 1, any = true;
-  const Graph *g2 = any ? sema_build_model(fe->sema, fe->train->model, fe->train->model_call, b + 1) : NULL;
-  for (int i = 0; g2 && g2->n == g->n && i < g->n; i++) {
-    Node *n = &g->nodes[i];
-    if (n->op != OP_DROPOUT || g2->nodes[i].op != OP_DROPOUT) continue;
-    for (int d = 0; d < n->shape.rank && !n->ia[1]; d++)
-      if (n->shape.d[d] != g2->nodes[i].shape.d[d]) n->ia[1] = d + 1;
-  }
-}
-
 static Graph *train_model(Options *o, Front *fe, const char *what) {
   if (!front_end(o, fe, true)) return NULL;
   if (!fe->train) {
@@ -406,8 +385,7 @@ static Graph *train_model(Options *o, Front *fe, const char *what) {
   bool one = strcmp(what, "--stage=llvm") == 0 || (strcmp(what, "--stage=cuda") == 0 && !train_cuda(fe->train));
   if (!o->plan && !one) use_search(fe->sema, fe->train);
   /* a plan lowered per rank is elaborated for the global micro-batch (train.h) */
-  Graph *g = sema_build_model(fe->sema, fe->train->model, fe->train->model_call, train_graph_batch(fe->train));
-  if (g) mark_dropout_batch(fe, g, train_graph_batch(fe->train));
+  Graph *g = sema_train_graph(fe->sema, fe->train, train_graph_batch(fe->train));
   return g && cg_check_inputs(g, fe->train, true) && adder_fits(g, fe->train) ? g : NULL;
 }
 

@@ -215,6 +215,11 @@ MeshConf *settings_default_mesh(void);
  * table and resolves its model and mesh. NULL after diagnostics. */
 TrainConf *settings_train(Sema *s, const char *train_name, bool *none);
 
+/* The train block's model elaborated for batch (train_graph_batch), its dropout nodes keyed and
+ * given their batch dims (a second elaboration at batch + 1): the graph build, run and emit lower.
+ * NULL after diagnostics. */
+Graph *sema_train_graph(Sema *s, const TrainConf *t, int64_t batch);
+
 /* Table lookups used by check and the driver. */
 const char *precision_name(Precision p);
 const char *optimizer_name(OptKind k);

@@ -2274,3 +2274,23 @@ Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t ba
     cp_panic(__FILE__, __LINE__, "the graph of model '%s' fails ir_verify: %s", model->name, err);
   return b.g;
 }
+
+/* A dropout mask is drawn at each element's index in the step's whole tensor (codegen's
+ * cg_dropout_map), so each dropout node needs its batch dim: the dim whose size follows B, found by
+ * elaborating the model again at B + 1 (as the search finds its batch dims). ia[1] = dim + 1
+ * (0: none, as a dropout of a param). Its stream is keyed by its index here (ia[0] = i + 1), which
+ * recompute's clones, the per-rank lowering and pipeline stages keep. */
+Graph *sema_train_graph(Sema *s, const TrainConf *t, int64_t batch) {
+  Graph *g = sema_build_model(s, t->model, t->model_call, batch);
+  bool any = false;
+  for (int i = 0; g && i < g->n; i++)
+    if (g->nodes[i].op == OP_DROPOUT) g->nodes[i].ia[0] = i + 1, any = true;
+  const Graph *g2 = any ? sema_build_model(s, t->model, t->model_call, batch + 1) : NULL;
+  for (int i = 0; g2 && g2->n == g->n && i < g->n; i++) {
+    Node *n = &g->nodes[i];
+    if (n->op != OP_DROPOUT || g2->nodes[i].op != OP_DROPOUT) continue;
+    for (int d = 0; d < n->shape.rank && !n->ia[1]; d++)
+      if (n->shape.d[d] != g2->nodes[i].shape.d[d]) n->ia[1] = d + 1;
+  }
+  return g;
+}

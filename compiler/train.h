@@ -42,6 +42,10 @@ int64_t train_micro(const TrainConf *t);
  * parallelism, or ZeRO. Pure data parallelism runs the one-device training graph on every rank. */
 bool train_lowered(const TrainConf *t);
 
+/* Whether nothing is left for the search to choose: one device, or a strategy that is not auto
+ * and pins every field (the pipeline schedule only under pp). */
+bool train_pinned(const TrainConf *t);
+
 /* Whether the mesh's devices are CUDA GPUs: build, run and `emit --stage=c|cuda` take the CUDA
  * backend (codegen/emit_cu.c). */
 bool train_cuda(const TrainConf *t);

@@ -2,11 +2,7 @@
  * it is parsed and, when it parses cleanly, indexed by sema, its train block
  * checked, and every model whose params all have defaults elaborated. Nothing may
  * crash, hang or leak (the arena is reset between inputs). */
-#include <stddef.h>
-#include <stdint.h>
-
-#include "ast.h"
-#include "sema.h"
+#include "fuzz_input.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -18,16 +14,10 @@ static bool all_defaults(const Item *it) {
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  diag_reset();
-  diag_set_output(NULL);
-  src_reset();
-  cp_arena_reset();
-  int file = src_add("fuzz.cplan", (const char *)data, size);
-  Program *prog = parse_program_source(file);
-  if (!prog || diag_errors() > 0) return 0;
-  Sema *s = sema_new(prog);
-  bool none = false;
-  settings_train(s, NULL, &none);
+  Program *prog;
+  TrainConf *train;
+  Sema *s = fuzz_input(data, size, &prog, &train);
+  if (!s) return 0;
   for (int i = 0; i < prog->nitems && !diag_too_many(); i++) {
     const Item *it = prog->items[i];
     if (it->kind == IT_MODEL && all_defaults(it)) sema_build_model(s, it, NULL, 2);
