@@ -1,13 +1,18 @@
 /* attention.cu: scaled dot-product attention, causal or not, forward and backward, in the
  * manner of FlashAttention-2 (kernels_cuda.h; reference k_sdpa_* in kernels/cpu/ref.c, which
- * keeps the [t, t] probabilities: these kernels never do).
+ * keeps the [t, t] probabilities: these kernels never do; it has one length, these take tq
+ * queries and tk keys).
  *
- * Layout: q, out [nb, t, d] (nb = batch * heads), k, v [nb / group, t, d], scale = 1/sqrt(d): with
+ * Layout: q, out [nb, tq, d] (nb = batch * heads), k, v [nb / group, tk, d], scale = 1/sqrt(d): with
  * group > 1, grouped-query attention (GQA; MQA at group = heads) as FlashAttention-2 runs it, k and
  * v read with fewer heads, never repeated in memory: query batch-head z = b * heads + hh reads kv
  * batch-head z / group = b * (heads / group) + hh / group. Each tensor lies in memory as its
  * CplanAttnLayout says (attn_layout.h: q and dq as lq, k, v, dk and dv as lkv, out and dout as lo;
- * lse and delta [nb, t]). Head dims up to
+ * lse and delta [nb, tq]). tq != tk is cross attention (an encoder-decoder's): its causal mask is
+ * PyTorch's is_causal, top-left aligned, query i sees keys j <= i, the same test as at tq == tk, so
+ * the tiles a causal block skips are the same too (a block of queries i0.. walks the key tiles up
+ * to min(tk, its last query + 1); one of keys j0.. the query tiles from j0, none when j0 >= tq).
+ * Every query sees key 0, so no softmax row is empty. Head dims up to
  * DMAX (64, 128 or 256, one entry each: d <= 64, <= 128, <= 256; 256 is FlashAttention-2's limit
  * too) are padded with zeros in registers and shared memory, so the dot products run over DMAX
  * with compile-time trip counts. CPLAN_ATTN_MAX_HEAD_DIM (attn_layout.h) is the widest.
@@ -70,8 +75,8 @@ template <int DMAX> __device__ __forceinline__ float dot(const float *a, const f
 }
 
 template <typename T, int DMAX>
-__device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
-                                        int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+__device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int tq, int tk,
+                                        int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                         CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float ks[BC][DMAX], vs[BC][DMAX], ss[BC][ATT_BR]; /* ss: each thread's scores */
@@ -80,22 +85,22 @@ __device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T 
   int i = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
   float qr[DMAX], o[DMAX];
-  if (i < t) load_row<T, DMAX>(qr, qz, lq.ld, i, d, scale);
+  if (i < tq) load_row<T, DMAX>(qr, qz, lq.ld, i, d, scale);
 #pragma unroll
   for (int c = 0; c < DMAX; c++) o[c] = 0.0f;
   float m = -CPLAN_INF, l = 0.0f;
-  int kend = causal ? min(t, (int)(blockIdx.x + 1) * ATT_BR) : t;
+  int kend = causal ? min(tk, (int)(blockIdx.x + 1) * ATT_BR) : tk;
   for (int k0 = 0; k0 < kend; k0 += BC) {
     __syncthreads();
-    stage<T, DMAX>(ks, kz, lkv.ld, k0, BC, t, d);
-    stage<T, DMAX>(vs, vz, lkv.ld, k0, BC, t, d);
+    stage<T, DMAX>(ks, kz, lkv.ld, k0, BC, tk, d);
+    stage<T, DMAX>(vs, vz, lkv.ld, k0, BC, tk, d);
     __syncthreads();
-    if (i >= t) continue;
+    if (i >= tq) continue;
     float mt = m;
 #pragma unroll 1
     for (int jj = 0; jj < BC; jj++) {
       int j = k0 + jj;
-      bool ok = j < t && (!causal || j <= i);
+      bool ok = j < tk && (!causal || j <= i);
       float s = ok ? dot<DMAX>(qr, ks[jj]) : -CPLAN_INF;
       ss[jj][threadIdx.x] = s;
       mt = fmaxf(mt, s);
@@ -114,13 +119,13 @@ __device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T 
     }
     m = mt;
   }
-  if (i >= t) return;
+  if (i >= tq) return;
   float inv = 1.0f / l;
   T *orow = out + att_base(lo, z) + (long long)i * lo.ld;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
     if (c < d) orow[c] = st<T>(o[c] * inv);
-  lse[z * t + i] = m + logf(l);
+  lse[z * tq + i] = m + logf(l);
 }
 
 /* delta[z, i] = dout_i . out_i over nb * t rows: a warp per row (its lanes read consecutive
@@ -144,8 +149,9 @@ __device__ __forceinline__ void att_delta(float *delta, const T *dout, const T *
  * rows' old values never read) */
 template <typename T, int DMAX>
 __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                             const T *q, const T *k, const T *v, int t, int d, int causal, int acc,
-                                             int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
+                                             const T *q, const T *k, const T *v, int tq, int tk, int d, int causal,
+                                             int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                             CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float qs[BC][DMAX], dos[BC][DMAX], ls[BC], ds_[BC];
   long long zk = blockIdx.y, bk = att_base(lkv, zk);
@@ -153,7 +159,7 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
   int j = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
   float kr[DMAX], vr[DMAX], gk[DMAX], gv[DMAX];
-  if (j < t) {
+  if (j < tk) {
     load_row<T, DMAX>(kr, kz, lkv.ld, j, d, 1.0f);
     load_row<T, DMAX>(vr, vz, lkv.ld, j, d, 1.0f);
   }
@@ -163,21 +169,21 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
   /* the group's query heads in turn, into the same registers: dk and dv stored once, no atomics */
   for (long long z = zk * group; z < (zk + 1) * group; z++) {
     const T *qz = q + att_base(lq, z), *doz = dout + att_base(lo, z);
-    const float *lz = lse + z * t, *dz = delta + z * t;
-    for (int i0 = q0; i0 < t; i0 += BC) {
+    const float *lz = lse + z * tq, *dz = delta + z * tq;
+    for (int i0 = q0; i0 < tq; i0 += BC) {
       __syncthreads();
-      stage<T, DMAX>(qs, qz, lq.ld, i0, BC, t, d);
-      stage<T, DMAX>(dos, doz, lo.ld, i0, BC, t, d);
+      stage<T, DMAX>(qs, qz, lq.ld, i0, BC, tq, d);
+      stage<T, DMAX>(dos, doz, lo.ld, i0, BC, tq, d);
       for (int e = threadIdx.x; e < BC; e += blockDim.x) {
-        ls[e] = i0 + e < t ? lz[i0 + e] : 0.0f;
-        ds_[e] = i0 + e < t ? dz[i0 + e] : 0.0f;
+        ls[e] = i0 + e < tq ? lz[i0 + e] : 0.0f;
+        ds_[e] = i0 + e < tq ? dz[i0 + e] : 0.0f;
       }
       __syncthreads();
-      if (j >= t) continue;
+      if (j >= tk) continue;
 #pragma unroll 1
       for (int ii = 0; ii < BC; ii++) {
         int i = i0 + ii;
-        if (i >= t || (causal && i < j)) continue;
+        if (i >= tq || (causal && i < j)) continue;
         float p = expf(dot<DMAX>(qs[ii], kr) * scale - ls[ii]);
         float dp = dot<DMAX>(dos[ii], vr);
         float ds = p * (dp - ds_[ii]);
@@ -189,7 +195,7 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
       }
     }
   }
-  if (j >= t) return;
+  if (j >= tk) return;
   T *dkr = dk + bk + (long long)j * lkv.ld, *dvr = dv + bk + (long long)j * lkv.ld;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
@@ -202,8 +208,8 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
 /* one thread per query row i: dq_i += scale sum_j ds_ij k_j */
 template <typename T, int DMAX>
 __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                           const T *k, const T *v, int t, int d, int causal, int acc, int group,
-                                           CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
+                                           const T *k, const T *v, int tq, int tk, int d, int causal, int acc,
+                                           int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float ks[BC][DMAX], vs[BC][DMAX];
   long long z = blockIdx.y, bq = att_base(lq, z), bk = att_base(lkv, z / group);
@@ -211,32 +217,32 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
   int i = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
   float qr[DMAX], dor[DMAX], g[DMAX], lsi = 0.0f, di = 0.0f;
-  if (i < t) {
+  if (i < tq) {
     load_row<T, DMAX>(qr, qz, lq.ld, i, d, 1.0f);
     load_row<T, DMAX>(dor, doz, lo.ld, i, d, 1.0f);
-    lsi = lse[z * t + i];
-    di = delta[z * t + i];
+    lsi = lse[z * tq + i];
+    di = delta[z * tq + i];
   }
 #pragma unroll
   for (int c = 0; c < DMAX; c++) g[c] = 0.0f;
-  int kend = causal ? min(t, (int)(blockIdx.x + 1) * ATT_BR) : t;
+  int kend = causal ? min(tk, (int)(blockIdx.x + 1) * ATT_BR) : tk;
   for (int k0 = 0; k0 < kend; k0 += BC) {
     __syncthreads();
-    stage<T, DMAX>(ks, kz, lkv.ld, k0, BC, t, d);
-    stage<T, DMAX>(vs, vz, lkv.ld, k0, BC, t, d);
+    stage<T, DMAX>(ks, kz, lkv.ld, k0, BC, tk, d);
+    stage<T, DMAX>(vs, vz, lkv.ld, k0, BC, tk, d);
     __syncthreads();
-    if (i >= t) continue;
+    if (i >= tq) continue;
 #pragma unroll 1
     for (int jj = 0; jj < BC; jj++) {
       int j = k0 + jj;
-      if (j >= t || (causal && j > i)) continue;
+      if (j >= tk || (causal && j > i)) continue;
       float p = expf(dot<DMAX>(qr, ks[jj]) * scale - lsi);
       float ds = p * (dot<DMAX>(dor, vs[jj]) - di);
 #pragma unroll
       for (int c = 0; c < DMAX; c++) g[c] += ds * ks[jj][c];
     }
   }
-  if (i >= t) return;
+  if (i >= tq) return;
   T *dqr = dq + bq + (long long)i * lq.ld;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
@@ -246,22 +252,22 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
 /* The extern "C" entries of one kernel set: NAME_forward_S_dDM, NAME_backward_dkdv_S_dDM and
  * NAME_backward_dq_S_dDM, calling FWD, DKDV and DQ<T, DM> with BOUNDS threads a block. */
 #define ATT_ENTRY_SET(NAME, FWD, DKDV, DQ, FBOUNDS, BOUNDS, T, S, DM)                                     \
-  extern "C" __global__ void __launch_bounds__(FBOUNDS) NAME##_forward_##S##_d##DM(                        \
-      T *out, float *lse, const T *q, const T *k, const T *v, int t, int d, int causal, int group,          \
-      CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {                                       \
-    FWD<T, DM>(out, lse, q, k, v, t, d, causal, group, lq, lkv, lo);                                      \
+  extern "C" __global__ void __launch_bounds__(FBOUNDS) NAME##_forward_##S##_d##DM(                       \
+      T *out, float *lse, const T *q, const T *k, const T *v, int tq, int tk, int d, int causal,          \
+      int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {                           \
+    FWD<T, DM>(out, lse, q, k, v, tq, tk, d, causal, group, lq, lkv, lo);                                 \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dkdv_##S##_d##DM(                  \
       T *dk, T *dv, const T *dout, const float *lse, const float *delta, const T *q, const T *k,          \
-      const T *v, int t, int d, int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,  \
-      CplanAttnLayout lo) {                                                                               \
-    DKDV<T, DM>(dk, dv, dout, lse, delta, q, k, v, t, d, causal, acc, group, lq, lkv, lo);                \
+      const T *v, int tq, int tk, int d, int causal, int acc, int group, CplanAttnLayout lq,              \
+      CplanAttnLayout lkv, CplanAttnLayout lo) {                                                          \
+    DKDV<T, DM>(dk, dv, dout, lse, delta, q, k, v, tq, tk, d, causal, acc, group, lq, lkv, lo);           \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dq_##S##_d##DM(                    \
       T *dq, const T *dout, const float *lse, const float *delta, const T *q, const T *k, const T *v,     \
-      int t, int d, int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,              \
+      int tq, int tk, int d, int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,     \
       CplanAttnLayout lo) {                                                                               \
-    DQ<T, DM>(dq, dout, lse, delta, q, k, v, t, d, causal, acc, group, lq, lkv, lo);                      \
+    DQ<T, DM>(dq, dout, lse, delta, q, k, v, tq, tk, d, causal, acc, group, lq, lkv, lo);                 \
   }
 #define ATT_ENTRIES(T, S, DM) ATT_ENTRY_SET(attention, att_fwd, att_bwd_dkdv, att_bwd_dq, ATT_BR, ATT_BR, T, S, DM)
 
@@ -376,8 +382,8 @@ __device__ __forceinline__ void tc_pb(nvcuda::wmma::fragment<nvcuda::wmma::accum
 }
 
 template <typename T, int TD>
-__device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
-                                       int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+__device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int tq, int tk,
+                                       int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                        CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
@@ -391,21 +397,21 @@ __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *
   const T *qz = q + att_base(lq, z), *kz = k + bk, *vz = v + bk;
   int i0 = blockIdx.x * TC_R, i = i0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
-  tc_stage<T, TD>(qs, Dm::LQ, qz, lq.ld, i0, TC_R, t, d);
+  tc_stage<T, TD>(qs, Dm::LQ, qz, lq.ld, i0, TC_R, tq, d);
   for (int e = lane; e < 16 * Dm::LO; e += 32) ow[e] = 0.0f;
   float m = -CPLAN_INF, l = 0.0f;
-  int kend = causal ? min(t, i0 + TC_R) : t;
+  int kend = causal ? min(tk, i0 + TC_R) : tk;
   for (int k0 = 0; k0 < kend; k0 += TC_R) {
     __syncthreads();
-    tc_stage<T, TD>(ks, Dm::LQ, kz, lkv.ld, k0, TC_R, t, d);
-    tc_stage<T, TD>(vs, Dm::LQ, vz, lkv.ld, k0, TC_R, t, d);
+    tc_stage<T, TD>(ks, Dm::LQ, kz, lkv.ld, k0, TC_R, tk, d);
+    tc_stage<T, TD>(vs, Dm::LQ, vz, lkv.ld, k0, TC_R, tk, d);
     __syncthreads();
     tc_abt<T, TD>(sw, qs + w * 16 * Dm::LQ, ks);
     __syncwarp();
     float *srow = sw + r * Dm::LS, mt = m;
     for (int jj = h * (TC_R / 2); jj < (h + 1) * (TC_R / 2); jj++) {
       int j = k0 + jj;
-      float s = i < t && j < t && (!causal || j <= i) ? srow[jj] * scale : -CPLAN_INF;
+      float s = i < tq && j < tk && (!causal || j <= i) ? srow[jj] * scale : -CPLAN_INF;
       srow[jj] = s;
       mt = fmaxf(mt, s);
     }
@@ -431,11 +437,11 @@ __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *
     for (int nb = 0; nb < TD / 16; nb++) wmma::store_matrix_sync(ow + nb * 16, acc[nb], Dm::LO, wmma::mem_row_major);
     __syncwarp();
   }
-  if (i >= t) return;
+  if (i >= tq) return;
   float inv = l > 0.0f ? 1.0f / l : 0.0f;
   T *orow = out + att_base(lo, z) + (long long)i * lo.ld;
   for (int c = h; c < d; c += 2) orow[c] = st<T>(ow[r * Dm::LO + c] * inv);
-  if (h == 0) lse[z * t + i] = m + logf(l);
+  if (h == 0) lse[z * tq + i] = m + logf(l);
 }
 
 /* the warp's 16 accumulated rows (rows row0.. of g, this batch-head's [t, d] gradient; NULL: not
@@ -462,8 +468,9 @@ __device__ __forceinline__ void tc_add_rows(T *g, long long lg, const nvcuda::wm
  * group's query heads in turn, accumulating in the same fragments: dk and dv stored once, no atomics */
 template <typename T, int TD>
 __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                            const T *q, const T *k, const T *v, int t, int d, int causal, int acc,
-                                            int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
+                                            const T *q, const T *k, const T *v, int tq, int tk, int d, int causal,
+                                            int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                            CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -478,21 +485,21 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
   const T *kz = k + bk, *vz = v + bk;
   int j0 = blockIdx.x * TC_R, j = j0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
-  tc_stage<T, TD>(ks, Dm::LQ, kz, lkv.ld, j0, TC_R, t, d);
-  tc_stage<T, TD>(vs, Dm::LQ, vz, lkv.ld, j0, TC_R, t, d);
+  tc_stage<T, TD>(ks, Dm::LQ, kz, lkv.ld, j0, TC_R, tk, d);
+  tc_stage<T, TD>(vs, Dm::LQ, vz, lkv.ld, j0, TC_R, tk, d);
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> gk[TD / 16], gv[TD / 16];
 #pragma unroll
   for (int nb = 0; nb < TD / 16; nb++) wmma::fill_fragment(gk[nb], 0.0f), wmma::fill_fragment(gv[nb], 0.0f);
   for (long long z = zk * group; z < (zk + 1) * group; z++) {
     const T *qz = q + att_base(lq, z), *doz = dout + att_base(lo, z);
-    const float *lz = lse + z * t, *dz = delta + z * t; /* not z * t at each tile: at TD 64, sm_80 spilled */
-    for (int i0 = causal ? j0 : 0; i0 < t; i0 += TC_R) { /* earlier queries see none of these keys */
+    const float *lz = lse + z * tq, *dz = delta + z * tq; /* not z * tq at each tile: at TD 64, sm_80 spilled */
+    for (int i0 = causal ? j0 : 0; i0 < tq; i0 += TC_R) { /* earlier queries see none of these keys */
       __syncthreads();
-      tc_stage<T, TD>(qs, Dm::LQ, qz, lq.ld, i0, TC_R, t, d);
-      tc_stage<T, TD>(dos, Dm::LQ, doz, lo.ld, i0, TC_R, t, d);
+      tc_stage<T, TD>(qs, Dm::LQ, qz, lq.ld, i0, TC_R, tq, d);
+      tc_stage<T, TD>(dos, Dm::LQ, doz, lo.ld, i0, TC_R, tq, d);
       for (int e = threadIdx.x; e < TC_R; e += blockDim.x) {
-        lss[e] = i0 + e < t ? lz[i0 + e] : 0.0f;
-        dls[e] = i0 + e < t ? dz[i0 + e] : 0.0f;
+        lss[e] = i0 + e < tq ? lz[i0 + e] : 0.0f;
+        dls[e] = i0 + e < tq ? dz[i0 + e] : 0.0f;
       }
       __syncthreads();
       tc_abt<T, TD>(sw, ks + w * 16 * Dm::LQ, qs);   /* S^T: [16 keys, 64 queries] */
@@ -500,7 +507,7 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
       __syncwarp();
       for (int ii = h * (TC_R / 2); ii < (h + 1) * (TC_R / 2); ii++) {
         int i = i0 + ii;
-        bool ok = j < t && i < t && (!causal || i >= j);
+        bool ok = j < tk && i < tq && (!causal || i >= j);
         float p = ok ? expf(sw[r * Dm::LS + ii] * scale - lss[ii]) : 0.0f;
         pw[r * Dm::LP + ii] = st<T>(p);
         dsw[r * Dm::LP + ii] = st<T>(p * (dpw[r * Dm::LS + ii] - dls[ii]));
@@ -510,15 +517,15 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
       tc_pb<T, TD>(gk, dsw, qs); /* dk += dS^T Q (times scale at the end) */
     }
   }
-  tc_add_rows<T, TD>(dv ? dv + bk : dv, lkv.ld, gv, sw, j0 + w * 16, t, d, 1.0f, acc);
-  tc_add_rows<T, TD>(dk ? dk + bk : dk, lkv.ld, gk, sw, j0 + w * 16, t, d, scale, acc);
+  tc_add_rows<T, TD>(dv ? dv + bk : dv, lkv.ld, gv, sw, j0 + w * 16, tk, d, 1.0f, acc);
+  tc_add_rows<T, TD>(dk ? dk + bk : dk, lkv.ld, gk, sw, j0 + w * 16, tk, d, scale, acc);
 }
 
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
 template <typename T, int TD>
 __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                          const T *k, const T *v, int t, int d, int causal, int acc, int group,
-                                          CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
+                                          const T *k, const T *v, int tq, int tk, int d, int causal, int acc,
+                                          int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -532,31 +539,31 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
   const T *qz = q + bq, *kz = k + bk, *vz = v + bk, *doz = dout + att_base(lo, z);
   int i0 = blockIdx.x * TC_R, i = i0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
-  float lsi = i < t ? lse[z * t + i] : 0.0f, di = i < t ? delta[z * t + i] : 0.0f;
-  tc_stage<T, TD>(qs, Dm::LQ, qz, lq.ld, i0, TC_R, t, d);
-  tc_stage<T, TD>(dos, Dm::LQ, doz, lo.ld, i0, TC_R, t, d);
+  float lsi = i < tq ? lse[z * tq + i] : 0.0f, di = i < tq ? delta[z * tq + i] : 0.0f;
+  tc_stage<T, TD>(qs, Dm::LQ, qz, lq.ld, i0, TC_R, tq, d);
+  tc_stage<T, TD>(dos, Dm::LQ, doz, lo.ld, i0, TC_R, tq, d);
   wmma::fragment<wmma::accumulator, 16, 16, 16, float> g[TD / 16];
 #pragma unroll
   for (int nb = 0; nb < TD / 16; nb++) wmma::fill_fragment(g[nb], 0.0f);
-  int kend = causal ? min(t, i0 + TC_R) : t;
+  int kend = causal ? min(tk, i0 + TC_R) : tk;
   for (int k0 = 0; k0 < kend; k0 += TC_R) {
     __syncthreads();
-    tc_stage<T, TD>(ks, Dm::LQ, kz, lkv.ld, k0, TC_R, t, d);
-    tc_stage<T, TD>(vs, Dm::LQ, vz, lkv.ld, k0, TC_R, t, d);
+    tc_stage<T, TD>(ks, Dm::LQ, kz, lkv.ld, k0, TC_R, tk, d);
+    tc_stage<T, TD>(vs, Dm::LQ, vz, lkv.ld, k0, TC_R, tk, d);
     __syncthreads();
     tc_abt<T, TD>(sw, qs + w * 16 * Dm::LQ, ks);   /* S: [16 queries, 64 keys] */
     tc_abt<T, TD>(dpw, dos + w * 16 * Dm::LQ, vs); /* dP */
     __syncwarp();
     for (int jj = h * (TC_R / 2); jj < (h + 1) * (TC_R / 2); jj++) {
       int j = k0 + jj;
-      bool ok = i < t && j < t && (!causal || j <= i);
+      bool ok = i < tq && j < tk && (!causal || j <= i);
       float p = ok ? expf(sw[r * Dm::LS + jj] * scale - lsi) : 0.0f;
       dsw[r * Dm::LP + jj] = st<T>(p * (dpw[r * Dm::LS + jj] - di));
     }
     __syncwarp();
     tc_pb<T, TD>(g, dsw, ks); /* dq += dS K (times scale at the end) */
   }
-  tc_add_rows<T, TD>(dq + bq, lq.ld, g, sw, i0 + w * 16, t, d, scale, acc);
+  tc_add_rows<T, TD>(dq + bq, lq.ld, g, sw, i0 + w * 16, tq, d, scale, acc);
 }
 
 #define ATT_TC_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_tc, tc_fwd, tc_bwd_dkdv, tc_bwd_dq, TC_W * 32, TC_W * 32, T, S, TD)
@@ -748,23 +755,23 @@ __device__ __forceinline__ void fa_store(T *g, long long lg, const float (*acc)[
 }
 
 /* -inf into the elements of the warp's scores s (16 x 8 NT: rows r0 + g and r0 + g + 8, columns
- * c0 + 8 nt + 2q and + 1) that the mask removes: past t either way, and, causal, a key after its
+ * c0 + 8 nt + 2q and + 1) that the mask removes: past tr (rows) or tc (columns), and, causal, a key after its
  * query (qrows: the rows are queries, else keys). A tile that needs none of it skips the call. */
 template <int NT>
-__device__ __forceinline__ void fa_mask(float (*s)[4], int r0, int c0, int t, int causal, bool qrows) {
+__device__ __forceinline__ void fa_mask(float (*s)[4], int r0, int c0, int tr, int tc, int causal, bool qrows) {
   int lane = threadIdx.x & 31, g = lane >> 2, cq = 2 * (lane & 3);
 #pragma unroll
   for (int nt = 0; nt < NT; nt++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       int row = r0 + g + (e < 2 ? 0 : 8), col = c0 + nt * 8 + cq + (e & 1);
-      if (row >= t || col >= t || (causal && (qrows ? col > row : col < row))) s[nt][e] = -CPLAN_INF;
+      if (row >= tr || col >= tc || (causal && (qrows ? col > row : col < row))) s[nt][e] = -CPLAN_INF;
     }
 }
 
 template <typename T, int TD>
-__device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int t, int d,
-                                       int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+__device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int tq, int tk,
+                                       int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                        CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int NT = Dm::BK / 8;
@@ -776,7 +783,7 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
   const T *qz = q + att_base(lq, z), *kz = k + bk, *vz = v + bk;
   int i0 = blockIdx.x * FA_R, ra = i0 + w * 16 + (lane >> 2), rb = ra + 8;
   float sl2 = FA_LOG2E / sqrtf((float)d);
-  tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, FA_R, t, d);
+  tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, FA_R, tq, d);
   __syncthreads();
   unsigned qf[Dm::QREG ? TD / 16 : 1][4];
   if (Dm::QREG) {
@@ -787,11 +794,11 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
 #pragma unroll
   for (int nd = 0; nd < TD / 8; nd++) o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
   float m0 = -CPLAN_INF, m1 = -CPLAN_INF, l0 = 0.0f, l1 = 0.0f; /* rows ra, rb; m in log2 units */
-  int kend = causal ? min(t, i0 + FA_R) : t;
+  int kend = causal ? min(tk, i0 + FA_R) : tk;
   for (int k0 = 0; k0 < kend; k0 += Dm::BK) {
     __syncthreads(); /* every warp is done with the last tile (or with Q) */
-    tc_stage<T, TD>(ks, Dm::LD, kz, lkv.ld, k0, Dm::BK, t, d);
-    fa_stage_t<T, TD>(vt, Dm::LK, vz, lkv.ld, k0, Dm::BK, t, d);
+    tc_stage<T, TD>(ks, Dm::LD, kz, lkv.ld, k0, Dm::BK, tk, d);
+    fa_stage_t<T, TD>(vt, Dm::LK, vz, lkv.ld, k0, Dm::BK, tk, d);
     __syncthreads();
     float s[NT][4];
 #pragma unroll
@@ -807,8 +814,9 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
       }
     }
     float x0 = m0, x1 = m1;
-    /* no mask for a tile of keys all before t and, causal, all at or before the warp's first query */
-    if (k0 + Dm::BK > t || (causal && k0 + Dm::BK - 1 > i0 + w * 16)) fa_mask<NT>(s, i0 + w * 16, k0, t, causal, true);
+    /* no mask for a tile of keys all before tk and, causal, all at or before the warp's first query */
+    if (k0 + Dm::BK > tk || (causal && k0 + Dm::BK - 1 > i0 + w * 16))
+      fa_mask<NT>(s, i0 + w * 16, k0, tq, tk, causal, true);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -845,11 +853,11 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
   l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  fa_store<T, TD>(out + att_base(lo, z), lo.ld, o, ra, t, d, l0 > 0.0f ? 1.0f / l0 : 0.0f,
+  fa_store<T, TD>(out + att_base(lo, z), lo.ld, o, ra, tq, d, l0 > 0.0f ? 1.0f / l0 : 0.0f,
                   l1 > 0.0f ? 1.0f / l1 : 0.0f, 0);
   if ((lane & 3) == 0) {
-    if (ra < t) lse[z * t + ra] = m0 * FA_LN2 + logf(l0);
-    if (rb < t) lse[z * t + rb] = m1 * FA_LN2 + logf(l1);
+    if (ra < tq) lse[z * tq + ra] = m0 * FA_LN2 + logf(l0);
+    if (rb < tq) lse[z * tq + rb] = m1 * FA_LN2 + logf(l1);
   }
 }
 
@@ -857,8 +865,9 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
  * group's query heads in turn, accumulating in the same registers: dk and dv stored once, no atomics */
 template <typename T, int TD>
 __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                        const T *q, const T *k, const T *v, int t, int d, int causal, int acc,
-                                        int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
+                                        const T *q, const T *k, const T *v, int tq, int tk, int d, int causal,
+                                        int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                        CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int BQ = Dm::BQ, NT = BQ / 8, CS = Dm::CS, TW = TD / CS; /* TW: the warp's columns of dk, dv */
   extern __shared__ __align__(128) unsigned char fa_smem[];
@@ -871,8 +880,8 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
   const T *kz = k + bk, *vz = v + bk;
   int j0 = blockIdx.x * FA_R, jw = j0 + w * 16, ja = jw + (lane >> 2);
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
-  tc_stage<T, TD>(ks, Dm::LD, kz, lkv.ld, j0, FA_R, t, d);
-  tc_stage<T, TD>(vs, Dm::LD, vz, lkv.ld, j0, FA_R, t, d);
+  tc_stage<T, TD>(ks, Dm::LD, kz, lkv.ld, j0, FA_R, tk, d);
+  tc_stage<T, TD>(vs, Dm::LD, vz, lkv.ld, j0, FA_R, tk, d);
   float gk[TW / 8][4], gv[TW / 8][4];
 #pragma unroll
   for (int nd = 0; nd < TW / 8; nd++)
@@ -880,33 +889,33 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
     for (int e = 0; e < 4; e++) gk[nd][e] = gv[nd][e] = 0.0f;
   for (long long z = zk * group; z < (zk + 1) * group; z++) {
     const T *qz = q + att_base(lq, z), *doz = dout + att_base(lo, z);
-    const float *lz = lse + z * t, *dz = delta + z * t;
-    for (int i0 = causal ? j0 : 0; i0 < t; i0 += BQ) { /* earlier queries see none of these keys */
+    const float *lz = lse + z * tq, *dz = delta + z * tq;
+    for (int i0 = causal ? j0 : 0; i0 < tq; i0 += BQ) { /* earlier queries see none of these keys */
       __syncthreads();
-      tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, BQ, t, d);
-      tc_stage<T, TD>(dos, Dm::LD, doz, lo.ld, i0, BQ, t, d);
-      fa_stage_t<T, TD>(qt, Dm::LQ, qz, lq.ld, i0, BQ, t, d);
-      fa_stage_t<T, TD>(dot, Dm::LQ, doz, lo.ld, i0, BQ, t, d);
+      tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, BQ, tq, d);
+      tc_stage<T, TD>(dos, Dm::LD, doz, lo.ld, i0, BQ, tq, d);
+      fa_stage_t<T, TD>(qt, Dm::LQ, qz, lq.ld, i0, BQ, tq, d);
+      fa_stage_t<T, TD>(dot, Dm::LQ, doz, lo.ld, i0, BQ, tq, d);
       for (int e = threadIdx.x; e < BQ; e += blockDim.x) {
-        lss[e] = i0 + e < t ? lz[i0 + e] * FA_LOG2E : 0.0f;
-        dls[e] = i0 + e < t ? dz[i0 + e] : 0.0f;
+        lss[e] = i0 + e < tq ? lz[i0 + e] * FA_LOG2E : 0.0f;
+        dls[e] = i0 + e < tq ? dz[i0 + e] : 0.0f;
       }
       __syncthreads();
-      if (jw >= t || (causal && i0 + BQ <= jw)) continue; /* no key of the warp's, or every query before them */
+      if (jw >= tk || (causal && i0 + BQ <= jw)) continue; /* no key of the warp's, or every query before them */
       float s[NT][4], dp[NT][4];
       fa_abt<T, TD, NT>(s, ks + w * 16 * Dm::LD, qs, Dm::LD);   /* S^T: [16 keys, BQ queries] */
       fa_abt<T, TD, NT>(dp, vs + w * 16 * Dm::LD, dos, Dm::LD); /* dP^T */
       unsigned pf[NT][2], df[NT][2];
-      /* no mask when the queries and the warp's keys are all before t and, causal, no key after a query
+      /* no mask when the queries are all before tq, the warp's keys before tk and, causal, no key after a query
        * (tested in line here: fa_mask's call would cost this kernel more registers than it has) */
-      bool full = i0 + BQ <= t && jw + 16 <= t && (!causal || i0 >= jw + 15);
+      bool full = i0 + BQ <= tq && jw + 16 <= tk && (!causal || i0 >= jw + 15);
 #pragma unroll
       for (int nt = 0; nt < NT; nt++) {
         float p[4], ds[4];
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           int ii = nt * 8 + cq + (e & 1), i = i0 + ii, j = ja + (e < 2 ? 0 : 8);
-          bool ok = full || (j < t && i < t && (!causal || i >= j));
+          bool ok = full || (j < tk && i < tq && (!causal || i >= j));
           p[e] = ok ? exp2f(s[nt][e] * sl2 - lss[ii]) : 0.0f;
           ds[e] = p[e] * (dp[nt][e] - dls[ii]);
         }
@@ -917,15 +926,15 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
       fa_pb<T, TW, BQ / 16>(gk, df, qt + cw * Dm::LQ, Dm::LQ); /* dk += dS^T Q (times scale at the store) */
     }
   }
-  fa_store<T, TW>(dv ? dv + bk + cw : dv, lkv.ld, gv, ja, t, d - cw, 1.0f, 1.0f, acc);
-  fa_store<T, TW>(dk ? dk + bk + cw : dk, lkv.ld, gk, ja, t, d - cw, scale, scale, acc);
+  fa_store<T, TW>(dv ? dv + bk + cw : dv, lkv.ld, gv, ja, tk, d - cw, 1.0f, 1.0f, acc);
+  fa_store<T, TW>(dk ? dk + bk + cw : dk, lkv.ld, gk, ja, tk, d - cw, scale, scale, acc);
 }
 
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
 template <typename T, int TD>
 __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                      const T *k, const T *v, int t, int d, int causal, int acc, int group,
-                                      CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
+                                      const T *k, const T *v, int tq, int tk, int d, int causal, int acc,
+                                      int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int NT = Dm::BK / 8;
   extern __shared__ __align__(128) unsigned char fa_smem[];
@@ -936,27 +945,28 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
   const T *qz = q + bq, *kz = k + bk, *vz = v + bk, *doz = dout + att_base(lo, z);
   int i0 = blockIdx.x * FA_R, iw = i0 + w * 16, ra = iw + (lane >> 2), rb = ra + 8;
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
-  float la = ra < t ? lse[z * t + ra] * FA_LOG2E : 0.0f, lb = rb < t ? lse[z * t + rb] * FA_LOG2E : 0.0f;
-  float da = ra < t ? delta[z * t + ra] : 0.0f, db = rb < t ? delta[z * t + rb] : 0.0f;
-  tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, FA_R, t, d);
-  tc_stage<T, TD>(dos, Dm::LD, doz, lo.ld, i0, FA_R, t, d);
+  float la = ra < tq ? lse[z * tq + ra] * FA_LOG2E : 0.0f, lb = rb < tq ? lse[z * tq + rb] * FA_LOG2E : 0.0f;
+  float da = ra < tq ? delta[z * tq + ra] : 0.0f, db = rb < tq ? delta[z * tq + rb] : 0.0f;
+  tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, FA_R, tq, d);
+  tc_stage<T, TD>(dos, Dm::LD, doz, lo.ld, i0, FA_R, tq, d);
   float g[TD / 8][4];
 #pragma unroll
   for (int nd = 0; nd < TD / 8; nd++) g[nd][0] = g[nd][1] = g[nd][2] = g[nd][3] = 0.0f;
-  int kend = causal ? min(t, i0 + FA_R) : t;
+  int kend = causal ? min(tk, i0 + FA_R) : tk;
   for (int k0 = 0; k0 < kend; k0 += Dm::BK) {
     __syncthreads();
-    tc_stage<T, TD>(ks, Dm::LD, kz, lkv.ld, k0, Dm::BK, t, d);
-    tc_stage<T, TD>(vs, Dm::LD, vz, lkv.ld, k0, Dm::BK, t, d);
-    fa_stage_t<T, TD>(kt, Dm::LK, kz, lkv.ld, k0, Dm::BK, t, d);
+    tc_stage<T, TD>(ks, Dm::LD, kz, lkv.ld, k0, Dm::BK, tk, d);
+    tc_stage<T, TD>(vs, Dm::LD, vz, lkv.ld, k0, Dm::BK, tk, d);
+    fa_stage_t<T, TD>(kt, Dm::LK, kz, lkv.ld, k0, Dm::BK, tk, d);
     __syncthreads();
-    if (iw >= t) continue;
+    if (iw >= tq) continue;
     float s[NT][4], dp[NT][4];
     fa_abt<T, TD, NT>(s, qs + w * 16 * Dm::LD, ks, Dm::LD);   /* S: [16 queries, 64 keys] */
     fa_abt<T, TD, NT>(dp, dos + w * 16 * Dm::LD, vs, Dm::LD); /* dP */
     unsigned df[NT][2];
-    /* no mask when the keys and the warp's queries are all before t and, causal, no key after a query */
-    if (k0 + Dm::BK > t || iw + 16 > t || (causal && k0 + Dm::BK - 1 > iw)) fa_mask<NT>(s, iw, k0, t, causal, true);
+    /* no mask when the keys are all before tk, the warp's queries before tq and, causal, no key after a query */
+    if (k0 + Dm::BK > tk || iw + 16 > tq || (causal && k0 + Dm::BK - 1 > iw))
+      fa_mask<NT>(s, iw, k0, tq, tk, causal, true);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
       float ds[4];
@@ -969,7 +979,7 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
     }
     fa_pb<T, TD, Dm::BK / 16>(g, df, kt, Dm::LK); /* dq += dS K (times scale at the store) */
   }
-  fa_store<T, TD>(dq + bq, lq.ld, g, ra, t, d, scale, scale, acc);
+  fa_store<T, TD>(dq + bq, lq.ld, g, ra, tq, d, scale, scale, acc);
 }
 
 /* launch bounds: at head dims up to 64, the backward kernels keep three blocks (12 warps) a
@@ -1029,19 +1039,19 @@ static AttImpl att_impl(CplanDtype dt) {
 /* a tensor-core forward (WMMA or mma.sync: 64 rows a block either way) with `bytes` of shared memory */
 template <typename T>
 static int att_tc_forward(const char *me,
-                          void (*kern)(T *, float *, const T *, const T *, const T *, int, int, int, int,
+                          void (*kern)(T *, float *, const T *, const T *, const T *, int, int, int, int, int,
                                        CplanAttnLayout, CplanAttnLayout, CplanAttnLayout),
-                          int bytes, void *out, float *lse, const void *q, const void *k, const void *v, int nb, int t,
-                          int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo,
-                          cudaStream_t stream) {
-  dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb);
-  ATT_TC_GO(me, kern, grid, TC_W * 32, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, t, d, causal,
-            group, lq, lkv, lo);
+                          int bytes, void *out, float *lse, const void *q, const void *k, const void *v, int nb, int tq,
+                          int tk, int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                          CplanAttnLayout lo, cudaStream_t stream) {
+  dim3 grid((unsigned)((tq + TC_R - 1) / TC_R), (unsigned)nb);
+  ATT_TC_GO(me, kern, grid, TC_W * 32, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, tq, tk, d,
+            causal, group, lq, lkv, lo);
   return cplan_cuda_launched(me);
 }
 
-static const char *att_shape(int nb, int t, int d) {
-  if (nb < 0 || t < 1 || d < 1) return "bad shape";
+static const char *att_shape(int nb, int tq, int tk, int d) {
+  if (nb < 0 || tq < 1 || tk < 1 || d < 1) return "bad shape";
   if (d > CPLAN_ATTN_MAX_HEAD_DIM) return "head dim above 256";
   if (nb > 65535) return "more than 65535 batch * heads";
   return NULL;
@@ -1057,10 +1067,10 @@ static const char *att_layout(const CplanAttnLayout *l, int nb, int d) {
 
 /* a launcher's checks of the shape, the three layouts and the group (query heads per kv head: they
  * divide q's heads, so nb too, and k and v have q's heads / group): 0, or cplan_cuda_fail's -1 */
-static int att_check(const char *me, int nb, int t, int d, int group, const CplanAttnLayout *lq,
+static int att_check(const char *me, int nb, int tq, int tk, int d, int group, const CplanAttnLayout *lq,
                      const CplanAttnLayout *lkv, const CplanAttnLayout *lo) {
-  const char *bad = att_shape(nb, t, d), *badq = att_layout(lq, nb, d), *bado = att_layout(lo, nb, d);
-  CPLAN_REQUIRE(me, !bad, "%s: [%d, %d, %d]", bad, nb, t, d);
+  const char *bad = att_shape(nb, tq, tk, d), *badq = att_layout(lq, nb, d), *bado = att_layout(lo, nb, d);
+  CPLAN_REQUIRE(me, !bad, "%s: %d batch-heads, %d queries, %d keys, head dim %d", bad, nb, tq, tk, d);
   CPLAN_REQUIRE(me, !badq && !bado, "q's or out's layout: %s", badq ? badq : bado);
   CPLAN_REQUIRE(me, group >= 1 && lq->heads % group == 0 && (long long)lkv->heads * group == lq->heads,
                 "group %d: q's %d heads are not k and v's %d heads times the group", group, lq->heads, lkv->heads);
@@ -1075,11 +1085,11 @@ static CplanAttnLayout att_contiguous(int t, int d) {
 }
 
 extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
-                                              const void *v, int nb, int t, int d, int causal, int group,
-                                              CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo,
+                                              const void *v, int nb, int tq, int tk, int d, int causal,
+                                              int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo,
                                               cudaStream_t stream) {
   const char *me = "cplan_cuda_attention_forward";
-  if (att_check(me, nb, t, d, group, &lq, &lkv, &lo)) return -1;
+  if (att_check(me, nb, tq, tk, d, group, &lq, &lkv, &lo)) return -1;
   CPLAN_REQUIRE(me, out && lse && q && k && v, "out, lse, q, k and v must not be NULL");
   if (nb == 0) return 0;
   AttImpl impl = att_impl(dt);
@@ -1087,23 +1097,23 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
   if (impl != ATT_SIMT) {
 #define ATT_TC_FWD(T, S, TD)                                                                                   \
   (impl == ATT_MMA ? att_tc_forward<T>(me, attention_mma_forward_##S##_d##TD, FaDims<T, TD>::FWD, out, lse, q, k, v, \
-                                       nb, t, d, causal, group, lq, lkv, lo, stream)                               \
+                                       nb, tq, tk, d, causal, group, lq, lkv, lo, stream)                           \
                    : att_tc_forward<T>(me, attention_tc_forward_##S##_d##TD, TcDims<T, TD>::FWD, out, lse, q, k, v,  \
-                                       nb, t, d, causal, group, lq, lkv, lo, stream))
+                                       nb, tq, tk, d, causal, group, lq, lkv, lo, stream))
     /* above 128, WMMA too runs on mma.sync (its dk/dv accumulators would not fit the registers) */
 #define ATT_MMA_FWD256(T, S)                                                                                    \
-  att_tc_forward<T>(me, attention_mma_forward_##S##_d256, FaDims<T, 256>::FWD, out, lse, q, k, v, nb, t, d, causal, \
-                    group, lq, lkv, lo, stream)
+  att_tc_forward<T>(me, attention_mma_forward_##S##_d256, FaDims<T, 256>::FWD, out, lse, q, k, v, nb, tq, tk, d,  \
+                    causal, group, lq, lkv, lo, stream)
     if (dt == CPLAN_BF16)
       return d <= 64 ? ATT_TC_FWD(bf16, bf16, 64) : d <= 128 ? ATT_TC_FWD(bf16, bf16, 128) : ATT_MMA_FWD256(bf16, bf16);
     return d <= 64 ? ATT_TC_FWD(fp16, f16, 64) : d <= 128 ? ATT_TC_FWD(fp16, f16, 128) : ATT_MMA_FWD256(fp16, f16);
 #undef ATT_MMA_FWD256
 #undef ATT_TC_FWD
   }
-  dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb);
+  dim3 grid((unsigned)((tq + ATT_BR - 1) / ATT_BR), (unsigned)nb);
 #define ATT_SIMT_FWD(T, S, DM)                                                                                 \
   attention_forward_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)out, lse, (const T *)q, (const T *)k,        \
-                                                             (const T *)v, t, d, causal, group, lq, lkv, lo)
+                                                             (const T *)v, tq, tk, d, causal, group, lq, lkv, lo)
   if (dt == CPLAN_F32 && d <= 64) ATT_SIMT_FWD(float, f32, 64);
   else if (dt == CPLAN_F32 && d <= 128) ATT_SIMT_FWD(float, f32, 128);
   else if (dt == CPLAN_F32) ATT_SIMT_FWD(float, f32, 256);
@@ -1119,14 +1129,14 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
 extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
                                             const void *v, int nb, int t, int d, int causal, cudaStream_t stream) {
   CplanAttnLayout l = att_contiguous(t, d);
-  return cplan_cuda_attention_forward_l(dt, out, lse, q, k, v, nb, t, d, causal, 1, l, l, l, stream);
+  return cplan_cuda_attention_forward_l(dt, out, lse, q, k, v, nb, t, t, d, causal, 1, l, l, l, stream);
 }
 
 template <typename T>
 static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,
-                           const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d,
-                           int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo,
-                           cudaStream_t stream, int dm);
+                           const float *lse, const void *q, const void *k, const void *v, int nb, int tq, int tk,
+                           int d, int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                           CplanAttnLayout lo, cudaStream_t stream, int dm);
 
 /* the dk/dv kernel's blocks over the nb / group kv batch-heads (grid_kv), the dq kernel's over the nb
  * query batch-heads (grid) */
@@ -1134,22 +1144,23 @@ static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const voi
   do {                                                                                                      \
     if (dk || dv)                                                                                           \
       attention_backward_dkdv_##S##_d##DM<<<grid_kv, ATT_BR, 0, stream>>>((T *)dk, (T *)dv,                 \
-          (const T *)dout, lse, delta, (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc, group,  \
-          lq, lkv, lo);                                                                                     \
+          (const T *)dout, lse, delta, (const T *)q, (const T *)k, (const T *)v, tq, tk, d, causal, acc,   \
+          group, lq, lkv, lo);                                                                              \
     if (dq)                                                                                                 \
       attention_backward_dq_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta,  \
-          (const T *)q, (const T *)k, (const T *)v, t, d, causal, acc, group, lq, lkv, lo);                 \
+          (const T *)q, (const T *)k, (const T *)v, tq, tk, d, causal, acc, group, lq, lkv, lo);            \
   } while (0)
 #define ATT_BWD(T, S, DW)                                                                                    \
   template <>                                                                                               \
   void att_bwd_launch<T>(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,    \
-                         const float *lse, const void *q, const void *k, const void *v, int nb, int t, int d, \
-                         int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,           \
-                         CplanAttnLayout lo, cudaStream_t stream, int dm) {                                 \
-    long long rows = (long long)nb * t;                                                                     \
+                         const float *lse, const void *q, const void *k, const void *v, int nb, int tq,     \
+                         int tk, int d, int causal, int acc, int group, CplanAttnLayout lq,                 \
+                         CplanAttnLayout lkv, CplanAttnLayout lo, cudaStream_t stream, int dm) {            \
+    long long rows = (long long)nb * tq;                                                                    \
     attention_backward_delta_##S<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(                 \
-        delta, (const T *)dout, (const T *)out, rows, t, d, lo);                                            \
-    dim3 grid((unsigned)((t + ATT_BR - 1) / ATT_BR), (unsigned)nb), grid_kv(grid.x, (unsigned)(nb / group)); \
+        delta, (const T *)dout, (const T *)out, rows, tq, d, lo);                                           \
+    dim3 grid((unsigned)((tq + ATT_BR - 1) / ATT_BR), (unsigned)nb),                                        \
+        grid_kv((unsigned)((tk + ATT_BR - 1) / ATT_BR), (unsigned)(nb / group));                            \
     if (dm == 64) ATT_BWD_DM(T, S, 64);                                                                     \
     else if (dm == 128) ATT_BWD_DM(T, S, 128);                                                              \
     else ATT_BWD_DM(T, S, DW); /* 256: f32 only (dm 256 reaches no other) */                                \
@@ -1166,34 +1177,37 @@ ATT_BWD(fp16, f16, 128)
 template <typename T>
 static int att_tc_backward(const char *me,
                            void (*dkdv)(T *, T *, const T *, const float *, const float *, const T *, const T *,
-                                        const T *, int, int, int, int, int, CplanAttnLayout, CplanAttnLayout,
-                                        CplanAttnLayout),
+                                        const T *, int, int, int, int, int, int, CplanAttnLayout,
+                                        CplanAttnLayout, CplanAttnLayout),
                            void (*dqk)(T *, const T *, const float *, const float *, const T *, const T *, const T *,
-                                       int, int, int, int, int, CplanAttnLayout, CplanAttnLayout, CplanAttnLayout),
+                                       int, int, int, int, int, int, CplanAttnLayout, CplanAttnLayout,
+                                       CplanAttnLayout),
                            void (*dlt)(float *, const T *, const T *, long long, int, int, CplanAttnLayout),
                            int threads_kv, int bytes_kv, int bytes_q, void *dq, void *dk, void *dv, float *delta,
                            const void *dout, const void *out, const float *lse, const void *q, const void *k,
-                           const void *v, int nb, int t, int d, int causal, int acc, int group, CplanAttnLayout lq,
-                           CplanAttnLayout lkv, CplanAttnLayout lo, cudaStream_t stream) {
-  long long rows = (long long)nb * t;
-  dlt<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, t, d, lo);
-  dim3 grid((unsigned)((t + TC_R - 1) / TC_R), (unsigned)nb), grid_kv(grid.x, (unsigned)(nb / group));
+                           const void *v, int nb, int tq, int tk, int d, int causal, int acc, int group,
+                           CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo, cudaStream_t stream) {
+  long long rows = (long long)nb * tq;
+  dlt<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, tq, d,
+                                                                lo);
+  dim3 grid((unsigned)((tq + TC_R - 1) / TC_R), (unsigned)nb),
+      grid_kv((unsigned)((tk + TC_R - 1) / TC_R), (unsigned)(nb / group));
   if (dk || dv)
     ATT_TC_GO(me, dkdv, grid_kv, threads_kv, bytes_kv, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
-              (const T *)k, (const T *)v, t, d, causal, acc, group, lq, lkv, lo);
+              (const T *)k, (const T *)v, tq, tk, d, causal, acc, group, lq, lkv, lo);
   if (dq)
     ATT_TC_GO(me, dqk, grid, TC_W * 32, bytes_q, (T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,
-              (const T *)v, t, d, causal, acc, group, lq, lkv, lo);
+              (const T *)v, tq, tk, d, causal, acc, group, lq, lkv, lo);
   return cplan_cuda_launched(me);
 }
 
 extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
                                                const void *dout, const void *out, const float *lse, const void *q,
-                                               const void *k, const void *v, int nb, int t, int d, int causal,
-                                               int accumulate, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
-                                               CplanAttnLayout lo, cudaStream_t stream) {
+                                               const void *k, const void *v, int nb, int tq, int tk, int d,
+                                               int causal, int accumulate, int group, CplanAttnLayout lq,
+                                               CplanAttnLayout lkv, CplanAttnLayout lo, cudaStream_t stream) {
   const char *me = "cplan_cuda_attention_backward";
-  if (att_check(me, nb, t, d, group, &lq, &lkv, &lo)) return -1;
+  if (att_check(me, nb, tq, tk, d, group, &lq, &lkv, &lo)) return -1;
   CPLAN_REQUIRE(me, delta && dout && out && lse && q && k && v, "delta, dout, out, lse, q, k and v must not be NULL");
   if (nb == 0 || (!dq && !dk && !dv)) return 0;
   int acc = accumulate != 0;
@@ -1204,18 +1218,18 @@ extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk
   (impl == ATT_MMA                                                                                            \
        ? att_tc_backward<T>(me, attention_mma_backward_dkdv_##S##_d##TD, attention_mma_backward_dq_##S##_d##TD,  \
                             attention_backward_delta_##S, FaDims<T, TD>::WKV * 32, FaDims<T, TD>::DKDV,            \
-                            FaDims<T, TD>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc,  \
-                            group, lq, lkv, lo, stream)                                                            \
+                            FaDims<T, TD>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, tq, tk, d, causal,  \
+                            acc, group, lq, lkv, lo, stream)                                                         \
        : att_tc_backward<T>(me, attention_tc_backward_dkdv_##S##_d##TD, attention_tc_backward_dq_##S##_d##TD,    \
                             attention_backward_delta_##S, TC_W * 32, TcDims<T, TD>::BWD, TcDims<T, TD>::BWD, dq,  \
-                            dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, group, lq, lkv, lo,     \
-                            stream))
+                            dk, dv, delta, dout, out, lse, q, k, v, nb, tq, tk, d, causal, acc, group, lq, lkv,    \
+                            lo, stream))
     /* above 128, WMMA too runs on mma.sync (as the forward) */
 #define ATT_MMA_BWD256(T, S)                                                                                   \
   att_tc_backward<T>(me, attention_mma_backward_dkdv_##S##_d256, attention_mma_backward_dq_##S##_d256,         \
                      attention_backward_delta_##S, FaDims<T, 256>::WKV * 32, FaDims<T, 256>::DKDV,            \
-                     FaDims<T, 256>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, group, \
-                     lq, lkv, lo, stream)
+                     FaDims<T, 256>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, tq, tk, d, causal, acc,   \
+                     group, lq, lkv, lo, stream)
     if (dt == CPLAN_BF16)
       return d <= 64 ? ATT_TC_BWD(bf16, bf16, 64) : d <= 128 ? ATT_TC_BWD(bf16, bf16, 128) : ATT_MMA_BWD256(bf16, bf16);
     return d <= 64 ? ATT_TC_BWD(fp16, f16, 64) : d <= 128 ? ATT_TC_BWD(fp16, f16, 128) : ATT_MMA_BWD256(fp16, f16);
@@ -1224,7 +1238,8 @@ extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk
   }
   int dm = d <= 64 ? 64 : d <= 128 ? 128 : 256;
 #define ATT_SIMT_BWD(T)                                                                                        \
-  att_bwd_launch<T>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, acc, group, lq, lkv, lo, stream, dm)
+  att_bwd_launch<T>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, tq, tk, d, causal, acc, group, lq, lkv, lo, \
+                    stream, dm)
   if (dt == CPLAN_F32) ATT_SIMT_BWD(float);
   else if (dt == CPLAN_BF16) ATT_SIMT_BWD(bf16);
   else if (dt == CPLAN_F16) ATT_SIMT_BWD(fp16);
@@ -1238,8 +1253,8 @@ extern "C" int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *d
                                                 const void *k, const void *v, int nb, int t, int d, int causal,
                                                 int accumulate, cudaStream_t stream) {
   CplanAttnLayout l = att_contiguous(t, d);
-  return cplan_cuda_attention_backward_l(dt, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, d, causal, accumulate,
-                                         1, l, l, l, stream);
+  return cplan_cuda_attention_backward_l(dt, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, t, t, d, causal,
+                                         accumulate, 1, l, l, l, stream);
 }
 
 extern "C" int cplan_cuda_attention_backward(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,

@@ -97,20 +97,22 @@ int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *dk, void *dv
                                      const void *dout, const void *out, const float *lse, const void *q,
                                      const void *k, const void *v, int nb, int t, int d, int causal,
                                      int accumulate, cudaStream_t stream);
-/* the same on tensors in place in larger ones (attn_layout.h), with grouped-query attention: q and
- * dq laid out as lq, out and dout as lout, [nb, t, d] (nb query batch-heads); k, v, dk and dv as lkv,
- * [nb / group, t, d]: group (>= 1) query heads share each kv head, query batch-head z reads kv
- * batch-head z / group (lkv.heads * group == lq.heads; group 1: ordinary attention). GPT-2's fused
- * qkv projection and merged heads are read and written in place, with no permute, and GQA's k and v
- * are never repeated; dk and dv sum the group's query heads in the kernel (deterministic). lse and
- * delta stay [nb, t]. */
+/* the same on tensors in place in larger ones (attn_layout.h), with grouped-query attention and
+ * cross attention (tq queries, tk keys and values): q and dq laid out as lq, out and dout as lout,
+ * [nb, tq, d] (nb query batch-heads); k, v, dk and dv as lkv, [nb / group, tk, d]: group (>= 1) query
+ * heads share each kv head, query batch-head z reads kv batch-head z / group (lkv.heads * group ==
+ * lq.heads; group 1: ordinary attention). GPT-2's fused qkv projection and merged heads are read and
+ * written in place, with no permute, and GQA's k and v are never repeated; dk and dv sum the group's
+ * query heads in the kernel (deterministic). lse and delta are [nb, tq]. tq, tk >= 1; causal with
+ * tq != tk is PyTorch's is_causal (top-left aligned): query i sees keys j <= i (from i >= tk on, all
+ * of them), so keys j >= tq get zero dk and dv. */
 int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
-                                   const void *v, int nb, int t, int d, int causal, int group,
+                                   const void *v, int nb, int tq, int tk, int d, int causal, int group,
                                    CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lout,
                                    cudaStream_t stream);
 int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
                                     const void *dout, const void *out, const float *lse, const void *q,
-                                    const void *k, const void *v, int nb, int t, int d, int causal,
+                                    const void *k, const void *v, int nb, int tq, int tk, int d, int causal,
                                     int accumulate, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                     CplanAttnLayout lout, cudaStream_t stream);
 
