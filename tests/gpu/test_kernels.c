@@ -451,10 +451,10 @@ static void test_attention_layout(CplanDtype dt, int d) {
   CplanAttnLayout l3 = {3 * C, h, (long long)t * 3 * C, d}, l1 = {C, h, (long long)t * C, d};
   size_t es = esize(dt);
   char *q0 = dqkv, *g0 = dg;
-  LAUNCH_OK(cplan_cuda_attention_forward_l(dt, dout, lse, q0, q0 + es * C, q0 + 2 * es * C, nb, t, d, 1, 1, l3, l3, l1,
+  LAUNCH_OK(cplan_cuda_attention_forward_l(dt, dout, lse, q0, q0 + es * C, q0 + 2 * es * C, nb, t, t, d, 1, 1, l3, l3, l1,
                                            stream));
   LAUNCH_OK(cplan_cuda_attention_backward_l(dt, g0, g0 + es * C, g0 + 2 * es * C, delta, ddy, dout, lse, q0, q0 + es * C,
-                                            q0 + 2 * es * C, nb, t, d, 1, 0, 1, l3, l3, l1, stream));
+                                            q0 + 2 * es * C, nb, t, t, d, 1, 0, 1, l3, l3, l1, stream));
   float *o1 = down(dout, n1, dt), *g3 = down(dg, n3, dt);
   float *got = malloc(4 * (size_t)e), *gotq = malloc(4 * (size_t)e), *gotk = malloc(4 * (size_t)e), *gotv = malloc(4 * (size_t)e);
   for (int bb = 0; bb < b; bb++)
@@ -471,7 +471,7 @@ static void test_attention_layout(CplanDtype dt, int d) {
   compare_dt(name, "bwd dv", dt, gotv, gv, e);
   /* a layout whose heads do not divide batch * heads is refused */
   CplanAttnLayout bad = {3 * C, 4, (long long)t * 3 * C, d};
-  int rc = cplan_cuda_attention_forward_l(dt, dout, lse, q0, q0 + es * C, q0 + 2 * es * C, nb, t, d, 1, 1, bad, bad, l1,
+  int rc = cplan_cuda_attention_forward_l(dt, dout, lse, q0, q0 + es * C, q0 + 2 * es * C, nb, t, t, d, 1, 1, bad, bad, l1,
                                           stream);
   checks++;
   failures += rc == 0;
@@ -521,13 +521,13 @@ static void test_attention_gqa(CplanDtype dt, int d, int causal, int h, int grou
   void *dq_ = up(q, e, dt), *dkv = up(kv, nkv, dt), *ddy = up(dy, e, dt), *dout = zeros(e, es);
   float *lse = zeros((long)nb * t, 4), *delta = zeros((long)nb * t, 4);
   char *k0 = dkv, *v0 = k0 + es * hk * d;
-  LAUNCH_OK(cplan_cuda_attention_forward_l(dt, dout, lse, dq_, k0, v0, nb, t, d, causal, group, lq, lkv, lq, stream));
+  LAUNCH_OK(cplan_cuda_attention_forward_l(dt, dout, lse, dq_, k0, v0, nb, t, t, d, causal, group, lq, lkv, lq, stream));
   compare_dt(name, "fwd out", dt, down(dout, e, dt), ref, e);
   /* accumulate 1: onto random gradients */
   float *gq0 = randv(e, 0.1f, dt), *gkv0 = randv(nkv, 0.1f, dt);
   void *dgq = up(gq0, e, dt), *dgkv = up(gkv0, nkv, dt);
   char *gk0 = dgkv, *gv0 = gk0 + es * hk * d;
-  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, dgq, gk0, gv0, delta, ddy, dout, lse, dq_, k0, v0, nb, t, d, causal, 1,
+  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, dgq, gk0, gv0, delta, ddy, dout, lse, dq_, k0, v0, nb, t, t, d, causal, 1,
                                             group, lq, lkv, lq, stream));
   for (long x = 0; x < e; x++) gq0[x] += gq[x];
   for (long x = 0; x < nkv; x++) gkv0[x] += gkv[x];
@@ -539,9 +539,9 @@ static void test_attention_gqa(CplanDtype dt, int d, int causal, int h, int grou
   CUDA_OK(cudaMemset(dgq, 0xff, es * (size_t)e));
   CUDA_OK(cudaMemset(dgkv, 0xff, es * (size_t)nkv));
   CUDA_OK(cudaMemset(dgkv2, 0xff, es * (size_t)nkv));
-  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, dgq, gk0, gv0, delta, ddy, dout, lse, dq_, k0, v0, nb, t, d, causal, 0,
+  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, dgq, gk0, gv0, delta, ddy, dout, lse, dq_, k0, v0, nb, t, t, d, causal, 0,
                                             group, lq, lkv, lq, stream));
-  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, NULL, gk2, gv2, delta, ddy, dout, lse, dq_, k0, v0, nb, t, d, causal, 0,
+  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, NULL, gk2, gv2, delta, ddy, dout, lse, dq_, k0, v0, nb, t, t, d, causal, 0,
                                             group, lq, lkv, lq, stream));
   compare_dt(name, "bwd dq (written)", dt, down(dgq, e, dt), gq, e);
   compare_dt(name, "bwd dk dv (written)", dt, down(dgkv, nkv, dt), gkv, nkv);
@@ -550,17 +550,116 @@ static void test_attention_gqa(CplanDtype dt, int d, int causal, int h, int grou
   CplanAttnLayout lkv1 = lkv;
   lkv1.heads = hk + 1;
   refused("cplan_cuda_attention_forward",
-          cplan_cuda_attention_forward_l(dt, dout, lse, dq_, k0, v0, nb, t, d, causal, h + 1, lq, lkv, lq, stream),
+          cplan_cuda_attention_forward_l(dt, dout, lse, dq_, k0, v0, nb, t, t, d, causal, h + 1, lq, lkv, lq, stream),
           "group");
   refused("cplan_cuda_attention_forward",
-          cplan_cuda_attention_forward_l(dt, dout, lse, dq_, k0, v0, nb, t, d, causal, 0, lq, lkv, lq, stream), "group 0");
+          cplan_cuda_attention_forward_l(dt, dout, lse, dq_, k0, v0, nb, t, t, d, causal, 0, lq, lkv, lq, stream), "group 0");
   refused("cplan_cuda_attention_backward",
-          cplan_cuda_attention_backward_l(dt, dgq, gk0, gv0, delta, ddy, dout, lse, dq_, k0, v0, nb, t, d, causal, 0,
+          cplan_cuda_attention_backward_l(dt, dgq, gk0, gv0, delta, ddy, dout, lse, dq_, k0, v0, nb, t, t, d, causal, 0,
                                           group, lq, lkv1, lq, stream),
           "heads times the group");
   free(q), free(kv), free(dy), free(kr), free(vr), free(ref), free(att), free(gq), free(gk), free(gv), free(gkv);
   free(gq0), free(gkv0);
   void *bufs[] = {dq_, dkv, ddy, dout, lse, delta, dgq, dgkv, dgkv2};
+  for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
+}
+
+/* cross attention (the _l launchers' tq != tk): tq queries and tk keys per head, causal as PyTorch's
+ * is_causal (top-left: query i sees keys j <= i, every key from i >= tk on; with tq < tk the keys
+ * j >= tq see no query, their dk and dv are 0), b 2, h query heads, h / group kv heads, all
+ * contiguous. The reference is here (ref.c's k_sdpa_* have one length): the scores, the mask, the
+ * softmax and the gradients in double. The backward runs with accumulate 1 onto random gradients,
+ * then with accumulate 0 over NaN, dk and dv twice (the same bits); then empty lengths are refused. */
+static void test_attention_cross(CplanDtype dt, int d, int causal, int tq, int tk, int h, int group) {
+  const int b = 2, hk = h / group, nb = b * h;
+  const long eq = (long)nb * tq * d, ek = (long)(nb / group) * tk * d;
+  char name[48];
+  snprintf(name, sizeof name, "attention_x%d d%d %d/%d%s", group, d, tq, tk, causal ? " causal" : "");
+  float *q = randv(eq, 1.0f, dt), *k = randv(ek, 1.0f, dt), *v = randv(ek, 1.0f, dt), *dy = randv(eq, 1.0f, dt);
+  float *ref = calloc((size_t)eq, 4), *gq = calloc((size_t)eq, 4), *gk = calloc((size_t)ek, 4), *gv = calloc((size_t)ek, 4);
+  double *p = malloc(8 * (size_t)tk), *dp = malloc(8 * (size_t)tk), *acc = malloc(8 * (size_t)d);
+  double scale = 1.0 / sqrt((double)d);
+  for (int z = 0; z < nb; z++) {
+    const float *qz = q + (long)z * tq * d, *dyz = dy + (long)z * tq * d;
+    const float *kz = k + (long)(z / group) * tk * d, *vz = v + (long)(z / group) * tk * d;
+    float *gkz = gk + (long)(z / group) * tk * d, *gvz = gv + (long)(z / group) * tk * d;
+    for (int i = 0; i < tq; i++) {
+      int n = causal && i + 1 < tk ? i + 1 : tk; /* keys 0 .. n - 1 seen */
+      double m = -INFINITY, l = 0, dsum = 0;
+      for (int j = 0; j < n; j++) {
+        double s = 0;
+        for (int c = 0; c < d; c++) s += (double)qz[(long)i * d + c] * kz[(long)j * d + c];
+        p[j] = s * scale;
+        m = fmax(m, p[j]);
+      }
+      for (int j = 0; j < n; j++) l += p[j] = exp(p[j] - m);
+      for (int c = 0; c < d; c++) acc[c] = 0;
+      for (int j = 0; j < n; j++) {
+        p[j] /= l;
+        dp[j] = 0;
+        for (int c = 0; c < d; c++) {
+          acc[c] += p[j] * vz[(long)j * d + c];
+          dp[j] += (double)dyz[(long)i * d + c] * vz[(long)j * d + c];
+        }
+        dsum += p[j] * dp[j];
+      }
+      for (int c = 0; c < d; c++) ref[((long)z * tq + i) * d + c] = (float)acc[c], acc[c] = 0;
+      for (int j = 0; j < n; j++) {
+        double ds = p[j] * (dp[j] - dsum) * scale;
+        for (int c = 0; c < d; c++) {
+          acc[c] += ds * kz[(long)j * d + c];
+          gkz[(long)j * d + c] += (float)(ds * qz[(long)i * d + c]);
+          gvz[(long)j * d + c] += (float)(p[j] * dyz[(long)i * d + c]);
+        }
+      }
+      for (int c = 0; c < d; c++) gq[((long)z * tq + i) * d + c] = (float)acc[c];
+    }
+  }
+  free(p), free(dp), free(acc);
+  size_t es = esize(dt);
+  CplanAttnLayout lq = {d, h, (long long)h * tq * d, (long long)tq * d};
+  CplanAttnLayout lkv = {d, hk, (long long)hk * tk * d, (long long)tk * d};
+  void *dq_ = up(q, eq, dt), *dk_ = up(k, ek, dt), *dv_ = up(v, ek, dt), *ddy = up(dy, eq, dt), *dout = zeros(eq, es);
+  float *lse = zeros((long)nb * tq, 4), *delta = zeros((long)nb * tq, 4);
+  LAUNCH_OK(cplan_cuda_attention_forward_l(dt, dout, lse, dq_, dk_, dv_, nb, tq, tk, d, causal, group, lq, lkv, lq,
+                                           stream));
+  compare_dt(name, "fwd out", dt, down(dout, eq, dt), ref, eq);
+  /* accumulate 1: onto random gradients */
+  float *gq0 = randv(eq, 0.1f, dt), *gk0 = randv(ek, 0.1f, dt), *gv0 = randv(ek, 0.1f, dt);
+  void *dgq = up(gq0, eq, dt), *dgk = up(gk0, ek, dt), *dgv = up(gv0, ek, dt);
+  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, dgq, dgk, dgv, delta, ddy, dout, lse, dq_, dk_, dv_, nb, tq, tk, d, causal,
+                                            1, group, lq, lkv, lq, stream));
+  for (long x = 0; x < eq; x++) gq0[x] += gq[x];
+  for (long x = 0; x < ek; x++) gk0[x] += gk[x], gv0[x] += gv[x];
+  compare_dt(name, "bwd dq", dt, down(dgq, eq, dt), gq0, eq);
+  compare_dt(name, "bwd dk", dt, down(dgk, ek, dt), gk0, ek);
+  compare_dt(name, "bwd dv", dt, down(dgv, ek, dt), gv0, ek);
+  /* accumulate 0: written over NaN, every element written (the keys no query sees: 0), none read */
+  void *dgk2 = zeros(ek, es), *dgv2 = zeros(ek, es);
+  CUDA_OK(cudaMemset(dgq, 0xff, es * (size_t)eq));
+  CUDA_OK(cudaMemset(dgk, 0xff, es * (size_t)ek));
+  CUDA_OK(cudaMemset(dgv, 0xff, es * (size_t)ek));
+  CUDA_OK(cudaMemset(dgk2, 0xff, es * (size_t)ek));
+  CUDA_OK(cudaMemset(dgv2, 0xff, es * (size_t)ek));
+  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, dgq, dgk, dgv, delta, ddy, dout, lse, dq_, dk_, dv_, nb, tq, tk, d, causal,
+                                            0, group, lq, lkv, lq, stream));
+  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, NULL, dgk2, dgv2, delta, ddy, dout, lse, dq_, dk_, dv_, nb, tq, tk, d,
+                                            causal, 0, group, lq, lkv, lq, stream));
+  compare_dt(name, "bwd dq (written)", dt, down(dgq, eq, dt), gq, eq);
+  compare_dt(name, "bwd dk (written)", dt, down(dgk, ek, dt), gk, ek);
+  compare_dt(name, "bwd dv (written)", dt, down(dgv, ek, dt), gv, ek);
+  same_bits(name, "bwd dk", dt, dgk, dgk2, es * (size_t)ek);
+  same_bits(name, "bwd dv", dt, dgv, dgv2, es * (size_t)ek);
+  /* refused: no queries, no keys */
+  refused("cplan_cuda_attention_forward",
+          cplan_cuda_attention_forward_l(dt, dout, lse, dq_, dk_, dv_, nb, 0, tk, d, causal, group, lq, lkv, lq, stream),
+          "bad shape");
+  refused("cplan_cuda_attention_backward",
+          cplan_cuda_attention_backward_l(dt, dgq, dgk, dgv, delta, ddy, dout, lse, dq_, dk_, dv_, nb, tq, 0, d, causal,
+                                          0, group, lq, lkv, lq, stream),
+          "bad shape");
+  free(q), free(k), free(v), free(dy), free(ref), free(gq), free(gk), free(gv), free(gq0), free(gk0), free(gv0);
+  void *bufs[] = {dq_, dk_, dv_, ddy, dout, lse, delta, dgq, dgk, dgv, dgk2, dgv2};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
 }
 
@@ -1035,6 +1134,17 @@ int main(void) {
     test_attention_gqa(dt, 96, 0, 8, 4);
     test_attention_gqa(dt, 160, 0, 4, 2);
     test_attention_gqa(dt, 160, 1, 4, 4); /* one kv head (MQA) */
+    /* cross attention: more queries than keys and fewer, causal (top-left) or not; keys within one
+     * tile (5), queries within one (5); d 96: the 128 instantiations; GQA with it */
+    test_attention_cross(dt, 64, 1, 70, 130, 2, 1);
+    test_attention_cross(dt, 64, 1, 130, 70, 2, 1);
+    test_attention_cross(dt, 64, 0, 70, 130, 2, 1);
+    test_attention_cross(dt, 160, 1, 70, 130, 2, 1);
+    test_attention_cross(dt, 160, 0, 130, 70, 2, 1);
+    test_attention_cross(dt, 160, 1, 130, 5, 2, 1);
+    test_attention_cross(dt, 96, 1, 130, 5, 2, 1);
+    test_attention_cross(dt, 96, 0, 5, 130, 2, 1);
+    test_attention_cross(dt, 64, 1, 100, 37, 4, 2);
     test_activation(dt, K_GELU);
     test_activation(dt, K_SILU);
     test_cross_entropy(dt);
