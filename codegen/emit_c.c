@@ -111,7 +111,8 @@ static void cpu_sides(const void *ctx, int i, CgPlace *x) {
   const Node *n = nd(c, i);
   if (n->op == OP_LAYER_NORM) x->aux = 2 * cg_rows(n) * 4;
   if (n->op == OP_RMS_NORM) x->aux = cg_rows(n) * 4;
-  if (n->op == OP_SDPA) x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * n->shape.d[2] * 4;
+  if (n->op == OP_SDPA) /* the probabilities [nb, tq, tk] */
+    x->aux = n->shape.d[0] * n->shape.d[1] * n->shape.d[2] * in(c, i, 1)->shape.d[2] * 4;
   if (n->op == OP_DROPOUT) x->scratch = numel(n);
   if (n->op == OP_ALL_GATHER) x->scratch = (int64_t)ir_node_bytes(c->g, i);
   if (n->op == OP_REDUCE_SCATTER) x->scratch = (int64_t)ir_node_bytes(c->g, n->in[0]);
@@ -124,7 +125,10 @@ static void cpu_sides(const void *ctx, int i, CgPlace *x) {
   if (n->op == OP_ARGMAX && n->ia[1] > 0) /* vocab-parallel: this rank's (max, index) pairs, then every rank's */
     x->scratch = 2 * cg_rows(in(c, i, 0)) * 4 * (1 + axis_n(c, (int)n->ia[1] - 1));
   if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_DROPOUT) x->scratch = numel(n);
-  if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) x->scratch = n->shape.d[2] * n->shape.d[2] * 4;
+  if (n->op == OP_GRAD && nd(c, n->fwd)->op == OP_SDPA) { /* one key/value head's [group * tq, tk] */
+    const int64_t *q = nd(c, nd(c, n->fwd)->in[0])->shape.d, *k = nd(c, nd(c, n->fwd)->in[1])->shape.d;
+    x->scratch = q[1] / k[1] * q[2] * k[2] * 4;
+  }
 }
 
 /* ---- operands -------------------------------------------------------------------------------- */
@@ -446,13 +450,13 @@ static void emit_nn(Cg *c, int i) {
     break;
   case OP_SDPA: {
     const int64_t *q = in(c, i, 0)->shape.d, *k = in(c, i, 1)->shape.d, *v = in(c, i, 2)->shape.d;
-    if (q[2] != k[2] || v[3] != q[3]) {
-      unsupported(c, i, "sdpa with different query and key lengths or value width");
+    if (v[3] != q[3]) {
+      unsupported(c, i, "sdpa with values of another width");
       return;
     }
-    EMIT("  k_sdpa_fast_forward(%s, %s, %s, %s, %s, %lld, %lld, %lld, %d, %lld);\n", o, aux_ptr(c, i, 0), x,
-         ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3],
-         (int)n->ia[0], (long long)(q[1] / k[1]));
+    EMIT("  k_sdpa_fast_forward(%s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %lld);\n", o, aux_ptr(c, i, 0), x,
+         ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)(q[0] * q[1]), (long long)q[2], (long long)k[2],
+         (long long)q[3], (int)n->ia[0], (long long)(q[1] / k[1]));
     break;
   }
   default: cp_unreachable();
@@ -734,9 +738,10 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
   case OP_SDPA: {
     const int64_t *q = nd(c, f->in[0])->shape.d, *k = nd(c, f->in[1])->shape.d;
     group_outputs(c, i, d, 3, false);
-    EMIT("  k_sdpa_fast_backward(%s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, F(%lld));\n", d[0], d[1], d[2],
-         dy, aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]), ptr(c, f->in[2]), (long long)(q[0] * q[1]), (long long)q[2],
-         (long long)q[3], (long long)(q[1] / k[1]), (long long)c->pl.nc[i].soff[c->ph]);
+    EMIT("  k_sdpa_fast_backward(%s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, %lld, F(%lld));\n", d[0], d[1],
+         d[2], dy, aux_ptr(c, n->fwd, 0), x, ptr(c, f->in[1]), ptr(c, f->in[2]), (long long)(q[0] * q[1]),
+         (long long)q[2], (long long)k[2], (long long)q[3], (long long)(q[1] / k[1]),
+         (long long)c->pl.nc[i].soff[c->ph]);
     break;
   }
   case OP_DROPOUT: {

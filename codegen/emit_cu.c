@@ -944,7 +944,7 @@ static void find_attn_inplace(Cu *c) {
       }
     int x = first >= 0 ? c->qkv_ops[first][0] : -1;
     bool qkv = first >= 0 && r >= 0 && c->pl.nc[x].kind == CG_L_WORK && scode(c, x) == code && scode(c, r) == code &&
-               nd(c, sn->in[1])->shape.d[1] == nd(c, sn->in[0])->shape.d[1]; /* equal thirds: no query groups */
+               shape_eq(&nd(c, sn->in[1])->shape, &nd(c, sn->in[0])->shape); /* equal thirds: no groups, one T */
     for (int p = 0; p < 3 && qkv; p++) {
       int hq = sn->in[p];
       qkv = scode(c, hq) == code && read_only_by(c, hq, (int[]){s, gr[0], gr[1], gr[2], grad_of(c, hq, 0)}, 5) &&
@@ -1568,8 +1568,9 @@ typedef struct AttOps {
 } AttOps;
 
 /* q, k and v of sdpa s (its heads nodes hq[0..3)), or with base >= 0 the thirds of base's [b, t, 3C]
- * (find_attn_inplace takes no grouped-query attention in place). Grouped-query k and v [b, hk, t, dh]
- * have layouts of their own, so both name their heads. */
+ * (find_attn_inplace takes no grouped-query or cross-attention in place). Grouped-query k and v
+ * [b, hk, tk, dh], or keys of another length (cross-attention), have layouts of their own, so both
+ * name their heads. */
 static AttOps att_ops(const Cu *c, int s, const int *hq, int base) {
   AttOps a;
   const int64_t *q = nd(c, nd(c, s)->in[0])->shape.d, *k = nd(c, nd(c, s)->in[1])->shape.d;
@@ -1579,12 +1580,12 @@ static AttOps att_ops(const Cu *c, int s, const int *hq, int base) {
                                (long long)(p * q[1] * q[3] * (scode(c, base) ? 2 : 4)));
   a.group = q[1] / k[1];
   a.l = a.lkv = att_layout(c, s, base >= 0, 1);
-  if (a.group > 1) {
-    int64_t t = q[2], dh = q[3];
+  if (a.group > 1 || k[2] != q[2]) {
+    int64_t dh = q[3];
     a.l = cp_fmt("(CplanAttnLayout){%lld, %lld, %lldLL, %lldLL}", (long long)dh, (long long)q[1],
-                 (long long)(q[1] * t * dh), (long long)(t * dh));
+                 (long long)(q[1] * q[2] * dh), (long long)(q[2] * dh));
     a.lkv = cp_fmt("(CplanAttnLayout){%lld, %lld, %lldLL, %lldLL}", (long long)dh, (long long)k[1],
-                   (long long)(k[1] * t * dh), (long long)(t * dh));
+                   (long long)(k[1] * k[2] * dh), (long long)(k[2] * dh));
   }
   return a;
 }
@@ -1642,8 +1643,8 @@ static void emit_nn(Cu *c, int i) {
     break;
   case OP_SDPA: {
     const int64_t *q = in(c, i, 0)->shape.d, *k = in(c, i, 1)->shape.d, *v = in(c, i, 2)->shape.d;
-    if (q[2] != k[2] || v[3] != q[3]) {
-      unsupported(c, i, "sdpa with different query and key lengths or value width");
+    if (v[3] != q[3]) {
+      unsupported(c, i, "sdpa with values of another width");
       return;
     }
     if (q[3] > CPLAN_ATTN_MAX_HEAD_DIM) { /* sema computed it in the math form (sema_set_attention_limit) */
@@ -1654,9 +1655,10 @@ static void emit_nn(Cu *c, int i) {
     if (!hw_typed(c, i, 4, (int[]){i, n->in[0], n->in[1], n->in[2]})) return;
     AttOps a = att_ops(c, i, n->in, c->att_x[i]);
     if (c->att_m[i] >= 0) EMIT("  /* the output merged in place: %%%d */\n", c->att_m[i]);
-    KL("cplan_cuda_attention_forward_l(%s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, %lld, %s, %s, %s, G.s), %d);\n",
-       kdt(c), o, aux_ptr(c, i, 0), a.p[0], a.p[1], a.p[2], (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3],
-       (int)n->ia[0], (long long)a.group, a.l, a.lkv, att_layout(c, i, c->att_m[i] >= 0, 0), i);
+    KL("cplan_cuda_attention_forward_l(%s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %lld, %s, %s, %s, G.s), "
+       "%d);\n", kdt(c), o, aux_ptr(c, i, 0), a.p[0], a.p[1], a.p[2], (long long)(q[0] * q[1]), (long long)q[2],
+       (long long)k[2], (long long)q[3], (int)n->ia[0], (long long)a.group, a.l, a.lkv,
+       att_layout(c, i, c->att_m[i] >= 0, 0), i);
     break;
   }
   default: cp_unreachable();
@@ -1879,7 +1881,7 @@ static void emit_sdpa_grad(Cu *c, int i) {
   const Node *n = nd(c, i);
   int s = n->fwd;
   const Node *f = nd(c, s);
-  const int64_t *q = nd(c, f->in[0])->shape.d;
+  const int64_t *q = nd(c, f->in[0])->shape.d, *k = nd(c, f->in[1])->shape.d;
   const char *d[3];
   int ids[3];
   bool acc = false;
@@ -1894,10 +1896,10 @@ static void emit_sdpa_grad(Cu *c, int i) {
     g = in;
   }
   if (!hw_typed(c, i, 8, (int[]){ids[0], ids[1], ids[2], n->in[0], s, f->in[0], f->in[1], f->in[2]})) return;
-  KL("cplan_cuda_attention_backward_l(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %d, %d, %lld, %s, "
-     "%s, %s, G.s), %d);\n", kdt(c), d[0], d[1], d[2], scratch_ptr(c, i, "F"), ptr(c, n->in[0]), ptr(c, s),
-     aux_ptr(c, s, 0), in.p[0], in.p[1], in.p[2], (long long)(q[0] * q[1]), (long long)q[2], (long long)q[3],
-     (int)f->ia[0], acc, (long long)g.group, g.l, g.lkv, att_layout(c, s, c->att_m[s] >= 0, 0), i);
+  KL("cplan_cuda_attention_backward_l(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lld, "
+     "%s, %s, %s, G.s), %d);\n", kdt(c), d[0], d[1], d[2], scratch_ptr(c, i, "F"), ptr(c, n->in[0]), ptr(c, s),
+     aux_ptr(c, s, 0), in.p[0], in.p[1], in.p[2], (long long)(q[0] * q[1]), (long long)q[2], (long long)k[2],
+     (long long)q[3], (int)f->ia[0], acc, (long long)g.group, g.l, g.lkv, att_layout(c, s, c->att_m[s] >= 0, 0), i);
 }
 
 static void emit_grad_nn(Cu *c, int i, const Node *f) {

@@ -1085,7 +1085,7 @@ static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value 
   const Node n = b->g->nodes[i];
   const int64_t *Q = b->g->nodes[n.in[0]].shape.d, *K = b->g->nodes[n.in[1]].shape.d, *V = b->g->nodes[n.in[2]].shape.d;
   bool wide = b->s->attn_max_d > 0 && Q[3] > b->s->attn_max_d; /* the backend's kernels take no such heads */
-  if (Q[2] == K[2] && V[3] == Q[3] && !mask && !bias && !wide && dropout == 0) return tensor_val(i, at);
+  if (V[3] == Q[3] && !mask && !bias && !wide && dropout == 0) return tensor_val(i, at);
   const int64_t tq = Q[2], tk = K[2], d = Q[3], group = Q[1] / K[1];
   const Shape sc = {.rank = 4, .d = {Q[0], Q[1], tq, tk}};
   if ((mask && !broadcasts_to(b, *mask, &sc, "attn_mask")) || (bias && !broadcasts_to(b, *bias, &sc, "attn_bias")))

@@ -97,56 +97,59 @@ void k_accum(float *dst, const float *x, long n) {
 
 /* ---- attention ------------------------------------------------------------------------------- */
 
+/* Grouped-query attention stacks the group's query heads (consecutive batch-heads, so contiguous
+ * rows of q, out and att): each product is one sgemm of group * tq rows against the shared k or v,
+ * and the key/value gradients' sums over the group are the inner dimension of theirs. */
 void k_sdpa_fast_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                         int nb, int t, int d, int causal, int group) {
-  k_assert(nb >= 0 && t > 0 && d > 0 && group > 0 && nb % group == 0);
+                         int nb, int tq, int tk, int d, int causal, int group) {
+  k_assert(nb >= 0 && tq > 0 && tk > 0 && d > 0 && group > 0 && nb % group == 0);
   float scale = 1.0f / sqrtf((float)d);
-  for (long z = 0; z < nb; z++) {
-    long o = z * t * d, ko = z / group * t * d;
-    float *a = att + z * t * t;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, scale, q + o, d, k + ko, d, 0.0f,
-                a, t);
-    for (int i = 0; i < t; i++) {
-      float *r = a + (long)i * t;
-      int end = causal ? i + 1 : t; /* keys after the query are masked: probability 0 */
+  int rows = group * tq;
+  for (long zk = 0; zk < nb / group; zk++) {
+    long o = zk * rows * d, ko = zk * tk * d;
+    float *a = att + zk * rows * tk;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, tk, d, scale, q + o, d, k + ko, d, 0.0f,
+                a, tk);
+    for (int i = 0; i < rows; i++) {
+      float *r = a + (long)i * tk;
+      /* causal, as PyTorch's is_causal (top-left): query i sees keys j <= i; the others get 0 */
+      int iq = i % tq, end = causal && iq + 1 < tk ? iq + 1 : tk;
       float m = r[0];
       for (int j = 1; j < end; j++) m = r[j] > m ? r[j] : m;
       float s = 0;
       for (int j = 0; j < end; j++) s += (r[j] = expf(r[j] - m));
       float inv = 1.0f / s;
       for (int j = 0; j < end; j++) r[j] *= inv;
-      for (int j = end; j < t; j++) r[j] = 0;
+      for (int j = end; j < tk; j++) r[j] = 0;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, a, t, v + ko, d, 0.0f,
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, tk, 1.0f, a, tk, v + ko, d, 0.0f,
                 out + o, d);
   }
 }
 
 void k_sdpa_fast_backward(float *dq, float *dk, float *dv, const float *dout, const float *att,
-                          const float *q, const float *k, const float *v, int nb, int t, int d,
+                          const float *q, const float *k, const float *v, int nb, int tq, int tk, int d,
                           int group, float *scratch) {
-  k_assert(nb >= 0 && t > 0 && d > 0 && group > 0 && nb % group == 0);
+  k_assert(nb >= 0 && tq > 0 && tk > 0 && d > 0 && group > 0 && nb % group == 0);
   float scale = 1.0f / sqrtf((float)d);
-  for (long z = 0; z < nb; z++) {
-    long o = z * t * d, ko = z / group * t * d;
-    /* a key/value head's gradient is the sum over its group's query heads (consecutive z): the
-     * first writes it, the others add */
-    float beta = z % group ? 1.0f : 0.0f;
-    const float *a = att + z * t * t, *g = dout + o;
-    if (dv) /* dV = P^T dO */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, a, t, g, d, beta, dv + ko, d);
+  int rows = group * tq;
+  for (long zk = 0; zk < nb / group; zk++) {
+    long o = zk * rows * d, ko = zk * tk * d;
+    const float *a = att + zk * rows * tk, *g = dout + o;
+    if (dv) /* dV = P^T dO, summed over the group's rows */
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, tk, d, rows, 1.0f, a, tk, g, d, 0.0f, dv + ko, d);
     if (!dq && !dk) continue;
     /* dP = dO V^T, then dS = P * (dP - rowsum(dP * P)) * scale; masked P = 0 gives dS = 0 */
     float *ds = scratch;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, t, t, d, 1.0f, g, d, v + ko, d, 0.0f, ds, t);
-    for (int i = 0; i < t; i++) {
-      float *r = ds + (long)i * t;
-      const float *p = a + (long)i * t;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, tk, d, 1.0f, g, d, v + ko, d, 0.0f, ds, tk);
+    for (int i = 0; i < rows; i++) {
+      float *r = ds + (long)i * tk;
+      const float *p = a + (long)i * tk;
       float dot = 0;
-      for (int j = 0; j < t; j++) dot += r[j] * p[j];
-      for (int j = 0; j < t; j++) r[j] = p[j] * (r[j] - dot) * scale;
+      for (int j = 0; j < tk; j++) dot += r[j] * p[j];
+      for (int j = 0; j < tk; j++) r[j] = p[j] * (r[j] - dot) * scale;
     }
-    if (dq) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, t, d, t, 1.0f, ds, t, k + ko, d, 0.0f, dq + o, d);
-    if (dk) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, t, d, t, 1.0f, ds, t, q + o, d, beta, dk + ko, d);
+    if (dq) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, tk, 1.0f, ds, tk, k + ko, d, 0.0f, dq + o, d);
+    if (dk) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, tk, d, rows, 1.0f, ds, tk, q + o, d, 0.0f, dk + ko, d);
   }
 }

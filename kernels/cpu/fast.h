@@ -35,16 +35,17 @@ void k_where_i32_forward(int32_t *out, const int *oshape, int orank, const float
 /* dst[i] += x[i]: gradient accumulation. */
 void k_accum(float *dst, const float *x, long n);
 
-/* sdpa on q [nb, t, d] and k, v [nb / group, t, d] with the probabilities saved in att [nb, t, t],
- * as k_sdpa_forward, with the two products done by sgemm. group > 1 is grouped-query attention:
- * query batch-head z reads key/value batch-head z / group (nb = batch * heads, heads = kv heads *
- * group), as k_sdpa_forward on k and v with each head repeated group times in a row. */
+/* sdpa on q [nb, tq, d] and k, v [nb / group, tk, d] with the probabilities saved in att
+ * [nb, tq, tk], as k_sdpa_forward (which takes tq = tk), with the two products done by sgemm.
+ * causal is PyTorch's is_causal, top-left: query i sees keys j <= i. group > 1 is grouped-query
+ * attention: query batch-head z reads key/value batch-head z / group (nb = batch * heads, heads =
+ * kv heads * group), as k_sdpa_forward on k and v with each head repeated group times in a row. */
 void k_sdpa_fast_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                         int nb, int t, int d, int causal, int group);
-/* Its backward; WRITES dq, dk, dv (any may be NULL; dk and dv [nb / group, t, d], each summed over
- * its group's query heads); scratch holds t*t floats. */
+                         int nb, int tq, int tk, int d, int causal, int group);
+/* Its backward; WRITES dq, dk, dv (any may be NULL; dk and dv [nb / group, tk, d], each summed over
+ * its group's query heads); scratch holds group*tq*tk floats. */
 void k_sdpa_fast_backward(float *dq, float *dk, float *dv, const float *dout, const float *att,
-                          const float *q, const float *k, const float *v, int nb, int t, int d,
+                          const float *q, const float *k, const float *v, int nb, int tq, int tk, int d,
                           int group, float *scratch);
 
 #endif

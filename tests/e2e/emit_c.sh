@@ -39,8 +39,9 @@ if [ -n "$wp" ] && [ -n "$wu" ] && [ "$wp" -lt "$wu" ]; then echo "ok: gpt.cplan
 else echo "FAILED: gpt.cplan: work arena '$wp' bytes, not below '$wu' on the graph's liveness"; fail=1; fi
 
 # The unsupported precision is a diagnostic at the precision setting (check says it too), not a crash.
+line=$(grep -n "^  precision = bf16" "$src/examples/llama.cplan" | cut -d: -f1)
 if "$cplanc" emit --stage=c "$src/examples/llama.cplan" --set mesh.workstation.device=cpu >/dev/null 2>"$tmp/bf16.err" ||
-   ! grep -q "llama.cplan:47:15: error: precision bf16 needs a mesh of CUDA devices: the cpu backend runs f32 only" "$tmp/bf16.err"; then
+   ! grep -q "llama.cplan:$line:15: error: precision bf16 needs a mesh of CUDA devices: the cpu backend runs f32 only" "$tmp/bf16.err"; then
   echo "FAILED: bf16 on the cpu backend is not diagnosed"; cat "$tmp/bf16.err"; fail=1
 fi
 # On a CUDA mesh --stage=c prints the GPU program's plan.c (no toolkit needed to emit it; cuda.build

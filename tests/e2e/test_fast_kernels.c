@@ -91,30 +91,67 @@ static void test_binary(void) {
   free_all();
 }
 
-/* group > 1: grouped-query attention, against the reference on k and v with each head repeated
- * group times in a row and the reference's dk, dv summed over each group */
-static void test_sdpa(int causal, int group) {
-  int nb = 4, t = 6, d = 4;
-  long sz = (long)nb * t * d, ksz = sz / group, asz = (long)nb * t * t, hd = (long)t * d;
+/* sdpa by loops in double: q [nb, tq, d], k and v [nb / group, tk, d]; query batch-head z reads
+ * key/value batch-head z / group; causal is top-left (query i sees keys j <= i). out, att
+ * [nb, tq, tk]; with dy, the gradients (dk and dv summed over each group). */
+static void sdpa_loops(const float *q, const float *k, const float *v, const float *dy, int nb, int tq, int tk,
+                       int d, int causal, int group, float *out, float *att, float *dq, float *dk, float *dv) {
+  double scale = 1.0 / sqrt((double)d);
+  for (long z = 0; z < nb; z++) {
+    const float *qz = q + z * tq * d, *kz = k + z / group * tk * d, *vz = v + z / group * tk * d;
+    for (int i = 0; i < tq; i++) {
+      int end = causal && i + 1 < tk ? i + 1 : tk;
+      double p[256], m = -INFINITY, sum = 0, dot = 0;
+      for (int j = 0; j < tk; j++) {
+        double sc = 0;
+        for (int c = 0; c < d; c++) sc += (double)qz[i * d + c] * kz[j * d + c];
+        p[j] = j < end ? sc * scale : -INFINITY;
+        m = p[j] > m ? p[j] : m;
+      }
+      for (int j = 0; j < tk; j++) sum += (p[j] = exp(p[j] - m));
+      for (int j = 0; j < tk; j++) att[(z * tq + i) * tk + j] = (float)(p[j] /= sum);
+      for (int c = 0; c < d; c++) {
+        double o = 0;
+        for (int j = 0; j < tk; j++) o += p[j] * vz[j * d + c];
+        out[(z * tq + i) * d + c] = (float)o;
+      }
+      if (!dy) continue;
+      const float *g = dy + (z * tq + i) * d;
+      double dp[256];
+      for (int j = 0; j < tk; j++) {
+        dp[j] = 0;
+        for (int c = 0; c < d; c++) dp[j] += (double)g[c] * vz[j * d + c];
+        dot += p[j] * dp[j];
+      }
+      for (int j = 0; j < tk; j++) {
+        double ds = p[j] * (dp[j] - dot) * scale;
+        for (int c = 0; c < d; c++) {
+          dq[(z * tq + i) * d + c] += (float)(ds * kz[j * d + c]);
+          dk[(z / group * tk + j) * d + c] += (float)(ds * qz[i * d + c]);
+          dv[(z / group * tk + j) * d + c] += (float)(p[j] * g[c]);
+        }
+      }
+    }
+  }
+}
+
+/* tq != tk: cross-attention; group > 1: grouped-query attention */
+static void test_sdpa(int causal, int group, int tq, int tk) {
+  int nb = 4, d = 4;
+  long sz = (long)nb * tq * d, ksz = (long)nb / group * tk * d, asz = (long)nb * tq * tk;
   float *q = rnd(sz), *k = rnd(ksz), *v = rnd(ksz), *dy = rnd(sz);
-  float *rk_in = zeros(sz), *rv_in = zeros(sz);
-  for (long z = 0; z < nb; z++)
-    for (long e = 0; e < hd; e++) rk_in[z * hd + e] = k[z / group * hd + e], rv_in[z * hd + e] = v[z / group * hd + e];
   float *o = zeros(sz), *ro = zeros(sz), *att = zeros(asz), *ratt = zeros(asz);
-  k_sdpa_forward(ro, ratt, q, rk_in, rv_in, nb, t, d, causal);
-  k_sdpa_fast_forward(o, att, q, k, v, nb, t, d, causal, group);
+  float *rq = zeros(sz), *rk = zeros(ksz), *rv = zeros(ksz);
+  sdpa_loops(q, k, v, dy, nb, tq, tk, d, causal, group, ro, ratt, rq, rk, rv);
+  k_sdpa_fast_forward(o, att, q, k, v, nb, tq, tk, d, causal, group);
   expect_close("sdpa out", o, ro, sz, 1e-5f);
   expect_close("sdpa att", att, ratt, asz, 1e-5f);
   /* dk, dv start as noise: the kernel writes them */
-  float *dq = zeros(sz), *dk = rnd(ksz), *dv = rnd(ksz), *rq = zeros(sz), *rk = zeros(sz), *rv = zeros(sz);
-  k_sdpa_backward(rq, rk, rv, dy, ratt, q, rk_in, rv_in, nb, t, d);
-  k_sdpa_fast_backward(dq, dk, dv, dy, att, q, k, v, nb, t, d, group, zeros((long)t * t));
-  float *sk = zeros(ksz), *sv = zeros(ksz);
-  for (long z = 0; z < nb; z++)
-    for (long e = 0; e < hd; e++) sk[z / group * hd + e] += rk[z * hd + e], sv[z / group * hd + e] += rv[z * hd + e];
+  float *dq = zeros(sz), *dk = rnd(ksz), *dv = rnd(ksz);
+  k_sdpa_fast_backward(dq, dk, dv, dy, att, q, k, v, nb, tq, tk, d, group, zeros((long)group * tq * tk));
   expect_close("sdpa dq", dq, rq, sz, 1e-4f);
-  expect_close("sdpa dk", dk, sk, ksz, 1e-4f);
-  expect_close("sdpa dv", dv, sv, ksz, 1e-4f);
+  expect_close("sdpa dk", dk, rk, ksz, 1e-4f);
+  expect_close("sdpa dv", dv, rv, ksz, 1e-4f);
   free_all();
 }
 
@@ -133,10 +170,12 @@ int main(void) {
   srand(7);
   test_gemm();
   test_binary();
-  for (int group = 1; group <= 4; group *= 2) {
-    test_sdpa(0, group);
-    test_sdpa(1, group);
-  }
+  static const int lens[][2] = {{6, 6}, {5, 9}, {9, 5}, {7, 1}};
+  for (int group = 1; group <= 4; group *= 2)
+    for (int l = 0; l < 4; l++) {
+      test_sdpa(0, group, lens[l][0], lens[l][1]);
+      test_sdpa(1, group, lens[l][0], lens[l][1]);
+    }
   test_i32();
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);
   else printf("fast kernels: ok\n");

@@ -231,7 +231,11 @@ def m14(p, d):
     y = merge(attn(q, k, v))
     yc = merge(attn(q, k, v, is_causal=True))
     ys = merge(attn(q, q, heads(x @ p['wx'], 2), is_causal=True))
-    return (y * y).mean() + (yc * yc).mean() + (ys * ys).mean() + yc.mean()
+    u = heads(enc @ p['wu'], 2)
+    yf, yfc = merge(attn(q, k, u)), merge(attn(q, k, u, is_causal=True))
+    yg = merge(attn(q, k[:, :, 0:2], u[:, :, 3:5], is_causal=True))
+    return ((y * y).mean() + (yc * yc).mean() + (ys * ys).mean() + yc.mean() + (yf * yf).mean() + (yfc * yfc).mean()
+            + (yg * yg).mean())
 
 def m15_data():
     idx = rng.integers(1, 9, size=(B, 6)).astype(np.int32)
