@@ -374,3 +374,31 @@ double ir_node_bytes(const Graph *g, int i) {
   const Node *n = &g->nodes[i];
   return (double)shape_numel(&n->shape) * (double)dtype_size(n->dtype);
 }
+
+void ir_prune(Graph *g) {
+  if (g->loss < 0) return;
+  bool *live = cp_alloc(sizeof(bool) * (size_t)(g->n + 1));
+  live[g->loss] = true;
+  for (int k = 0; k < g->metrics.n; k++)
+    if (g->metrics.a[k].node >= 0) live[g->metrics.a[k].node] = true;
+  for (int i = g->n - 1; i >= 0; i--) { /* inputs come before their readers */
+    const Node *n = &g->nodes[i];
+    live[i] |= n->op == OP_PARAM || n->op == OP_INPUT;
+    for (int k = 0; live[i] && k < n->nin; k++) live[n->in[k]] = true;
+  }
+  int *map = cp_alloc(sizeof(int) * (size_t)(g->n + 1)), m = 0;
+  for (int i = 0; i < g->n; i++) {
+    map[i] = live[i] ? m : -1;
+    if (!live[i]) continue;
+    Node *n = &g->nodes[i];
+    for (int k = 0; k < n->nin; k++) n->in[k] = map[n->in[k]];
+    g->nodes[m++] = *n;
+  }
+  if (m == g->n) return;
+  g->n = m;
+  for (int k = 0; k < g->params.n; k++) g->params.a[k] = map[g->params.a[k]];
+  for (int k = 0; k < g->inputs.n; k++) g->inputs.a[k] = map[g->inputs.a[k]];
+  for (int k = 0; k < g->metrics.n; k++)
+    if (g->metrics.a[k].node >= 0) g->metrics.a[k].node = map[g->metrics.a[k].node];
+  g->loss = map[g->loss];
+}

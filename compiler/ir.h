@@ -141,6 +141,12 @@ bool ir_infer(Graph *g, int i, char *err, size_t errlen);
  * rules, dtypes valid, loss scalar. Returns false with a message on the first
  * problem (an internal bug, not a user error). */
 bool ir_verify(const Graph *g, char *err, size_t errlen);
+
+/* Dead-code elimination of a model's graph (sema_build_model's last step, before autodiff): the
+ * nodes neither the loss nor a metric reads are removed (params and inputs stay: they are the
+ * model's whatever reads them), the others keep their order, and every index of g is renumbered.
+ * A graph without a loss is left as it is. */
+void ir_prune(Graph *g);
 /* `cplanc emit --stage=ir`: one line per node. */
 void ir_print(FILE *out, const Graph *g);
 double ir_node_flops(const Graph *g, int i);

@@ -1315,6 +1315,35 @@ static Value call_cross_entropy(Build *b, Frame *f, const Expr *e) {
   return r < 0 ? sema_v_err() : tensor_val(r, at);
 }
 
+/* Whether node c is expand_node's mask: products and reshapes of arange(n) >= 0, true everywhere. */
+static bool all_true(const Graph *g, int c) {
+  const Node *n = &g->nodes[c];
+  if (n->op == OP_RESHAPE) return all_true(g, n->in[0]);
+  if (n->op == OP_MUL) return all_true(g, n->in[0]) && all_true(g, n->in[1]);
+  const Node *a = n->op == OP_GE ? &g->nodes[n->in[0]] : NULL, *z = a ? &g->nodes[n->in[1]] : NULL;
+  return a && a->op == OP_ARANGE && z->op == OP_CONST && z->fa[0] == 0;
+}
+
+/* The source of x when x repeats each head of a [B, hk, T, d] tensor r times in a row, as Hugging
+ * Face's repeat_kv writes it (a dim of 1 inserted after the heads, expanded to r, merged back:
+ * reshape(expand(reshape(k, [B, hk, 1, T, d]), [B, hk, r, T, d]), [B, hk * r, T, d])) and as
+ * repeat_interleave(k, r, axis = 1) elaborates (expand is expand_node's where(ones, x, 0)); else -1. */
+static int repeated_heads(const Graph *g, int x, int64_t *r) {
+  const Node *m = &g->nodes[x], *e = m->nin ? &g->nodes[m->in[0]] : NULL;
+  const Node *u = e && e->op == OP_WHERE ? &g->nodes[e->in[1]] : NULL;
+  const Node *src = u && u->op == OP_RESHAPE ? &g->nodes[u->in[0]] : NULL;
+  if (m->op != OP_RESHAPE || !src || src->shape.rank != 4 || e->shape.rank != 5 || u->shape.rank != 5 ||
+      g->nodes[e->in[2]].op != OP_CONST || g->nodes[e->in[2]].fa[0] != 0 || !all_true(g, e->in[0]))
+    return -1;
+  const int64_t *S = src->shape.d, *E = e->shape.d, *U = u->shape.d, *M = m->shape.d;
+  bool unsq = U[0] == S[0] && U[1] == S[1] && U[2] == 1 && U[3] == S[2] && U[4] == S[3];
+  bool grown = E[0] == S[0] && E[1] == S[1] && E[3] == S[2] && E[4] == S[3];
+  bool merged = M[0] == S[0] && M[1] == S[1] * E[2] && M[2] == S[2] && M[3] == S[3];
+  if (!unsq || !grown || !merged || E[2] < 2) return -1;
+  *r = E[2];
+  return u->in[0];
+}
+
 /* Forms the backends compute only in a simpler shape, rewritten as PyTorch's results in that
  * shape: node i (inferred, the graph's last) is replaced. A sum, mean or max over axes that are not
  * adjacent (sum(x, axis = (0, 2))) becomes one reduction per run of adjacent axes, the last run
@@ -1326,6 +1355,10 @@ static Value rewrite_for_backends(Build *b, const Expr *call, int i, Span at) {
   const Node n = b->g->nodes[i];
   if (n.op == OP_SDPA) {
     bool own = call && call == b->sdpa_call; /* attn_mask / attn_bias of this call (not a nested one) */
+    int64_t rk, rv;
+    int sk = repeated_heads(b->g, n.in[1], &rk), sv = sk < 0 ? -1 : repeated_heads(b->g, n.in[2], &rv);
+    if (sv >= 0 && rk == rv) /* k and v repeated alike: grouped-query attention (ir_prune drops the copies) */
+      b->g->nodes[i].in[1] = sk, b->g->nodes[i].in[2] = sv;
     return sdpa_math(b, i, at, own && b->sdpa_mask.kind == V_TENSOR ? &b->sdpa_mask : NULL,
                      own && b->sdpa_bias.kind == V_TENSOR ? &b->sdpa_bias : NULL, own ? b->sdpa_dropout : 0);
   }
@@ -2269,6 +2302,7 @@ Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t ba
   }
   if (diag_errors() > errors || b.stop) return NULL;
   warn_unused(s, b.g, &b);
+  ir_prune(b.g);
   char err[512];
   if (!ir_verify(b.g, err, sizeof err))
     cp_panic(__FILE__, __LINE__, "the graph of model '%s' fails ir_verify: %s", model->name, err);

@@ -6,6 +6,7 @@
 # like the single-device program (e2e_close: losses, gradient norms, params), with k and v split by
 # heads on tp (plan --explain: no all-gather of them); one key/value head (multi-query) trains on
 # one device and under dp, and tp = 2 is refused as Megatron does (tp must divide the kv heads).
+# k and v repeated by hand (Hugging Face's repeat_kv, repeat_interleave) train the same, bit for bit.
 # shellcheck source=e2e_lib.sh
 . "$(dirname "$0")/e2e_lib.sh"
 e2e_init "$1" "$2"
@@ -39,6 +40,21 @@ e2e_close "gqa dp=2 x tp=2 x sp=2" gqa-1.jsonl gqa-sp.jsonl gqa-1.st gqa-sp.st
 e2e_build gqa-pp gqa.cplan "${four[@]}" --set train.strategy.pp=2 --set train.strategy.tp=2
 e2e_prog 0 gqa-pp "$mpirun" -np 4 --oversubscribe ./gqa-pp --save gqa-pp.st --metrics gqa-pp.jsonl
 e2e_close "gqa pp=2 x tp=2" gqa-1.jsonl gqa-pp.jsonl gqa-1.st gqa-pp.st
+
+# Hugging Face's repeat_kv by hand (the heads expanded and merged) and repeat_interleave: the same
+# sdpa with k and v at their own heads (no 5-d where of expand left in the graph), so the same
+# numbers bit for bit
+sed -e 's/^  y = sdpa(rope(q, base = base), rope(k, base = base), v, causal = true, enable_gqa = true)/  kr = rope(k, base = base)\n  d = C \/ heads\n  k2 = reshape(expand(reshape(kr, [B, kv, 1, T, d]), [B, kv, heads \/ kv, T, d]), [B, heads, T, d])\n  y = sdpa(rope(q, base = base), k2, repeat_interleave(v, heads \/ kv, axis = 1), causal = true)/' \
+  gqa.cplan >hf.cplan
+grep -q "k2 = reshape(expand(" hf.cplan || fail "the sed of gqa.cplan for repeat_kv no longer applies"
+"$cplanc" emit hf.cplan --stage=ir >hf.ir 2>hf.ir.err || { cat hf.ir.err; fail "emit --stage=ir hf.cplan"; }
+if grep -qE " = where .*: f32\[[0-9]+, [0-9]+, [0-9]+, [0-9]+, [0-9]+\]" hf.ir; then
+  grep " = where" hf.ir | head -3
+  fail "repeat_kv's copies are still computed"
+fi
+e2e_build hf-1 hf.cplan
+e2e_prog 0 hf-1 ./hf-1 --metrics hf-1.jsonl
+[ "$(e2e_det hf-1.jsonl)" = "$(e2e_det gqa-1.jsonl)" ] || { e2e_det hf-1.jsonl; e2e_det gqa-1.jsonl; fail "repeat_kv by hand trains otherwise than enable_gqa"; }
 
 # multi-query: one key/value head for the 4 query heads
 e2e_build mqa-1 mqa.cplan
