@@ -9,6 +9,7 @@
  * across hosts, within NTP's error), shifted so the earliest span of any rank starts at 0. */
 #include "cplanrt.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -163,7 +164,9 @@ static void render(Buf *b, int rank, double shift) {
 static double shift_of(RtComm *world) {
   double first = tr.n ? tr.ev[0].ts : 0;
   for (size_t i = 1; i < tr.n; i++) first = tr.ev[i].ts < first ? tr.ev[i].ts : first;
-  int64_t mine = tr.base_ns + (int64_t)(1e3 * first), origin = mine;
+  /* rounded, not truncated: ts are whole nanoseconds in microseconds, and 1e3 * ts can fall just
+   * below its integer, which truncation made the earliest span start at 0.001 */
+  int64_t mine = tr.base_ns + llround(1e3 * first), origin = mine;
   int n = world ? rt_comm_size(world) : 1;
   if (n > 1) {
     int64_t *all = malloc((size_t)n * sizeof *all);
