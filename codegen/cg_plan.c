@@ -324,6 +324,35 @@ void cg_emit_tables(FILE *out, const CgPlan *p, const CgTables *o) {
   if (o->more_metrics) fprintf(out, "%s%s", g->metrics.n ? ", " : "", o->more_metrics);
   else if (!g->metrics.n) fprintf(out, "NULL");
   fprintf(out, "};\n");
+  if (!cg_ce_count(g)) return;
+  fprintf(out, "\n/* the cross_entropy nodes and where their targets are counted (RtCeTarget) */\n"
+               "static const RtCeTarget ce_targets[] = {\n");
+  for (int i = 0; i < g->n; i++) {
+    const Node *n = nd(p, i);
+    if (!cg_ce_first(g, i)) continue;
+    fprintf(out, "    {%d, %d, {%lld, %lld}, %d, %lld, %lld},\n", (int)n->ia[2] - 1, (int)n->dims[0] - 1,
+            (long long)n->dims[1], (long long)n->dims[2], (int)n->dims[3], (long long)n->dims[4], (long long)n->dims[5]);
+  }
+  fprintf(out, "};\n");
+}
+
+/* Whether node i is the first cross_entropy node of its ordinal (ce_count_sources) in g. */
+bool cg_ce_first(const Graph *g, int i) {
+  const Node *n = &g->nodes[i];
+  if (n->op != OP_CROSS_ENTROPY || n->ia[2] <= 0) return false;
+  for (int j = 0; j < i; j++)
+    if (g->nodes[j].op == OP_CROSS_ENTROPY && g->nodes[j].ia[2] == n->ia[2]) return false;
+  return true;
+}
+
+const char *cg_ce_weight(const Node *n) {
+  return n->ia[2] > 0 ? cp_fmt("rt_ce_weight(run, %d)", (int)n->ia[2] - 1) : "1.0f";
+}
+
+int cg_ce_count(const Graph *g) {
+  int k = 0;
+  for (int i = 0; i < g->n; i++) k += cg_ce_first(g, i);
+  return k;
 }
 
 /* ---- the RtPlan fields ---------------------------------------------------------------------- */
@@ -364,6 +393,7 @@ void cg_emit_plan_head(FILE *out, const CgPlan *p, const TrainConf *t, const CgP
   fprintf(out, "    .log_every = %lld,\n    .log_file = %s,\n", (long long)t->log_every,
           cg_c_string(cg_abs_path(t->log_file)));
   fprintf(out, "    .flops_per_step = %.17g,\n", cg_step_flops(g));
+  if (cg_ce_count(g)) fprintf(out, "    .nce = %d,\n    .ce_targets = ce_targets,\n", cg_ce_count(g));
 }
 
 void cg_emit_plan_mesh(FILE *out, int64_t dp, int64_t devices, const MeshConf *m) {

@@ -128,6 +128,11 @@ typedef struct CgPlanHead {
   int nmetrics;
 } CgPlanHead;
 void cg_emit_plan_head(FILE *out, const CgPlan *p, const TrainConf *t, const CgPlanHead *h);
+/* cross_entropy nodes (RtPlan.ce_targets): whether node i is the first of its ordinal in g, and how
+ * many ordinals g has */
+bool cg_ce_first(const Graph *g, int i);
+int cg_ce_count(const Graph *g);
+const char *cg_ce_weight(const Node *n); /* the C expression of cross_entropy node n's weight (rt_ce_weight) */
 /* .dp, .devices, .mesh and the mesh axes of the RtPlan */
 void cg_emit_plan_mesh(FILE *out, int64_t dp, int64_t devices, const MeshConf *m);
 

@@ -560,8 +560,8 @@ static void emit_vocab_ce(Cg *c, int i) {
   EMIT("  kvp_ce_row_sumexp(%s, %s, %s, %lld, %lld);\n", sx, l, m, (long long)rows, (long long)vl);
   EMIT("  rt_comm_all_reduce(%s, %s, %lld, RT_COMM_F32);\n", grp, sx, (long long)rows);
   EMIT("  %s[0] = kvp_ce_forward_part(NULL, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld, "
-       "run->axis_coord[%d] == 0);\n", ptr(c, i), l, m, sx, ptr(c, n->in[1]), (long long)rows, (long long)vl, a,
-       (long long)vl, (long long)cg_index_bound(n, vl * k), a);
+       "run->axis_coord[%d] == 0) * %s;\n", ptr(c, i), l, m, sx, ptr(c, n->in[1]), (long long)rows, (long long)vl, a,
+       (long long)vl, (long long)cg_index_bound(n, vl * k), a, cg_ce_weight(n));
 }
 
 /* The vocab-parallel argmax of the last dim (kernels/cpu/vocab_parallel.h): the ranks' row maxima
@@ -619,8 +619,8 @@ static void emit_forward(Cg *c, int i) {
       emit_vocab_ce(c, i);
       break;
     }
-    EMIT("  %s[0] = kf_cross_entropy_forward(NULL, %s, %s, %lld, %lld);\n", ptr(c, i), ptr(c, n->in[0]),
-         ptr(c, n->in[1]), (long long)cg_rows(lg), (long long)cg_last_dim(lg));
+    EMIT("  %s[0] = kf_cross_entropy_forward(NULL, %s, %s, %lld, %lld) * %s;\n", ptr(c, i), ptr(c, n->in[0]),
+         ptr(c, n->in[1]), (long long)cg_rows(lg), (long long)cg_last_dim(lg), cg_ce_weight(n));
     break;
   }
   case OP_ARGMAX: {
@@ -759,13 +759,13 @@ static void emit_grad_nn(Cg *c, int i, const Node *f) {
     if (f->ia[0] > 0) {
       int a = (int)f->ia[0] - 1;
       int64_t vl = cg_last_dim(lg), r = cg_rows(lg);
-      EMIT("  kvp_ce_backward(%s, %s[0], %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld);\n", dx, dy,
-           x, aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)vl, a,
-           (long long)vl, (long long)cg_index_bound(f, vl * axis_n(c, a)));
+      EMIT("  kvp_ce_backward(%s, %s[0] * %s, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld);\n", dx,
+           dy, cg_ce_weight(f), x, aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r,
+           (long long)vl, a, (long long)vl, (long long)cg_index_bound(f, vl * axis_n(c, a)));
       break;
     }
-    EMIT("  kf_cross_entropy_backward(%s, %s[0], %s, %s, %lld, %lld);\n", dx, dy, x, ptr(c, f->in[1]),
-         (long long)cg_rows(lg), (long long)cg_last_dim(lg));
+    EMIT("  kf_cross_entropy_backward(%s, %s[0] * %s, %s, %s, %lld, %lld);\n", dx, dy, cg_ce_weight(f), x,
+         ptr(c, f->in[1]), (long long)cg_rows(lg), (long long)cg_last_dim(lg));
     break;
   }
   default: cp_unreachable();

@@ -1502,6 +1502,22 @@ static const char *kdt(const Cu *c) { return c->lpc == 1 ? "CPLAN_BF16" : c->lpc
 /* The vocab-parallel cross entropy (kernels/cpu/vocab_parallel.h: the exchange sequence) on
  * kernels/cuda vocab_parallel.cu: the global row max m and sum of exponentials s stay in aux (then
  * the counted rows) for the backward; the result is this rank's part of the loss (P). */
+/* cross_entropy's weight over the step's targets (RtRun.ce_weight, docs/language.md Batches): with
+ * f the forward node, *out = *in times it, launched only when it is not 1 (one micro-batch a step and
+ * rank: never) */
+static void emit_ce_scale(Cu *c, const Node *f, const char *out, const char *in, int i) {
+  if (f->ia[2] <= 0) return;
+  EMIT("  if (%s != 1.0f)", cg_ce_weight(f));
+  KL("cplan_cuda_cross_entropy_scale(%s, %s, %s, G.s), %d);\n", out, in, cg_ce_weight(f), i);
+}
+
+/* the loss gradient a cross_entropy's backward reads: dy, or dy times the weight in tmp (emit_ce_scale) */
+static const char *ce_dy(Cu *c, const Node *f, const char *dy, const char *tmp, int i) {
+  if (f->ia[2] <= 0) return dy;
+  emit_ce_scale(c, f, tmp, dy, i);
+  return cp_fmt("(%s != 1.0f ? %s : %s)", cg_ce_weight(f), tmp, dy);
+}
+
 static void emit_vocab_ce(Cu *c, int i) {
   const Node *n = nd(c, i), *lg = in(c, i, 0);
   int a = (int)n->ia[0] - 1;
@@ -1517,6 +1533,7 @@ static void emit_vocab_ce(Cu *c, int i) {
   KL("cplan_cuda_vp_ce_forward_part(%s, %s, (int *)%s, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, %lld, "
      "run->axis_coord[%d] == 0, G.s), %d);\n", kdt(c), ptr(c, i), cnt, l, m, sx, ptr(c, n->in[1]), (long long)rows,
      (long long)vl, a, (long long)vl, (long long)cg_index_bound(n, vl * k), a, i);
+  emit_ce_scale(c, n, ptr(c, i), ptr(c, i), i);
 }
 
 /* The vocab-parallel argmax of the last dim (kernels/cpu/vocab_parallel.h) on kernels/cuda
@@ -1742,14 +1759,17 @@ static void emit_forward(Cu *c, int i) {
     }
     int64_t v = cg_last_dim(lg), ld = c->pitch[n->in[0]] ? c->pitch[n->in[0]] : v;
     if (c->ce_fused[i] >= 0 && c->ph == CG_PH_TRAIN) { /* and the gradient over the logits (find_ce_fused) */
+      const char *dy = ce_dy(c, n, ptr(c, nd(c, c->ce_fused[i])->in[0]), aux_ptr(c, i, 2 * rows + 8), i);
       KL("cplan_cuda_cross_entropy_fused_ld(%s, %s, %s, %s, (int *)%s, %s, %s, %s, %lld, %lld, %lld, G.s), %d);\n",
          kdt(c), aux_ptr(c, i, 0), aux_ptr(c, i, rows), ptr(c, i), aux_ptr(c, i, 2 * rows), ptr(c, n->in[0]),
-         ptr(c, n->in[1]), ptr(c, nd(c, c->ce_fused[i])->in[0]), (long long)rows, (long long)v, (long long)ld, i);
+         ptr(c, n->in[1]), dy, (long long)rows, (long long)v, (long long)ld, i);
+      emit_ce_scale(c, n, ptr(c, i), ptr(c, i), i);
       break;
     }
     KL("cplan_cuda_cross_entropy_forward_ld(%s, %s, %s, %s, (int *)%s, %s, %s, %lld, %lld, %lld, G.s), %d);\n", kdt(c),
        aux_ptr(c, i, 0), aux_ptr(c, i, rows), ptr(c, i), aux_ptr(c, i, 2 * rows), ptr(c, n->in[0]), ptr(c, n->in[1]),
        (long long)rows, (long long)v, (long long)ld, i);
+    emit_ce_scale(c, n, ptr(c, i), ptr(c, i), i);
     break;
   }
   case OP_ARGMAX: {
@@ -1965,16 +1985,18 @@ static void emit_grad_nn(Cu *c, int i, const Node *f) {
       emit_zero(c, dx, bytes);
       int a = (int)f->ia[0] - 1;
       int64_t vl = cg_last_dim(lg);
+      const char *dyw = ce_dy(c, f, dy, aux_ptr(c, n->fwd, 2 * r + 8), i);
       KL("cplan_cuda_vp_ce_backward(%s, %s, %s, (const int *)%s, %s, %s, %s, %s, %lld, %lld, (int)run->axis_coord[%d] * %lld, "
-         "%lld, G.s), %d);\n", kdt(c), dx, dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, r),
+         "%lld, G.s), %d);\n", kdt(c), dx, dyw, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, 0), aux_ptr(c, n->fwd, r),
          ptr(c, f->in[1]), (long long)r, (long long)vl, a, (long long)vl, (long long)cg_index_bound(f, vl * c->sp->axes[a].n), i);
       break;
     }
     /* written, not added: no zeroing (the logits' gradient is never an accumulator) */
     cp_assert(c->pitch[i] == c->pitch[f->in[0]]); /* find_pitched pads both or neither */
     int64_t v = cg_last_dim(lg), ld = c->pitch[i] ? c->pitch[i] : v;
+    const char *dyw = ce_dy(c, f, dy, aux_ptr(c, n->fwd, 2 * r + 8), i);
     KL("cplan_cuda_cross_entropy_backward_ld(%s, %s, %s, (const int *)%s, %s, %s, %s, %lld, %lld, %lld, 0, G.s), %d);\n",
-       kdt(c), dx, dy, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)v,
+       kdt(c), dx, dyw, aux_ptr(c, n->fwd, 2 * r), x, aux_ptr(c, n->fwd, r), ptr(c, f->in[1]), (long long)r, (long long)v,
        (long long)ld, i);
     break;
   }

@@ -1258,6 +1258,77 @@ static Value call_gelu(Build *b, Frame *f, const Expr *e) {
   return r < 0 ? sema_v_err() : tensor_val(r, e->span);
 }
 
+/* Whether node i is the i32 constant v (a scalar). */
+static bool is_i32_const(const Graph *g, int i, int64_t *v) {
+  const Node *n = &g->nodes[i];
+  if (n->op != OP_CONST || n->dtype != DT_I32 || n->shape.rank != 0) return false;
+  *v = (int64_t)n->fa[0];
+  return true;
+}
+
+/* where(x == c, -1, x) or where(x != c, x, -1): x with c ignored. Returns x, or -1. */
+static int ignored_where(const Graph *g, int i, int64_t *c) {
+  const Node *w = &g->nodes[i];
+  if (w->op != OP_WHERE) return -1;
+  const Node *cond = &g->nodes[w->in[0]];
+  if (cond->op != OP_EQ && cond->op != OP_NE) return -1;
+  int x = cond->in[0];
+  if (!is_i32_const(g, cond->in[1], c)) {
+    if (!is_i32_const(g, cond->in[0], c)) return -1;
+    x = cond->in[1];
+  }
+  int64_t m;
+  int keep = cond->op == OP_EQ ? 2 : 1, drop = 3 - keep;
+  if (w->in[keep] != x || !is_i32_const(g, w->in[drop], &m) || m != -1) return -1;
+  return x;
+}
+
+/* cross_entropy's mean is over the targets not ignored; under micro-batches and data parallelism the
+ * runtime divides by their count over the whole step (docs/language.md, Batches), which it counts
+ * in the data before the step: each cross_entropy node gets its ordinal (ia[2] = k + 1) and, when
+ * its targets are a model input seen through reshapes, one slice of a dim other than the batch's,
+ * ignore_index and where(t == c, -1, t), where the runtime finds them (dims[], ndims stays 0):
+ * dims[0] = the input's ordinal + 1 (0: not countable, the runtime counts per micro-batch),
+ * dims[1], dims[2] = values ignored besides -1 (-1: none), dims[3] = the sliced dim (-1: none),
+ * dims[4], dims[5] = its range. Run last in sema_build_model (after ir_prune, before autodiff). */
+static void ce_count_sources(Graph *g) {
+  int k = 0;
+  for (int i = 0; i < g->n; i++) {
+    Node *ce = &g->nodes[i];
+    if (ce->op != OP_CROSS_ENTROPY) continue;
+    int64_t d[6] = {0, -1, -1, -1, 0, 0};
+    int t = ce->in[1], nig = 0;
+    if (ce->fa[1] == 1) d[1 + nig++] = (int64_t)ce->fa[0], t = g->nodes[t].in[0]; /* ignore_index_targets */
+    ce->ia[2] = ++k;
+    ce->fa[0] = ce->fa[1] = 0;
+    for (int steps = 0; steps < 64 && t >= 0; steps++) {
+      const Node *n = &g->nodes[t];
+      int64_t c;
+      int x = ignored_where(g, t, &c);
+      if (x >= 0) {
+        if (c != -1 && c != d[1] && c != d[2]) {
+          if (nig == 2) break;
+          d[1 + nig++] = c;
+        }
+        t = x;
+      } else if (n->op == OP_RESHAPE && d[3] < 0) {
+        t = n->in[0];
+      } else if (n->op == OP_SLICE && d[3] < 0) {
+        d[3] = n->ia[0], d[4] = n->ia[1], d[5] = n->ia[2];
+        t = n->in[0];
+      } else if (n->op == OP_INPUT && n->dtype == DT_I32 && !(d[3] >= 0 && d[3] == n->ia[1])) {
+        for (int q = 0; q < g->inputs.n; q++)
+          if (g->inputs.a[q] == t) d[0] = q + 1;
+        break;
+      } else {
+        break;
+      }
+    }
+    if (d[0] == 0) d[1] = d[2] = d[3] = -1, d[4] = d[5] = 0;
+    for (int q = 0; q < 6; q++) ce->dims[q] = d[q];
+  }
+}
+
 /* cross_entropy(logits, targets, ignore_index = N, label_smoothing = e), PyTorch's arguments. N: the
  * targets equal to it become -1 (ignore_index_targets). e: (1 - e)·nll + e·mean over the classes of
  * -log_softmax(logits), both averaged over the rows not ignored: the cross_entropy node, then
@@ -1293,6 +1364,7 @@ static Value call_cross_entropy(Build *b, Frame *f, const Expr *e) {
     Value t = ignore_index_targets(b, n.in[1], ig.i, ig.span);
     int i = t.kind == V_ERR ? -1 : binary_node(b, OP_CROSS_ENTROPY, n.in[0], t.node, e->span);
     if (i < 0) return sema_v_err();
+    b->g->nodes[i].fa[0] = (double)ig.i, b->g->nodes[i].fa[1] = 1; /* for ce_count_sources */
     ce = tensor_val(i, e->span);
   }
   if (ls == 0) return ce;
@@ -2303,6 +2375,7 @@ Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t ba
   if (diag_errors() > errors || b.stop) return NULL;
   warn_unused(s, b.g, &b);
   ir_prune(b.g);
+  ce_count_sources(b.g);
   char err[512];
   if (!ir_verify(b.g, err, sizeof err))
     cp_panic(__FILE__, __LINE__, "the graph of model '%s' fails ir_verify: %s", model->name, err);

@@ -217,6 +217,18 @@ typedef struct RtPlanInput {
 
 typedef enum RtDataKind { RT_DATA_TOKENS, RT_DATA_ADDER, RT_DATA_TENSORS } RtDataKind;
 
+/* Where the targets of cross_entropy node `ce` (its ordinal in the model) come from, so that its mean
+ * is over the targets not ignored in the whole step rather than in each micro-batch (docs/language.md,
+ * Batches): the elements of input `input` (-1: not an input, counted per micro-batch by the kernel
+ * alone), restricted to [lo, hi) along dim `dim` (-1: all of it), whose values are none of -1,
+ * ignore[0] and ignore[1]. */
+typedef struct RtCeTarget {
+  int ce, input;
+  int64_t ignore[2];
+  int dim;
+  int64_t lo, hi;
+} RtCeTarget;
+
 typedef struct RtRun RtRun;
 typedef struct RtComm RtComm;
 
@@ -367,6 +379,13 @@ typedef struct RtPlan {
    * them: a metric the update decides (f16's skipped_steps: the micro-batches report it before the
    * step's overflow is known, which under dp, tp or pp the ranks agree on in the update). */
   void (*step_metrics)(RtRun *run, double *sums);
+  /* The cross_entropy nodes of this (stage) plan and where their targets come from (RtCeTarget).
+   * Before each step (and evaluation batch) of more than one micro-batch, the runtime counts each
+   * one's targets in every micro-batch's data, sums the counts over the dp group and sets
+   * RtRun.ce_weight; the generated code multiplies the node's loss and its gradient by
+   * rt_ce_weight(run, ce). */
+  int nce;
+  const RtCeTarget *ce_targets;
 } RtPlan;
 
 /* What the generated code reads and writes while it runs. */
@@ -386,7 +405,18 @@ struct RtRun {
   int slot;                     /* pipeline stages: the arena slot of the micro-batch being run, 0
                                    otherwise (work is that slot's host arena; a GPU plan keeps one
                                    device arena per slot) */
+  /* NULL (every weight 1), or per cross_entropy node k and micro-batch m of the step,
+   * ce_weight[k * ce_stride + m] = n_m * accum * dp / N: the node's own mean over the n_m targets of
+   * micro-batch m it counts times that is its share of the mean over the N targets of the step, so
+   * the means over the micro-batches and ranks the runtime takes are means over the targets */
+  const double *ce_weight;
+  int64_t ce_stride;
 };
+
+/* The weight of cross_entropy node k in the micro-batch being run (RtRun.ce_weight). */
+static inline float rt_ce_weight(const RtRun *run, int k) {
+  return run->ce_weight ? (float)run->ce_weight[(int64_t)k * run->ce_stride + run->micro_index] : 1.0f;
+}
 
 /* Parses the program's flags (--help lists them), trains, and returns the exit status:
  * 0 success (also after SIGINT/SIGTERM, which finish the step and write a checkpoint), 1 an

@@ -295,6 +295,9 @@ typedef struct Trainer {
    * init, the dp reduction, files) runs per stage. Outside a loop over the stages, cur is 0. */
   int nstages, cur;
   PpStage *stages;
+  /* cross_entropy over the step's targets (ce_weights): RtRun.ce_weight's table, and the counts */
+  double *cew, *ce_cnt;
+  int64_t cew_n, ce_cnt_n;
 } Trainer;
 
 /* The rank's pipeline stages (1 unless interleaved). */
@@ -496,6 +499,111 @@ static int fill_inputs(Trainer *t, int eval, int64_t step, int64_t m, RtError *e
     return 0;
   }
   return -1;
+}
+
+static int64_t plan_dp(const RtPlan *p);
+static RtComm *dp_group(Trainer *t);
+
+/* The targets of d in one micro-batch's input x (RtCeTarget), or -1 when d does not fit the input. */
+static int64_t ce_count_input(const RtCeTarget *d, const RtPlanInput *in, const int32_t *x) {
+  int64_t outer = 1, len = 1, inner = 1, lo, hi, n = 0;
+  for (int k = 0; k < in->rank; k++) {
+    int64_t e = in->shape[k];
+    if (d->dim < 0 || k == d->dim) len *= e;
+    else if (k < d->dim) outer *= e;
+    else inner *= e;
+  }
+  lo = d->dim < 0 ? 0 : d->lo, hi = d->dim < 0 ? len : d->hi;
+  if (d->dim >= in->rank || lo < 0 || hi > len || lo > hi) return -1;
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t j = lo; j < hi; j++) {
+      const int32_t *r = x + (o * len + j) * inner;
+      for (int64_t i = 0; i < inner; i++) n += r[i] != -1 && r[i] != d->ignore[0] && r[i] != d->ignore[1];
+    }
+  return n;
+}
+
+/* Whether the runtime counts d's targets: an i32 input, and not token data with nothing ignored but
+ * -1 (which tokens never are: every micro-batch counts all of its targets). */
+static int ce_countable(const RtPlan *p, const RtCeTarget *d) {
+  if (d->input < 0 || d->input >= p->ninputs || p->inputs[d->input].dtype != RT_I32) return 0;
+  return !(p->data_kind == RT_DATA_TOKENS && d->ignore[0] == -1 && d->ignore[1] == -1);
+}
+
+/* cross_entropy's mean over the targets not ignored in the whole step (docs/language.md, Batches):
+ * before the micro-batches of step `step` (evaluation batch `step` when eval), counts each node's
+ * targets n_m in every micro-batch m of this rank's data, sums them over the dp group into N and sets
+ * RtRun.ce_weight[k * accum + m] = n_m * accum * dp / N (1 when N is 0, or the node's targets are not
+ * an input). One micro-batch per step and rank: no weights. The micro-batches' data is read twice. */
+static int ce_weights(Trainer *t, int eval, int64_t step, RtError *err) {
+  const RtPlan *p = t->p;
+  int64_t A = p->accum, D = plan_dp(p), nd = 0, kmax = 0;
+  t->run.ce_weight = NULL;
+  if (A * D <= 1) return 0;
+  for (int k = 0; k < nstages(t); k++) {
+    const RtPlan *q = stage_view(t, k).p;
+    for (int j = 0; j < q->nce; j++) {
+      nd += ce_countable(q, &q->ce_targets[j]);
+      if (q->ce_targets[j].ce + 1 > kmax) kmax = q->ce_targets[j].ce + 1;
+    }
+  }
+  if (nd == 0) return 0;
+  if (t->cew_n < kmax * A) {
+    free(t->cew);
+    if (!(t->cew = malloc((size_t)(kmax * A) * sizeof *t->cew))) return rt_errf(err, "out of memory");
+    t->cew_n = kmax * A;
+  }
+  if (t->ce_cnt_n < nd * (A + 1)) {
+    free(t->ce_cnt);
+    if (!(t->ce_cnt = malloc((size_t)(nd * (A + 1)) * sizeof *t->ce_cnt))) return rt_errf(err, "out of memory");
+    t->ce_cnt_n = nd * (A + 1);
+  }
+  double *cnt = t->ce_cnt, *tot = t->ce_cnt + nd * A;
+  for (int64_t e = 0; e < kmax * A; e++) t->cew[e] = 1;
+  int64_t j = 0;
+  for (int k = 0; k < nstages(t); k++) {
+    stage_use(t, k);
+    const RtPlan *q = t->p;
+    int64_t j0 = j;
+    for (int64_t m = 0; m < A; m++) {
+      j = j0;
+      int fill = 0;
+      for (int e = 0; e < q->nce; e++) {
+        const RtCeTarget *d = &q->ce_targets[e];
+        if (!ce_countable(q, d)) continue;
+        if (!fill++ && fill_inputs(t, eval, step, m, err) != 0) {
+          stage_use(t, 0);
+          return -1;
+        }
+        int64_t c = ce_count_input(d, &q->inputs[d->input], (const int32_t *)t->bufs[d->input]);
+        if (c < 0) {
+          stage_use(t, 0);
+          return rt_errf(err, "cross_entropy %d: its targets do not fit input '%s' (a bug in cplan)", d->ce,
+                         q->inputs[d->input].name);
+        }
+        cnt[j++ * A + m] = (double)c;
+      }
+    }
+  }
+  stage_use(t, 0);
+  for (j = 0; j < nd; j++) {
+    tot[j] = 0;
+    for (int64_t m = 0; m < A; m++) tot[j] += cnt[j * A + m];
+  }
+  if (D > 1) rt_comm_all_reduce(dp_group(t), tot, (int64_t)nd, RT_COMM_F64);
+  j = 0;
+  for (int k = 0; k < nstages(t); k++) {
+    const RtPlan *q = stage_view(t, k).p;
+    for (int e = 0; e < q->nce; e++) {
+      const RtCeTarget *d = &q->ce_targets[e];
+      if (!ce_countable(q, d)) continue;
+      for (int64_t m = 0; m < A && tot[j] > 0; m++) t->cew[d->ce * A + m] = cnt[j * A + m] * (double)(A * D) / tot[j];
+      j++;
+    }
+  }
+  t->run.ce_weight = t->cew;
+  t->run.ce_stride = A;
+  return 0;
 }
 
 /* ---- data parallelism ------------------------------------------------------------------------ */
@@ -861,6 +969,8 @@ static void free_all(Trainer *t) {
   free(t->ops);
   free(t->mets);
   free(t->msum);
+  free(t->cew);
+  free(t->ce_cnt);
   rt_tokens_close(t->tok);
   rt_tokens_close(t->val_tok);
   rt_adder_close(t->adder);
@@ -1072,7 +1182,11 @@ static int evaluate(Trainer *t, int64_t s, cJSON *j, RtError *err) {
   double lsum = 0, loss;
   int64_t n = 0, nb = p->eval_batches > 0 ? p->eval_batches : 10;
   memset(t->msum, 0, (size_t)mp->nmetrics * sizeof *t->msum);
-  for (int64_t b = 0; b < nb; b++)
+  for (int64_t b = 0; b < nb; b++) {
+    if (ce_weights(t, 1, b, err) != 0) {
+      if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg);
+      return -1;
+    }
     for (int64_t m = 0; m < p->accum; m++, n++)
       for (int k = 0; k < nstages(t); k++) { /* interleaved: the rank's stages in order */
         stage_use(t, k);
@@ -1085,6 +1199,8 @@ static int evaluate(Trainer *t, int64_t s, cJSON *j, RtError *err) {
         lsum += loss;
         for (int i = 0; i < t->p->nmetrics; i++) t->msum[i] += t->mets[i];
       }
+  }
+  t->run.ce_weight = NULL;
   stage_use(t, 0);
   if (plan_pp(p) > 1) rt_comm_wait_sends(t->run.axis_comm[p->pp_axis]);
   /* t->msum[nmetrics] carries the loss through the reduction */
@@ -1251,6 +1367,10 @@ static int one_step(Trainer *t, int64_t s, double *gn, RtError *err) {
   double lsum = 0, loss;
   memset(t->msum, 0, (size_t)nm * sizeof *t->msum);
   t->run.step = s;
+  if (ce_weights(t, 0, s, err) != 0) {
+    if (t->nranks > 1) rt_comm_abort(t->world, 1, err->msg);
+    return -1;
+  }
   if (plan_pp(p) > 1) pp_micro_batches(t, s, &lsum, err);
   for (int64_t m = 0; m < p->accum && plan_pp(p) == 1; m++) {
     double t0 = rt_trace_now();

@@ -182,6 +182,11 @@ extern "C" __global__ void cross_entropy_mean(float *loss, int *count, const flo
   ce_mean(loss, count, losses, targets, rows);
 }
 
+/* *out = *in * w: a cross_entropy's loss, or its gradient, times its weight (RtRun.ce_weight) */
+extern "C" __global__ void cross_entropy_scale(float *out, const float *in, float w) {
+  if (threadIdx.x == 0 && blockIdx.x == 0) *out = *in * w;
+}
+
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
 #include "launch.h"
 
@@ -271,6 +276,13 @@ extern "C" int cplan_cuda_cross_entropy_backward_ld(CplanDtype dt, void *dlogits
     cross_entropy_backward_f16<<<grid, th, 0, stream>>>((fp16 *)dlogits, dloss, count, (const fp16 *)logits, lse,
                                                          targets, rows, v, ld, acc, vec);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
+  return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_cross_entropy_scale(float *out, const float *in, float w, cudaStream_t stream) {
+  const char *me = "cplan_cuda_cross_entropy_scale";
+  CPLAN_REQUIRE(me, out && in, "out and in must not be NULL");
+  cross_entropy_scale<<<1, 32, 0, stream>>>(out, in, w);
   return cplan_cuda_launched(me);
 }
 
