@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# emu_program.sh CPLANC BUILD_DIR SRCDIR [CASE...]: the CUDA training programs of codegen/emit_cu.c run
+# emu_program.sh CPLANC BUILD_DIR SRCDIR [--part=K/N] [CASE...]: the CUDA training programs of codegen/emit_cu.c run
 # entirely on the CPU, on the CUDA emulator (tests/cuda/emu/README.md, "Training programs"), against
 # the CPU backend, as tests/gpu/gpt_gpu.sh does on a GPU. `cplanc build --keep-c` emits plan.c and
 # kernels.cu for a mesh of one h100_sxm (it also builds the real CUDA program, which is not run);
@@ -62,7 +62,17 @@ cplanc=$(cd "$(dirname "$1")" && pwd)/$(basename "$1")
 build=$(cd "$2" && pwd)
 src=$(cd "$3" && pwd)
 shift 3
+part=""
+case "${1:-}" in --part=*) part=${1#--part=}; shift ;; esac
 cases=${*:-gpt_small-f32 gpt_small-bf16 gpt_small-f16 gpt_smallva-bf16-tp2-nccl gpt_smallva-f32-tp2-mpi sel_small-f32 sel_small-bf16 feat_small-f32 feat_small-bf16 slice_small-f32 slice_small-bf16 slice_small-f32-tp2sp-mpi gpt_smallv-f32 gpt_smallv-bf16 llama_smallv-f16-micro1 gpt_small-bf16-recompute llama_small-f32 llama_small-bf16 llama_small-f16 gqa_small-bf16 gqa_small-f32-tp2-mpi gpt_small-f32-dp2-mpi gpt_small-f32-dp2-nccl gpt_small-f16-dp2-mpi gpt_small-f16-dp2-nccl-micro1 gpt_small-f16-micro1 gpt_small-bf16-simt gpt_small-f16-simt gpt_small-bf16-noep gpt_small-bf16-nobg gpt_small-f32-refuse gpt_small-f16-resume gpt_small-f16-overflow gpt_small-f32-tp2-nccl gpt_small-f32-tp2ilp-nccl gpt_small-bf16-tp2ilp-mpi llama_small-f32-tp2a2a-nccl llama_small-bf16-tp2a2a-mpi llama_small-bf16-tp2-mpi gpt_small-f16-tp2sp-nccl llama_small-f32-tp2sp-mpi gpt_small-bf16-zero3-nccl llama_small-f16-zero2-mpi gpt_small-f32-zero1-nccl gpt_small-f32-pp2-mpi llama_small-bf16-pp2gpipe-mpi gpt_small4-bf16-pp2i-mpi gpt_small-bf16-dp2pp2-nccl llama_small-f32-tp2pp2-nccl gpt_small-f16-pp2-mpi llama_small-f16-dp2pp2-nccl gpt_small-f16-pp2overflow llama_small-bf16-dp2pp2zero2-mpi gpt_small-f16-pp2resume}
+if [ -n "$part" ]; then # --part=K/N: every Nth case from the Kth (ctest runs the halves side by side)
+  k=${part%/*} n=${part#*/} i=0 sel=""
+  for c in $cases; do
+    [ $((i % n + 1)) -eq "$k" ] && sel="$sel $c"
+    i=$((i + 1))
+  done
+  cases=$sel
+fi
 steps=${CPLAN_EMU_STEPS:-8}
 export CUEMU_DEFER=${CUEMU_DEFER:-1}
 env_file=$build/tests/cuda_emu/program.env
