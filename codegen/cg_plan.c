@@ -349,6 +349,14 @@ const char *cg_ce_weight(const Node *n) {
   return n->ia[2] > 0 ? cp_fmt("rt_ce_weight(run, %d)", (int)n->ia[2] - 1) : "1.0f";
 }
 
+bool cg_ce_weight_in(const Node *n) {
+  return n->op == OP_SCALAR_IN && n->name && strcmp(n->name, "ce_weight") == 0 && n->ia[0] > 0;
+}
+
+const char *cg_ce_weight_in_value(const Node *n, bool lowered) {
+  return cp_fmt("rt_ce_weight%s(run, %d)", lowered ? "_dp" : "", (int)n->ia[0] - 1);
+}
+
 int cg_ce_count(const Graph *g) {
   int k = 0;
   for (int i = 0; i < g->n; i++) k += cg_ce_first(g, i);

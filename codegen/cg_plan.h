@@ -132,6 +132,10 @@ void cg_emit_plan_head(FILE *out, const CgPlan *p, const TrainConf *t, const CgP
  * many ordinals g has */
 bool cg_ce_first(const Graph *g, int i);
 int cg_ce_count(const Graph *g);
+bool cg_ce_weight_in(const Node *n);      /* a SCALAR_IN "ce_weight" (label_smoothing's term): ia[0] its ordinal + 1 */
+/* its value: rt_ce_weight, or in a lowered plan (whose all-reduces make the term's sums the dp
+ * group's) rt_ce_weight_dp (cplanrt.h) */
+const char *cg_ce_weight_in_value(const Node *n, bool lowered);
 const char *cg_ce_weight(const Node *n); /* the C expression of cross_entropy node n's weight (rt_ce_weight) */
 /* .dp, .devices, .mesh and the mesh axes of the RtPlan */
 void cg_emit_plan_mesh(FILE *out, int64_t dp, int64_t devices, const MeshConf *m);

@@ -914,7 +914,7 @@ static void emit_scalar_ins(Cg *c) {
   const OptimizerConf *o = &c->t->optimizer;
   for (int i = 0; i < c->g->n; i++) {
     const Node *n = nd(c, i);
-    if (n->op != OP_SCALAR_IN) continue;
+    if (n->op != OP_SCALAR_IN || cg_ce_weight_in(n)) continue;
     const char *v = cg_scalar_in(o, n);
     if (!v && strcmp(n->name, "grad_sumsq") == 0) v = "run->grad_sumsq"; /* a pipeline stage's (pipeline.h) */
     if (!v) cp_panic(__FILE__, __LINE__, "unknown scalar input '%s'", n->name);
@@ -957,6 +957,9 @@ static void emit_phase_fn(Cg *c, int ph, const char *sig, const char *why) {
     const char *ty = x->dtype == DT_I32 ? "int32_t" : "float";
     EMIT("  %s *in%d = (%s *)inputs[%d]; /* %s */\n", ty, k, ty, k, x->name);
   }
+  for (int i = 0; i < g->n; i++) /* label_smoothing's term: its cross_entropy's weight in this micro-batch */
+    if (cg_ce_weight_in(nd(c, i)))
+      EMIT("  float sc%d[1] = {%s};\n  (void)sc%d;\n", i, cg_ce_weight_in_value(nd(c, i), c->sp != NULL), i);
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
     if (!cg_in_phase(n, ph) || n->role == ROLE_UPD || (c->only_role >= 0 && (int)n->role != c->only_role)) continue;

@@ -2313,7 +2313,7 @@ static void emit_scalar_ins(Cu *c) {
   const OptimizerConf *o = &c->t->optimizer;
   for (int i = 0; i < c->g->n; i++) {
     const Node *n = nd(c, i);
-    if (n->op != OP_SCALAR_IN) continue;
+    if (n->op != OP_SCALAR_IN || cg_ce_weight_in(n)) continue;
     const char *v = cg_scalar_in(o, n);
     if (!v && strcmp(n->name, "grad_sumsq") == 0) v = "run->grad_sumsq"; /* a pipeline stage's (pipeline.h) */
     if (!v) cp_panic(__FILE__, __LINE__, "unknown scalar input '%s'", n->name);
@@ -2478,6 +2478,10 @@ static void emit_phase_fn(Cu *c, int ph, const char *sig, const char *why) {
   /* a stage's backward reads the inputs its forward put in this slot */
   EMIT("%s", c->only_role == ROLE_BWD ? "  (void)inputs;\n" : "  put_inputs(inputs);\n");
   if (c->seed >= 0 && ph == CG_PH_TRAIN) EMIT("  ls_seed(); /* the loss gradient's seed times the loss scale */\n");
+  for (int i = 0; i < g->n; i++) /* label_smoothing's term: its cross_entropy's weight in this micro-batch */
+    if (cg_ce_weight_in(nd(c, i)))
+      KL("cplan_cuda_cross_entropy_scale(%s, NULL, %s, G.s), %d);\n", ptr(c, i),
+         cg_ce_weight_in_value(nd(c, i), c->sp != NULL), i);
   for (int i = 0; i < g->n; i++) {
     const Node *n = nd(c, i);
     if (!cg_in_phase(n, ph) || n->role == ROLE_UPD || (c->only_role >= 0 && (int)n->role != c->only_role)) continue;

@@ -74,6 +74,7 @@ typedef struct Build {
   bool sdpa_gqa; /* enable_gqa = true: k and v's heads repeated to q's (sdpa_gqa_heads) */
   double sdpa_dropout; /* dropout_p: on the probabilities, in the math form */
   double sdpa_scale;   /* scale: the scores' factor (0: none given, 1/sqrt(d)), as q times scale * sqrt(d) */
+  int nce;             /* cross_entropy calls so far (each node's ordinal: ia[2], ce_count_sources) */
 } Build;
 
 static Value eval(Build *b, Frame *f, const Expr *e);
@@ -1285,21 +1286,20 @@ static int ignored_where(const Graph *g, int i, int64_t *c) {
 
 /* cross_entropy's mean is over the targets not ignored; under micro-batches and data parallelism the
  * runtime divides by their count over the whole step (docs/language.md, Batches), which it counts
- * in the data before the step: each cross_entropy node gets its ordinal (ia[2] = k + 1) and, when
+ * in the data before the step: each cross_entropy node has its ordinal (ia[2] = k + 1, given as it is
+ * made, call_cross_entropy; label_smoothing's term reads the same weight, a SCALAR_IN "ce_weight") and, when
  * its targets are a model input seen through reshapes, one slice of a dim other than the batch's,
  * ignore_index and where(t == c, -1, t), where the runtime finds them (dims[], ndims stays 0):
  * dims[0] = the input's ordinal + 1 (0: not countable, the runtime counts per micro-batch),
  * dims[1], dims[2] = values ignored besides -1 (-1: none), dims[3] = the sliced dim (-1: none),
  * dims[4], dims[5] = its range. Run last in sema_build_model (after ir_prune, before autodiff). */
 static void ce_count_sources(Graph *g) {
-  int k = 0;
   for (int i = 0; i < g->n; i++) {
     Node *ce = &g->nodes[i];
     if (ce->op != OP_CROSS_ENTROPY) continue;
     int64_t d[6] = {0, -1, -1, -1, 0, 0};
     int t = ce->in[1], nig = 0;
     if (ce->fa[1] == 1) d[1 + nig++] = (int64_t)ce->fa[0], t = g->nodes[t].in[0]; /* ignore_index_targets */
-    ce->ia[2] = ++k;
     ce->fa[0] = ce->fa[1] = 0;
     for (int steps = 0; steps < 64 && t >= 0; steps++) {
       const Node *n = &g->nodes[t];
@@ -1367,6 +1367,7 @@ static Value call_cross_entropy(Build *b, Frame *f, const Expr *e) {
     b->g->nodes[i].fa[0] = (double)ig.i, b->g->nodes[i].fa[1] = 1; /* for ce_count_sources */
     ce = tensor_val(i, e->span);
   }
+  b->g->nodes[ce.node].ia[2] = ++b->nce;
   if (ls == 0) return ce;
   Span at = e->span;
   const Node n = b->g->nodes[ce.node];
@@ -1378,7 +1379,14 @@ static Value call_cross_entropy(Build *b, Frame *f, const Expr *e) {
   int kept = binary_node(b, OP_MUL, per_row, keep.node, at);
   int num = kept < 0 ? -1 : dims_node(b, OP_SUM, kept, NULL, -1, 0, at);
   int den = num < 0 ? -1 : dims_node(b, OP_SUM, keep.node, NULL, -1, 0, at);
-  int smooth = den < 0 ? -1 : binary_node(b, OP_DIV, num, den, at); /* the mean of log p over classes, rows */
+  int ratio = den < 0 ? -1 : binary_node(b, OP_DIV, num, den, at); /* the mean of log p over classes, rows */
+  /* over the step's counted rows, as the cross_entropy node's mean (its weight, RtRun.ce_weight) */
+  int w = ratio < 0 ? -1 : add_node(b, OP_SCALAR_IN, NULL, 0, at);
+  if (w >= 0) {
+    Node *wn = &b->g->nodes[w];
+    wn->shape.rank = 0, wn->dtype = DT_F32, wn->name = "ce_weight", wn->ia[0] = b->nce;
+  }
+  int smooth = w < 0 ? -1 : binary_node(b, OP_MUL, ratio, w, at);
   if (smooth < 0) return sema_v_err();
   Value a = desugar_binary(b, OP_MUL, ce.node, sema_v_float(1 - ls, at), at);
   Value c = a.kind == V_ERR ? a : desugar_binary(b, OP_MUL, smooth, sema_v_float(-ls, at), at);

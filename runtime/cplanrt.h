@@ -410,12 +410,21 @@ struct RtRun {
    * micro-batch m it counts times that is its share of the mean over the N targets of the step, so
    * the means over the micro-batches and ranks the runtime takes are means over the targets */
   const double *ce_weight;
+  /* the same per node and micro-batch with n_m the count over the dp group's ranks: n_m * accum / N,
+   * ce_weight's mean over the ranks. label_smoothing's term in a lowered plan (tp, pp, ZeRO) reads it:
+   * the lowering sums that term's rows over the dp group before the ratio (compiler/lower.h), so each
+   * rank holds the group's ratio of the micro-batch, not its own */
+  const double *ce_weight_dp;
   int64_t ce_stride;
 };
 
 /* The weight of cross_entropy node k in the micro-batch being run (RtRun.ce_weight). */
 static inline float rt_ce_weight(const RtRun *run, int k) {
   return run->ce_weight ? (float)run->ce_weight[(int64_t)k * run->ce_stride + run->micro_index] : 1.0f;
+}
+/* ... and its mean over the dp group (RtRun.ce_weight_dp) */
+static inline float rt_ce_weight_dp(const RtRun *run, int k) {
+  return run->ce_weight_dp ? (float)run->ce_weight_dp[(int64_t)k * run->ce_stride + run->micro_index] : 1.0f;
 }
 
 /* Parses the program's flags (--help lists them), trains, and returns the exit status:

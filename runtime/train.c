@@ -538,7 +538,7 @@ static int ce_countable(const RtPlan *p, const RtCeTarget *d) {
 static int ce_weights(Trainer *t, int eval, int64_t step, RtError *err) {
   const RtPlan *p = t->p;
   int64_t A = p->accum, D = plan_dp(p), nd = 0, kmax = 0;
-  t->run.ce_weight = NULL;
+  t->run.ce_weight = t->run.ce_weight_dp = NULL;
   if (A * D <= 1) return 0;
   for (int k = 0; k < nstages(t); k++) {
     const RtPlan *q = stage_view(t, k).p;
@@ -548,18 +548,20 @@ static int ce_weights(Trainer *t, int eval, int64_t step, RtError *err) {
     }
   }
   if (nd == 0) return 0;
-  if (t->cew_n < kmax * A) {
+  /* cew: ce_weight, then ce_weight_dp; ce_cnt: this rank's counts per micro-batch, then (summed over
+   * dp in one all-reduce) each node's total and its counts per micro-batch */
+  if (t->cew_n < 2 * kmax * A) {
     free(t->cew);
-    if (!(t->cew = malloc((size_t)(kmax * A) * sizeof *t->cew))) return rt_errf(err, "out of memory");
-    t->cew_n = kmax * A;
+    if (!(t->cew = malloc((size_t)(2 * kmax * A) * sizeof *t->cew))) return rt_errf(err, "out of memory");
+    t->cew_n = 2 * kmax * A;
   }
-  if (t->ce_cnt_n < nd * (A + 1)) {
+  if (t->ce_cnt_n < nd * (2 * A + 1)) {
     free(t->ce_cnt);
-    if (!(t->ce_cnt = malloc((size_t)(nd * (A + 1)) * sizeof *t->ce_cnt))) return rt_errf(err, "out of memory");
-    t->ce_cnt_n = nd * (A + 1);
+    if (!(t->ce_cnt = malloc((size_t)(nd * (2 * A + 1)) * sizeof *t->ce_cnt))) return rt_errf(err, "out of memory");
+    t->ce_cnt_n = nd * (2 * A + 1);
   }
-  double *cnt = t->ce_cnt, *tot = t->ce_cnt + nd * A;
-  for (int64_t e = 0; e < kmax * A; e++) t->cew[e] = 1;
+  double *cnt = t->ce_cnt, *tot = t->ce_cnt + nd * A, *cnt_dp = tot + nd, *cew_dp = t->cew + kmax * A;
+  for (int64_t e = 0; e < 2 * kmax * A; e++) t->cew[e] = 1;
   int64_t j = 0;
   for (int k = 0; k < nstages(t); k++) {
     stage_use(t, k);
@@ -590,18 +592,23 @@ static int ce_weights(Trainer *t, int eval, int64_t step, RtError *err) {
     tot[j] = 0;
     for (int64_t m = 0; m < A; m++) tot[j] += cnt[j * A + m];
   }
-  if (D > 1) rt_comm_all_reduce(dp_group(t), tot, (int64_t)nd, RT_COMM_F64);
+  memcpy(cnt_dp, cnt, (size_t)(nd * A) * sizeof *cnt);
+  if (D > 1) rt_comm_all_reduce(dp_group(t), tot, nd * (A + 1), RT_COMM_F64);
   j = 0;
   for (int k = 0; k < nstages(t); k++) {
     const RtPlan *q = stage_view(t, k).p;
     for (int e = 0; e < q->nce; e++) {
       const RtCeTarget *d = &q->ce_targets[e];
       if (!ce_countable(q, d)) continue;
-      for (int64_t m = 0; m < A && tot[j] > 0; m++) t->cew[d->ce * A + m] = cnt[j * A + m] * (double)(A * D) / tot[j];
+      for (int64_t m = 0; m < A && tot[j] > 0; m++) {
+        t->cew[d->ce * A + m] = cnt[j * A + m] * (double)(A * D) / tot[j];
+        cew_dp[d->ce * A + m] = cnt_dp[j * A + m] * (double)A / tot[j];
+      }
       j++;
     }
   }
   t->run.ce_weight = t->cew;
+  t->run.ce_weight_dp = cew_dp;
   t->run.ce_stride = A;
   return 0;
 }

@@ -182,9 +182,10 @@ extern "C" __global__ void cross_entropy_mean(float *loss, int *count, const flo
   ce_mean(loss, count, losses, targets, rows);
 }
 
-/* *out = *in * w: a cross_entropy's loss, or its gradient, times its weight (RtRun.ce_weight) */
+/* *out = *in * w (w when in is NULL): a cross_entropy's loss, or its gradient, times its weight
+ * (RtRun.ce_weight), or the weight itself */
 extern "C" __global__ void cross_entropy_scale(float *out, const float *in, float w) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) *out = *in * w;
+  if (threadIdx.x == 0 && blockIdx.x == 0) *out = in ? *in * w : w;
 }
 
 #ifndef __CUDACC_RTC__ /* ---- host launchers ------------------------------------------------- */
@@ -281,7 +282,7 @@ extern "C" int cplan_cuda_cross_entropy_backward_ld(CplanDtype dt, void *dlogits
 
 extern "C" int cplan_cuda_cross_entropy_scale(float *out, const float *in, float w, cudaStream_t stream) {
   const char *me = "cplan_cuda_cross_entropy_scale";
-  CPLAN_REQUIRE(me, out && in, "out and in must not be NULL");
+  CPLAN_REQUIRE(me, out, "out must not be NULL");
   cross_entropy_scale<<<1, 32, 0, stream>>>(out, in, w);
   return cplan_cuda_launched(me);
 }

@@ -150,8 +150,8 @@ int cplan_cuda_cross_entropy_backward_ld(CplanDtype dt, void *dlogits, const flo
 int cplan_cuda_cross_entropy_fused_ld(CplanDtype dt, float *losses, float *lse, float *loss, int *count,
                                       void *logits, const int32_t *targets, const float *dloss, int rows,
                                       int v, int ld, cudaStream_t stream);
-/* *out = *in * w (device f32 scalars; out may be in): a loss or its gradient times the cross_entropy's
- * weight over the step's targets (docs/language.md, Batches) */
+/* *out = *in * w (device f32 scalars; out may be in; in NULL: *out = w): a loss or its gradient times
+ * the cross_entropy's weight over the step's targets (docs/language.md, Batches), or that weight */
 int cplan_cuda_cross_entropy_scale(float *out, const float *in, float w, cudaStream_t stream);
 
 /* ---- embedding.cu: k_embedding_* ---------------------------------------------------------------
