@@ -1303,7 +1303,7 @@ static void why_report(const Search *S, const Why *W) {
                  (long long)vals[k]);
         if (!first) first = keys[k];
       }
-    Span at = first ? strat_field_span(prog, t, first) : st->span;
+    Span at = first ? strat_field_span(t, first) : st->span;
     const char *lead = cp_fmt("no configuration satisfies the pinned %s on %lld devices and batch %lld: ", pins, N, B);
     why_degrees_report(S, W, &W->pin, at, lead, true);
     diag_hint("dp·tp·pp must be the device count, dp must divide the batch, tp the attention heads, pp must not "
@@ -1323,7 +1323,7 @@ static void why_report(const Search *S, const Why *W) {
     for (int d = 0; d < sh.rank && d < 8; d++)
       if (S->bmask[W->size_node] >> d & 1 && W->size_g->n == S->g1n) sh.d[d] *= W->size_scale;
     bool act = S->bmask[W->size_node] != 0; /* an activation: the micro-batch matters */
-    Span at = act && st->micro > 0 ? strat_field_span(prog, t, "micro") : t->span;
+    Span at = act && st->micro > 0 ? strat_field_span(t, "micro") : t->span;
     if (act && st->micro > 0)
       diag_error(at, "with the pinned micro = %lld, every configuration puts a tensor of more than 2^31 - 1 elements "
                  "on one device, more than the kernels index (32-bit)", (long long)st->micro);
@@ -1338,11 +1338,11 @@ static void why_report(const Search *S, const Why *W) {
     else if (act) diag_hint("it is over the limit at one sample per micro-batch: more tp (or a shorter sequence) splits it further");
     else diag_hint("tp splits it: more devices for tp (tp must divide the device count and the attention heads), or a smaller model");
   } else if (W->micro == most) {
-    diag_error(strat_field_span(prog, t, "micro"), "no configuration satisfies the pinned micro = %lld on %lld "
+    diag_error(strat_field_span(t, "micro"), "no configuration satisfies the pinned micro = %lld on %lld "
                "devices and batch %lld: micro must divide batch / dp (batch %lld / dp %lld = %lld)",
                (long long)st->micro, N, B, B, (long long)W->micro_dp, B / (long long)W->micro_dp);
   } else if (W->sched == most) {
-    diag_error(strat_field_span(prog, t, "pipeline"), "no configuration satisfies the pinned interleaved schedule on "
+    diag_error(strat_field_span(t, "pipeline"), "no configuration satisfies the pinned interleaved schedule on "
                "%lld devices: it needs pp > 1, 2·pp dividing the %d layer%s and the micro-batches per step a multiple of pp",
                N, L, L == 1 ? "" : "s");
   } else {

@@ -164,6 +164,12 @@ typedef struct TpPin {
   int dim;
 } TpPin;
 
+/* a strategy field as written (`key = value`, in the file or a --set), for diagnostics */
+typedef struct StrategyField {
+  const char *key;
+  Span span;
+} StrategyField;
+
 typedef struct StrategyConf {
   bool is_auto;          /* strategy = auto (nothing pinned) */
   int64_t dp, tp, pp, sp, micro;
@@ -175,6 +181,8 @@ typedef struct StrategyConf {
    * instead of Megatron's rule); NULL: the rule */
   const TpPin *tp_pins;
   int ntp_pins;
+  StrategyField fields[12]; /* strat_field_span */
+  int nfields;
 } StrategyConf;
 
 typedef struct TrainConf {

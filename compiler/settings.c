@@ -1261,8 +1261,14 @@ static bool train_strategy(Sema *s, const Expr *e, StrategyConf *st) {
   row_str(s, found, SR_STRATEGY_pipeline, &ps, &ok);
   if (rc) st->recompute = strcmp(rc, "none") == 0 ? RC_NONE : strcmp(rc, "selective") == 0 ? RC_SELECTIVE : RC_FULL;
   if (ps) st->pipeline = strcmp(ps, "1f1b") == 0 ? PS_1F1B : strcmp(ps, "gpipe") == 0 ? PS_GPIPE : PS_INTERLEAVED;
-  for (int row = 0; row < SR__COUNT; row++)
-    if (settings_table[row].table == TB_STRATEGY && found[row]) st->is_auto = false;
+  for (int row = 0; row < SR__COUNT; row++) {
+    const Entry *f = found[row];
+    if (settings_table[row].table != TB_STRATEGY || !f) continue;
+    st->is_auto = false;
+    if (st->nfields < (int)(sizeof st->fields / sizeof st->fields[0]))
+      st->fields[st->nfields++] = (StrategyField){settings_table[row].key,
+                                                  f->value ? span_join(f->key_span, f->value->span) : f->key_span};
+  }
   return ok;
 }
 

@@ -23,22 +23,11 @@ const char *strat_axis_name(AxisRole r) { return r == AX_PP ? "pp" : r == AX_DP 
 
 /* ---- the strategy's fields, for diagnostics -------------------------------------------- */
 
-Span strat_field_span(const Program *prog, const TrainConf *t, const char *key) {
-  Span at = t->strategy.span;
-  for (int i = 0; prog && i < prog->nitems; i++) {
-    const Item *it = prog->items[i];
-    if (it->kind != IT_TRAIN) continue;
-    for (int j = 0; j < it->nsettings; j++) {
-      const Setting *s = it->settings[j];
-      const Expr *e = s->value;
-      if (!e || strcmp(s->key, "strategy") != 0 || e->kind != EX_OBJECT || e->span.lo != at.lo ||
-          e->span.file != at.file)
-        continue;
-      for (int k = 0; k < e->nfields; k++)
-        if (strcmp(e->fields[k].name, key) == 0) return span_join(e->fields[k].name_span, e->fields[k].value->span);
-    }
-  }
-  return at;
+Span strat_field_span(const TrainConf *t, const char *key) {
+  const StrategyConf *st = &t->strategy;
+  for (int i = 0; i < st->nfields; i++)
+    if (strcmp(st->fields[i].key, key) == 0) return st->fields[i].span;
+  return st->span;
 }
 
 bool strat_degrees(const Program *prog, const TrainConf *t, int64_t *dp, int64_t *tp, int64_t *pp,
@@ -51,35 +40,35 @@ bool strat_degrees(const Program *prog, const TrainConf *t, int64_t *dp, int64_t
   bool ok = true;
   if (*dp < 1) *dp = 1;
   if (*dp * *tp * *pp != dev) {
-    diag_error(strat_field_span(prog, t, st->dp > 0 ? "dp" : st->tp > 0 ? "tp" : "pp"),
+    diag_error(strat_field_span(t, st->dp > 0 ? "dp" : st->tp > 0 ? "tp" : "pp"),
                "dp*tp*pp = %lld*%lld*%lld = %lld is not the mesh's %lld devices", (long long)*dp, (long long)*tp,
                (long long)*pp, (long long)(*dp * *tp * *pp), (long long)dev);
     diag_hint("leave dp out to give data parallelism the devices tp and pp do not use");
     ok = false;
   }
   if (st->sp > 1 && *tp <= 1) {
-    diag_error(strat_field_span(prog, t, "sp"), "sp = %lld without tp: sequence parallelism splits the sequence "
+    diag_error(strat_field_span(t, "sp"), "sp = %lld without tp: sequence parallelism splits the sequence "
                "over the tensor-parallel group", (long long)st->sp);
     ok = false;
   } else if (st->sp > 1 && st->sp != *tp) {
-    diag_error(strat_field_span(prog, t, "sp"), "sp = %lld differs from tp = %lld: sequence parallelism uses the "
+    diag_error(strat_field_span(t, "sp"), "sp = %lld differs from tp = %lld: sequence parallelism uses the "
                "tensor-parallel group", (long long)st->sp, (long long)*tp);
     ok = false;
   }
   if (st->zero > 0 && *dp <= 1) {
-    diag_error(strat_field_span(prog, t, "zero"), "zero = %lld needs dp > 1: ZeRO shards over the data-parallel "
+    diag_error(strat_field_span(t, "zero"), "zero = %lld needs dp > 1: ZeRO shards over the data-parallel "
                "replicas", (long long)st->zero);
     ok = false;
   }
   if (ok && st->dp <= 0 && t->batch > 0 && t->batch % *dp != 0) { /* settings.c says so at check */
-    diag_error(strat_field_span(prog, t, st->tp > 0 ? "tp" : "pp"), "batch %lld is not divisible by dp = %lld, the devices tp*pp "
+    diag_error(strat_field_span(t, st->tp > 0 ? "tp" : "pp"), "batch %lld is not divisible by dp = %lld, the devices tp*pp "
                "= %lld*%lld leave of the mesh's %lld", (long long)t->batch, (long long)*dp, (long long)*tp, (long long)*pp,
                (long long)dev);
     ok = false;
   }
   *micro = st->micro > 0 ? st->micro : (t->batch > 0 ? t->batch / *dp : 1);
   if (ok && st->dp <= 0 && t->batch > 0 && t->batch % (*dp * *micro) != 0) {
-    diag_error(strat_field_span(prog, t, st->micro > 0 ? "micro" : "dp"),
+    diag_error(strat_field_span(t, st->micro > 0 ? "micro" : "dp"),
                "micro = %lld does not divide the per-replica batch %lld / dp %lld", (long long)*micro,
                (long long)t->batch, (long long)*dp);
     ok = false;
@@ -133,7 +122,7 @@ static bool param_dim_ok(Ctx *c, int p, int d, const char *why) {
   if (pn->shape.d[d] % c->n == 0) return true;
   c->failed = true;
   if (c->quiet) return false;
-  diag_error(strat_field_span(c->prog, c->t, "tp"), "tp = %lld does not divide dim %d (%lld) of %s %s, which %s",
+  diag_error(strat_field_span(c->t, "tp"), "tp = %lld does not divide dim %d (%lld) of %s %s, which %s",
              (long long)c->n, d, (long long)pn->shape.d[d], pn->name, shape_str(&pn->shape), why);
   diag_note(pn->span, "the param is declared here");
   if (d == 1 && head_of_ce(c->g, p)) /* what vocab_pad (train.h) takes */
@@ -398,13 +387,13 @@ bool strat_sp_fits(const Graph *g, int64_t sp) {
 static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *t, int64_t tp, int64_t pp, int64_t sp) {
   bool ok = true;
   if (pp > 1 && pp > g->layer_names.n) {
-    diag_error(strat_field_span(prog, t, "pp"), "pp = %lld exceeds the model's %d layer%s: each stage needs at least one",
+    diag_error(strat_field_span(t, "pp"), "pp = %lld exceeds the model's %d layer%s: each stage needs at least one",
                (long long)pp, g->layer_names.n, g->layer_names.n == 1 ? "" : "s");
     ok = false;
   }
   int h = strat_heads_misfit(g, tp);
   if (h >= 0) {
-    diag_error(strat_field_span(prog, t, "tp"), "tp = %lld does not divide the %lld attention heads", (long long)tp,
+    diag_error(strat_field_span(t, "tp"), "tp = %lld does not divide the %lld attention heads", (long long)tp,
                (long long)g->nodes[h].ia[0]);
     diag_note(g->nodes[h].span, "the heads are split here");
     return false;
@@ -417,7 +406,7 @@ static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *
         vocab_pad_fits(g, n->in[0], tp))
       continue;
     int64_t pad = vocab_pad_rows(tb->shape.d[0], tp);
-    diag_warning(strat_field_span(prog, t, "tp"), "tp = %lld does not divide the %lld rows of '%s' %s: it stays whole on "
+    diag_warning(strat_field_span(t, "tp"), "tp = %lld does not divide the %lld rows of '%s' %s: it stays whole on "
                  "every tp rank (not vocab-parallel), so its lookups, a head that reads it and their gradient's "
                  "all-reduce are not split", (long long)tp, (long long)tb->shape.d[0], tb->name, shape_str(&tb->shape));
     diag_note(tb->span, "the param is declared here");
@@ -429,7 +418,7 @@ static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *
   }
   if (!strat_sp_fits(g, sp)) {
     const Node *x = &g->nodes[g->inputs.a[0]];
-    diag_error(strat_field_span(prog, t, "sp"), "sp = %lld does not divide the sequence length (dim 1 of input '%s' %s)",
+    diag_error(strat_field_span(t, "sp"), "sp = %lld does not divide the sequence length (dim 1 of input '%s' %s)",
                (long long)sp, x->name, shape_str(&x->shape));
     ok = false;
   }
@@ -497,7 +486,7 @@ StratPlan *strat_pin(const Program *prog, const Graph *g, const TrainConf *t) {
   sp->accum = g->accum > 0 ? g->accum : 1;
   if (!graph_checks(prog, g, t, sp)) return NULL;
   const int *pin = NULL;
-  if (t->strategy.tp_pins && sp->tp > 1 && !(pin = strat_pins_of(g, &t->strategy, strat_field_span(prog, t, "tp"))))
+  if (t->strategy.tp_pins && sp->tp > 1 && !(pin = strat_pins_of(g, &t->strategy, strat_field_span(t, "tp"))))
     return NULL;
   sp->pins = pin;
   const int64_t degs[3] = {sp->pp, sp->dp, sp->tp};
