@@ -180,14 +180,14 @@ static bool interleaved_ok(const StratPlan *sp, const TrainConf *t, int64_t dp, 
   int64_t micro = train_micro(t), m = micro > 0 && dp > 0 ? t->batch / (dp * micro) : 0;
   int layers = sp->g->layer_names.n;
   if (layers < 2 * pp) {
-    diag_error(t->strategy.span, "the interleaved schedule cuts the model into pp x 2 = %lld stages of whole layers, "
+    diag_error(strat_field_span(t, "pipeline"), "the interleaved schedule cuts the model into pp x 2 = %lld stages of whole layers, "
                "but model %s has %d layer%s", (long long)(2 * pp), sp->g->model_name, layers, layers == 1 ? "" : "s");
     if (layers >= 4) diag_hint("use `pipeline = \"1f1b\"`, or pp = %d at most", layers / 2);
     else diag_hint("use `pipeline = \"1f1b\"` (interleaving needs at least 4 layers)");
     return false;
   }
   if (m % pp != 0) {
-    diag_error(t->strategy.span, "the interleaved schedule needs the micro-batch count to be a multiple of pp = %lld: "
+    diag_error(strat_field_span(t, "pipeline"), "the interleaved schedule needs the micro-batch count to be a multiple of pp = %lld: "
                "batch %lld / (dp %lld x micro %lld) = %lld micro-batch%s", (long long)pp, (long long)t->batch,
                (long long)dp, (long long)micro, (long long)m, m == 1 ? "" : "es");
     diag_hint("choose `micro` so that batch / (dp x micro) is a multiple of %lld, or use `pipeline = \"1f1b\"`", (long long)pp);
@@ -242,12 +242,12 @@ static bool spmd_lower(Graph *g, const TrainConf *t, Spmd *out) {
   if (chunks > 1 && !interleaved_ok(out->sp, t, dp, pp)) return false;
   if (pp > 1 && !(out->pipe = pp_partition(out->sp, out->lw, chunks, err, sizeof err))) {
     const char *tied = out->sp->zero >= 3 && dp > 1 ? param_read_at_both_ends(g) : NULL;
+    /* (pp_partition's reason names the node it could not place, not the cause) */
     if (tied)
-      diag_error(t->strategy.span, "zero = 3 with pp = %lld is not supported for a param that several pipeline "
-                 "stages read ('%s', read before the first layer and after the last: a tied embedding); use zero = 1 or 2 "
-                 "(%s)", (long long)pp,
-                 tied, err);
-    else diag_error(t->strategy.span, "this strategy cannot be cut into pipeline stages yet: %s", err);
+      diag_error(strat_field_span(t, "zero"), "zero = 3 with pp = %lld is not supported for a param that several "
+                 "pipeline stages read ('%s', read before the first layer and after the last: a tied embedding); use "
+                 "zero = 1 or 2", (long long)pp, tied);
+    else diag_error(strat_field_span(t, "pp"), "this strategy cannot be cut into pipeline stages yet: %s", err);
     return false;
   }
   return true;

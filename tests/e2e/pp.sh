@@ -3,7 +3,7 @@
 # embedding is read by the first and the last stage) and llama_small, cut into pp = 2 stages with
 # 4 micro-batches (micro = 1 of batch 4) under 1F1B and GPipe (gpt_small's tied gradient crossing
 # once a step, in the trace), and combined with dp = 2, tp = 2,
-# zero = 1 and full recomputation, must train like the single-device program (e2e_close: the 6 losses and gradient norms
+# zero = 1 (and zero = 2 / 3) and full recomputation, must train like the single-device program (e2e_close: the 6 losses and gradient norms
 # within 2e-4 relative, the consolidated params within 1e-4); each stage holds only its layers'
 # params; a pp checkpoint resumes on one device. The interleaved schedule (2 stages per rank) on
 # 4-layer variants: pp = 2 and dp = 2 x pp = 2 (2 micro-batches per replica: the all-warm-up
@@ -22,8 +22,12 @@ for m in gpt_small llama_small; do
   e2e_build "$m-1" "$m.cplan"
   e2e_prog 0 "$m-1" "./$m-1" --save-init "$m-init.st" --save "$m-1.st" --metrics "$m-1.jsonl"
   # label, devices, then the strategy fields
+  # ZeRO 2 on gpt_small (its tied embedding's gradient reduce-scattered on both end stages), ZeRO 3
+  # on llama_small (untied: gpt_small's is refused, below)
+  zero23="zero2 4 dp=2 pp=2 zero=2 micro=1"
+  [ $m = llama_small ] && zero23="zero3 4 dp=2 pp=2 zero=3 micro=1"
   for cfg in "1f1b 2 pp=2 micro=1" "gpipe 2 pp=2 micro=1 pipeline=\"gpipe\"" "dp2 4 dp=2 pp=2 micro=1" \
-             "tp2 4 tp=2 pp=2 micro=2" "zero1 4 dp=2 pp=2 zero=1 micro=1" \
+             "tp2 4 tp=2 pp=2 micro=2" "zero1 4 dp=2 pp=2 zero=1 micro=1" "$zero23" \
              "full 2 pp=2 micro=1 recompute=\"full\""; do
     read -r label n fields <<<"$cfg"
     sets=(--set train.mesh=laptop --set "mesh.laptop.shape.cpu=$n")
@@ -99,7 +103,7 @@ for m in gpt_small llama_small; do
 done
 
 # refused: a micro-batch count that is not a multiple of pp (4 / 4 = 1), too few layers for
-# pp x 2 stages (gpt_small has 2); the error points at the strategy field
+# pp x 2 stages (gpt_small has 2); the error points at the strategy's pipeline field
 { sed 's/^  seed      = 1234$/  seed      = 1234\n  mesh      = laptop\n  strategy  = { pp = 2, pipeline = "interleaved", micro = MICRO }/' \
     "$src/tests/e2e/gpt_small.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 2]\n  device = cpu\n}\n'; } >ilv_bad.cplan
 grep -q 'micro = MICRO' ilv_bad.cplan || fail "ilv_bad.cplan: the edit of gpt_small.cplan did not apply"
@@ -107,14 +111,14 @@ line=$(grep -n 'strategy  = {' ilv_bad.cplan | cut -d: -f1)
 sed 's/MICRO/4/' ilv_bad.cplan >ilv_micro.cplan
 sed 's/MICRO/1/' ilv_bad.cplan >ilv_layers.cplan
 e2e_prog 1 ilv-micro "$cplanc" build ilv_micro.cplan -o ilv_micro --set train.model.L=4
-e2e_says ilv-micro "ilv_micro.cplan:$line:15: error: the interleaved schedule needs the micro-batch count to be a multiple of pp = 2: batch 4 / (dp 1 x micro 4) = 1 micro-batch" "^~~~"
+e2e_says ilv-micro "ilv_micro.cplan:$line:25: error: the interleaved schedule needs the micro-batch count to be a multiple of pp = 2: batch 4 / (dp 1 x micro 4) = 1 micro-batch" "^~~~"
 e2e_prog 1 ilv-layers "$cplanc" build ilv_layers.cplan -o ilv_layers
-e2e_says ilv-layers "ilv_layers.cplan:$line:15: error: the interleaved schedule cuts the model into pp x 2 = 4 stages of whole layers, but model gpt_small has 2 layers" "^~~~"
+e2e_says ilv-layers "ilv_layers.cplan:$line:25: error: the interleaved schedule cuts the model into pp x 2 = 4 stages of whole layers, but model gpt_small has 2 layers" "^~~~"
 # refused: ZeRO 3 with pp when the first and the last stage both read a param (gpt_small's tied wte);
-# the error names it and the way out
+# the error names it and the way out, at the zero field
 sed 's/MICRO/1/; s/pp = 2, pipeline = "interleaved"/dp = 2, pp = 2, zero = 3/; s/cpu = 2]/cpu = 4]/' ilv_bad.cplan >z3_tied.cplan
 e2e_prog 1 z3-tied "$cplanc" build z3_tied.cplan -o z3_tied
-e2e_says z3-tied "z3_tied.cplan:$line:15: error: zero = 3 with pp = 2 is not supported for a param that several pipeline stages read ('wte', read before the first layer and after the last: a tied embedding); use zero = 1 or 2" "^~~~"
+e2e_says z3-tied "z3_tied.cplan:$line:33: error: zero = 3 with pp = 2 is not supported for a param that several pipeline stages read ('wte', read before the first layer and after the last: a tied embedding); use zero = 1 or 2" "^~~~"
 # a model with a metric: only the last stage computes it, every rank reduces and reports it (the
 # metrics line of rank 0, the first stage, shows the same accuracy as one device), under 1F1B and
 # interleaved
