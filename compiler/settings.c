@@ -1584,6 +1584,16 @@ static bool override_link(Sema *s, Setting ***set, int *nset, const Comp *c, int
   return override_in(s, &blk->body, &blk->nbody, c + 2, 1, v, TB_LINK);
 }
 
+/* A bare name given on the command line for a setting of fixed choices (row) is a string:
+ * --set train.strategy.pipeline=gpipe, as a shell user writes it (in a file the quotes stay
+ * required); one that is not a choice is reported as such. */
+static Expr *bare_choice(int row, Expr *v) {
+  if (row < 0 || settings_table[row].kind != SK_ENUM || v->kind != EX_NAME) return v;
+  Expr *str = ast_expr(EX_STR, v->span);
+  str->str = v->str;
+  return str;
+}
+
 /* Applies KEY[.ENTRY]=v to one settings body checked against table tb. */
 static bool override_in(Sema *s, Setting ***set, int *nset, const Comp *c, int n, Expr *v, Table tb) {
   int row = table_find(tb, c[0].text);
@@ -1598,6 +1608,7 @@ static bool override_in(Sema *s, Setting ***set, int *nset, const Comp *c, int n
   if (k == SK_LINK) return override_link(s, set, nset, c, n, v);
   Setting *st = setting_find(*set, *nset, c[0].text);
   if (n == 1) {
+    v = bare_choice(row, v);
     if (st) st->value = v;
     else setting_append(set, nset, c[0], v);
     return true;
@@ -1615,7 +1626,7 @@ static bool override_in(Sema *s, Setting ***set, int *nset, const Comp *c, int n
   if (!st) st = setting_append(set, nset, c[0], e);
   st->value = e;
   if (e->kind == EX_CALL) call_set(s, e, k, c[1], v);
-  else fields_set(e, c[1], v);
+  else fields_set(e, c[1], bare_choice(settings_table[row].sub != TB_NONE ? table_find(settings_table[row].sub, c[1].text) : -1, v));
   return true;
 }
 
