@@ -162,8 +162,6 @@ int strat_heads_misfit(const Graph *g, int64_t tp);
 /* Whether sequence parallelism of degree sp divides the sequence (dim 1 of g's first input), as
  * strat_pin requires; true for sp <= 1. */
 bool strat_sp_fits(const Graph *g, int64_t sp);
-/* The span of `strategy`'s field `key` (the whole `key = value`), or the strategy's span. */
-Span strat_field_span(const TrainConf *t, const char *key);
 /* A strategy that pins any field, as build and plan take it (strat_degrees: dp*tp*pp against the
  * mesh, zero without dp, sp without tp), and its pinned tp, pp and sp against model g (heads,
  * layers, sequence length), with the errors strat_pin gives at the fields: for `check`, which

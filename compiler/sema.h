@@ -207,6 +207,10 @@ typedef struct TrainConf {
   const char *log_file;  /* NULL: none */
 } TrainConf;
 
+/* The span of `strategy`'s field `key` (the whole `key = value`, in the file or a --set), or the
+ * strategy's span (compiler/strategy.c). */
+Span strat_field_span(const TrainConf *t, const char *key);
+
 /* Applies `--set key=value` overrides to the program's settings (the AST), before
  * any checking, so they meet the same validation as the file. Keys:
  * train.KEY[.ARG], mesh.NAME.KEY[.ENTRY]; `train` means the selected train block

@@ -1307,17 +1307,18 @@ static void train_objects(Sema *s, const Item *it, const Entry *const *tf, Train
  * tp's devices, so it is not part of the product. */
 static bool train_consistent(const TrainConf *t, const Entry *const *tf) {
   const StrategyConf *st = &t->strategy;
-  Span at = st->span;
   bool ok = true;
   if (t->batch > 0 && st->dp > 0 && st->micro > 0 && t->batch % (st->dp * st->micro) != 0) {
-    diag_error(at, "batch %lld is not divisible by dp*micro = %lld*%lld", (long long)t->batch,
-               (long long)st->dp, (long long)st->micro);
+    diag_error(strat_field_span(t, t->batch % st->dp ? "dp" : "micro"), "batch %lld is not divisible by dp*micro = %lld*%lld",
+               (long long)t->batch, (long long)st->dp, (long long)st->micro);
     ok = false;
   } else if (t->batch > 0 && st->dp > 0 && t->batch % st->dp != 0) {
-    diag_error(at, "batch %lld is not divisible by dp = %lld", (long long)t->batch, (long long)st->dp);
+    diag_error(strat_field_span(t, "dp"), "batch %lld is not divisible by dp = %lld", (long long)t->batch,
+               (long long)st->dp);
     ok = false;
   } else if (t->batch > 0 && st->micro > 0 && t->batch % st->micro != 0) {
-    diag_error(at, "batch %lld is not divisible by micro = %lld", (long long)t->batch, (long long)st->micro);
+    diag_error(strat_field_span(t, "micro"), "batch %lld is not divisible by micro = %lld", (long long)t->batch,
+               (long long)st->micro);
     ok = false;
   }
   if (!t->mesh) return ok;
@@ -1325,8 +1326,10 @@ static bool train_consistent(const TrainConf *t, const Entry *const *tf) {
   StrBuf names = {0}, vals = {0};
   const char *const labels[] = {"dp", "tp", "pp"};
   const int64_t degs[] = {st->dp, st->tp, st->pp};
-  for (int i = 0; i < 3; i++) {
+  Span at = st->span; /* the one degree pinned, else the strategy */
+  for (int i = 0, npinned = 0; i < 3; i++) {
     if (degs[i] <= 0) continue;
+    at = ++npinned == 1 ? strat_field_span(t, labels[i]) : st->span;
     sb_printf(&names, "%s%s", names.len ? "*" : "", labels[i]);
     sb_printf(&vals, "%s%lld", vals.len ? "*" : "", (long long)degs[i]);
     prod = prod > ((int64_t)1 << 40) / degs[i] ? ((int64_t)1 << 40) + 1 : prod * degs[i];
@@ -1346,7 +1349,7 @@ static bool train_consistent(const TrainConf *t, const Entry *const *tf) {
     ok = false;
   }
   if (st->sp > 0 && t->mesh->ndevices % st->sp != 0) {
-    diag_error(at, "sp = %lld does not divide the mesh's %lld devices", (long long)st->sp,
+    diag_error(strat_field_span(t, "sp"), "sp = %lld does not divide the mesh's %lld devices", (long long)st->sp,
                (long long)t->mesh->ndevices);
     ok = false;
   }
