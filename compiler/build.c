@@ -180,15 +180,15 @@ static bool interleaved_ok(const StratPlan *sp, const TrainConf *t, int64_t dp, 
   int64_t micro = train_micro(t), m = micro > 0 && dp > 0 ? t->batch / (dp * micro) : 0;
   int layers = sp->g->layer_names.n;
   if (layers < 2 * pp) {
-    diag_error(strat_field_span(t, "pipeline"), "the interleaved schedule cuts the model into pp x 2 = %lld stages of whole layers, "
-               "but model %s has %d layer%s", (long long)(2 * pp), sp->g->model_name, layers, layers == 1 ? "" : "s");
+    diag_error(strat_field_span(t, "pipeline"), "the interleaved schedule cuts the model into pp x 2 = %lld stages "
+               "of whole layers, but model %s has %d layer%s", (long long)(2 * pp), sp->g->model_name, layers, layers == 1 ? "" : "s");
     if (layers >= 4) diag_hint("use `pipeline = \"1f1b\"`, or pp = %d at most", layers / 2);
     else diag_hint("use `pipeline = \"1f1b\"` (interleaving needs at least 4 layers)");
     return false;
   }
   if (m % pp != 0) {
-    diag_error(strat_field_span(t, "pipeline"), "the interleaved schedule needs the micro-batch count to be a multiple of pp = %lld: "
-               "batch %lld / (dp %lld x micro %lld) = %lld micro-batch%s", (long long)pp, (long long)t->batch,
+    diag_error(strat_field_span(t, "pipeline"), "the interleaved schedule needs the micro-batch count to be a "
+               "multiple of pp = %lld: batch %lld / (dp %lld x micro %lld) = %lld micro-batch%s", (long long)pp, (long long)t->batch,
                (long long)dp, (long long)micro, (long long)m, m == 1 ? "" : "es");
     diag_hint("choose `micro` so that batch / (dp x micro) is a multiple of %lld, or use `pipeline = \"1f1b\"`", (long long)pp);
     return false;

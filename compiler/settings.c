@@ -1309,8 +1309,9 @@ static bool train_consistent(const TrainConf *t, const Entry *const *tf) {
   const StrategyConf *st = &t->strategy;
   bool ok = true;
   if (t->batch > 0 && st->dp > 0 && st->micro > 0 && t->batch % (st->dp * st->micro) != 0) {
-    diag_error(strat_field_span(t, t->batch % st->dp ? "dp" : "micro"), "batch %lld is not divisible by dp*micro = %lld*%lld",
-               (long long)t->batch, (long long)st->dp, (long long)st->micro);
+    diag_error(strat_field_span(t, t->batch % st->dp ? "dp" : "micro"),
+               "batch %lld is not divisible by dp*micro = %lld*%lld", (long long)t->batch, (long long)st->dp,
+               (long long)st->micro);
     ok = false;
   } else if (t->batch > 0 && st->dp > 0 && t->batch % st->dp != 0) {
     diag_error(strat_field_span(t, "dp"), "batch %lld is not divisible by dp = %lld", (long long)t->batch,
@@ -1629,7 +1630,10 @@ static bool override_in(Sema *s, Setting ***set, int *nset, const Comp *c, int n
   if (!st) st = setting_append(set, nset, c[0], e);
   st->value = e;
   if (e->kind == EX_CALL) call_set(s, e, k, c[1], v);
-  else fields_set(e, c[1], bare_choice(settings_table[row].sub != TB_NONE ? table_find(settings_table[row].sub, c[1].text) : -1, v));
+  else {
+    Table sub = settings_table[row].sub;
+    fields_set(e, c[1], bare_choice(sub != TB_NONE ? table_find(sub, c[1].text) : -1, v));
+  }
   return true;
 }
 
