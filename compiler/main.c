@@ -42,6 +42,7 @@ typedef struct Options {
   const char *report; /* plan: --report FILE.html */
   const char *np;     /* calibrate: --np N */
   bool quick;         /* calibrate: --quick */
+  bool need_data;     /* run: a missing data file is an error (sema_need_data) */
   char **rest;        /* run: the program's arguments, after `--` */
   int nrest;
 } Options;
@@ -216,6 +217,12 @@ static bool front_end(Options *o, Front *fe, bool need_settings) {
   if (!fe->prog || diag_errors()) return false;
   if (!need_settings) return true;
   fe->sema = sema_new(fe->prog);
+  if (o->need_data) {
+    bool given = false; /* the program's --data replaces the plan's training file */
+    for (int i = 0; i < o->nrest; i++)
+      given |= strcmp(o->rest[i], "--data") == 0 || strncmp(o->rest[i], "--data=", 7) == 0;
+    sema_need_data(fe->sema, !given, true);
+  }
   if (o->sets.n && !settings_apply_overrides(fe->sema, o->sets.a, o->sets.n, o->train)) return false;
   settings_check_meshes(fe->sema);
   bool none = false;
@@ -412,6 +419,7 @@ static int cmd_build(Options *o) {
 
 static int cmd_run(Options *o) {
   Front fe;
+  o->need_data = true;
   Graph *g = train_model(o, &fe, "run");
   if (g) build_run(g, fe.train, o->file, build_hash(o->sets.a, o->sets.n, o->train), o->rest, o->nrest);
   return finish();

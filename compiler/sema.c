@@ -141,3 +141,10 @@ const char *const *sema_item_names(Sema *s, ItemKind kind, int *n) {
   *n = s->nnames[kind];
   return s->names[kind];
 }
+
+void sema_need_data(Sema *s, bool data, bool val) {
+  s->need_data = data;
+  s->need_val = val;
+}
+
+bool sema_data_needed(const Sema *s, bool val) { return val ? s->need_val : s->need_data; }

@@ -66,6 +66,11 @@ Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t ba
 void sema_set_attention_limit(Sema *s, int max_head_dim);
 
 /* ---- settings (settings.c) ----------------------------------------------- */
+/* `run` reads the data now: a missing training data file (data: unless the program is given
+ * another, `-- --data PATH`) or validation file (val) is an error, not check's warning. */
+void sema_need_data(Sema *s, bool data, bool val);
+bool sema_data_needed(const Sema *s, bool val);
+
 typedef enum DeviceKind { DEV_CPU, DEV_CUDA } DeviceKind;
 
 /* What `cplanc calibrate` measured: the optional keys of a profile file (docs/language.md §6),

@@ -1135,6 +1135,19 @@ static MeshConf *train_mesh(Sema *s, const Expr *e, bool *ok) {
   return m;
 }
 
+/* A data file that does not exist: an error when the command reads it (need), else a warning.
+ * False after an error. */
+static bool missing_data(bool need, Span at, const char *what, const char *path, bool tokens) {
+  if (!need) {
+    diag_warning(at, "%s file '%s' not found", what, path);
+    return true;
+  }
+  diag_error(at, "%s file '%s' not found", what, path);
+  if (tokens) diag_hint("`cplanc data text FILE.txt -o %s` makes one of a text (byte-level tokens)", path);
+  if (strcmp(what, "data") == 0) diag_hint("or train on another file: `cplanc run FILE.cplan -- --data PATH`");
+  return false;
+}
+
 static bool train_data(Sema *s, const Item *train, const Expr *e, DataConf *d) {
   BoundCall bc;
   d->span = e->span;
@@ -1156,11 +1169,12 @@ static bool train_data(Sema *s, const Item *train, const Expr *e, DataConf *d) {
   d->path = resolve_path(train, bc.vals[path_row].s);
   d->val_path = bc.args[val_row] ? resolve_path(train, bc.vals[val_row].s) : NULL;
   d->shuffle = tok && bc.args[CA_tokens_shuffle] && bc.vals[CA_tokens_shuffle].i;
-  /* check needs no data: a missing file is only a warning here; run fails on it. */
-  if (!file_exists(d->path)) diag_warning(bc.args[path_row]->span, "data file '%s' not found", d->path);
+  /* check and build need no data: a missing file is only a warning there; run reads it now */
+  bool ok = true;
+  if (!file_exists(d->path)) ok &= missing_data(sema_data_needed(s, false), bc.args[path_row]->span, "data", d->path, tok);
   if (d->val_path && !file_exists(d->val_path))
-    diag_warning(bc.args[val_row]->span, "validation data file '%s' not found", d->val_path);
-  return true;
+    ok &= missing_data(sema_data_needed(s, true), bc.args[val_row]->span, "validation data", d->val_path, tok);
+  return ok;
 }
 
 static bool train_optimizer(Sema *s, const Expr *e, OptimizerConf *o) {

@@ -52,6 +52,26 @@ e2e_says run_usage "--no-such-flag"
 e2e_prog 1 run_fail "$cplanc" run "$adder" --set train.steps=30 -- --init none.safetensors
 e2e_says run_fail "none.safetensors"
 
+# a missing data file: `check` warns, `run` stops at the setting before building (exit 1, with the
+# way to make one), unless the program is given another file with --data; a missing validation file
+# stops it either way (the program reads both)
+sed 's|tokens("tokens.bin")|tokens("none.bin")|' "$src/tests/e2e/gpt_small.cplan" >nodata.cplan
+line=$(grep -n 'tokens("none.bin")' nodata.cplan | cut -d: -f1)
+[ -n "$line" ] || fail "nodata.cplan: the edit of gpt_small.cplan did not apply"
+e2e_prog 0 nodata_check "$cplanc" check nodata.cplan
+e2e_says nodata_check "nodata.cplan:$line:22: warning: data file"
+e2e_prog 1 nodata "$cplanc" run nodata.cplan
+e2e_says nodata "nodata.cplan:$line:22: error: data file 'none.bin' not found" "^~~~" \
+  "hint: \`cplanc data text FILE.txt -o none.bin\`" "-- --data PATH"
+if grep -q "building" nodata.err; then fail "nodata: built a program for a missing data file"; fi
+e2e_tokens tokens.bin
+e2e_prog 0 nodata_given "$cplanc" run nodata.cplan -- --data tokens.bin --steps 1
+e2e_says nodata_given "nodata.cplan:$line:22: warning: data file" "step 1/1"
+sed 's|tokens("tokens.bin")|tokens("tokens.bin", val = "noval.bin")|' "$src/tests/e2e/gpt_small.cplan" >noval.cplan
+grep -q noval.bin noval.cplan || fail "noval.cplan: the edit of gpt_small.cplan did not apply"
+e2e_prog 1 noval "$cplanc" run noval.cplan -- --data tokens.bin
+e2e_says noval "error: validation data file 'noval.bin' not found"
+
 # the cache is keyed by the source text: the same path, edited, is a new build
 cp "$adder" copy.cplan
 e2e_prog 0 run3 "$cplanc" run copy.cplan --set train.steps=30 -- --steps 1
