@@ -15,7 +15,7 @@
 #   3. tests/gpu/gpt_gpu.sh --check: the small GPT and LLaMA, 20 steps on the GPU against the CPU
 #      backend in f32, bf16 and f16, and dp 2, tp 2, ZeRO 3 and pp 2 (two ranks; on one GPU through MPI)
 #      with a bundled Open MPI (tests/gpu/ompi_bundle.sh).
-# The 16 small-model programs each embed the kernels' fatbins (~4 MB), so the tree (~67 MB) goes
+# The 20 small-model programs each embed the kernels' fatbins (~10 MB), so the tree (~270 MB) goes
 # as OUT/gpu.tar.xz (~8 MB: xz finds the repeats) with OUT/run.sh, which unpacks it there (Python's
 # lzma: no xz binary needed) and runs run_all.sh. A device call carries 64 MiB at most: use
 #   run(command = "OUT/run.sh", carry = [OUT])   with OUT an ignored build-* directory of the
@@ -94,7 +94,10 @@ echo "==== run_all.sh: $(( $(date +%s) - t0 )) s, $([ $fail -eq 0 ] && echo "all
 exit $fail
 RUN
 chmod +x "$out/run_all.sh"
-tar -C "$out" -cJf "$final/gpu.tar.xz" .
+# a dictionary larger than the tree, the files in name order: the programs (~10 MB each, mostly the
+# same fatbins) compress to ~8 MB together; xz's default 8 MiB dictionary, smaller than one of them,
+# left 55 MB, near the 64 MiB a device call carries (Python's lzma unpacks it in 256 MiB)
+XZ_OPT='--lzma2=preset=9,dict=256MiB' tar -C "$out" --sort=name -cJf "$final/gpu.tar.xz" .
 cat >"$final/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # run.sh [DIR]: on the GPU machine: unpacks gpu.tar.xz (beside this script) into DIR (default
