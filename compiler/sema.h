@@ -67,7 +67,8 @@ void sema_set_attention_limit(Sema *s, int max_head_dim);
 
 /* ---- settings (settings.c) ----------------------------------------------- */
 /* `run` reads the data now: a missing training data file (data: unless the program is given
- * another, `-- --data PATH`) or validation file (val) is an error, not check's warning. */
+ * another, `-- --data PATH`) or validation file (val) is an error, not check's warning
+ * (compiler/sema.c; read by settings.c). */
 void sema_need_data(Sema *s, bool data, bool val);
 bool sema_data_needed(const Sema *s, bool val);
 

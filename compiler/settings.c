@@ -1135,16 +1135,17 @@ static MeshConf *train_mesh(Sema *s, const Expr *e, bool *ok) {
   return m;
 }
 
-/* A data file that does not exist: an error when the command reads it (need), else a warning.
- * False after an error. */
-static bool missing_data(bool need, Span at, const char *what, const char *path, bool tokens) {
-  if (!need) {
+/* A data file (val: the validation file) that does not exist: an error when the command reads it
+ * (sema_need_data), else a warning. False after an error. */
+static bool missing_data(const Sema *s, bool val, Span at, const char *path, bool tokens) {
+  const char *what = val ? "validation data" : "data";
+  if (!sema_data_needed(s, val)) {
     diag_warning(at, "%s file '%s' not found", what, path);
     return true;
   }
   diag_error(at, "%s file '%s' not found", what, path);
   if (tokens) diag_hint("`cplanc data text FILE.txt -o %s` makes one of a text (byte-level tokens)", path);
-  if (strcmp(what, "data") == 0) diag_hint("or train on another file: `cplanc run FILE.cplan -- --data PATH`");
+  if (!val) diag_hint("or train on another file: `cplanc run FILE.cplan -- --data PATH`");
   return false;
 }
 
@@ -1171,9 +1172,8 @@ static bool train_data(Sema *s, const Item *train, const Expr *e, DataConf *d) {
   d->shuffle = tok && bc.args[CA_tokens_shuffle] && bc.vals[CA_tokens_shuffle].i;
   /* check and build need no data: a missing file is only a warning there; run reads it now */
   bool ok = true;
-  if (!file_exists(d->path)) ok &= missing_data(sema_data_needed(s, false), bc.args[path_row]->span, "data", d->path, tok);
-  if (d->val_path && !file_exists(d->val_path))
-    ok &= missing_data(sema_data_needed(s, true), bc.args[val_row]->span, "validation data", d->val_path, tok);
+  if (!file_exists(d->path)) ok &= missing_data(s, false, bc.args[path_row]->span, d->path, tok);
+  if (d->val_path && !file_exists(d->val_path)) ok &= missing_data(s, true, bc.args[val_row]->span, d->val_path, tok);
   return ok;
 }
 
