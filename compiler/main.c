@@ -210,6 +210,46 @@ typedef struct Front {
   VEC(const Item *) models; /* the models to elaborate */
 } Front;
 
+/* The value of the training program's flag NAME among run's arguments after `--` (`NAME V` or
+ * `NAME=V`; the last one, as the program reads them), or NULL. */
+static const char *program_arg(const Options *o, const char *name) {
+  const char *v = NULL;
+  size_t n = strlen(name);
+  for (int i = 0; i < o->nrest; i++) {
+    if (strcmp(o->rest[i], name) == 0 && i + 1 < o->nrest) v = o->rest[++i];
+    else if (strncmp(o->rest[i], name, n) == 0 && o->rest[i][n] == '=') v = o->rest[i] + n + 1;
+  }
+  return v;
+}
+
+/* run: the files the training program reads first (--data, --init, --resume DIR) exist, checked
+ * here once rather than failing in every rank after the build. False after an error. */
+static bool program_inputs(const Options *o) {
+  static const struct { const char *flag; bool dir; } in[] = {
+      {"--data", false}, {"--init", false}, {"--resume", true}};
+  bool ok = true;
+  for (size_t k = 0; k < sizeof in / sizeof in[0]; k++) {
+    const char *p = program_arg(o, in[k].flag);
+    struct stat st;
+    if (!p) continue;
+    bool absent = stat(p, &st) != 0;
+    if (absent) {
+      diag_error(SPAN_NONE, "`-- %s %s`: %s", in[k].flag, p, strerror(errno));
+    } else if (in[k].dir != !!S_ISDIR(st.st_mode)) {
+      diag_error(SPAN_NONE, "`-- %s %s`: expected a %s, got a %s", in[k].flag, p,
+                 in[k].dir ? "directory" : "file", in[k].dir ? "file" : "directory");
+    } else {
+      continue;
+    }
+    if (absent && strcmp(in[k].flag, "--data") == 0)
+      diag_hint("`cplanc data text FILE.txt -o %s` makes one of a text (byte-level tokens)", p);
+    if (strcmp(in[k].flag, "--resume") == 0)
+      diag_hint("--resume takes the --checkpoint-dir a run wrote (DIR/step_NNNNNN/), or one step's directory");
+    ok = false;
+  }
+  return ok;
+}
+
 /* Parse, index, apply overrides, check the settings, and pick the models. */
 static bool front_end(Options *o, Front *fe, bool need_settings) {
   memset(fe, 0, sizeof *fe);
@@ -217,11 +257,9 @@ static bool front_end(Options *o, Front *fe, bool need_settings) {
   if (!fe->prog || diag_errors()) return false;
   if (!need_settings) return true;
   fe->sema = sema_new(fe->prog);
-  if (o->need_data) {
-    bool given = false; /* the program's --data replaces the plan's training file */
-    for (int i = 0; i < o->nrest; i++)
-      given |= strcmp(o->rest[i], "--data") == 0 || strncmp(o->rest[i], "--data=", 7) == 0;
-    sema_need_data(fe->sema, !given, true);
+  if (o->need_data) { /* the program's --data replaces the plan's training file */
+    if (!program_inputs(o)) return false;
+    sema_need_data(fe->sema, program_arg(o, "--data") ? NEED_REPLACED : NEED_ERROR, NEED_ERROR);
   }
   if (o->sets.n && !settings_apply_overrides(fe->sema, o->sets.a, o->sets.n, o->train)) return false;
   settings_check_meshes(fe->sema);

@@ -142,9 +142,9 @@ const char *const *sema_item_names(Sema *s, ItemKind kind, int *n) {
   return s->names[kind];
 }
 
-void sema_need_data(Sema *s, bool data, bool val) {
+void sema_need_data(Sema *s, DataNeed data, DataNeed val) {
   s->need_data = data;
   s->need_val = val;
 }
 
-bool sema_data_needed(const Sema *s, bool val) { return val ? s->need_val : s->need_data; }
+DataNeed sema_data_needed(const Sema *s, bool val) { return val ? s->need_val : s->need_data; }

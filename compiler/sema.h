@@ -66,11 +66,13 @@ Graph *sema_build_model(Sema *s, const Item *model, const Expr *call, int64_t ba
 void sema_set_attention_limit(Sema *s, int max_head_dim);
 
 /* ---- settings (settings.c) ----------------------------------------------- */
-/* `run` reads the data now: a missing training data file (data: unless the program is given
- * another, `-- --data PATH`) or validation file (val) is an error, not check's warning
- * (compiler/sema.c; read by settings.c). */
-void sema_need_data(Sema *s, bool data, bool val);
-bool sema_data_needed(const Sema *s, bool val);
+/* What a missing data file means: check's warning (the default), `run`'s error (it reads the data
+ * now), or nothing, for the plan's training file when the program is given another
+ * (`-- --data PATH`, which cplanc checks itself). Set for the training (data) and validation (val)
+ * files (compiler/sema.c; read by settings.c). */
+typedef enum DataNeed { NEED_WARN, NEED_ERROR, NEED_REPLACED } DataNeed;
+void sema_need_data(Sema *s, DataNeed data, DataNeed val);
+DataNeed sema_data_needed(const Sema *s, bool val);
 
 typedef enum DeviceKind { DEV_CPU, DEV_CUDA } DeviceKind;
 

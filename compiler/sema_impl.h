@@ -18,7 +18,7 @@ struct Sema {
   int nnames[IT_TRAIN + 1];
   VEC(Span) warned_unused; /* the unused inputs and params warned about (sema_model.c warn_unused) */
   int attn_max_d;          /* > 0: a wider sdpa is computed in the math form (sema_set_attention_limit) */
-  bool need_data, need_val; /* a missing data (validation) file is an error (sema_need_data) */
+  DataNeed need_data, need_val; /* what a missing data (validation) file means (sema_need_data) */
 };
 
 /* ---- sema.c: values ---- */

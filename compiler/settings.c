@@ -1135,11 +1135,13 @@ static MeshConf *train_mesh(Sema *s, const Expr *e, bool *ok) {
   return m;
 }
 
-/* A data file (val: the validation file) that does not exist: an error when the command reads it
- * (sema_need_data), else a warning. False after an error. */
+/* A data file (val: the validation file) that does not exist: an error when the command reads it,
+ * nothing when the program reads another, else a warning (sema_need_data). False after an error. */
 static bool missing_data(const Sema *s, bool val, Span at, const char *path, bool tokens) {
   const char *what = val ? "validation data" : "data";
-  if (!sema_data_needed(s, val)) {
+  DataNeed need = sema_data_needed(s, val);
+  if (need == NEED_REPLACED) return true;
+  if (need == NEED_WARN) {
     diag_warning(at, "%s file '%s' not found", what, path);
     return true;
   }

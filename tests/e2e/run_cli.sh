@@ -49,8 +49,14 @@ e2e_says home3 "building"
 # the program's errors come back: bad usage is 2, a failed run 1
 e2e_prog 2 run_usage "$cplanc" run "$adder" --set train.steps=30 -- --no-such-flag
 e2e_says run_usage "--no-such-flag"
-e2e_prog 1 run_fail "$cplanc" run "$adder" --set train.steps=30 -- --init none.safetensors
-e2e_says run_fail "none.safetensors"
+mkdir -p empty_ckpt
+e2e_prog 1 run_fail "$cplanc" run "$adder" --set train.steps=30 -- --resume empty_ckpt
+e2e_says run_fail "empty_ckpt: no complete checkpoint"
+# ...but the files the program reads first are checked by cplanc, before it builds: one error each
+e2e_prog 1 run_noinit "$cplanc" run "$adder" --set train.steps=30 -- --init none.safetensors --resume run1.err
+e2e_says run_noinit "error: \`-- --init none.safetensors\`: No such file" \
+  "error: \`-- --resume run1.err\`: expected a directory, got a file" "2 errors generated"
+if grep -q "building" run_noinit.err; then fail "run_noinit: built a program for a missing --init file"; fi
 
 # a missing data file: `check` warns, `run` stops at the setting before building (exit 1, with the
 # way to make one), unless the program is given another file with --data; a missing validation file
@@ -66,7 +72,11 @@ e2e_says nodata "nodata.cplan:$line:22: error: data file 'none.bin' not found" "
 if grep -q "building" nodata.err; then fail "nodata: built a program for a missing data file"; fi
 e2e_tokens tokens.bin
 e2e_prog 0 nodata_given "$cplanc" run nodata.cplan -- --data tokens.bin --steps 1
-e2e_says nodata_given "nodata.cplan:$line:22: warning: data file" "step 1/1"
+e2e_says nodata_given "step 1/1"
+if grep -q "warning: data file" nodata_given.err; then fail "nodata_given: warned of the plan's file that --data replaces"; fi
+e2e_prog 1 nodata_missing "$cplanc" run nodata.cplan -- --data=none2.bin
+e2e_says nodata_missing "error: \`-- --data none2.bin\`: No such file" "hint: \`cplanc data text FILE.txt -o none2.bin\`"
+if grep -q "building" nodata_missing.err; then fail "nodata_missing: built a program for a missing --data file"; fi
 sed 's|tokens("tokens.bin")|tokens("tokens.bin", val = "noval.bin")|' "$src/tests/e2e/gpt_small.cplan" >noval.cplan
 grep -q noval.bin noval.cplan || fail "noval.cplan: the edit of gpt_small.cplan did not apply"
 e2e_prog 1 noval "$cplanc" run noval.cplan -- --data tokens.bin
