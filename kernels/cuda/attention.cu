@@ -12,7 +12,12 @@
  * PyTorch's is_causal, top-left aligned, query i sees keys j <= i, the same test as at tq == tk, so
  * the tiles a causal block skips are the same too (a block of queries i0.. walks the key tiles up
  * to min(tk, its last query + 1); one of keys j0.. the query tiles from j0, none when j0 >= tq).
- * Every query sees key 0, so no softmax row is empty. Head dims up to
+ * Every query sees key 0, so no softmax row is empty, unless a key-padding mask km [batch, tk] (in q's
+ * dtype, the _m launchers; BERT's attention_mask) takes key j out where km[b, j] == 0: its scores are
+ * -inf as a causal mask's, its dk and dv 0, and a tile of keys all masked adds nothing; that a query
+ * keeps a key is then the caller's (the _m launchers' comment). The mask is a template argument (KM):
+ * attention_kpm_* (f32) and attention_mma_kpm_* (bf16, f16) read it, the others compile without it
+ * (ATT_KPM_ENTRIES). Head dims up to
  * DMAX (64, 128 or 256, one entry each: d <= 64, <= 128, <= 256; 256 is FlashAttention-2's limit
  * too) are padded with zeros in registers and shared memory, so the dot products run over DMAX
  * with compile-time trip counts. CPLAN_ATTN_MAX_HEAD_DIM (attn_layout.h) is the widest.
@@ -45,6 +50,15 @@ __device__ __forceinline__ long long att_base(const CplanAttnLayout &L, long lon
   return z / L.heads * L.bstride + z % L.heads * L.hstride;
 }
 
+/* the key-padding mask's row for batch-head z of a tensor laid out as L (km: [batch, tk], NULL: none) */
+template <typename T>
+__device__ __forceinline__ const T *att_keys(const T *km, long long z, const CplanAttnLayout &L, int tk) {
+  return km ? km + z / L.heads * tk : km;
+}
+
+/* key j takes part: no mask (kmz NULL), or its element is not 0 */
+template <typename T> __device__ __forceinline__ bool key_on(const T *kmz, int j) { return !kmz || ld(kmz[j]) != 0.0f; }
+
 #define ATT_BR 64 /* rows per block: threads */
 
 /* key (query) rows per staged tile: at DMAX 256, 36 KiB of static shared memory (of 48) */
@@ -74,14 +88,14 @@ template <int DMAX> __device__ __forceinline__ float dot(const float *a, const f
   return s;
 }
 
-template <typename T, int DMAX>
-__device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int tq, int tk,
-                                        int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
-                                        CplanAttnLayout lo) {
+template <typename T, int DMAX, bool KM>
+__device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const T *km,
+                                        int tq, int tk, int d, int causal, int group, CplanAttnLayout lq,
+                                        CplanAttnLayout lkv, CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float ks[BC][DMAX], vs[BC][DMAX], ss[BC][ATT_BR]; /* ss: each thread's scores */
   long long z = blockIdx.y, bk = att_base(lkv, z / group);
-  const T *qz = q + att_base(lq, z), *kz = k + bk, *vz = v + bk;
+  const T *qz = q + att_base(lq, z), *kz = k + bk, *vz = v + bk, *kmz = KM ? att_keys(km, z, lq, tk) : NULL;
   int i = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
   float qr[DMAX], o[DMAX];
@@ -100,7 +114,7 @@ __device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T 
 #pragma unroll 1
     for (int jj = 0; jj < BC; jj++) {
       int j = k0 + jj;
-      bool ok = j < tk && (!causal || j <= i);
+      bool ok = j < tk && (!causal || j <= i) && key_on(kmz, j);
       float s = ok ? dot<DMAX>(qr, ks[jj]) : -CPLAN_INF;
       ss[jj][threadIdx.x] = s;
       mt = fmaxf(mt, s);
@@ -147,16 +161,17 @@ __device__ __forceinline__ void att_delta(float *delta, const T *dout, const T *
 /* one thread per key row j of kv batch-head zk: dv_j += sum_i p_ij dout_i, dk_j += scale sum_i ds_ij q_i,
  * the sums over the queries of the group's query heads zk * group .. (acc = 0: = instead of +=, the
  * rows' old values never read) */
-template <typename T, int DMAX>
+template <typename T, int DMAX, bool KM>
 __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                             const T *q, const T *k, const T *v, int tq, int tk, int d, int causal,
-                                             int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                             const T *q, const T *k, const T *v, const T *km, int tq, int tk, int d,
+                                             int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                              CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float qs[BC][DMAX], dos[BC][DMAX], ls[BC], ds_[BC];
   long long zk = blockIdx.y, bk = att_base(lkv, zk);
   const T *kz = k + bk, *vz = v + bk;
   int j = blockIdx.x * ATT_BR + threadIdx.x;
+  bool on = j < tk && (!KM || key_on(att_keys(km, zk, lkv, tk), j)); /* masked: no query sees it, dk = dv = 0 */
   float scale = 1.0f / sqrtf((float)d);
   float kr[DMAX], vr[DMAX], gk[DMAX], gv[DMAX];
   if (j < tk) {
@@ -179,7 +194,7 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
         ds_[e] = i0 + e < tq ? dz[i0 + e] : 0.0f;
       }
       __syncthreads();
-      if (j >= tk) continue;
+      if (!on) continue;
 #pragma unroll 1
       for (int ii = 0; ii < BC; ii++) {
         int i = i0 + ii;
@@ -206,14 +221,16 @@ __device__ __forceinline__ void att_bwd_dkdv(T *dk, T *dv, const T *dout, const 
 }
 
 /* one thread per query row i: dq_i += scale sum_j ds_ij k_j */
-template <typename T, int DMAX>
+template <typename T, int DMAX, bool KM>
 __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                           const T *k, const T *v, int tq, int tk, int d, int causal, int acc,
-                                           int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
+                                           const T *k, const T *v, const T *km, int tq, int tk, int d, int causal,
+                                           int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                           CplanAttnLayout lo) {
   const int BC = AttTile<DMAX>::BC;
   __shared__ float ks[BC][DMAX], vs[BC][DMAX];
   long long z = blockIdx.y, bq = att_base(lq, z), bk = att_base(lkv, z / group);
   const T *qz = q + bq, *kz = k + bk, *vz = v + bk, *doz = dout + att_base(lo, z);
+  const T *kmz = KM ? att_keys(km, z, lq, tk) : NULL;
   int i = blockIdx.x * ATT_BR + threadIdx.x;
   float scale = 1.0f / sqrtf((float)d);
   float qr[DMAX], dor[DMAX], g[DMAX], lsi = 0.0f, di = 0.0f;
@@ -235,7 +252,7 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
 #pragma unroll 1
     for (int jj = 0; jj < BC; jj++) {
       int j = k0 + jj;
-      if (j >= tk || (causal && j > i)) continue;
+      if (j >= tk || (causal && j > i) || !key_on(kmz, j)) continue;
       float p = expf(dot<DMAX>(qr, ks[jj]) * scale - lsi);
       float ds = p * (dot<DMAX>(dor, vs[jj]) - di);
 #pragma unroll
@@ -251,25 +268,34 @@ __device__ __forceinline__ void att_bwd_dq(T *dq, const T *dout, const float *ls
 
 /* The extern "C" entries of one kernel set: NAME_forward_S_dDM, NAME_backward_dkdv_S_dDM and
  * NAME_backward_dq_S_dDM, calling FWD, DKDV and DQ<T, DM> with BOUNDS threads a block. */
-#define ATT_ENTRY_SET(NAME, FWD, DKDV, DQ, FBOUNDS, BOUNDS, T, S, DM)                                     \
+#define ATT_ENTRY_SET(NAME, FWD, DKDV, DQ, FBOUNDS, BOUNDS, T, S, DM, X)                                  \
   extern "C" __global__ void __launch_bounds__(FBOUNDS) NAME##_forward_##S##_d##DM(                       \
-      T *out, float *lse, const T *q, const T *k, const T *v, int tq, int tk, int d, int causal,          \
-      int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {                           \
-    FWD<T, DM>(out, lse, q, k, v, tq, tk, d, causal, group, lq, lkv, lo);                                 \
+      T *out, float *lse, const T *q, const T *k, const T *v, const T *km, int tq, int tk, int d,          \
+      int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {               \
+    FWD<T, DM X>(out, lse, q, k, v, km, tq, tk, d, causal, group, lq, lkv, lo);                           \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dkdv_##S##_d##DM(                  \
       T *dk, T *dv, const T *dout, const float *lse, const float *delta, const T *q, const T *k,          \
-      const T *v, int tq, int tk, int d, int causal, int acc, int group, CplanAttnLayout lq,              \
+      const T *v, const T *km, int tq, int tk, int d, int causal, int acc, int group, CplanAttnLayout lq,  \
       CplanAttnLayout lkv, CplanAttnLayout lo) {                                                          \
-    DKDV<T, DM>(dk, dv, dout, lse, delta, q, k, v, tq, tk, d, causal, acc, group, lq, lkv, lo);           \
+    DKDV<T, DM X>(dk, dv, dout, lse, delta, q, k, v, km, tq, tk, d, causal, acc, group, lq, lkv, lo);     \
   }                                                                                                       \
   extern "C" __global__ void __launch_bounds__(BOUNDS) NAME##_backward_dq_##S##_d##DM(                    \
       T *dq, const T *dout, const float *lse, const float *delta, const T *q, const T *k, const T *v,     \
-      int tq, int tk, int d, int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,     \
-      CplanAttnLayout lo) {                                                                               \
-    DQ<T, DM>(dq, dout, lse, delta, q, k, v, tq, tk, d, causal, acc, group, lq, lkv, lo);                 \
+      const T *km, int tq, int tk, int d, int causal, int acc, int group, CplanAttnLayout lq,             \
+      CplanAttnLayout lkv, CplanAttnLayout lo) {                                                          \
+    DQ<T, DM X>(dq, dout, lse, delta, q, k, v, km, tq, tk, d, causal, acc, group, lq, lkv, lo);           \
   }
-#define ATT_ENTRIES(T, S, DM) ATT_ENTRY_SET(attention, att_fwd, att_bwd_dkdv, att_bwd_dq, ATT_BR, ATT_BR, T, S, DM)
+/* The key-padding mask is a compile-time choice (KM) of the kernels: NAME_kpm_* take it, NAME_* compile as
+ * they did before it (its tests cost the unmasked kernels registers, and the CUDA-core ones spills). Only
+ * the kernels a mask runs on have it, as each set doubles the compile time: f32's, here, and bf16 / f16's
+ * default, mma.sync (a mask runs there whatever CPLAN_ATTENTION says). */
+#define ATT_NO_KM , false
+#define ATT_KM , true
+#define ATT_ENTRIES(T, S, DM)                                                                                  \
+  ATT_ENTRY_SET(attention, att_fwd, att_bwd_dkdv, att_bwd_dq, ATT_BR, ATT_BR, T, S, DM, ATT_NO_KM)
+#define ATT_KPM_ENTRIES(T, S, DM)                                                                              \
+  ATT_ENTRY_SET(attention_kpm, att_fwd, att_bwd_dkdv, att_bwd_dq, ATT_BR, ATT_BR, T, S, DM, ATT_KM)
 
 ATT_ENTRIES(float, f32, 64)
 ATT_ENTRIES(float, f32, 128)
@@ -278,6 +304,14 @@ ATT_ENTRIES(fp16, f16, 64)
 ATT_ENTRIES(bf16, bf16, 128)
 ATT_ENTRIES(fp16, f16, 128)
 ATT_ENTRIES(float, f32, 256) /* bf16 / f16 above 128 run on the tensor cores (their compile time, spills) */
+ATT_KPM_ENTRIES(float, f32, 64)
+ATT_KPM_ENTRIES(float, f32, 128)
+ATT_KPM_ENTRIES(float, f32, 256)
+/* the CUDA-core kernel of kind K (forward, backward_dkdv, backward_dq) for a launch with a mask: f32's
+ * kpm kernel; bf16 / f16 with a mask never reach the CUDA-core launch (they run on mma.sync) */
+#define ATT_SIMT_KPM_f32(K, DM) attention_kpm_##K##_f32_d##DM
+#define ATT_SIMT_KPM_bf16(K, DM) attention_##K##_bf16_d##DM
+#define ATT_SIMT_KPM_f16(K, DM) attention_##K##_f16_d##DM
 
 extern "C" __global__ void attention_backward_delta_f32(float *delta, const float *dout, const float *out, long long rows,
                                                      int t, int d, CplanAttnLayout lo) {
@@ -381,9 +415,9 @@ __device__ __forceinline__ void tc_pb(nvcuda::wmma::fragment<nvcuda::wmma::accum
   }
 }
 
-template <typename T, int TD>
-__device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int tq, int tk,
-                                       int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+template <typename T, int TD, bool KM>
+__device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const T *km, int tq,
+                                       int tk, int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                        CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
@@ -394,6 +428,7 @@ __device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *
   T *pw = (T *)(tc_smem + 3 * Dm::TILE + TC_W * 16 * Dm::LS * 4) + w * 16 * Dm::LP;
   float *ow = (float *)(tc_smem + 3 * Dm::TILE + TC_W * 16 * (Dm::LS * 4 + Dm::LP * (int)sizeof(T))) + w * 16 * Dm::LO;
   long long z = blockIdx.y, bk = att_base(lkv, z / group);
+  static_assert(!KM, "a key-padding mask runs on mma.sync (ATT_KPM_ENTRIES)");
   const T *qz = q + att_base(lq, z), *kz = k + bk, *vz = v + bk;
   int i0 = blockIdx.x * TC_R, i = i0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
@@ -466,10 +501,10 @@ __device__ __forceinline__ void tc_add_rows(T *g, long long lg, const nvcuda::wm
 
 /* dk/dv: the block owns 64 keys (16 per warp) of kv batch-head zk and walks the query tiles of the
  * group's query heads in turn, accumulating in the same fragments: dk and dv stored once, no atomics */
-template <typename T, int TD>
+template <typename T, int TD, bool KM>
 __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                            const T *q, const T *k, const T *v, int tq, int tk, int d, int causal,
-                                            int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                            const T *q, const T *k, const T *v, const T *km, int tq, int tk, int d,
+                                            int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                             CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
@@ -484,6 +519,7 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
   long long zk = blockIdx.y, bk = att_base(lkv, zk);
   const T *kz = k + bk, *vz = v + bk;
   int j0 = blockIdx.x * TC_R, j = j0 + w * 16 + r;
+  static_assert(!KM, "a key-padding mask runs on mma.sync (ATT_KPM_ENTRIES)");
   float scale = 1.0f / sqrtf((float)d);
   tc_stage<T, TD>(ks, Dm::LQ, kz, lkv.ld, j0, TC_R, tk, d);
   tc_stage<T, TD>(vs, Dm::LQ, vz, lkv.ld, j0, TC_R, tk, d);
@@ -522,10 +558,11 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
 }
 
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
-template <typename T, int TD>
+template <typename T, int TD, bool KM>
 __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                          const T *k, const T *v, int tq, int tk, int d, int causal, int acc,
-                                          int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
+                                          const T *k, const T *v, const T *km, int tq, int tk, int d, int causal,
+                                          int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                          CplanAttnLayout lo) {
   using namespace nvcuda;
   typedef TcDims<T, TD> Dm;
   extern __shared__ __align__(128) unsigned char tc_smem[];
@@ -536,6 +573,7 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
   float *sw = (float *)wb + w * 32 * Dm::LS, *dpw = sw + 16 * Dm::LS;
   T *dsw = (T *)(wb + TC_W * 32 * Dm::LS * 4) + w * 32 * Dm::LP;
   long long z = blockIdx.y, bq = att_base(lq, z), bk = att_base(lkv, z / group);
+  static_assert(!KM, "a key-padding mask runs on mma.sync (ATT_KPM_ENTRIES)");
   const T *qz = q + bq, *kz = k + bk, *vz = v + bk, *doz = dout + att_base(lo, z);
   int i0 = blockIdx.x * TC_R, i = i0 + w * 16 + r;
   float scale = 1.0f / sqrtf((float)d);
@@ -566,7 +604,8 @@ __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse
   tc_add_rows<T, TD>(dq + bq, lq.ld, g, sw, i0 + w * 16, tq, d, scale, acc);
 }
 
-#define ATT_TC_ENTRIES(T, S, TD) ATT_ENTRY_SET(attention_tc, tc_fwd, tc_bwd_dkdv, tc_bwd_dq, TC_W * 32, TC_W * 32, T, S, TD)
+#define ATT_TC_ENTRIES(T, S, TD)                                                                               \
+  ATT_ENTRY_SET(attention_tc, tc_fwd, tc_bwd_dkdv, tc_bwd_dq, TC_W * 32, TC_W * 32, T, S, TD, ATT_NO_KM)
 
 ATT_TC_ENTRIES(bf16, bf16, 64)
 ATT_TC_ENTRIES(bf16, bf16, 128)
@@ -755,23 +794,26 @@ __device__ __forceinline__ void fa_store(T *g, long long lg, const float (*acc)[
 }
 
 /* -inf into the elements of the warp's scores s (16 x 8 NT: rows r0 + g and r0 + g + 8, columns
- * c0 + 8 nt + 2q and + 1) that the mask removes: past tr (rows) or tc (columns), and, causal, a key after its
- * query (qrows: the rows are queries, else keys). A tile that needs none of it skips the call. */
-template <int NT>
-__device__ __forceinline__ void fa_mask(float (*s)[4], int r0, int c0, int tr, int tc, int causal, bool qrows) {
+ * c0 + 8 nt + 2q and + 1) that the mask removes: past tr (rows) or tc (columns), causal, a key after its
+ * query (qrows: the rows are queries, else keys), and a column whose element of kcols (the key-padding
+ * mask's row, for qrows; NULL: none) is 0. A tile that needs none of it skips the call. */
+template <int NT, typename T>
+__device__ __forceinline__ void fa_mask(float (*s)[4], int r0, int c0, int tr, int tc, int causal, bool qrows,
+                                        const T *kcols) {
   int lane = threadIdx.x & 31, g = lane >> 2, cq = 2 * (lane & 3);
 #pragma unroll
   for (int nt = 0; nt < NT; nt++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       int row = r0 + g + (e < 2 ? 0 : 8), col = c0 + nt * 8 + cq + (e & 1);
-      if (row >= tr || col >= tc || (causal && (qrows ? col > row : col < row))) s[nt][e] = -CPLAN_INF;
+      if (row >= tr || col >= tc || (causal && (qrows ? col > row : col < row)) || !key_on(kcols, col))
+        s[nt][e] = -CPLAN_INF;
     }
 }
 
-template <typename T, int TD>
-__device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *k, const T *v, int tq, int tk,
-                                       int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+template <typename T, int TD, bool KM>
+__device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const T *km, int tq,
+                                       int tk, int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                        CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int NT = Dm::BK / 8;
@@ -780,7 +822,7 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
   T *qs = (T *)fa_smem, *ks = qs + (Dm::QREG ? 0 : FA_R * Dm::LD), *vt = ks + (Dm::QREG ? FA_R : Dm::BK) * Dm::LD;
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   long long z = blockIdx.y, bk = att_base(lkv, z / group);
-  const T *qz = q + att_base(lq, z), *kz = k + bk, *vz = v + bk;
+  const T *qz = q + att_base(lq, z), *kz = k + bk, *vz = v + bk, *kmz = KM ? att_keys(km, z, lq, tk) : NULL;
   int i0 = blockIdx.x * FA_R, ra = i0 + w * 16 + (lane >> 2), rb = ra + 8;
   float sl2 = FA_LOG2E / sqrtf((float)d);
   tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, FA_R, tq, d);
@@ -814,9 +856,10 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
       }
     }
     float x0 = m0, x1 = m1;
-    /* no mask for a tile of keys all before tk and, causal, all at or before the warp's first query */
-    if (k0 + Dm::BK > tk || (causal && k0 + Dm::BK - 1 > i0 + w * 16))
-      fa_mask<NT>(s, i0 + w * 16, k0, tq, tk, causal, true);
+    /* no mask for a tile of keys all before tk and, causal, all at or before the warp's first query, with no
+     * key-padding mask */
+    if (k0 + Dm::BK > tk || (causal && k0 + Dm::BK - 1 > i0 + w * 16) || kmz)
+      fa_mask<NT>(s, i0 + w * 16, k0, tq, tk, causal, true, kmz);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
 #pragma unroll
@@ -863,10 +906,10 @@ __device__ __forceinline__ void fa_fwd(T *out, float *lse, const T *q, const T *
 
 /* dk/dv: the block owns 64 keys (16 per warp) of kv batch-head zk and walks the query tiles of the
  * group's query heads in turn, accumulating in the same registers: dk and dv stored once, no atomics */
-template <typename T, int TD>
+template <typename T, int TD, bool KM>
 __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                        const T *q, const T *k, const T *v, int tq, int tk, int d, int causal,
-                                        int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                        const T *q, const T *k, const T *v, const T *km, int tq, int tk, int d,
+                                        int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                         CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int BQ = Dm::BQ, NT = BQ / 8, CS = Dm::CS, TW = TD / CS; /* TW: the warp's columns of dk, dv */
@@ -879,6 +922,9 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
   long long zk = blockIdx.y, bk = att_base(lkv, zk);
   const T *kz = k + bk, *vz = v + bk;
   int j0 = blockIdx.x * FA_R, jw = j0 + w * 16, ja = jw + (lane >> 2);
+  const T *kmz = KM ? att_keys(km, zk, lkv, tk) : NULL;
+  /* the thread's two keys ja, ja + 8 take part (masked: no query sees them, their dk and dv are 0) */
+  bool ona = ja < tk && key_on(kmz, ja), onb = ja + 8 < tk && key_on(kmz, ja + 8);
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
   tc_stage<T, TD>(ks, Dm::LD, kz, lkv.ld, j0, FA_R, tk, d);
   tc_stage<T, TD>(vs, Dm::LD, vz, lkv.ld, j0, FA_R, tk, d);
@@ -906,16 +952,17 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
       fa_abt<T, TD, NT>(s, ks + w * 16 * Dm::LD, qs, Dm::LD);   /* S^T: [16 keys, BQ queries] */
       fa_abt<T, TD, NT>(dp, vs + w * 16 * Dm::LD, dos, Dm::LD); /* dP^T */
       unsigned pf[NT][2], df[NT][2];
-      /* no mask when the queries are all before tq, the warp's keys before tk and, causal, no key after a query
-       * (tested in line here: fa_mask's call would cost this kernel more registers than it has) */
-      bool full = i0 + BQ <= tq && jw + 16 <= tk && (!causal || i0 >= jw + 15);
+      /* no mask when the queries are all before tq, the warp's keys before tk and, causal, no key after a query,
+       * with no key-padding mask (tested in line here: fa_mask's call would cost this kernel more registers than
+       * it has) */
+      bool full = i0 + BQ <= tq && jw + 16 <= tk && (!causal || i0 >= jw + 15) && !kmz;
 #pragma unroll
       for (int nt = 0; nt < NT; nt++) {
         float p[4], ds[4];
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           int ii = nt * 8 + cq + (e & 1), i = i0 + ii, j = ja + (e < 2 ? 0 : 8);
-          bool ok = full || (j < tk && i < tq && (!causal || i >= j));
+          bool ok = full || ((KM ? (e < 2 ? ona : onb) : j < tk) && i < tq && (!causal || i >= j));
           p[e] = ok ? exp2f(s[nt][e] * sl2 - lss[ii]) : 0.0f;
           ds[e] = p[e] * (dp[nt][e] - dls[ii]);
         }
@@ -931,10 +978,11 @@ __device__ __forceinline__ void fa_dkdv(T *dk, T *dv, const T *dout, const float
 }
 
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
-template <typename T, int TD>
+template <typename T, int TD, bool KM>
 __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                      const T *k, const T *v, int tq, int tk, int d, int causal, int acc,
-                                      int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo) {
+                                      const T *k, const T *v, const T *km, int tq, int tk, int d, int causal,
+                                      int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                      CplanAttnLayout lo) {
   typedef FaDims<T, TD> Dm;
   const int NT = Dm::BK / 8;
   extern __shared__ __align__(128) unsigned char fa_smem[];
@@ -943,6 +991,7 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
   int w = threadIdx.x >> 5, lane = threadIdx.x & 31;
   long long z = blockIdx.y, bq = att_base(lq, z), bk = att_base(lkv, z / group);
   const T *qz = q + bq, *kz = k + bk, *vz = v + bk, *doz = dout + att_base(lo, z);
+  const T *kmz = KM ? att_keys(km, z, lq, tk) : NULL;
   int i0 = blockIdx.x * FA_R, iw = i0 + w * 16, ra = iw + (lane >> 2), rb = ra + 8;
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
   float la = ra < tq ? lse[z * tq + ra] * FA_LOG2E : 0.0f, lb = rb < tq ? lse[z * tq + rb] * FA_LOG2E : 0.0f;
@@ -964,9 +1013,10 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
     fa_abt<T, TD, NT>(s, qs + w * 16 * Dm::LD, ks, Dm::LD);   /* S: [16 queries, 64 keys] */
     fa_abt<T, TD, NT>(dp, dos + w * 16 * Dm::LD, vs, Dm::LD); /* dP */
     unsigned df[NT][2];
-    /* no mask when the keys are all before tk, the warp's queries before tq and, causal, no key after a query */
-    if (k0 + Dm::BK > tk || iw + 16 > tq || (causal && k0 + Dm::BK - 1 > iw))
-      fa_mask<NT>(s, iw, k0, tq, tk, causal, true);
+    /* no mask when the keys are all before tk, the warp's queries before tq and, causal, no key after a query,
+     * with no key-padding mask */
+    if (k0 + Dm::BK > tk || iw + 16 > tq || (causal && k0 + Dm::BK - 1 > iw) || kmz)
+      fa_mask<NT>(s, iw, k0, tq, tk, causal, true, kmz);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
       float ds[4];
@@ -994,7 +1044,8 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
 #define FA_BOUNDS_256 FA_W * 32 * 2 /* dk/dv: 8 warps (FaDims::WKV); dq: 4 */
 #define FA_FBOUNDS_256 FA_W * 32
 #define ATT_MMA_ENTRIES(T, S, TD)                                                                               \
-  ATT_ENTRY_SET(attention_mma, fa_fwd, fa_dkdv, fa_dq, FA_FBOUNDS_##TD, FA_BOUNDS_##TD, T, S, TD)
+  ATT_ENTRY_SET(attention_mma, fa_fwd, fa_dkdv, fa_dq, FA_FBOUNDS_##TD, FA_BOUNDS_##TD, T, S, TD, ATT_NO_KM)     \
+  ATT_ENTRY_SET(attention_mma_kpm, fa_fwd, fa_dkdv, fa_dq, FA_FBOUNDS_##TD, FA_BOUNDS_##TD, T, S, TD, ATT_KM)
 
 ATT_MMA_ENTRIES(bf16, bf16, 64)
 ATT_MMA_ENTRIES(bf16, bf16, 128)
@@ -1039,14 +1090,14 @@ static AttImpl att_impl(CplanDtype dt) {
 /* a tensor-core forward (WMMA or mma.sync: 64 rows a block either way) with `bytes` of shared memory */
 template <typename T>
 static int att_tc_forward(const char *me,
-                          void (*kern)(T *, float *, const T *, const T *, const T *, int, int, int, int, int,
-                                       CplanAttnLayout, CplanAttnLayout, CplanAttnLayout),
-                          int bytes, void *out, float *lse, const void *q, const void *k, const void *v, int nb, int tq,
-                          int tk, int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                          void (*kern)(T *, float *, const T *, const T *, const T *, const T *, int, int, int, int,
+                                       int, CplanAttnLayout, CplanAttnLayout, CplanAttnLayout),
+                          int bytes, void *out, float *lse, const void *q, const void *k, const void *v, const void *km,
+                          int nb, int tq, int tk, int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                           CplanAttnLayout lo, cudaStream_t stream) {
   dim3 grid((unsigned)((tq + TC_R - 1) / TC_R), (unsigned)nb);
-  ATT_TC_GO(me, kern, grid, TC_W * 32, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, tq, tk, d,
-            causal, group, lq, lkv, lo);
+  ATT_TC_GO(me, kern, grid, TC_W * 32, bytes, (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, (const T *)km,
+            tq, tk, d, causal, group, lq, lkv, lo);
   return cplan_cuda_launched(me);
 }
 
@@ -1084,26 +1135,30 @@ static CplanAttnLayout att_contiguous(int t, int d) {
   return l;
 }
 
-extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
-                                              const void *v, int nb, int tq, int tk, int d, int causal,
-                                              int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo,
-                                              cudaStream_t stream) {
+extern "C" int cplan_cuda_attention_forward_m(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
+                                              const void *v, const void *km, int nb, int tq, int tk, int d,
+                                              int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
+                                              CplanAttnLayout lo, cudaStream_t stream) {
   const char *me = "cplan_cuda_attention_forward";
   if (att_check(me, nb, tq, tk, d, group, &lq, &lkv, &lo)) return -1;
   CPLAN_REQUIRE(me, out && lse && q && k && v, "out, lse, q, k and v must not be NULL");
   if (nb == 0) return 0;
   AttImpl impl = att_impl(dt);
   if (impl == ATT_SIMT && dt != CPLAN_F32 && d > 128) impl = ATT_MMA; /* no bf16 / f16 CUDA-core kernels there */
+  if (km && dt != CPLAN_F32) impl = ATT_MMA; /* the masked kernels (ATT_KPM_ENTRIES) */
   if (impl != ATT_SIMT) {
 #define ATT_TC_FWD(T, S, TD)                                                                                   \
-  (impl == ATT_MMA ? att_tc_forward<T>(me, attention_mma_forward_##S##_d##TD, FaDims<T, TD>::FWD, out, lse, q, k, v, \
-                                       nb, tq, tk, d, causal, group, lq, lkv, lo, stream)                           \
+  (impl == ATT_MMA ? att_tc_forward<T>(me,                                                                     \
+                                       km ? attention_mma_kpm_forward_##S##_d##TD : attention_mma_forward_##S##_d##TD, \
+                                       FaDims<T, TD>::FWD, out, lse, q, k, v,                                         \
+                                       km, nb, tq, tk, d, causal, group, lq, lkv, lo, stream)                       \
                    : att_tc_forward<T>(me, attention_tc_forward_##S##_d##TD, TcDims<T, TD>::FWD, out, lse, q, k, v,  \
-                                       nb, tq, tk, d, causal, group, lq, lkv, lo, stream))
+                                       km, nb, tq, tk, d, causal, group, lq, lkv, lo, stream))
     /* above 128, WMMA too runs on mma.sync (its dk/dv accumulators would not fit the registers) */
 #define ATT_MMA_FWD256(T, S)                                                                                    \
-  att_tc_forward<T>(me, attention_mma_forward_##S##_d256, FaDims<T, 256>::FWD, out, lse, q, k, v, nb, tq, tk, d,  \
-                    causal, group, lq, lkv, lo, stream)
+  att_tc_forward<T>(me, km ? attention_mma_kpm_forward_##S##_d256 : attention_mma_forward_##S##_d256,          \
+                    FaDims<T, 256>::FWD, out, lse, q, k, v, km, nb, tq, tk,                                     \
+                    d, causal, group, lq, lkv, lo, stream)
     if (dt == CPLAN_BF16)
       return d <= 64 ? ATT_TC_FWD(bf16, bf16, 64) : d <= 128 ? ATT_TC_FWD(bf16, bf16, 128) : ATT_MMA_FWD256(bf16, bf16);
     return d <= 64 ? ATT_TC_FWD(fp16, f16, 64) : d <= 128 ? ATT_TC_FWD(fp16, f16, 128) : ATT_MMA_FWD256(fp16, f16);
@@ -1112,8 +1167,8 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
   }
   dim3 grid((unsigned)((tq + ATT_BR - 1) / ATT_BR), (unsigned)nb);
 #define ATT_SIMT_FWD(T, S, DM)                                                                                 \
-  attention_forward_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)out, lse, (const T *)q, (const T *)k,        \
-                                                             (const T *)v, tq, tk, d, causal, group, lq, lkv, lo)
+  (km ? ATT_SIMT_KPM_##S(forward, DM) : attention_forward_##S##_d##DM)<<<grid, ATT_BR, 0, stream>>>(          \
+      (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, (const T *)km, tq, tk, d, causal, group, lq, lkv, lo)
   if (dt == CPLAN_F32 && d <= 64) ATT_SIMT_FWD(float, f32, 64);
   else if (dt == CPLAN_F32 && d <= 128) ATT_SIMT_FWD(float, f32, 128);
   else if (dt == CPLAN_F32) ATT_SIMT_FWD(float, f32, 256);
@@ -1126,6 +1181,14 @@ extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *l
   return cplan_cuda_launched(me);
 }
 
+extern "C" int cplan_cuda_attention_forward_l(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
+                                              const void *v, int nb, int tq, int tk, int d, int causal,
+                                              int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo,
+                                              cudaStream_t stream) {
+  return cplan_cuda_attention_forward_m(dt, out, lse, q, k, v, NULL, nb, tq, tk, d, causal, group, lq, lkv, lo,
+                                        stream);
+}
+
 extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
                                             const void *v, int nb, int t, int d, int causal, cudaStream_t stream) {
   CplanAttnLayout l = att_contiguous(t, d);
@@ -1134,27 +1197,30 @@ extern "C" int cplan_cuda_attention_forward(CplanDtype dt, void *out, float *lse
 
 template <typename T>
 static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,
-                           const float *lse, const void *q, const void *k, const void *v, int nb, int tq, int tk,
-                           int d, int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
-                           CplanAttnLayout lo, cudaStream_t stream, int dm);
+                           const float *lse, const void *q, const void *k, const void *v, const void *km, int nb,
+                           int tq, int tk, int d, int causal, int acc, int group, CplanAttnLayout lq,
+                           CplanAttnLayout lkv, CplanAttnLayout lo, cudaStream_t stream, int dm);
 
 /* the dk/dv kernel's blocks over the nb / group kv batch-heads (grid_kv), the dq kernel's over the nb
  * query batch-heads (grid) */
 #define ATT_BWD_DM(T, S, DM)                                                                                \
   do {                                                                                                      \
     if (dk || dv)                                                                                           \
-      attention_backward_dkdv_##S##_d##DM<<<grid_kv, ATT_BR, 0, stream>>>((T *)dk, (T *)dv,                 \
-          (const T *)dout, lse, delta, (const T *)q, (const T *)k, (const T *)v, tq, tk, d, causal, acc,   \
-          group, lq, lkv, lo);                                                                              \
+      (km ? ATT_SIMT_KPM_##S(backward_dkdv, DM) : attention_backward_dkdv_##S##_d##DM)                     \
+          <<<grid_kv, ATT_BR, 0, stream>>>((T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,     \
+                                           (const T *)k, (const T *)v, (const T *)km, tq, tk, d, causal,    \
+                                           acc, group, lq, lkv, lo);                                        \
     if (dq)                                                                                                 \
-      attention_backward_dq_##S##_d##DM<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta,  \
-          (const T *)q, (const T *)k, (const T *)v, tq, tk, d, causal, acc, group, lq, lkv, lo);            \
+      (km ? ATT_SIMT_KPM_##S(backward_dq, DM) : attention_backward_dq_##S##_d##DM)                         \
+          <<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,   \
+                                        (const T *)v, (const T *)km, tq, tk, d, causal, acc, group, lq,     \
+                                        lkv, lo);                                                           \
   } while (0)
 #define ATT_BWD(T, S, DW)                                                                                    \
   template <>                                                                                               \
   void att_bwd_launch<T>(void *dq, void *dk, void *dv, float *delta, const void *dout, const void *out,    \
-                         const float *lse, const void *q, const void *k, const void *v, int nb, int tq,     \
-                         int tk, int d, int causal, int acc, int group, CplanAttnLayout lq,                 \
+                         const float *lse, const void *q, const void *k, const void *v, const void *km,     \
+                         int nb, int tq, int tk, int d, int causal, int acc, int group, CplanAttnLayout lq, \
                          CplanAttnLayout lkv, CplanAttnLayout lo, cudaStream_t stream, int dm) {            \
     long long rows = (long long)nb * tq;                                                                    \
     attention_backward_delta_##S<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(                 \
@@ -1177,16 +1243,17 @@ ATT_BWD(fp16, f16, 128)
 template <typename T>
 static int att_tc_backward(const char *me,
                            void (*dkdv)(T *, T *, const T *, const float *, const float *, const T *, const T *,
-                                        const T *, int, int, int, int, int, int, CplanAttnLayout,
+                                        const T *, const T *, int, int, int, int, int, int, CplanAttnLayout,
                                         CplanAttnLayout, CplanAttnLayout),
                            void (*dqk)(T *, const T *, const float *, const float *, const T *, const T *, const T *,
-                                       int, int, int, int, int, int, CplanAttnLayout, CplanAttnLayout,
+                                       const T *, int, int, int, int, int, int, CplanAttnLayout, CplanAttnLayout,
                                        CplanAttnLayout),
                            void (*dlt)(float *, const T *, const T *, long long, int, int, CplanAttnLayout),
                            int threads_kv, int bytes_kv, int bytes_q, void *dq, void *dk, void *dv, float *delta,
                            const void *dout, const void *out, const float *lse, const void *q, const void *k,
-                           const void *v, int nb, int tq, int tk, int d, int causal, int acc, int group,
-                           CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo, cudaStream_t stream) {
+                           const void *v, const void *km, int nb, int tq, int tk, int d, int causal, int acc,
+                           int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lo,
+                           cudaStream_t stream) {
   long long rows = (long long)nb * tq;
   dlt<<<cplan_blocks(rows * 32, 256, 65535u), 256, 0, stream>>>(delta, (const T *)dout, (const T *)out, rows, tq, d,
                                                                 lo);
@@ -1194,17 +1261,17 @@ static int att_tc_backward(const char *me,
       grid_kv((unsigned)((tk + TC_R - 1) / TC_R), (unsigned)(nb / group));
   if (dk || dv)
     ATT_TC_GO(me, dkdv, grid_kv, threads_kv, bytes_kv, (T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,
-              (const T *)k, (const T *)v, tq, tk, d, causal, acc, group, lq, lkv, lo);
+              (const T *)k, (const T *)v, (const T *)km, tq, tk, d, causal, acc, group, lq, lkv, lo);
   if (dq)
     ATT_TC_GO(me, dqk, grid, TC_W * 32, bytes_q, (T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,
-              (const T *)v, tq, tk, d, causal, acc, group, lq, lkv, lo);
+              (const T *)v, (const T *)km, tq, tk, d, causal, acc, group, lq, lkv, lo);
   return cplan_cuda_launched(me);
 }
 
-extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
+extern "C" int cplan_cuda_attention_backward_m(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
                                                const void *dout, const void *out, const float *lse, const void *q,
-                                               const void *k, const void *v, int nb, int tq, int tk, int d,
-                                               int causal, int accumulate, int group, CplanAttnLayout lq,
+                                               const void *k, const void *v, const void *km, int nb, int tq, int tk,
+                                               int d, int causal, int accumulate, int group, CplanAttnLayout lq,
                                                CplanAttnLayout lkv, CplanAttnLayout lo, cudaStream_t stream) {
   const char *me = "cplan_cuda_attention_backward";
   if (att_check(me, nb, tq, tk, d, group, &lq, &lkv, &lo)) return -1;
@@ -1213,22 +1280,26 @@ extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk
   int acc = accumulate != 0;
   AttImpl impl = att_impl(dt);
   if (impl == ATT_SIMT && dt != CPLAN_F32 && d > 128) impl = ATT_MMA; /* as the forward */
+  if (km && dt != CPLAN_F32) impl = ATT_MMA;
   if (impl != ATT_SIMT) {
 #define ATT_TC_BWD(T, S, TD)                                                                                  \
   (impl == ATT_MMA                                                                                            \
-       ? att_tc_backward<T>(me, attention_mma_backward_dkdv_##S##_d##TD, attention_mma_backward_dq_##S##_d##TD,  \
+       ? att_tc_backward<T>(me,                                                                               \
+                            km ? attention_mma_kpm_backward_dkdv_##S##_d##TD : attention_mma_backward_dkdv_##S##_d##TD, \
+                            km ? attention_mma_kpm_backward_dq_##S##_d##TD : attention_mma_backward_dq_##S##_d##TD,   \
                             attention_backward_delta_##S, FaDims<T, TD>::WKV * 32, FaDims<T, TD>::DKDV,            \
-                            FaDims<T, TD>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, tq, tk, d, causal,  \
+                            FaDims<T, TD>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, km, nb, tq, tk, d, causal, \
                             acc, group, lq, lkv, lo, stream)                                                         \
        : att_tc_backward<T>(me, attention_tc_backward_dkdv_##S##_d##TD, attention_tc_backward_dq_##S##_d##TD,    \
                             attention_backward_delta_##S, TC_W * 32, TcDims<T, TD>::BWD, TcDims<T, TD>::BWD, dq,  \
-                            dk, dv, delta, dout, out, lse, q, k, v, nb, tq, tk, d, causal, acc, group, lq, lkv,    \
+                            dk, dv, delta, dout, out, lse, q, k, v, km, nb, tq, tk, d, causal, acc, group, lq, lkv,\
                             lo, stream))
     /* above 128, WMMA too runs on mma.sync (as the forward) */
 #define ATT_MMA_BWD256(T, S)                                                                                   \
-  att_tc_backward<T>(me, attention_mma_backward_dkdv_##S##_d256, attention_mma_backward_dq_##S##_d256,         \
+  att_tc_backward<T>(me, km ? attention_mma_kpm_backward_dkdv_##S##_d256 : attention_mma_backward_dkdv_##S##_d256, \
+                     km ? attention_mma_kpm_backward_dq_##S##_d256 : attention_mma_backward_dq_##S##_d256,     \
                      attention_backward_delta_##S, FaDims<T, 256>::WKV * 32, FaDims<T, 256>::DKDV,            \
-                     FaDims<T, 256>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, nb, tq, tk, d, causal, acc,   \
+                     FaDims<T, 256>::DQ, dq, dk, dv, delta, dout, out, lse, q, k, v, km, nb, tq, tk, d, causal, acc, \
                      group, lq, lkv, lo, stream)
     if (dt == CPLAN_BF16)
       return d <= 64 ? ATT_TC_BWD(bf16, bf16, 64) : d <= 128 ? ATT_TC_BWD(bf16, bf16, 128) : ATT_MMA_BWD256(bf16, bf16);
@@ -1238,14 +1309,23 @@ extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk
   }
   int dm = d <= 64 ? 64 : d <= 128 ? 128 : 256;
 #define ATT_SIMT_BWD(T)                                                                                        \
-  att_bwd_launch<T>(dq, dk, dv, delta, dout, out, lse, q, k, v, nb, tq, tk, d, causal, acc, group, lq, lkv, lo, \
-                    stream, dm)
+  att_bwd_launch<T>(dq, dk, dv, delta, dout, out, lse, q, k, v, km, nb, tq, tk, d, causal, acc, group, lq, lkv, \
+                    lo, stream, dm)
   if (dt == CPLAN_F32) ATT_SIMT_BWD(float);
   else if (dt == CPLAN_BF16) ATT_SIMT_BWD(bf16);
   else if (dt == CPLAN_F16) ATT_SIMT_BWD(fp16);
   else return cplan_cuda_fail(me, "unknown dtype %d", (int)dt);
 #undef ATT_SIMT_BWD
   return cplan_cuda_launched(me);
+}
+
+extern "C" int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
+                                               const void *dout, const void *out, const float *lse, const void *q,
+                                               const void *k, const void *v, int nb, int tq, int tk, int d,
+                                               int causal, int accumulate, int group, CplanAttnLayout lq,
+                                               CplanAttnLayout lkv, CplanAttnLayout lo, cudaStream_t stream) {
+  return cplan_cuda_attention_backward_m(dt, dq, dk, dv, delta, dout, out, lse, q, k, v, NULL, nb, tq, tk, d, causal,
+                                         accumulate, group, lq, lkv, lo, stream);
 }
 
 extern "C" int cplan_cuda_attention_backward_ex(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,

@@ -115,6 +115,21 @@ int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk, void *dv,
                                     const void *k, const void *v, int nb, int tq, int tk, int d, int causal,
                                     int accumulate, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                     CplanAttnLayout lout, cudaStream_t stream);
+/* the same with a key-padding mask (BERT's attention_mask, PyTorch's key_padding_mask): km [batch, tk] in
+ * q's dtype, batch = nb / lq.heads, query batch-head z = b * lq.heads + hh seeing key j only where
+ * km[b * tk + j] != 0 (and, causal, j <= i); NULL: every key, as the _l launchers. A masked key gets
+ * zero dk and dv. bf16 and f16 run on mma.sync with a mask, whatever CPLAN_ATTENTION says. A query row
+ * that no key takes part in is not defined here (f32's CUDA-core kernels give NaN, the tensor-core ones
+ * 0): a caller that can make one computes the math form. */
+int cplan_cuda_attention_forward_m(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
+                                   const void *v, const void *km, int nb, int tq, int tk, int d, int causal,
+                                   int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lout,
+                                   cudaStream_t stream);
+int cplan_cuda_attention_backward_m(CplanDtype dt, void *dq, void *dk, void *dv, float *delta,
+                                    const void *dout, const void *out, const float *lse, const void *q,
+                                    const void *k, const void *v, const void *km, int nb, int tq, int tk, int d,
+                                    int causal, int accumulate, int group, CplanAttnLayout lq,
+                                    CplanAttnLayout lkv, CplanAttnLayout lout, cudaStream_t stream);
 
 /* ---- activations.cu: k_unary_* K_GELU (tanh form) and K_SILU over n elements ------------------ */
 int cplan_cuda_gelu_forward(CplanDtype dt, void *out, const void *x, int64_t n, cudaStream_t stream);

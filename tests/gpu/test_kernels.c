@@ -569,13 +569,22 @@ static void test_attention_gqa(CplanDtype dt, int d, int causal, int h, int grou
  * j >= tq see no query, their dk and dv are 0), b 2, h query heads, h / group kv heads, all
  * contiguous. The reference is here (ref.c's k_sdpa_* have one length): the scores, the mask, the
  * softmax and the gradients in double. The backward runs with accumulate 1 onto random gradients,
- * then with accumulate 0 over NaN, dk and dv twice (the same bits); then empty lengths are refused. */
-static void test_attention_cross(CplanDtype dt, int d, int causal, int tq, int tk, int h, int group) {
+ * then with accumulate 0 over NaN, dk and dv twice (the same bits); then empty lengths are refused.
+ * masked: through the _m launchers, with a key-padding mask km [b, tk]: batch 0's last third of the
+ * keys padded and every fifth key from 3 on, batch 1's last key and whole 64-key tiles from 64 to
+ * 127 (key 0 always takes part, so no query row is empty); the masked keys' dk and dv are 0. */
+static void test_attention_cross(CplanDtype dt, int d, int causal, int tq, int tk, int h, int group, int masked) {
   const int b = 2, hk = h / group, nb = b * h;
   const long eq = (long)nb * tq * d, ek = (long)(nb / group) * tk * d;
-  char name[48];
-  snprintf(name, sizeof name, "attention_x%d d%d %d/%d%s", group, d, tq, tk, causal ? " causal" : "");
+  char name[56];
+  snprintf(name, sizeof name, "attention_x%d d%d %d/%d%s%s", group, d, tq, tk, causal ? " causal" : "",
+           masked ? " key mask" : "");
   float *q = randv(eq, 1.0f, dt), *k = randv(ek, 1.0f, dt), *v = randv(ek, 1.0f, dt), *dy = randv(eq, 1.0f, dt);
+  float *km = malloc(4 * (size_t)b * tk);
+  for (int j = 0; j < tk; j++) {
+    km[j] = !masked || j == 0 || (j < tk - tk / 3 && !(j >= 3 && j % 5 == 3)) ? 1.0f : 0.0f;
+    km[tk + j] = !masked || j == 0 || (j < tk - 1 && !(j >= 64 && j < 128)) ? 1.0f : 0.0f;
+  }
   float *ref = calloc((size_t)eq, 4), *gq = calloc((size_t)eq, 4), *gk = calloc((size_t)ek, 4), *gv = calloc((size_t)ek, 4);
   double *p = malloc(8 * (size_t)tk), *dp = malloc(8 * (size_t)tk), *acc = malloc(8 * (size_t)d);
   double scale = 1.0 / sqrt((double)d);
@@ -583,13 +592,14 @@ static void test_attention_cross(CplanDtype dt, int d, int causal, int tq, int t
     const float *qz = q + (long)z * tq * d, *dyz = dy + (long)z * tq * d;
     const float *kz = k + (long)(z / group) * tk * d, *vz = v + (long)(z / group) * tk * d;
     float *gkz = gk + (long)(z / group) * tk * d, *gvz = gv + (long)(z / group) * tk * d;
+    const float *kmz = km + (long)(z / h) * tk;
     for (int i = 0; i < tq; i++) {
-      int n = causal && i + 1 < tk ? i + 1 : tk; /* keys 0 .. n - 1 seen */
+      int n = causal && i + 1 < tk ? i + 1 : tk; /* keys 0 .. n - 1 seen, but for the masked ones */
       double m = -INFINITY, l = 0, dsum = 0;
       for (int j = 0; j < n; j++) {
         double s = 0;
         for (int c = 0; c < d; c++) s += (double)qz[(long)i * d + c] * kz[(long)j * d + c];
-        p[j] = s * scale;
+        p[j] = kmz[j] != 0 ? s * scale : -INFINITY;
         m = fmax(m, p[j]);
       }
       for (int j = 0; j < n; j++) l += p[j] = exp(p[j] - m);
@@ -620,15 +630,25 @@ static void test_attention_cross(CplanDtype dt, int d, int causal, int tq, int t
   CplanAttnLayout lq = {d, h, (long long)h * tq * d, (long long)tq * d};
   CplanAttnLayout lkv = {d, hk, (long long)hk * tk * d, (long long)tk * d};
   void *dq_ = up(q, eq, dt), *dk_ = up(k, ek, dt), *dv_ = up(v, ek, dt), *ddy = up(dy, eq, dt), *dout = zeros(eq, es);
+  void *dkm = masked ? up(km, (long)b * tk, dt) : NULL;
   float *lse = zeros((long)nb * tq, 4), *delta = zeros((long)nb * tq, 4);
-  LAUNCH_OK(cplan_cuda_attention_forward_l(dt, dout, lse, dq_, dk_, dv_, nb, tq, tk, d, causal, group, lq, lkv, lq,
-                                           stream));
+  /* unmasked: the _l launchers, which are the _m ones with no mask */
+#define X_FWD()                                                                                                     \
+  (masked ? cplan_cuda_attention_forward_m(dt, dout, lse, dq_, dk_, dv_, dkm, nb, tq, tk, d, causal, group, lq, lkv, \
+                                           lq, stream)                                                              \
+          : cplan_cuda_attention_forward_l(dt, dout, lse, dq_, dk_, dv_, nb, tq, tk, d, causal, group, lq, lkv, lq,  \
+                                           stream))
+#define X_BWD(gq_, gk_, gv_, acc_)                                                                                   \
+  (masked ? cplan_cuda_attention_backward_m(dt, gq_, gk_, gv_, delta, ddy, dout, lse, dq_, dk_, dv_, dkm, nb, tq, tk, \
+                                            d, causal, acc_, group, lq, lkv, lq, stream)                           \
+          : cplan_cuda_attention_backward_l(dt, gq_, gk_, gv_, delta, ddy, dout, lse, dq_, dk_, dv_, nb, tq, tk, d,  \
+                                            causal, acc_, group, lq, lkv, lq, stream))
+  LAUNCH_OK(X_FWD());
   compare_dt(name, "fwd out", dt, down(dout, eq, dt), ref, eq);
   /* accumulate 1: onto random gradients */
   float *gq0 = randv(eq, 0.1f, dt), *gk0 = randv(ek, 0.1f, dt), *gv0 = randv(ek, 0.1f, dt);
   void *dgq = up(gq0, eq, dt), *dgk = up(gk0, ek, dt), *dgv = up(gv0, ek, dt);
-  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, dgq, dgk, dgv, delta, ddy, dout, lse, dq_, dk_, dv_, nb, tq, tk, d, causal,
-                                            1, group, lq, lkv, lq, stream));
+  LAUNCH_OK(X_BWD(dgq, dgk, dgv, 1));
   for (long x = 0; x < eq; x++) gq0[x] += gq[x];
   for (long x = 0; x < ek; x++) gk0[x] += gk[x], gv0[x] += gv[x];
   compare_dt(name, "bwd dq", dt, down(dgq, eq, dt), gq0, eq);
@@ -641,10 +661,10 @@ static void test_attention_cross(CplanDtype dt, int d, int causal, int tq, int t
   CUDA_OK(cudaMemset(dgv, 0xff, es * (size_t)ek));
   CUDA_OK(cudaMemset(dgk2, 0xff, es * (size_t)ek));
   CUDA_OK(cudaMemset(dgv2, 0xff, es * (size_t)ek));
-  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, dgq, dgk, dgv, delta, ddy, dout, lse, dq_, dk_, dv_, nb, tq, tk, d, causal,
-                                            0, group, lq, lkv, lq, stream));
-  LAUNCH_OK(cplan_cuda_attention_backward_l(dt, NULL, dgk2, dgv2, delta, ddy, dout, lse, dq_, dk_, dv_, nb, tq, tk, d,
-                                            causal, 0, group, lq, lkv, lq, stream));
+  LAUNCH_OK(X_BWD(dgq, dgk, dgv, 0));
+  LAUNCH_OK(X_BWD(NULL, dgk2, dgv2, 0));
+#undef X_FWD
+#undef X_BWD
   compare_dt(name, "bwd dq (written)", dt, down(dgq, eq, dt), gq, eq);
   compare_dt(name, "bwd dk (written)", dt, down(dgk, ek, dt), gk, ek);
   compare_dt(name, "bwd dv (written)", dt, down(dgv, ek, dt), gv, ek);
@@ -659,6 +679,8 @@ static void test_attention_cross(CplanDtype dt, int d, int causal, int tq, int t
                                           0, group, lq, lkv, lq, stream),
           "bad shape");
   free(q), free(k), free(v), free(dy), free(ref), free(gq), free(gk), free(gv), free(gq0), free(gk0), free(gv0);
+  free(km);
+  if (dkm) cudaFree(dkm);
   void *bufs[] = {dq_, dk_, dv_, ddy, dout, lse, delta, dgq, dgk, dgv, dgk2, dgv2};
   for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) cudaFree(bufs[i]);
 }
@@ -1150,15 +1172,22 @@ int main(int argc, char **argv) {
     test_attention_gqa(dt, 160, 1, 4, 4); /* one kv head (MQA) */
     /* cross attention: more queries than keys and fewer, causal (top-left) or not; keys within one
      * tile (5), queries within one (5); d 96: the 128 instantiations; GQA with it */
-    test_attention_cross(dt, 64, 1, 70, 130, 2, 1);
-    test_attention_cross(dt, 64, 1, 130, 70, 2, 1);
-    test_attention_cross(dt, 64, 0, 70, 130, 2, 1);
-    test_attention_cross(dt, 160, 1, 70, 130, 2, 1);
-    test_attention_cross(dt, 160, 0, 130, 70, 2, 1);
-    test_attention_cross(dt, 160, 1, 130, 5, 2, 1);
-    test_attention_cross(dt, 96, 1, 130, 5, 2, 1);
-    test_attention_cross(dt, 96, 0, 5, 130, 2, 1);
-    test_attention_cross(dt, 64, 1, 100, 37, 4, 2);
+    test_attention_cross(dt, 64, 1, 70, 130, 2, 1, 0);
+    test_attention_cross(dt, 64, 1, 130, 70, 2, 1, 0);
+    test_attention_cross(dt, 64, 0, 70, 130, 2, 1, 0);
+    test_attention_cross(dt, 160, 1, 70, 130, 2, 1, 0);
+    test_attention_cross(dt, 160, 0, 130, 70, 2, 1, 0);
+    test_attention_cross(dt, 160, 1, 130, 5, 2, 1, 0);
+    test_attention_cross(dt, 96, 1, 130, 5, 2, 1, 0);
+    test_attention_cross(dt, 96, 0, 5, 130, 2, 1, 0);
+    test_attention_cross(dt, 64, 1, 100, 37, 4, 2, 0);
+    /* a key-padding mask: past and within tiles, a whole tile of 64 masked (batch 1), causal or not,
+     * every instantiation (d 64, 96: 128, 160: 256), GQA */
+    test_attention_cross(dt, 64, 0, 70, 130, 2, 1, 1);
+    test_attention_cross(dt, 64, 1, 130, 130, 2, 1, 1);
+    test_attention_cross(dt, 96, 0, 130, 150, 2, 1, 1);
+    test_attention_cross(dt, 160, 1, 100, 130, 2, 1, 1);
+    test_attention_cross(dt, 64, 0, 100, 140, 4, 2, 1);
     test_activation(dt, K_GELU);
     test_activation(dt, K_SILU);
     test_cross_entropy(dt);
