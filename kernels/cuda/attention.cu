@@ -416,7 +416,7 @@ __device__ __forceinline__ void tc_pb(nvcuda::wmma::fragment<nvcuda::wmma::accum
 }
 
 template <typename T, int TD, bool KM>
-__device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const T *km, int tq,
+__device__ __forceinline__ void tc_fwd(T *out, float *lse, const T *q, const T *k, const T *v, const T * /* km */, int tq,
                                        int tk, int d, int causal, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                        CplanAttnLayout lo) {
   using namespace nvcuda;
@@ -503,7 +503,7 @@ __device__ __forceinline__ void tc_add_rows(T *g, long long lg, const nvcuda::wm
  * group's query heads in turn, accumulating in the same fragments: dk and dv stored once, no atomics */
 template <typename T, int TD, bool KM>
 __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const float *lse, const float *delta,
-                                            const T *q, const T *k, const T *v, const T *km, int tq, int tk, int d,
+                                            const T *q, const T *k, const T *v, const T * /* km */, int tq, int tk, int d,
                                             int causal, int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                             CplanAttnLayout lo) {
   using namespace nvcuda;
@@ -560,7 +560,7 @@ __device__ __forceinline__ void tc_bwd_dkdv(T *dk, T *dv, const T *dout, const f
 /* dq: the block owns 64 queries (16 per warp) and walks the key tiles */
 template <typename T, int TD, bool KM>
 __device__ __forceinline__ void tc_bwd_dq(T *dq, const T *dout, const float *lse, const float *delta, const T *q,
-                                          const T *k, const T *v, const T *km, int tq, int tk, int d, int causal,
+                                          const T *k, const T *v, const T * /* km */, int tq, int tk, int d, int causal,
                                           int acc, int group, CplanAttnLayout lq, CplanAttnLayout lkv,
                                           CplanAttnLayout lo) {
   using namespace nvcuda;
@@ -1167,8 +1167,11 @@ extern "C" int cplan_cuda_attention_forward_m(CplanDtype dt, void *out, float *l
   }
   dim3 grid((unsigned)((tq + ATT_BR - 1) / ATT_BR), (unsigned)nb);
 #define ATT_SIMT_FWD(T, S, DM)                                                                                 \
-  (km ? ATT_SIMT_KPM_##S(forward, DM) : attention_forward_##S##_d##DM)<<<grid, ATT_BR, 0, stream>>>(          \
-      (T *)out, lse, (const T *)q, (const T *)k, (const T *)v, (const T *)km, tq, tk, d, causal, group, lq, lkv, lo)
+  do {                                                                                                         \
+    auto kern_ = km ? ATT_SIMT_KPM_##S(forward, DM) : attention_forward_##S##_d##DM;                          \
+    kern_<<<grid, ATT_BR, 0, stream>>>((T *)out, lse, (const T *)q, (const T *)k, (const T *)v, (const T *)km, \
+                                       tq, tk, d, causal, group, lq, lkv, lo);                                 \
+  } while (0)
   if (dt == CPLAN_F32 && d <= 64) ATT_SIMT_FWD(float, f32, 64);
   else if (dt == CPLAN_F32 && d <= 128) ATT_SIMT_FWD(float, f32, 128);
   else if (dt == CPLAN_F32) ATT_SIMT_FWD(float, f32, 256);
@@ -1205,16 +1208,16 @@ static void att_bwd_launch(void *dq, void *dk, void *dv, float *delta, const voi
  * query batch-heads (grid) */
 #define ATT_BWD_DM(T, S, DM)                                                                                \
   do {                                                                                                      \
+    auto dkdv_ = km ? ATT_SIMT_KPM_##S(backward_dkdv, DM) : attention_backward_dkdv_##S##_d##DM;          \
+    auto dq_ = km ? ATT_SIMT_KPM_##S(backward_dq, DM) : attention_backward_dq_##S##_d##DM;                \
     if (dk || dv)                                                                                           \
-      (km ? ATT_SIMT_KPM_##S(backward_dkdv, DM) : attention_backward_dkdv_##S##_d##DM)                     \
-          <<<grid_kv, ATT_BR, 0, stream>>>((T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,     \
-                                           (const T *)k, (const T *)v, (const T *)km, tq, tk, d, causal,    \
-                                           acc, group, lq, lkv, lo);                                        \
+      dkdv_<<<grid_kv, ATT_BR, 0, stream>>>((T *)dk, (T *)dv, (const T *)dout, lse, delta, (const T *)q,    \
+                                            (const T *)k, (const T *)v, (const T *)km, tq, tk, d, causal,   \
+                                            acc, group, lq, lkv, lo);                                       \
     if (dq)                                                                                                 \
-      (km ? ATT_SIMT_KPM_##S(backward_dq, DM) : attention_backward_dq_##S##_d##DM)                         \
-          <<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,   \
-                                        (const T *)v, (const T *)km, tq, tk, d, causal, acc, group, lq,     \
-                                        lkv, lo);                                                           \
+      dq_<<<grid, ATT_BR, 0, stream>>>((T *)dq, (const T *)dout, lse, delta, (const T *)q, (const T *)k,    \
+                                       (const T *)v, (const T *)km, tq, tk, d, causal, acc, group, lq, lkv, \
+                                       lo);                                                                 \
   } while (0)
 #define ATT_BWD(T, S, DW)                                                                                    \
   template <>                                                                                               \
