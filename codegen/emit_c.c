@@ -454,9 +454,9 @@ static void emit_nn(Cg *c, int i) {
       unsupported(c, i, "sdpa with values of another width");
       return;
     }
-    EMIT("  k_sdpa_fast_forward(%s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %lld);\n", o, aux_ptr(c, i, 0), x,
-         ptr(c, n->in[1]), ptr(c, n->in[2]), (long long)(q[0] * q[1]), (long long)q[2], (long long)k[2],
-         (long long)q[3], (int)n->ia[0], (long long)(q[1] / k[1]));
+    EMIT("  k_sdpa_fast_forward(%s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %lld, %lld);\n", o, aux_ptr(c, i, 0),
+         x, ptr(c, n->in[1]), ptr(c, n->in[2]), n->nin == 4 ? ptr(c, n->in[3]) : "NULL", (long long)(q[0] * q[1]),
+         (long long)q[2], (long long)k[2], (long long)q[3], (int)n->ia[0], (long long)(q[1] / k[1]), (long long)q[1]);
     break;
   }
   default: cp_unreachable();

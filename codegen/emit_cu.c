@@ -322,7 +322,7 @@ static int low_reads(const Cu *c, int i, int *r) {
     if (f->op == OP_SOFTMAX || f->op == OP_SDPA) v[k++] = n->fwd;
     if (f->op == OP_LAYER_NORM || f->op == OP_RMS_NORM) v[k++] = n->in[1], v[k++] = n->in[2];
     if (f->op == OP_CROSS_ENTROPY) v[k++] = n->in[1];
-    for (int j = 0; f->op == OP_SDPA && j < 3; j++) v[k++] = f->in[j];
+    for (int j = 0; f->op == OP_SDPA && j < f->nin; j++) v[k++] = f->in[j]; /* q, k, v [, the key mask] */
     break;
   default: return 0;
   }
@@ -1587,7 +1587,7 @@ typedef struct AttOps {
 /* q, k and v of sdpa s (its heads nodes hq[0..3)), or with base >= 0 the thirds of base's [b, t, 3C]
  * (find_attn_inplace takes no grouped-query or cross-attention in place). Grouped-query k and v
  * [b, hk, tk, dh], or keys of another length (cross-attention), have layouts of their own, so both
- * name their heads. */
+ * name their heads, as under a key mask. */
 static AttOps att_ops(const Cu *c, int s, const int *hq, int base) {
   AttOps a;
   const int64_t *q = nd(c, nd(c, s)->in[0])->shape.d, *k = nd(c, nd(c, s)->in[1])->shape.d;
@@ -1597,7 +1597,8 @@ static AttOps att_ops(const Cu *c, int s, const int *hq, int base) {
                                (long long)(p * q[1] * q[3] * (scode(c, base) ? 2 : 4)));
   a.group = q[1] / k[1];
   a.l = a.lkv = att_layout(c, s, base >= 0, 1);
-  if (a.group > 1 || k[2] != q[2]) {
+  /* a key mask is read per sample, b = z / lq.heads: q's layout names its heads */
+  if (a.group > 1 || k[2] != q[2] || (nd(c, s)->nin == 4 && base < 0)) {
     int64_t dh = q[3];
     a.l = cp_fmt("(CplanAttnLayout){%lld, %lld, %lldLL, %lldLL}", (long long)dh, (long long)q[1],
                  (long long)(q[1] * q[2] * dh), (long long)(q[2] * dh));
@@ -1669,13 +1670,14 @@ static void emit_nn(Cu *c, int i) {
                                (long long)q[3], CPLAN_ATTN_MAX_HEAD_DIM));
       return;
     }
-    if (!hw_typed(c, i, 4, (int[]){i, n->in[0], n->in[1], n->in[2]})) return;
+    int km = n->nin == 4 ? n->in[3] : -1; /* the key mask: the _m launcher */
+    if (!hw_typed(c, i, 5, (int[]){i, n->in[0], n->in[1], n->in[2], km})) return;
     AttOps a = att_ops(c, i, n->in, c->att_x[i]);
     if (c->att_m[i] >= 0) EMIT("  /* the output merged in place: %%%d */\n", c->att_m[i]);
-    KL("cplan_cuda_attention_forward_l(%s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %lld, %s, %s, %s, G.s), "
-       "%d);\n", kdt(c), o, aux_ptr(c, i, 0), a.p[0], a.p[1], a.p[2], (long long)(q[0] * q[1]), (long long)q[2],
-       (long long)k[2], (long long)q[3], (int)n->ia[0], (long long)a.group, a.l, a.lkv,
-       att_layout(c, i, c->att_m[i] >= 0, 0), i);
+    KL("cplan_cuda_attention_forward_%s(%s, %s, %s, %s, %s, %s, %s%lld, %lld, %lld, %lld, %d, %lld, %s, %s, %s, G.s), "
+       "%d);\n", km >= 0 ? "m" : "l", kdt(c), o, aux_ptr(c, i, 0), a.p[0], a.p[1], a.p[2],
+       km >= 0 ? cp_fmt("%s, ", ptr(c, km)) : "", (long long)(q[0] * q[1]), (long long)q[2], (long long)k[2],
+       (long long)q[3], (int)n->ia[0], (long long)a.group, a.l, a.lkv, att_layout(c, i, c->att_m[i] >= 0, 0), i);
     break;
   }
   default: cp_unreachable();
@@ -1915,11 +1917,13 @@ static void emit_sdpa_grad(Cu *c, int i) {
     acc = group_outputs_w(c, i, d, 3, ids, 7);
     g = in;
   }
-  if (!hw_typed(c, i, 8, (int[]){ids[0], ids[1], ids[2], n->in[0], s, f->in[0], f->in[1], f->in[2]})) return;
-  KL("cplan_cuda_attention_backward_l(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %lld, %lld, %lld, %lld, %d, %d, %lld, "
-     "%s, %s, %s, G.s), %d);\n", kdt(c), d[0], d[1], d[2], scratch_ptr(c, i, "F"), ptr(c, n->in[0]), ptr(c, s),
-     aux_ptr(c, s, 0), in.p[0], in.p[1], in.p[2], (long long)(q[0] * q[1]), (long long)q[2], (long long)k[2],
-     (long long)q[3], (int)f->ia[0], acc, (long long)g.group, g.l, g.lkv, att_layout(c, s, c->att_m[s] >= 0, 0), i);
+  int km = f->nin == 4 ? f->in[3] : -1; /* the key mask: the _m launcher */
+  if (!hw_typed(c, i, 9, (int[]){ids[0], ids[1], ids[2], n->in[0], s, f->in[0], f->in[1], f->in[2], km})) return;
+  KL("cplan_cuda_attention_backward_%s(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s%lld, %lld, %lld, %lld, %d, %d, "
+     "%lld, %s, %s, %s, G.s), %d);\n", km >= 0 ? "m" : "l", kdt(c), d[0], d[1], d[2], scratch_ptr(c, i, "F"),
+     ptr(c, n->in[0]), ptr(c, s), aux_ptr(c, s, 0), in.p[0], in.p[1], in.p[2], km >= 0 ? cp_fmt("%s, ", ptr(c, km)) : "",
+     (long long)(q[0] * q[1]), (long long)q[2], (long long)k[2], (long long)q[3], (int)f->ia[0], acc, (long long)g.group,
+     g.l, g.lkv, att_layout(c, s, c->att_m[s] >= 0, 0), i);
 }
 
 static void emit_grad_nn(Cu *c, int i, const Node *f) {

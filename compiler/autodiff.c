@@ -11,7 +11,10 @@
 
 static bool is_float(DType t) { return t != DT_I32; }
 
-bool ad_grad_input(const Node *n, int k) { return !(n->op == OP_WHERE && k == 0); }
+/* where's condition and sdpa's key mask take no gradient */
+bool ad_grad_input(const Node *n, int k) {
+  return !(n->op == OP_WHERE && k == 0) && !(n->op == OP_SDPA && k == 3);
+}
 
 /* needs[i]: node i is a float value that depends on a param through differentiable ops, so a
  * gradient flows into it. Integer values (indices, targets) and no-grad ops cut the flow. */

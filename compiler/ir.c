@@ -137,6 +137,7 @@ static bool arity_ok(const Node *n, char *err, size_t errlen) {
   bool variadic;
   op_arity(n->op, &fixed, &variadic);
   if (variadic ? n->nin >= fixed + 1 : n->nin == fixed) return true;
+  if (n->op == OP_SDPA && n->nin == fixed + 1) return true; /* its key mask (shape_sdpa) */
   snprintf(err, errlen, "%s: expected %s%d input%s, got %d", ir_ops[n->op].name, variadic ? "at least " : "",
            variadic ? fixed + 1 : fixed, (variadic ? fixed + 1 : fixed) == 1 ? "" : "s", n->nin);
   return false;

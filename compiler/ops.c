@@ -744,9 +744,11 @@ static bool shape_rope(const Graph *g, Node *n, char *err, size_t errlen) {
   return true;
 }
 
-/* sdpa(q [B,h,Tq,d], k [B,hk,Tk,d], v [B,hk,Tk,dv]) -> [B,h,Tq,dv]; ia[0] causal. hk divides h:
- * grouped-query attention, query head i reading key/value head i / (h / hk) (sema checks
- * enable_gqa; the kernels take the groups without repeating k and v). */
+/* sdpa(q [B,h,Tq,d], k [B,hk,Tk,d], v [B,hk,Tk,dv] [, km [B,Tk]]) -> [B,h,Tq,dv]; ia[0] causal. hk
+ * divides h: grouped-query attention, query head i reading key/value head i / (h / hk) (sema checks
+ * enable_gqa; the kernels take the groups without repeating k and v). km, a 4th input only sema adds
+ * (an attn_mask that masks keys alone, rewrite_for_backends): key j of sample b takes part where
+ * km[b, j] != 0; a query with no key left gives 0. */
 static bool shape_sdpa(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *q = in_node(g, n, 0), *k = in_node(g, n, 1), *v = in_node(g, n, 2);
   const char *names[3] = {"q", "k", "v"};
@@ -765,6 +767,13 @@ static bool shape_sdpa(const Graph *g, Node *n, char *err, size_t errlen) {
   if (!need_bool(n, n->ia[0], "causal", err, errlen)) return false;
   for (int i = 0; i < 3; i++)
     if (!need_float(n, qkv[i], names[i], err, errlen)) return false;
+  if (n->nin == 4) {
+    const Node *km = in_node(g, n, 3);
+    if (km->shape.rank != 2 || km->shape.d[0] != Q[0] || km->shape.d[1] != K[2])
+      return fail(err, errlen, "sdpa: the key mask must be [B, Tk] = [%lld, %lld], got %s", (long long)Q[0],
+                  (long long)K[2], shape_str(&km->shape));
+    if (!need_float(n, km, "key mask", err, errlen)) return false;
+  }
   n->shape = (Shape){.rank = 4, .d = {Q[0], Q[1], Q[2], V[3]}};
   n->dtype = float_of(promote(promote(q->dtype, k->dtype), v->dtype));
   return true;

@@ -1074,13 +1074,29 @@ static bool broadcasts_to(Build *b, Value v, const Shape *sc, const char *what) 
 }
 
 /* An sdpa as PyTorch's math form: softmax(q @ kᵀ / sqrt(d) [+ attn_bias] [masked]) @ v, the
- * [Tq, Tk] scores in memory. It computes what the attention kernels do not take: keys of another
- * length than the queries (cross-attention), values of another width, attn_mask / attn_bias
- * (call_sdpa; NULL without them), dropout_p (dropout > 0: a dropout of the probabilities) and, on a
- * GPU mesh, heads wider than its kernels (attn_max_d). causal masks as PyTorch's is_causal does (top-left: query i
- * sees keys j <= i), with where(arange(Tq)[:, None] >= arange(Tk), s, -inf); attn_mask (1.0 attend,
- * 0.0 not) with where(mask, s, -inf) after it. */
+ * [Tq, Tk] scores in memory. It computes what the attention kernels do not take: values of another
+ * width, an attn_mask other than a key mask (key_mask: that one becomes the kernels' 4th input),
+ * attn_bias (call_sdpa; NULL without them), dropout_p (dropout > 0: a dropout of the probabilities)
+ * and, on a GPU mesh, heads wider than its kernels (attn_max_d). causal masks as PyTorch's is_causal
+ * does (top-left: query i sees keys j <= i), with where(arange(Tq)[:, None] >= arange(Tk), s, -inf);
+ * attn_mask (1.0 attend, 0.0 not) with where(mask, s, -inf) after it. A query row with no key left
+ * is NaN here (the softmax of -infs), 0 through the kernels (PyTorch's sdpa gives 0 from 2.5 on). */
 static int repeat_node(Build *b, int x, int64_t r, int ax, Span at);
+
+/* An attn_mask m (broadcasting to the scores [B, h, Tq, Tk]) that masks keys alone, [B | 1, 1, 1, Tk]
+ * with the leading 1s left out (BERT's extended attention mask, PyTorch's key_padding_mask), as the
+ * sdpa kernels' key mask km [B, Tk]: a reshape, then expand_node to B (always, so the nodes are the
+ * same at every micro-batch). -1 for another mask, -2 after an error (reported). */
+static int key_mask(Build *b, int m, int64_t batch, int64_t tk, Span at) {
+  const Shape s = b->g->nodes[m].shape;
+  int64_t have[4];
+  for (int k = 0; k < 4; k++) have[k] = k < 4 - s.rank ? 1 : s.d[k - (4 - s.rank)];
+  if (have[1] != 1 || have[2] != 1 || have[3] != tk) return -1;
+  int64_t two[2] = {have[0], tk}, sizes[2] = {batch, tk};
+  int x = dims_node(b, OP_RESHAPE, m, two, 2, 0, at);
+  x = x < 0 ? -1 : expand_node(b, x, sizes, 2, at);
+  return x < 0 ? -2 : x;
+}
 
 static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value *bias, double dropout) {
   const Node n = b->g->nodes[i];
@@ -1092,6 +1108,17 @@ static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value 
   if ((mask && !broadcasts_to(b, *mask, &sc, "attn_mask")) || (bias && !broadcasts_to(b, *bias, &sc, "attn_bias")))
     return sema_v_err();
   b->g->n--;
+  if (V[3] == Q[3] && mask && !bias && !wide && dropout == 0) { /* a key mask: the kernels take it */
+    int km = key_mask(b, mask->node, Q[0], tk, at);
+    if (km == -2) return sema_v_err();
+    if (km >= 0) {
+      int in[4] = {n.in[0], n.in[1], n.in[2], km};
+      int s4 = add_node(b, OP_SDPA, in, 4, at);
+      if (s4 < 0) return sema_v_err();
+      b->g->nodes[s4].ia[0] = n.ia[0];
+      return infer(b, s4, at);
+    }
+  }
   int kin = n.in[1], vin = n.in[2]; /* grouped-query: each key/value head repeated, as PyTorch's math form */
   if (group > 1 && ((kin = repeat_node(b, kin, group, 1, at)) < 0 || (vin = repeat_node(b, vin, group, 1, at)) < 0))
     return sema_v_err();

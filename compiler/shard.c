@@ -350,23 +350,27 @@ bool shard_rowwise(const Graph *g, const Node *n, ShardIO *io) {
   return x.kind != PL_S || divisible(io, n->shape.d[x.dim], x.dim);
 }
 
-/* sdpa(q [B, h, T, d], k, v [B, hk, T, d]): split by batch or by heads (all three alike: under
- * grouped-query attention the devices' query heads then read their own key/value heads), or the
+/* sdpa(q [B, h, T, d], k, v [B, hk, T, d] [, km [B, Tk]]): split by batch or by heads (all three alike:
+ * under grouped-query attention the devices' query heads then read their own key/value heads), or the
  * queries' T alone with k and v whole when not causal (the kernels' causal mask counts the query rows
- * from 0). */
+ * from 0). The key mask km splits with the batch and is whole otherwise. */
 bool shard_sdpa(const Graph *g, const Node *n, ShardIO *io) {
-  Pl q = io->in[0];
-  if (q.kind == PL_R && io->in[1].kind == PL_R && io->in[2].kind == PL_R) return shard_leaf(g, n, io);
-  const int64_t hk = in_shape(g, n, 1)->d[1];
+  const Pl q = io->in[0], kmw = q.kind == PL_S && q.dim == 0 ? pl_s(0) : pl_r(); /* the key mask q's split wants */
+  const Pl km = n->nin == 4 ? io->in[3] : kmw;
   bool kv_whole = io->in[1].kind == PL_R && io->in[2].kind == PL_R;
+  if (q.kind == PL_R && kv_whole && km.kind == PL_R) return shard_leaf(g, n, io);
+  const int64_t hk = in_shape(g, n, 1)->d[1];
   bool bh = q.kind == PL_S && q.dim <= 1 && pl_eq(io->in[1], q) && pl_eq(io->in[2], q);
   bool tq = q.kind == PL_S && q.dim == 2 && kv_whole && !n->ia[0];
-  if (bh || tq) {
+  if ((bh || tq) && pl_eq(km, kmw)) {
     io->out = q;
     return divisible(io, n->shape.d[q.dim], q.dim) && (!bh || q.dim != 1 || divisible(io, hk, 1));
   }
   Pl w = q.kind == PL_S && q.dim <= 1 ? q : pl_r();
   want_all(io, 3, w);
+  if (n->nin == 4) io->want[3] = w.kind == PL_S && w.dim == 0 ? pl_s(0) : pl_r();
+  if (bh || tq || (q.kind == PL_R && kv_whole))
+    return reject(io, "sdpa's key mask must be %s with q %s, got %s", pl_str(kmw), pl_str(q), pl_str(km));
   return reject(io, "sdpa needs q, k, v split alike by batch or heads, got %s, %s, %s", pl_str(q),
                 pl_str(io->in[1]), pl_str(io->in[2]));
 }

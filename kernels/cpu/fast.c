@@ -101,21 +101,28 @@ void k_accum(float *dst, const float *x, long n) {
  * rows of q, out and att): each product is one sgemm of group * tq rows against the shared k or v,
  * and the key/value gradients' sums over the group are the inner dimension of theirs. */
 void k_sdpa_fast_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                         int nb, int tq, int tk, int d, int causal, int group) {
-  k_assert(nb >= 0 && tq > 0 && tk > 0 && d > 0 && group > 0 && nb % group == 0);
+                         const float *km, int nb, int tq, int tk, int d, int causal, int group, int heads) {
+  k_assert(nb >= 0 && tq > 0 && tk > 0 && d > 0 && group > 0 && nb % group == 0 && heads > 0 &&
+           heads % group == 0 && nb % heads == 0);
   float scale = 1.0f / sqrtf((float)d);
   int rows = group * tq;
   for (long zk = 0; zk < nb / group; zk++) {
     long o = zk * rows * d, ko = zk * tk * d;
     float *a = att + zk * rows * tk;
+    const float *kmz = km ? km + zk * group / heads * tk : NULL; /* the group's heads are one sample's */
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, tk, d, scale, q + o, d, k + ko, d, 0.0f,
                 a, tk);
     for (int i = 0; i < rows; i++) {
       float *r = a + (long)i * tk;
-      /* causal, as PyTorch's is_causal (top-left): query i sees keys j <= i; the others get 0 */
+      /* causal, as PyTorch's is_causal (top-left): query i sees keys j <= i; the others get 0, as
+       * do the keys km masks; a row with no key left is all 0 (PyTorch's sdpa from 2.5 on) */
       int iq = i % tq, end = causal && iq + 1 < tk ? iq + 1 : tk;
-      float m = r[0];
-      for (int j = 1; j < end; j++) m = r[j] > m ? r[j] : m;
+      float m = -INFINITY;
+      for (int j = 0; j < end; j++) {
+        if (kmz && kmz[j] == 0) r[j] = -INFINITY;
+        m = r[j] > m ? r[j] : m;
+      }
+      if (m == -INFINITY) end = 0; /* no key left */
       float s = 0;
       for (int j = 0; j < end; j++) s += (r[j] = expf(r[j] - m));
       float inv = 1.0f / s;

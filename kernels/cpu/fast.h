@@ -39,9 +39,11 @@ void k_accum(float *dst, const float *x, long n);
  * [nb, tq, tk], as k_sdpa_forward (which takes tq = tk), with the two products done by sgemm.
  * causal is PyTorch's is_causal, top-left: query i sees keys j <= i. group > 1 is grouped-query
  * attention: query batch-head z reads key/value batch-head z / group (nb = batch * heads, heads =
- * kv heads * group), as k_sdpa_forward on k and v with each head repeated group times in a row. */
+ * kv heads * group), as k_sdpa_forward on k and v with each head repeated group times in a row.
+ * km [nb / heads, tk] or NULL: a key mask, batch-head z seeing key j only where km[z / heads, j] != 0
+ * (its probability 0); a query with no key left gets out = 0 and a row of 0 probabilities. */
 void k_sdpa_fast_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                         int nb, int tq, int tk, int d, int causal, int group);
+                         const float *km, int nb, int tq, int tk, int d, int causal, int group, int heads);
 /* Its backward; WRITES dq, dk, dv (any may be NULL; dk and dv [nb / group, tk, d], each summed over
  * its group's query heads); scratch holds group*tq*tk floats. */
 void k_sdpa_fast_backward(float *dq, float *dk, float *dv, const float *dout, const float *att,

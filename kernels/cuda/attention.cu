@@ -14,10 +14,10 @@
  * to min(tk, its last query + 1); one of keys j0.. the query tiles from j0, none when j0 >= tq).
  * Every query sees key 0, so no softmax row is empty, unless a key-padding mask km [batch, tk] (in q's
  * dtype, the _m launchers; BERT's attention_mask) takes key j out where km[b, j] == 0: its scores are
- * -inf as a causal mask's, its dk and dv 0, and a tile of keys all masked adds nothing; that a query
- * keeps a key is then the caller's (the _m launchers' comment). The mask is a template argument (KM):
- * attention_kpm_* (f32) and attention_mma_kpm_* (bf16, f16) read it, the others compile without it
- * (ATT_KPM_ENTRIES). Head dims up to
+ * -inf as a causal mask's, its dk and dv 0, and a tile of keys all masked adds nothing; a query with
+ * no key left (every key masked) gets out = 0 and dq = 0, as PyTorch's sdpa (2.5 on) gives. The mask
+ * is a template argument (KM): attention_kpm_* (f32) and attention_mma_kpm_* (bf16, f16) read it, the
+ * others compile without it (ATT_KPM_ENTRIES). Head dims up to
  * DMAX (64, 128 or 256, one entry each: d <= 64, <= 128, <= 256; 256 is FlashAttention-2's limit
  * too) are padded with zeros in registers and shared memory, so the dot products run over DMAX
  * with compile-time trip counts. CPLAN_ATTN_MAX_HEAD_DIM (attn_layout.h) is the widest.
@@ -134,7 +134,7 @@ __device__ __forceinline__ void att_fwd(T *out, float *lse, const T *q, const T 
     m = mt;
   }
   if (i >= tq) return;
-  float inv = 1.0f / l;
+  float inv = KM && l == 0.0f ? 0.0f : 1.0f / l; /* a row with every key masked: 0, as PyTorch's sdpa */
   T *orow = out + att_base(lo, z) + (long long)i * lo.ld;
 #pragma unroll
   for (int c = 0; c < DMAX; c++)
@@ -995,6 +995,8 @@ __device__ __forceinline__ void fa_dq(T *dq, const T *dout, const float *lse, co
   int i0 = blockIdx.x * FA_R, iw = i0 + w * 16, ra = iw + (lane >> 2), rb = ra + 8;
   float scale = 1.0f / sqrtf((float)d), sl2 = FA_LOG2E * scale;
   float la = ra < tq ? lse[z * tq + ra] * FA_LOG2E : 0.0f, lb = rb < tq ? lse[z * tq + rb] * FA_LOG2E : 0.0f;
+  if (KM) /* a row with every key masked (lse -inf): p = exp2(-inf - inf) = 0 for its masked scores, not NaN */
+    la = la == -CPLAN_INF ? CPLAN_INF : la, lb = lb == -CPLAN_INF ? CPLAN_INF : lb;
   float da = ra < tq ? delta[z * tq + ra] : 0.0f, db = rb < tq ? delta[z * tq + rb] : 0.0f;
   tc_stage<T, TD>(qs, Dm::LD, qz, lq.ld, i0, FA_R, tq, d);
   tc_stage<T, TD>(dos, Dm::LD, doz, lo.ld, i0, FA_R, tq, d);

@@ -119,8 +119,7 @@ int cplan_cuda_attention_backward_l(CplanDtype dt, void *dq, void *dk, void *dv,
  * q's dtype, batch = nb / lq.heads, query batch-head z = b * lq.heads + hh seeing key j only where
  * km[b * tk + j] != 0 (and, causal, j <= i); NULL: every key, as the _l launchers. A masked key gets
  * zero dk and dv. bf16 and f16 run on mma.sync with a mask, whatever CPLAN_ATTENTION says. A query row
- * that no key takes part in is not defined here (f32's CUDA-core kernels give NaN, the tensor-core ones
- * 0): a caller that can make one computes the math form. */
+ * that no key takes part in gets out = 0 and dq = 0 (lse -inf), as PyTorch's sdpa from 2.5 on. */
 int cplan_cuda_attention_forward_m(CplanDtype dt, void *out, float *lse, const void *q, const void *k,
                                    const void *v, const void *km, int nb, int tq, int tk, int d, int causal,
                                    int group, CplanAttnLayout lq, CplanAttnLayout lkv, CplanAttnLayout lout,

@@ -92,10 +92,13 @@ static void test_binary(void) {
 }
 
 /* sdpa by loops in double: q [nb, tq, d], k and v [nb / group, tk, d]; query batch-head z reads
- * key/value batch-head z / group; causal is top-left (query i sees keys j <= i). out, att
- * [nb, tq, tk]; with dy, the gradients (dk and dv summed over each group). */
-static void sdpa_loops(const float *q, const float *k, const float *v, const float *dy, int nb, int tq, int tk,
-                       int d, int causal, int group, float *out, float *att, float *dq, float *dk, float *dv) {
+ * key/value batch-head z / group; causal is top-left (query i sees keys j <= i); km [nb / heads, tk]
+ * (or NULL) masks key j of batch-head z where km[z / heads, j] == 0, and a query with no key left
+ * gives 0s. out, att [nb, tq, tk] (zero at the start); with dy, the gradients (dk and dv summed over
+ * each group). */
+static void sdpa_loops(const float *q, const float *k, const float *v, const float *km, const float *dy, int nb,
+                       int tq, int tk, int d, int causal, int group, int heads, float *out, float *att, float *dq,
+                       float *dk, float *dv) {
   double scale = 1.0 / sqrt((double)d);
   for (long z = 0; z < nb; z++) {
     const float *qz = q + z * tq * d, *kz = k + z / group * tk * d, *vz = v + z / group * tk * d;
@@ -105,9 +108,10 @@ static void sdpa_loops(const float *q, const float *k, const float *v, const flo
       for (int j = 0; j < tk; j++) {
         double sc = 0;
         for (int c = 0; c < d; c++) sc += (double)qz[i * d + c] * kz[j * d + c];
-        p[j] = j < end ? sc * scale : -INFINITY;
+        p[j] = j < end && (!km || km[z / heads * tk + j] != 0) ? sc * scale : -INFINITY;
         m = p[j] > m ? p[j] : m;
       }
+      if (m == -INFINITY) continue; /* no key: out, att and the gradients 0 */
       for (int j = 0; j < tk; j++) sum += (p[j] = exp(p[j] - m));
       for (int j = 0; j < tk; j++) att[(z * tq + i) * tk + j] = (float)(p[j] /= sum);
       for (int c = 0; c < d; c++) {
@@ -135,15 +139,18 @@ static void sdpa_loops(const float *q, const float *k, const float *v, const flo
   }
 }
 
-/* tq != tk: cross-attention; group > 1: grouped-query attention */
-static void test_sdpa(int causal, int group, int tq, int tk) {
-  int nb = 4, d = 4;
+/* tq != tk: cross-attention; group > 1: grouped-query attention (heads = group: nb / group samples).
+ * masked: a key mask, sample b's keys j with (j + b) % 3 == 1 out, and every key of sample 1 (its
+ * rows have none left). */
+static void test_sdpa(int causal, int group, int tq, int tk, int masked) {
+  int nb = 4, d = 4, heads = group, batch = nb / heads;
   long sz = (long)nb * tq * d, ksz = (long)nb / group * tk * d, asz = (long)nb * tq * tk;
   float *q = rnd(sz), *k = rnd(ksz), *v = rnd(ksz), *dy = rnd(sz);
   float *o = zeros(sz), *ro = zeros(sz), *att = zeros(asz), *ratt = zeros(asz);
-  float *rq = zeros(sz), *rk = zeros(ksz), *rv = zeros(ksz);
-  sdpa_loops(q, k, v, dy, nb, tq, tk, d, causal, group, ro, ratt, rq, rk, rv);
-  k_sdpa_fast_forward(o, att, q, k, v, nb, tq, tk, d, causal, group);
+  float *rq = zeros(sz), *rk = zeros(ksz), *rv = zeros(ksz), *km = masked ? zeros((long)batch * tk) : NULL;
+  for (int x = 0; masked && x < batch * tk; x++) km[x] = x / tk != 1 && (x % tk + x / tk) % 3 != 1;
+  sdpa_loops(q, k, v, km, dy, nb, tq, tk, d, causal, group, heads, ro, ratt, rq, rk, rv);
+  k_sdpa_fast_forward(o, att, q, k, v, km, nb, tq, tk, d, causal, group, heads);
   expect_close("sdpa out", o, ro, sz, 1e-5f);
   expect_close("sdpa att", att, ratt, asz, 1e-5f);
   /* dk, dv start as noise: the kernel writes them */
@@ -173,8 +180,10 @@ int main(void) {
   static const int lens[][2] = {{6, 6}, {5, 9}, {9, 5}, {7, 1}};
   for (int group = 1; group <= 4; group *= 2)
     for (int l = 0; l < 4; l++) {
-      test_sdpa(0, group, lens[l][0], lens[l][1]);
-      test_sdpa(1, group, lens[l][0], lens[l][1]);
+      for (int masked = 0; masked < 2; masked++) {
+        test_sdpa(0, group, lens[l][0], lens[l][1], masked);
+        test_sdpa(1, group, lens[l][0], lens[l][1], masked);
+      }
     }
   test_i32();
   if (failures) fprintf(stderr, "%d failure(s)\n", failures);

@@ -572,17 +572,18 @@ static void test_attention_gqa(CplanDtype dt, int d, int causal, int h, int grou
  * then with accumulate 0 over NaN, dk and dv twice (the same bits); then empty lengths are refused.
  * masked: through the _m launchers, with a key-padding mask km [b, tk]: batch 0's last third of the
  * keys padded and every fifth key from 3 on, batch 1's last key and whole 64-key tiles from 64 to
- * 127 (key 0 always takes part, so no query row is empty); the masked keys' dk and dv are 0. */
+ * 127 (key 0 always takes part, so no query row is empty); the masked keys' dk and dv are 0. masked 2:
+ * every key of batch 0 masked, whose rows then have no key: out and dq 0 (PyTorch's sdpa from 2.5). */
 static void test_attention_cross(CplanDtype dt, int d, int causal, int tq, int tk, int h, int group, int masked) {
   const int b = 2, hk = h / group, nb = b * h;
   const long eq = (long)nb * tq * d, ek = (long)(nb / group) * tk * d;
   char name[56];
   snprintf(name, sizeof name, "attention_x%d d%d %d/%d%s%s", group, d, tq, tk, causal ? " causal" : "",
-           masked ? " key mask" : "");
+           masked == 2 ? " empty rows" : masked ? " key mask" : "");
   float *q = randv(eq, 1.0f, dt), *k = randv(ek, 1.0f, dt), *v = randv(ek, 1.0f, dt), *dy = randv(eq, 1.0f, dt);
   float *km = malloc(4 * (size_t)b * tk);
   for (int j = 0; j < tk; j++) {
-    km[j] = !masked || j == 0 || (j < tk - tk / 3 && !(j >= 3 && j % 5 == 3)) ? 1.0f : 0.0f;
+    km[j] = masked != 2 && (!masked || j == 0 || (j < tk - tk / 3 && !(j >= 3 && j % 5 == 3))) ? 1.0f : 0.0f;
     km[tk + j] = !masked || j == 0 || (j < tk - 1 && !(j >= 64 && j < 128)) ? 1.0f : 0.0f;
   }
   float *ref = calloc((size_t)eq, 4), *gq = calloc((size_t)eq, 4), *gk = calloc((size_t)ek, 4), *gv = calloc((size_t)ek, 4);
@@ -602,6 +603,7 @@ static void test_attention_cross(CplanDtype dt, int d, int causal, int tq, int t
         p[j] = kmz[j] != 0 ? s * scale : -INFINITY;
         m = fmax(m, p[j]);
       }
+      if (m == -INFINITY) continue; /* no key: out and dq stay 0 */
       for (int j = 0; j < n; j++) l += p[j] = exp(p[j] - m);
       for (int c = 0; c < d; c++) acc[c] = 0;
       for (int j = 0; j < n; j++) {
@@ -1188,6 +1190,8 @@ int main(int argc, char **argv) {
     test_attention_cross(dt, 96, 0, 130, 150, 2, 1, 1);
     test_attention_cross(dt, 160, 1, 100, 130, 2, 1, 1);
     test_attention_cross(dt, 64, 0, 100, 140, 4, 2, 1);
+    test_attention_cross(dt, 64, 1, 70, 130, 2, 1, 2);
+    test_attention_cross(dt, 96, 0, 130, 70, 2, 1, 2);
     test_activation(dt, K_GELU);
     test_activation(dt, K_SILU);
     test_cross_entropy(dt);

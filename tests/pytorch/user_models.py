@@ -253,8 +253,11 @@ def m15(p, d):
         if bias is not None: s = s + bias
         return torch.softmax(s.masked_fill(mask.logical_not(), float('-inf')), -1) @ v
     y1 = merge(attn(keep))
-    y2 = merge(attn(keep & torch.ones(6, 6, dtype=torch.bool).tril(), p['rel']))
-    logits = (y1 + y2) @ p['wte'].T
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    y2 = merge(attn(keep & causal, p['rel']))
+    y3 = merge(attn(keep & causal))
+    y4 = merge(attn(torch.arange(6) != 2))
+    logits = (y1 + y2 + y3 + y4) @ p['wte'].T
     return F.cross_entropy(logits.reshape(-1, 9), d['targets'].reshape(-1).long(), ignore_index=-100)
 
 @model('m16_reduce', lambda: {'x': rng.normal(size=(B, 6)).astype(np.float32), 'k': rng.integers(-5, 5, size=(B, 6)).astype(np.int32)})

@@ -577,6 +577,15 @@ static void test_sdpa(void) {
   s = N(OP_SDPA, q, k, v);
   at(s)->ia[0] = 2;
   ERR(s, "'causal' must be true or false");
+  /* the key mask, a 4th input sema adds: [B, Tk], float */
+  int v64 = T(DT_F32, 4, 2, 4, 32, 64), in4[4] = {q, k, v64, T(DT_F32, 2, 2, 32)};
+  OK(ir_add(g, OP_SDPA, in4, 4, SPAN_NONE), "f32[2, 4, 16, 64]");
+  in4[3] = T(DT_F32, 2, 2, 16);
+  ERR(ir_add(g, OP_SDPA, in4, 4, SPAN_NONE), "sdpa: the key mask must be [B, Tk] = [2, 32], got [2, 16]");
+  in4[3] = T(DT_I32, 2, 2, 32);
+  ERR(ir_add(g, OP_SDPA, in4, 4, SPAN_NONE), "key mask must be a float tensor");
+  int in5[5] = {q, k, v64, in4[3], in4[3]};
+  ERR(ir_add(g, OP_SDPA, in5, 5, SPAN_NONE), "sdpa: expected 3 inputs, got 5");
 }
 
 /* ---- loss and no-gradient ops ------------------------------------------------------------------ */

@@ -133,6 +133,22 @@ static void test_sdpa(void) {
   CHECK(!rule(g, a, 2, pl_s(1), pl_r(), pl_s(1), &o));
   CHECK(!rule(g, a, 2, pl_s(3), pl_s(3), pl_s(3), &o));                     /* head dim */
   CHECK(!rule(g, a, 3, pl_s(1), pl_s(1), pl_s(1), &o));                     /* 3 does not divide 4 heads */
+  /* with a key mask [B, Tk]: split with the batch, whole under a heads split */
+  int km = leaf(g, OP_INPUT, (Shape){2, {2, 8}}, DT_F32);
+  int m = node(g, OP_SDPA, (int[]){q, k, v, km}, 4);
+  Pl in[4] = {pl_s(0), pl_s(0), pl_s(0), pl_s(0)};
+  ShardIO io = {.in = in, .n = 2};
+  CHECK(shard_node(g, &g->nodes[m], &io) && pl_eq(io.out, pl_s(0)));
+  in[3] = pl_r();
+  CHECK(!shard_node(g, &g->nodes[m], &io) && pl_eq(io.want[3], pl_s(0)) && strstr(io.why, "key mask"));
+  in[0] = in[1] = in[2] = pl_s(1);
+  CHECK(shard_node(g, &g->nodes[m], &io) && pl_eq(io.out, pl_s(1)));
+  in[3] = pl_s(0);
+  CHECK(!shard_node(g, &g->nodes[m], &io) && pl_eq(io.want[3], pl_r()));
+  in[0] = in[1] = in[2] = pl_r();
+  CHECK(!shard_node(g, &g->nodes[m], &io));
+  in[3] = pl_r();
+  CHECK(shard_node(g, &g->nodes[m], &io) && pl_eq(io.out, pl_r()));
 }
 
 /* float (i32 -> f32): elementwise, so splits pass through; partial sums of integers do not (they are
