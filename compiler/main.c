@@ -241,8 +241,7 @@ static bool program_inputs(const Options *o) {
     } else {
       continue;
     }
-    if (absent && strcmp(in[k].flag, "--data") == 0)
-      diag_hint("`cplanc data text FILE.txt -o %s` makes one of a text (byte-level tokens)", p);
+    if (absent && strcmp(in[k].flag, "--data") == 0) sema_hint_make_tokens(p);
     if (strcmp(in[k].flag, "--resume") == 0)
       diag_hint("--resume takes the --checkpoint-dir a run wrote (DIR/step_NNNNNN/), or one step's directory");
     ok = false;

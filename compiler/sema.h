@@ -73,6 +73,8 @@ void sema_set_attention_limit(Sema *s, int max_head_dim);
 typedef enum DataNeed { NEED_WARN, NEED_ERROR, NEED_REPLACED } DataNeed;
 void sema_need_data(Sema *s, DataNeed data, DataNeed val);
 DataNeed sema_data_needed(const Sema *s, bool val);
+/* The hint under a tokens file that is not there: how `cplanc data text` makes one at path. */
+void sema_hint_make_tokens(const char *path);
 
 typedef enum DeviceKind { DEV_CPU, DEV_CUDA } DeviceKind;
 

@@ -1135,6 +1135,10 @@ static MeshConf *train_mesh(Sema *s, const Expr *e, bool *ok) {
   return m;
 }
 
+void sema_hint_make_tokens(const char *path) {
+  diag_hint("`cplanc data text FILE.txt -o %s` makes one of a text (byte-level tokens)", path);
+}
+
 /* A data file (val: the validation file) that does not exist: an error when the command reads it,
  * nothing when the program reads another, else a warning (sema_need_data). False after an error. */
 static bool missing_data(const Sema *s, bool val, Span at, const char *path, bool tokens) {
@@ -1146,7 +1150,7 @@ static bool missing_data(const Sema *s, bool val, Span at, const char *path, boo
     return true;
   }
   diag_error(at, "%s file '%s' not found", what, path);
-  if (tokens) diag_hint("`cplanc data text FILE.txt -o %s` makes one of a text (byte-level tokens)", path);
+  if (tokens) sema_hint_make_tokens(path);
   if (!val) diag_hint("or train on another file: `cplanc run FILE.cplan -- --data PATH`");
   return false;
 }

@@ -85,6 +85,7 @@ echo "==== 1c. attention kernels timed, GPT-2's shape in bf16 (bench/attention_g
 if [ -x ./attention_gpu ]; then
   for a in mma wmma simt; do CPLAN_ATTENTION=$a timeout 10 ./attention_gpu 192 1024 64 20 bf16; done
   CPLAN_ATTENTION=mma timeout 10 ./attention_gpu 64 1024 128 20 bf16
+  timeout 10 ./attention_gpu 192 1024 64 20 bf16 mask   # BERT's padding mask, the last 1/8 of the keys
 fi
 echo "==== 2. GPT-2 124M, bf16 (a benchmark: printed)"
 OUT=$here timeout 230 ./gpt2/run_gpu.sh 12 || { echo "FAILED: gpu_gpt2"; fail=1; }
