@@ -853,7 +853,7 @@ static void emit_grad(Cg *c, int i) {
   case OP_WHERE: { /* one call per wanted input (a: ia[0] 1, b: 2) */
     const Node *q = nd(c, f->in[0]), *a = nd(c, f->in[1]), *b = nd(c, f->in[2]);
     EMIT("  memset(%s, 0, %lld);\n", dx, (long long)bytes);
-    EMIT("  k_where_backward(%s, %s, %s, %s, %d, %s, %s, %d, %s, %d, %s, %d);\n", n->ia[0] == 1 ? dx : "NULL",
+    EMIT("  kf_where_backward(%s, %s, %s, %s, %d, %s, %s, %d, %s, %d, %s, %d);\n", n->ia[0] == 1 ? dx : "NULL",
          n->ia[0] == 2 ? dx : "NULL", dy, shape_ints(&f->shape), f->shape.rank, ptr(c, f->in[0]), shape_ints(&q->shape),
          q->shape.rank, shape_ints(&a->shape), a->shape.rank, shape_ints(&b->shape), b->shape.rank);
     break;

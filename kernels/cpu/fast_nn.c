@@ -528,6 +528,53 @@ void kf_transpose_backward(float *dx, const float *dout, int nb, int m, int n) {
   for (long z = 0; z < nb; z++) transpose2(dx + z * m * n, dout + z * m * n, n, m, 1);
 }
 
+/* ---- where's backward ------------------------------------------------------------------------- */
+
+/* The strides of an operand of shape ishape (rank irank <= orank) over the output's orank dims,
+ * right-aligned as broadcasting aligns them: 0 along a dim it broadcasts over. */
+static void bcast_strides(long *st, const int *oshape, int orank, const int *ishape, int irank) {
+  long s = 1;
+  for (int d = orank - 1, j = irank - 1; d >= 0; d--, j--) {
+    int size = j >= 0 ? ishape[j] : 1;
+    k_assert(size == oshape[d] || size == 1);
+    st[d] = size == 1 ? 0 : s;
+    s *= size;
+  }
+}
+
+void kf_where_backward(float *da, float *db, const float *dout, const int *oshape, int orank, const float *cond,
+                       const int *cshape, int crank, const int *ashape, int arank, const int *bshape, int brank) {
+  enum { R = 8 };
+  k_assert(orank >= 0 && orank <= R && crank <= orank && arank <= orank && brank <= orank);
+  long sc[R], sa[R], sb[R], inner = orank ? oshape[orank - 1] : 1, n = 1;
+  int at[R] = {0};
+  for (int d = 0; d < orank; d++) n *= oshape[d];
+  bcast_strides(sc, oshape, orank, cshape, crank);
+  bcast_strides(sa, oshape, orank, ashape, arank);
+  bcast_strides(sb, oshape, orank, bshape, brank);
+  long jc = orank ? sc[orank - 1] : 0, ja = orank ? sa[orank - 1] : 0, jb = orank ? sb[orank - 1] : 0;
+  long oc = 0, oa = 0, ob = 0; /* the operands' offsets at the row's start */
+  for (long r = 0; inner > 0 && r < n / inner; r++) {
+    const float *g = dout + r * inner, *c = cond + oc;
+    if (da) {
+      float *dst = da + oa;
+      for (long j = 0; j < inner; j++)
+        if (c[j * jc] != 0) dst[j * ja] += g[j];
+    }
+    if (db) {
+      float *dst = db + ob;
+      for (long j = 0; j < inner; j++)
+        if (c[j * jc] == 0) dst[j * jb] += g[j];
+    }
+    for (int d = orank - 2; d >= 0; d--) { /* the next row: an odometer over the outer dims */
+      oc += sc[d], oa += sa[d], ob += sb[d];
+      if (++at[d] < oshape[d]) break;
+      oc -= sc[d] * oshape[d], oa -= sa[d] * oshape[d], ob -= sb[d] * oshape[d];
+      at[d] = 0;
+    }
+  }
+}
+
 /* ---- softmax ---------------------------------------------------------------------------------- */
 
 void kf_softmax_forward(float *out, const float *x, int rows, int n) {

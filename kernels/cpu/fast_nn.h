@@ -44,6 +44,12 @@ void kf_mean_backward(float *dx, const float *dout, int outer, int n, int inner)
 void kf_transpose_forward(float *out, const float *x, int nb, int m, int n);
 void kf_transpose_backward(float *dx, const float *dout, int nb, int m, int n);
 
+/* where(cond, a, b)'s backward, as ref.c's k_where_backward (da, db may be NULL; both += dout where
+ * cond picks them, summed over the dims they broadcast along; rank at most 8), by rows of the output's
+ * last dim with each operand's broadcast strides instead of an index computed per element */
+void kf_where_backward(float *da, float *db, const float *dout, const int *oshape, int orank, const float *cond,
+                       const int *cshape, int crank, const int *ashape, int arank, const int *bshape, int brank);
+
 /* softmax / log_softmax over the last axis of [rows, n] */
 void kf_softmax_forward(float *out, const float *x, int rows, int n);
 void kf_softmax_backward(float *dx, const float *dout, const float *out, int rows, int n);

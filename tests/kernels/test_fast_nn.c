@@ -244,6 +244,33 @@ static void test_sum_mean(int outer, int n, int inner) {
   pool_free();
 }
 
+/* where's backward: cond, a and b each of shape os or with broadcast dims (size 1, or left out),
+ * into gradients that already hold values (they accumulate) */
+static void test_where(const int *os, int orank, const int *cs, int crank, const int *as, int arank, const int *bs,
+                       int brank) {
+  char size[64];
+  int at = snprintf(size, sizeof size, "[");
+  for (int d = 0; d < orank && at < (int)sizeof size - 8; d++)
+    at += snprintf(size + at, sizeof size - (size_t)at, "%s%d", d ? "," : "", os[d]);
+  snprintf(size + at, sizeof size - (size_t)at, "] c%d a%d b%d", crank, arank, brank);
+  long n = 1, nc = 1, na = 1, nb = 1;
+  for (int d = 0; d < orank; d++) n *= os[d];
+  for (int d = 0; d < crank; d++) nc *= cs[d];
+  for (int d = 0; d < arank; d++) na *= as[d];
+  for (int d = 0; d < brank; d++) nb *= bs[d];
+  float *cond = rand_buf(nc, -1, 1), *dout = rand_buf(n, -1, 1);
+  for (long i = 0; i < nc; i++) cond[i] = cond[i] > 0; /* a comparison's 1.0 / 0.0 */
+  float *daf = grad_buf(na, 1), *dar = copy_buf(daf, na), *dbf = grad_buf(nb, 1), *dbr = copy_buf(dbf, nb);
+  kf_where_backward(daf, dbf, dout, os, orank, cond, cs, crank, as, arank, bs, brank);
+  k_where_backward(dar, dbr, dout, os, orank, cond, cs, crank, as, arank, bs, brank);
+  check("where_backward da +=", size, daf, dar, na);
+  check("where_backward db +=", size, dbf, dbr, nb);
+  kf_where_backward(NULL, dbf, dout, os, orank, cond, cs, crank, as, arank, bs, brank);
+  k_where_backward(NULL, dbr, dout, os, orank, cond, cs, crank, as, arank, bs, brank);
+  check("where_backward db alone", size, dbf, dbr, nb);
+  pool_free();
+}
+
 static void test_transpose(int nb, int m, int n) {
   char size[48];
   snprintf(size, sizeof size, "%d x %d x %d", nb, m, n);
@@ -483,6 +510,15 @@ int main(void) {
   test_sum_mean(1, 1024, 256);
   test_transpose(2, 37, 129);
   test_transpose(1, 256, 512);
+  { /* where: the safe softmax's [B, h, Tq, 1] row cond, a padding mask [B, 1, Tq, Tk], a scalar branch,
+     * same shapes, a rank-1 cond, a scalar output */
+    const int o4[4] = {3, 4, 5, 37}, row[4] = {3, 4, 5, 1}, pad[4] = {3, 1, 5, 37}, one[1] = {1}, last[1] = {37};
+    test_where(o4, 4, row, 4, o4, 4, one, 0);
+    test_where(o4, 4, pad, 4, o4, 4, o4, 4);
+    test_where(o4, 4, o4, 4, pad, 4, row, 4);
+    test_where(o4, 4, last, 1, last, 1, o4, 4);
+    test_where(one, 0, one, 0, one, 0, one, 0);
+  }
   test_softmax(37, 129);
   test_softmax(64, 512);
   test_softmax(5, 1);
