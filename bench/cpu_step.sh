@@ -15,13 +15,9 @@ cplanc=${1:-$here/../build/cplanc}
 steps=${2:-20}
 threads=2
 py=${CPLAN_PYTHON:-/usr/bin/python3}   # Debian's python3-torch lives there, not in a pyenv
-[ -x "$cplanc" ] || { echo "cpu_step.sh: no cplanc at $cplanc (build it, or pass its path)"; exit 2; }
-cplanc=$(cd "$(dirname "$cplanc")" && pwd)/$(basename "$cplanc")
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/cplan_bench.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-cp "$here/gpt_bench.cplan" "$tmp/"
-cd "$tmp" || exit 1
+# shellcheck source=bench_lib.sh
+. "$here/bench_lib.sh"
+bench_init cpu_step.sh "$cplanc" gpt_bench.cplan
 "$cplanc" check --json gpt_bench.cplan >plan.json 2>/dev/null || { echo "cplanc check failed"; exit 1; }
 
 # Tokens for steps + 1 batches without wrapping around: uniform random below the vocab.

@@ -13,13 +13,9 @@ cplanc=${1:-$here/../build/cplanc}
 steps=${2:-10}
 threads=2
 py=${CPLAN_PYTHON:-/usr/bin/python3}   # Debian's numpy lives there, not in a pyenv
-[ -x "$cplanc" ] || { echo "mask_step.sh: no cplanc at $cplanc (build it, or pass its path)"; exit 2; }
-cplanc=$(cd "$(dirname "$cplanc")" && pwd)/$(basename "$cplanc")
-
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/cplan_bench.XXXXXX")
-trap 'rm -rf "$tmp"' EXIT
-cp "$here/bert_mask_bench.cplan" "$tmp/"
-cd "$tmp" || exit 1
+# shellcheck source=bench_lib.sh
+. "$here/bench_lib.sh"
+bench_init mask_step.sh "$cplanc" bert_mask_bench.cplan
 # tokens below 8 for steps + 1 batches: token 0, which pads (the mask's keys out), about 1 in 8
 "$py" - "$steps" <<'PY' || exit 1
 import sys

@@ -31,7 +31,7 @@ for path, n, salt in (("cc.safetensors", 24, 1), ("cc_val.safetensors", 8, 7)):
     st(path, {"tok": ([n, 7], tok), "labels": ([n, 6], lab)})
 PY
 
-{ cat "$src/tests/e2e/ce_count.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >cc.cplan
+e2e_laptop <"$src/tests/e2e/ce_count.cplan" >cc.cplan
 e2e_build one cc.cplan
 e2e_prog 0 one ./one --save one.st --metrics one.jsonl
 grep -q val_loss one.jsonl || fail "no val_loss in one.jsonl"

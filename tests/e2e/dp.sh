@@ -15,7 +15,7 @@ e2e_tokens tokens.bin
 
 for m in gpt_small llama_small; do
   # a one-axis CPU mesh the --set overrides resize
-  { cat "$src/tests/e2e/$m.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >"$m.cplan"
+  e2e_laptop <"$src/tests/e2e/$m.cplan" >"$m.cplan"
   e2e_build "$m-1" "$m.cplan"
   e2e_prog 0 "$m-1" "./$m-1" --save "$m-1.st" --metrics "$m-1.jsonl"
   for v in "2" "4" "2 micro"; do

@@ -15,7 +15,7 @@ e2e_tokens tokens.bin
 sed -e 's|^  y = sdpa(.*|  s = split_heads(q, heads) @ transpose(split_heads(k, heads)) * 0.35355339\n  y = dropout(softmax(s), 0.1) @ split_heads(v, heads) + sdpa(split_heads(q, heads), split_heads(k, heads), split_heads(v, heads), causal = true, dropout_p = 0.2)|' \
   -e 's|^  return linear(gelu(linear(x, 4 \* C, name = "c_fc")), C, name = "c_proj")|  return dropout(linear(gelu(linear(x, 4 * C, name = "c_fc")), C, name = "c_proj"), 0.1)|' \
   "$src/tests/e2e/gpt_small.cplan" >drop.cplan
-printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n' >>drop.cplan
+e2e_laptop </dev/null >>drop.cplan
 [ "$(grep -o dropout drop.cplan | wc -l)" = 3 ] || fail "drop.cplan: the edit of gpt_small.cplan did not apply"
 
 e2e_build one drop.cplan --set train.mesh=laptop

@@ -11,11 +11,18 @@
 #   e2e_says LABEL WORD...      LABEL.err must contain every WORD (fixed strings)
 #   e2e_det FILE                the JSONL metrics without the timing and peak RSS fields, for
 #                               bitwise compares
+#   e2e_laptop < MODEL > OUT    MODEL with a one-CPU mesh `laptop` appended (--set
+#                               mesh.laptop.shape.cpu=N and train.mesh=laptop grow it)
 set -u
 
 fail() {
   echo "FAILED: $*"
   exit 1
+}
+
+e2e_laptop() {
+  cat
+  printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'
 }
 
 e2e_init() {

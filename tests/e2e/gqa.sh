@@ -13,9 +13,8 @@ e2e_init "$1" "$2"
 e2e_mpi
 e2e_tokens tokens.bin
 
-mesh='\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'
-{ cat "$src/tests/e2e/gqa_small.cplan"; printf %b "$mesh"; } >gqa.cplan
-{ sed 's/, kv: int = 2) {$/, kv: int = 1) {/' "$src/tests/e2e/gqa_small.cplan"; printf %b "$mesh"; } >mqa.cplan
+e2e_laptop <"$src/tests/e2e/gqa_small.cplan" >gqa.cplan
+sed 's/, kv: int = 2) {$/, kv: int = 1) {/' "$src/tests/e2e/gqa_small.cplan" | e2e_laptop >mqa.cplan
 grep -q ", kv: int = 1) {" mqa.cplan || fail "the sed of gqa_small.cplan no longer applies"
 
 e2e_build gqa-1 gqa.cplan

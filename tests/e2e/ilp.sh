@@ -30,7 +30,7 @@ json.dump(d, open(sys.argv[2], "w"))
 PY
 }
 
-{ cat "$src/tests/e2e/gpt_small.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >gpt_small.cplan
+e2e_laptop <"$src/tests/e2e/gpt_small.cplan" >gpt_small.cplan
 e2e_build one gpt_small.cplan
 e2e_prog 0 one ./one --save one.st --metrics one.jsonl
 
@@ -102,7 +102,7 @@ done
 # layout taken from a whole input's contiguous part (a whole QKV weight plus a split bias), rope on a
 # sequence-split k, the all-to-all (S(1) -> S(2)) no backend ran, and slices of contiguous splits
 # the build refused (now read whole).
-{ cat "$src/tests/e2e/llama_small.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >llama_small.cplan
+e2e_laptop <"$src/tests/e2e/llama_small.cplan" >llama_small.cplan
 e2e_build one_llama llama_small.cplan
 e2e_prog 0 one_llama ./one_llama --save one_llama.st --metrics one_llama.jsonl
 for m in gpt_small llama_small; do

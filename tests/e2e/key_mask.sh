@@ -12,8 +12,7 @@ e2e_init "$1" "$2"
 e2e_mpi
 e2e_tokens tokens.bin
 
-mesh='\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'
-{ cat "$src/tests/e2e/key_mask_small.cplan"; printf %b "$mesh"; } >km.cplan
+e2e_laptop <"$src/tests/e2e/key_mask_small.cplan" >km.cplan
 two=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=2)
 four=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=4)
 

@@ -18,7 +18,7 @@ e2e_mpi
 e2e_tokens tokens.bin
 
 for m in gpt_small llama_small; do
-  { cat "$src/tests/e2e/$m.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >"$m.cplan"
+  e2e_laptop <"$src/tests/e2e/$m.cplan" >"$m.cplan"
   e2e_build "$m-1" "$m.cplan"
   e2e_prog 0 "$m-1" "./$m-1" --save-init "$m-init.st" --save "$m-1.st" --metrics "$m-1.jsonl"
   # label, devices, then the strategy fields

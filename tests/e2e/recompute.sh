@@ -49,7 +49,7 @@ sed -e 's|^  y = sdpa(.*|  s = split_heads(q, heads) @ transpose(split_heads(k, 
 
 for m in gpt_small llama_small hand; do
   if [ "$m" != hand ]; then cp "$src/tests/e2e/$m.cplan" "$m.cplan"; fi
-  printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n' >>"$m.cplan"
+  e2e_laptop </dev/null >>"$m.cplan"
   e2e_build "$m-none" "$m.cplan" "${L[@]}"
   e2e_prog 0 "$m-none" "./$m-none" --save "$m-none.st" --metrics "$m-none.jsonl"
   for rc in full selective; do

@@ -17,7 +17,7 @@ e2e_tokens tokens.bin
 
 
 for m in gpt_small llama_small; do
-  { cat "$src/tests/e2e/$m.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >"$m.cplan"
+  e2e_laptop <"$src/tests/e2e/$m.cplan" >"$m.cplan"
   e2e_build "$m-1" "$m.cplan"
   e2e_prog 0 "$m-1" "./$m-1" --save "$m-1.st" --metrics "$m-1.jsonl"
   sets=(--set train.mesh=laptop --set mesh.laptop.shape.cpu=2 --set train.strategy.tp=2)
@@ -96,7 +96,7 @@ padded_tp() {
   e2e_close "$m tp=$n (vocab 13, padded to $rows)" "$m-1.jsonl" "$m-tp$n.jsonl" "$m-1.st" "$m-tp$n.st"
   argmax_exchanged "$m-tp$n" "$m-tp$n.jsonl"
 }
-{ cat "$src/tests/e2e/adder_tiny.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >adder.cplan
+e2e_laptop <"$src/tests/e2e/adder_tiny.cplan" >adder.cplan
 padded_tp adder 2 14
 vocab_shape "adder_tiny tp=2" adder-tp2.st 13
 # tp = 4 (with 4 heads): 16 rows, 4 per rank, the last rank's one valid row and three pad rows
@@ -215,7 +215,7 @@ e2e_close "means tp=2 (means over split dims)" means-1.jsonl means-tp2.jsonl mea
 # table is not vocab-parallel: under sp the sequence-split logits are gathered for cross_entropy and
 # the loss, replicated on tp, is reported as each rank's 1/tp share (Lowered.loss_share)
 m=slice_small
-{ cat "$src/tests/e2e/$m.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >"$m.cplan"
+e2e_laptop <"$src/tests/e2e/$m.cplan" >"$m.cplan"
 e2e_build "$m-1" "$m.cplan"
 e2e_prog 0 "$m-1" "./$m-1" --save "$m-1.st" --metrics "$m-1.jsonl"
 e2e_build "$m-sp" "$m.cplan" --set train.mesh=laptop --set mesh.laptop.shape.cpu=4 --set train.strategy.dp=2 \

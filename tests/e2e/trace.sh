@@ -15,7 +15,7 @@ e2e_tokens tokens.bin
 # validation data (the training file again) and evaluation every 3 steps; a mesh --set resizes
 sed -e 's|tokens("tokens.bin")|tokens("tokens.bin", val = "tokens.bin")|' \
     -e 's|^  seed .*|&\n  eval      = { every = 3, batches = 1 }|' "$src/tests/e2e/gpt_small.cplan" >g.cplan
-printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n' >>g.cplan
+e2e_laptop </dev/null >>g.cplan
 { grep -q 'val = "tokens.bin"' g.cplan && grep -q 'every = 3' g.cplan; } || fail "could not edit gpt_small.cplan"
 
 e2e_build g1 g.cplan --set train.strategy.micro=1

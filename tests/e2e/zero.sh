@@ -28,7 +28,7 @@ PY
 }
 
 for m in gpt_small llama_small; do
-  { cat "$src/tests/e2e/$m.cplan"; printf '\nmesh laptop {\n  shape  = [cpu = 1]\n  device = cpu\n}\n'; } >"$m.cplan"
+  e2e_laptop <"$src/tests/e2e/$m.cplan" >"$m.cplan"
   e2e_build "$m-1" "$m.cplan"
   e2e_prog 0 "$m-1" "./$m-1" --save "$m-1.st" --metrics "$m-1.jsonl"
   # stage: devices dp tp, then the most params and state may hold (fractions of one device's):
