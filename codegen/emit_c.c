@@ -421,9 +421,10 @@ static void emit_nn(Cg *c, int i) {
       unsupported(c, i, "softmax over an axis other than the last");
       return;
     }
-    if (emit_row_call(c, n->op == OP_SOFTMAX ? CG_ROW_SOFTMAX_FWD : CG_ROW_LOG_SOFTMAX_FWD, rows, cc, 0, &o, &x))
-      break;
-    EMIT("  kf_%s_forward(%s, %s, %lld, %lld);\n", ir_ops[n->op].name, o, x, (long long)rows, (long long)cc);
+    if (!n->ia[1] && emit_row_call(c, n->op == OP_SOFTMAX ? CG_ROW_SOFTMAX_FWD : CG_ROW_LOG_SOFTMAX_FWD, rows, cc, 0, &o, &x))
+      break; /* the LLVM row kernels have no safe softmax (ops.def) */
+    EMIT("  kf_%s%s_forward(%s, %s, %lld, %lld);\n", n->ia[1] ? "safe_" : "", ir_ops[n->op].name, o, x, (long long)rows,
+         (long long)cc);
     break;
   case OP_LAYER_NORM: {
     const char *outs[3] = {o, c->ph == CG_PH_EVAL ? "NULL" : aux_ptr(c, i, 0),

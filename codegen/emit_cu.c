@@ -1622,7 +1622,8 @@ static void emit_nn(Cu *c, int i) {
     }
     if (n->op == OP_SOFTMAX) {
       if (!hw_typed(c, i, 2, (int[]){i, n->in[0]})) return;
-      KL("cplan_cuda_softmax_forward(%s, %s, %s, %lld, %lld, G.s), %d);\n", kdt(c), o, x, (long long)rows, (long long)cc, i);
+      KL("cplan_cuda_%ssoftmax_forward(%s, %s, %s, %lld, %lld, G.s), %d);\n", n->ia[1] ? "safe_" : "", kdt(c), o, x,
+         (long long)rows, (long long)cc, i);
     } else {
       const char *args[5] = {ai(tcodes(c, 2, (int[]){i, n->in[0]})), ap(o), ap(x), al(rows), al(cc)};
       emit_lrow(c, "cps_log_softmax", rows, i, 5, args);

@@ -326,6 +326,7 @@ static void print_node(FILE *out, const Graph *g, int i) {
   for (int k = 0; k < n->nin; k++) sb_printf(&b, "%s %%%d", k ? "," : "", n->in[k]);
   if (ir_ops[n->op].flags & OPF_LEAF) print_leaf(&b, n);
   else print_attrs(&b, n);
+  if (n->op == OP_SOFTMAX && n->ia[1]) sb_puts(&b, ", safe");
   sb_printf(&b, " : %s%s", dtype_name(n->dtype), shape_str(&n->shape));
   /* Then the comments: layer, role, source location, each after "  ; ". */
   StrBuf c = {0};

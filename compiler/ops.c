@@ -683,6 +683,8 @@ static bool shape_softmax(const Graph *g, Node *n, char *err, size_t errlen) {
   const Node *x = in_node(g, n, 0);
   if (!need_float(n, x, "x", err, errlen)) return false;
   if (!canon_axis(n, &n->ia[0], &x->shape, err, errlen)) return false;
+  if (n->ia[1] != 0 && (n->op != OP_SOFTMAX || n->ia[1] != 1)) /* the safe flag (ops.def) */
+    return fail(err, errlen, "%s: invalid safe flag %lld", op_name(n), (long long)n->ia[1]);
   n->shape = x->shape;
   n->dtype = float_of(x->dtype);
   return true;

@@ -1081,8 +1081,8 @@ static bool broadcasts_to(Build *b, Value v, const Shape *sc, const char *what) 
  * does (top-left: query i sees keys j <= i), with where(arange(Tq)[:, None] >= arange(Tk), s, -inf);
  * attn_mask (1.0 attend, 0.0 not) with where(mask, s, -inf) after it. With a mask or bias, the
  * softmax is PyTorch's _safe_softmax (its math form from 2.5 on): a query row whose scores are all
- * -inf gives 0, as in the kernels, through where(kept, softmax(where(kept, s, 0)), 0), kept = max(s)
- * > -inf per row, so that neither the row nor its gradient is NaN. */
+ * -inf gives 0, as in the kernels, so that neither the row nor its gradient is NaN (softmax's
+ * ia[1], which every backend's softmax kernel takes). */
 static int repeat_node(Build *b, int x, int64_t r, int ax, Span at);
 
 /* An attn_mask m (broadcasting to the scores [B, h, Tq, Tk]) that masks keys alone, [B | 1, 1, 1, Tk]
@@ -1154,24 +1154,10 @@ static Value sdpa_math(Build *b, int i, Span at, const Value *mask, const Value 
     s = infer(b, w, at);
   }
   if (s.kind == V_ERR) return s;
-  int p, kept = -1; /* kept: [B, h, Tq, 1], 1.0 where a row's scores are not all -inf */
-  if (mask || bias) { /* PyTorch's _safe_softmax: a row with no key left is 0, not NaN (nor its gradient) */
-    int64_t last = 3;
-    int mx = dims_node(b, OP_MAX, s.node, &last, 1, 1, at);
-    Value ninf = mx < 0 ? sema_v_err() : make_const(b, sema_v_float(-INFINITY, at), mx, at);
-    Value zero = ninf.kind == V_ERR ? ninf : make_const(b, sema_v_float(0.0, at), s.node, at);
-    if (zero.kind == V_ERR || (kept = binary_node(b, OP_GT, mx, ninf.node, at)) < 0) return sema_v_err();
-    int in[3] = {kept, s.node, zero.node};
-    int w = add_node(b, OP_WHERE, in, 3, at);
-    if (w < 0 || (s = infer(b, w, at)).kind == V_ERR) return sema_v_err();
-  }
-  p = dims_node(b, OP_SOFTMAX, s.node, NULL, 0, -1, at);
-  if (p >= 0 && kept >= 0) {
-    Value zero = make_const(b, sema_v_float(0.0, at), p, at);
-    int in[3] = {kept, p, zero.node};
-    int w = zero.kind == V_ERR ? -1 : add_node(b, OP_WHERE, in, 3, at);
-    p = w < 0 || infer(b, w, at).kind == V_ERR ? -1 : w;
-  }
+  /* With a mask or bias, PyTorch's _safe_softmax: a row with no key left is 0, not NaN (nor its
+   * gradient, y (dy - sum(dy y)) with y = 0): the softmax node's ia[1] (ops.def). */
+  int p = dims_node(b, OP_SOFTMAX, s.node, NULL, 0, -1, at);
+  if (p >= 0 && (mask || bias)) b->g->nodes[p].ia[1] = 1;
   if (p >= 0 && dropout > 0) { /* PyTorch's dropout_p: on the probabilities */
     int dr = add_node(b, OP_DROPOUT, &p, 1, at);
     if (dr >= 0) b->g->nodes[dr].fa[0] = dropout;

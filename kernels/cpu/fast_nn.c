@@ -15,6 +15,7 @@
 #include "fast_nn.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -577,16 +578,25 @@ void kf_where_backward(float *da, float *db, const float *dout, const int *oshap
 
 /* ---- softmax ---------------------------------------------------------------------------------- */
 
-void kf_softmax_forward(float *out, const float *x, int rows, int n) {
+/* softmax rows; safe: a row whose max is -inf (every score masked) gives 0, PyTorch's _safe_softmax */
+static void softmax_rows(float *out, const float *x, int rows, int n, bool safe) {
   k_assert(rows >= 0 && n > 0);
   for (long r = 0; r < rows; r++) {
     const float *xr = x + r * n;
     float *o = out + r * n, m = max16(xr, n);
+    if (safe && m == -INFINITY) {
+      memset(o, 0, sizeof(float) * (size_t)n);
+      continue;
+    }
     for (long j = 0; j < n; j++) o[j] = f_exp(xr[j] - m);
     float inv = 1.0f / sum16(o, n);
     for (long j = 0; j < n; j++) o[j] *= inv;
   }
 }
+
+void kf_softmax_forward(float *out, const float *x, int rows, int n) { softmax_rows(out, x, rows, n, false); }
+
+void kf_safe_softmax_forward(float *out, const float *x, int rows, int n) { softmax_rows(out, x, rows, n, true); }
 
 void kf_softmax_backward(float *dx, const float *dout, const float *out, int rows, int n) {
   k_assert(rows >= 0 && n > 0);

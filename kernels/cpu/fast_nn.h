@@ -52,6 +52,8 @@ void kf_where_backward(float *da, float *db, const float *dout, const int *oshap
 
 /* softmax / log_softmax over the last axis of [rows, n] */
 void kf_softmax_forward(float *out, const float *x, int rows, int n);
+/* a row whose max is -inf gives 0 (PyTorch's _safe_softmax); its backward is kf_softmax_backward */
+void kf_safe_softmax_forward(float *out, const float *x, int rows, int n);
 void kf_softmax_backward(float *dx, const float *dout, const float *out, int rows, int n);
 void kf_log_softmax_forward(float *out, const float *x, int rows, int n);
 void kf_log_softmax_backward(float *dx, const float *dout, const float *out, int rows, int n);

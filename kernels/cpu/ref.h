@@ -156,6 +156,8 @@ void K_NAME(k_permute_backward)(K_REAL *dx, const K_REAL *dout, const int *shape
 
 /* softmax / log_softmax over the last axis of x [rows, n] */
 void K_NAME(k_softmax_forward)(K_REAL *out, const K_REAL *x, int rows, int n);
+/* PyTorch's _safe_softmax: a row of -inf gives 0 (not NaN); its backward is k_softmax_backward */
+void K_NAME(k_safe_softmax_forward)(K_REAL *out, const K_REAL *x, int rows, int n);
 void K_NAME(k_softmax_backward)(K_REAL *dx, const K_REAL *dout, const K_REAL *out, int rows, int n);
 void K_NAME(k_log_softmax_forward)(K_REAL *out, const K_REAL *x, int rows, int n);
 void K_NAME(k_log_softmax_backward)(K_REAL *dx, const K_REAL *dout, const K_REAL *out, int rows,

@@ -77,6 +77,9 @@ int cplan_cuda_rmsnorm_backward_ws(CplanDtype dt, void *dx, float *dw, const voi
 /* ---- softmax.cu: k_softmax_* over the last axis of [rows, n] --------------------------------- */
 int cplan_cuda_softmax_forward(CplanDtype dt, void *out, const void *x, int rows, int n,
                                cudaStream_t stream);
+/* k_safe_softmax_forward: a row whose max is -inf gives 0 (PyTorch's _safe_softmax) */
+int cplan_cuda_safe_softmax_forward(CplanDtype dt, void *out, const void *x, int rows, int n,
+                                    cudaStream_t stream);
 /* dx += out * (dout - sum(dout * out)) */
 int cplan_cuda_softmax_backward(CplanDtype dt, void *dx, const void *dout, const void *out, int rows,
                                 int n, cudaStream_t stream);

@@ -34,6 +34,7 @@ int main(void) {
   refused(cplan_cuda_layernorm_backward((CplanDtype)7, p, NULL, NULL, p, p, p, x, x, 4, 8, 0),
           "cplan_cuda_layernorm_backward", "unknown dtype 7");
   refused(cplan_cuda_softmax_forward(CPLAN_BF16, p, p, -1, 8, 0), "cplan_cuda_softmax_forward", "bad shape");
+  refused(cplan_cuda_safe_softmax_forward(CPLAN_F32, p, p, 4, 0, 0), "cplan_cuda_safe_softmax_forward", "bad shape");
   refused(cplan_cuda_attention_forward(CPLAN_F32, p, x, p, p, p, 2, 16, 288, 1, 0), "cplan_cuda_attention_forward",
           "head dim above 256");
   refused(cplan_cuda_attention_backward(CPLAN_F32, p, p, p, NULL, p, p, x, p, p, p, 2, 16, 64, 1, 0),

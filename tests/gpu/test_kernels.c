@@ -377,6 +377,21 @@ static void test_softmax(CplanDtype dt) {
   cudaFree(dx), cudaFree(dyv), cudaFree(dout), cudaFree(g), cudaFree(yy);
 }
 
+/* cplan_cuda_safe_softmax_forward: every third row all -inf (0 out), every third half -inf */
+static void test_safe_softmax(CplanDtype dt) {
+  const int rows = 30, n = 300;
+  long e = (long)rows * n;
+  float *x = randv(e, 4.0f, dt), *y = malloc(4 * (size_t)e);
+  for (long i = 0; i < e; i++)
+    if (i / n % 3 == 0 || (i / n % 3 == 1 && i % 2)) x[i] = -INFINITY;
+  void *dx = up(x, e, dt), *dyv = zeros(e, esize(dt));
+  k_safe_softmax_forward(y, x, rows, n);
+  LAUNCH_OK(cplan_cuda_safe_softmax_forward(dt, dyv, dx, rows, n, stream));
+  compare_dt("safe_softmax", "fwd", dt, down(dyv, e, dt), y, e);
+  free(x), free(y);
+  cudaFree(dx), cudaFree(dyv);
+}
+
 static void test_attention_t(CplanDtype dt, int d, int causal, int t) {
   const int nb = 3;
   long e = (long)nb * t * d;
@@ -1154,6 +1169,7 @@ int main(int argc, char **argv) {
       test_norm_ws(dt, rms, 70001, 8, 0);  /* over 2048 fused chunks of 32 rows: longer chunks */
     }
     test_softmax(dt);
+    test_safe_softmax(dt);
     test_attention(dt, 64, 1);
     test_attention(dt, 40, 1);
     test_attention(dt, 96, 1);

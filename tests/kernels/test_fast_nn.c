@@ -314,6 +314,30 @@ static void test_softmax(int rows, int n) {
   pool_free();
 }
 
+/* PyTorch's _safe_softmax: rows with every score -inf give 0, rows with some -inf as softmax does */
+static void test_safe_softmax(int rows, int n) {
+  char size[48];
+  snprintf(size, sizeof size, "%d x %d", rows, n);
+  long nx = (long)rows * n;
+  float *x = rand_buf(nx, -8, 8), *of = fbuf(nx), *or = fbuf(nx), *plain = fbuf(nx);
+  for (long r = 0; r < rows; r++)
+    for (long j = 0; j < n; j++)
+      if (r % 3 == 0 || (r % 3 == 1 && j % 2)) x[r * n + j] = -INFINITY; /* all masked, half masked, none */
+  kf_safe_softmax_forward(of, x, rows, n);
+  k_safe_softmax_forward(or, x, rows, n);
+  check("safe_softmax_forward", size, of, or, nx);
+  long zero = 0, nan = 0;
+  k_softmax_forward(plain, x, rows, n);
+  for (long i = 0; i < nx; i++) zero += i / n % 3 == 0 && or[i] == 0.0f, nan += isnan(plain[i]);
+  check1("safe_softmax: masked rows are 0", size, (float)zero, (float)(((rows + 2) / 3) * (long)n));
+  check1("softmax: masked rows are NaN", size, (float)nan, (float)(((rows + 2) / 3) * (long)n));
+  for (long r = 0; r < rows; r++) /* the rows not all -inf: the two agree */
+    if (r % 3 == 0) memcpy(plain + r * n, or + r * n, sizeof(float) * (size_t)n);
+    else k_softmax_forward(plain + r * n, x + r * n, 1, n);
+  check("safe_softmax = softmax unmasked", size, or, plain, nx);
+  pool_free();
+}
+
 static void test_layer_norm(int rows, int c) {
   char size[48];
   snprintf(size, sizeof size, "%d x %d", rows, c);
@@ -510,7 +534,7 @@ int main(void) {
   test_sum_mean(1, 1024, 256);
   test_transpose(2, 37, 129);
   test_transpose(1, 256, 512);
-  { /* where: the safe softmax's [B, h, Tq, 1] row cond, a padding mask [B, 1, Tq, Tk], a scalar branch,
+  { /* where: a per-row cond [B, h, Tq, 1], a padding mask [B, 1, Tq, Tk], a scalar branch,
      * same shapes, a rank-1 cond, a scalar output */
     const int o4[4] = {3, 4, 5, 37}, row[4] = {3, 4, 5, 1}, pad[4] = {3, 1, 5, 37}, one[1] = {1}, last[1] = {37};
     test_where(o4, 4, row, 4, o4, 4, one, 0);
@@ -522,6 +546,8 @@ int main(void) {
   test_softmax(37, 129);
   test_softmax(64, 512);
   test_softmax(5, 1);
+  test_safe_softmax(7, 33);
+  test_safe_softmax(4, 256);
   test_layer_norm(37, 129);
   test_layer_norm(1024, 256);
   test_layer_norm(3, 3);

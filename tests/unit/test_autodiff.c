@@ -236,7 +236,8 @@ static void forward(Interp *I, const Node *f, double *out) {
   }
   case OP_SOFTMAX: case OP_LOG_SOFTMAX:
     cp_assert(f->ia[0] == x->shape.rank - 1);
-    (f->op == OP_SOFTMAX ? k_softmax_forward_f64 : k_log_softmax_forward_f64)(out, a, (int)(n / dim(x, -1)), dim(x, -1));
+    (f->op == OP_LOG_SOFTMAX ? k_log_softmax_forward_f64 : f->ia[1] ? k_safe_softmax_forward_f64 : k_softmax_forward_f64)(
+        out, a, (int)(n / dim(x, -1)), dim(x, -1));
     return;
   case OP_LAYER_NORM:
     k_layer_norm_forward_f64(out, NULL, NULL, a, b, vin(I, f, 2), (int)(n / dim(x, -1)), dim(x, -1), f->fa[0]);
