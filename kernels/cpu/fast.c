@@ -1,6 +1,7 @@
 /* fast.c: the f32 CPU kernels of fast.h: GEMM through OpenBLAS, elementwise ops without the
  * per-element broadcast index arithmetic of the reference, and attention built on sgemm. */
 #include "fast.h"
+#include "fast_nn.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -117,16 +118,9 @@ void k_sdpa_fast_forward(float *out, float *att, const float *q, const float *k,
       /* causal, as PyTorch's is_causal (top-left): query i sees keys j <= i; the others get 0, as
        * do the keys km masks; a row with no key left is all 0 (PyTorch's sdpa from 2.5 on) */
       int iq = i % tq, end = causal && iq + 1 < tk ? iq + 1 : tk;
-      float m = -INFINITY;
-      for (int j = 0; j < end; j++) {
-        if (kmz && kmz[j] == 0) r[j] = -INFINITY;
-        m = r[j] > m ? r[j] : m;
-      }
-      if (m == -INFINITY) end = 0; /* no key left */
-      float s = 0;
-      for (int j = 0; j < end; j++) s += (r[j] = expf(r[j] - m));
-      float inv = 1.0f / s;
-      for (int j = 0; j < end; j++) r[j] *= inv;
+      if (kmz)
+        for (int j = 0; j < end; j++) r[j] = kmz[j] == 0 ? -INFINITY : r[j];
+      kf_safe_softmax_forward(r, r, 1, end); /* in place, vectorized */
       for (int j = end; j < tk; j++) r[j] = 0;
     }
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, d, tk, 1.0f, a, tk, v + ko, d, 0.0f,
