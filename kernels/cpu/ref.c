@@ -443,24 +443,22 @@ static void K_NAME(row_lse)(const K_REAL *x, int n, double *max, double *lse) {
   *lse = log(s);
 }
 
-void K_NAME(k_softmax_forward)(K_REAL *out, const K_REAL *x, int rows, int n) {
+/* softmax rows; safe: a row whose max is -inf (every score masked) gives 0, PyTorch's _safe_softmax */
+static void K_NAME(softmax_rows)(K_REAL *out, const K_REAL *x, int rows, int n, int safe) {
   k_assert(rows >= 0 && n > 0);
   for (long r = 0; r < rows; r++) {
     double m, lse;
     K_NAME(row_lse)(x + r * n, n, &m, &lse);
-    for (int j = 0; j < n; j++) out[r * n + j] = (K_REAL)exp(x[r * n + j] - m - lse);
+    for (int j = 0; j < n; j++) out[r * n + j] = safe && m == -INFINITY ? 0 : (K_REAL)exp(x[r * n + j] - m - lse);
   }
 }
 
-/* softmax with PyTorch's _safe_softmax rule: a row whose max is -inf (every score masked) gives 0,
- * not NaN; any other row as k_softmax_forward */
+void K_NAME(k_softmax_forward)(K_REAL *out, const K_REAL *x, int rows, int n) {
+  K_NAME(softmax_rows)(out, x, rows, n, 0);
+}
+
 void K_NAME(k_safe_softmax_forward)(K_REAL *out, const K_REAL *x, int rows, int n) {
-  k_assert(rows >= 0 && n > 0);
-  for (long r = 0; r < rows; r++) {
-    double m, lse;
-    K_NAME(row_lse)(x + r * n, n, &m, &lse);
-    for (int j = 0; j < n; j++) out[r * n + j] = m == -INFINITY ? 0 : (K_REAL)exp(x[r * n + j] - m - lse);
-  }
+  K_NAME(softmax_rows)(out, x, rows, n, 1);
 }
 
 void K_NAME(k_softmax_backward)(K_REAL *dx, const K_REAL *dout, const K_REAL *out, int rows, int n) {
