@@ -1076,15 +1076,17 @@ static void emit_dropout_helper(Cg *c) {
 
 /* ---- entry -------------------------------------------------------------------------------------- */
 
-/* The CPU backend runs pure data parallelism: dp over every device of the mesh. */
+/* Without a lowered plan, the CPU backend runs pure data parallelism: dp over every device of the mesh
+ * (build lowers any other strategy: cg_emit_c_spmd, and for pp one program per stage). */
 static bool check_strategy(Cg *c) {
   const TrainConf *t = c->t;
   const StrategyConf *st = &t->strategy;
   int64_t devices = t->mesh ? t->mesh->ndevices : 1, dp = train_dp(t);
   if (c->sp && (c->sp->pp == 1 || c->pipe) && c->sp->dp * c->sp->tp * c->sp->pp == devices) return true;
   if (st->tp > 1 || st->pp > 1 || st->sp > 1 || st->zero > 0) {
-    diag_error(st->span, "this version runs data, tensor and sequence parallelism and ZeRO: pp is not supported yet");
-    diag_hint("use `strategy = { dp = %lld }` or `strategy = auto`", (long long)devices);
+    diag_error(st->span, "internal error: this strategy (tp, pp, sp or ZeRO) reached the one-program emitter without "
+               "being lowered per rank");
+    diag_hint("use `strategy = { dp = %lld }` or `strategy = auto`, and report this", (long long)devices);
     return false;
   }
   if (dp != devices) {

@@ -398,8 +398,11 @@ static void use_search(Sema *s, TrainConf *t) {
     TrainConf d = *t;
     d.strategy = strategy_defaults(t);
     StrategyConf def = d.strategy, ignored;
-    /* defaults that do not cover the devices or divide the batch stay the build's errors */
-    if (def.dp * def.tp * def.pp != t->mesh->ndevices || t->batch % (def.dp * def.micro) != 0) return;
+    /* defaults that do not cover the devices or divide the batch, an sp without or unlike tp, a ZeRO
+     * without dp > 1 stay the build's errors (strat_degrees: `check` and `plan` say the same) */
+    if (def.dp * def.tp * def.pp != t->mesh->ndevices || t->batch % (def.dp * def.micro) != 0 ||
+        (def.sp > 1 && def.sp != def.tp) || (def.zero > 0 && def.dp <= 1))
+      return;
     if (search_best_runnable(s, &d, &ignored) || !search_best_runnable(s, t, &best)) return;
     why = cp_fmt("strategy: the defaults of the fields it leaves out (dp %lld, micro %lld, zero %lld, recompute %s) "
                  "do not fit, so", (long long)def.dp, (long long)def.micro, (long long)def.zero, rc[def.recompute]);
@@ -430,7 +433,10 @@ static Graph *train_model(Options *o, Front *fe, const char *what) {
   if (!o->plan && !one) use_search(fe->sema, fe->train);
   /* a plan lowered per rank is elaborated for the global micro-batch (train.h) */
   Graph *g = sema_train_graph(fe->sema, fe->train, train_graph_batch(fe->train));
-  return g && cg_check_inputs(g, fe->train, true) && adder_fits(g, fe->train) ? g : NULL;
+  /* a strategy check refuses (sp without tp, say) is refused here with check's words, before the
+   * backends' own checks: sp alone does not lower, so none of theirs would name the cause */
+  return g && cg_check_inputs(g, fe->train, true) && adder_fits(g, fe->train) &&
+         (one || strat_check_pinned(sema_program(fe->sema), g, fe->train)) ? g : NULL;
 }
 
 /* --stage=c (plan.c), --stage=llvm and --stage=cuda (its fused kernels as LLVM IR, as CUDA C):

@@ -1428,9 +1428,9 @@ static SrchResult *search(Sema *sema, const TrainConf *t, int topk, bool report)
           size = true;
           continue;
         }
-        /* sequence parallelism: pinned, or both ways where it divides the sequence (strat_pin's rule) */
+        /* sequence parallelism: pinned, or both ways; only where it divides the sequence (strat_pin's rule) */
         for (int64_t sp = 1; sp <= tp; sp += tp > 1 ? tp - 1 : 1) {
-        if (st->sp > 1 ? sp != st->sp : st->sp == 1 ? sp != 1 : sp > 1 && !strat_sp_fits(g1, sp)) continue;
+        if ((st->sp > 1 ? sp != st->sp : st->sp == 1 && sp != 1) || (sp > 1 && !strat_sp_fits(g1, sp))) continue;
         /* Megatron's rule, then the ILP's param placements: a saved plan's only, when it gives them; not
          * when the strategy pins tp (a pinned tp places as the rule does, as `build` builds it) */
         int nvar = st->tp > 0 && !st->tp_pins ? 1 : 2;

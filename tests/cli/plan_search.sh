@@ -136,6 +136,13 @@ grep -q '^    \.dp = 8,' dp8.c && ! grep -q '^    \.micro = 64,' dp8.c || fail "
 "$cplanc" emit --stage=c "$ex/gpt2.cplan" --set 'train.strategy={dp=8, micro=16}' >dp8m.c 2>dp8m.err ||
   { cat dp8m.err; fail "emit {dp=8, micro=16}"; }
 grep -q 'search chose' dp8m.err && { cat dp8m.err; fail "{dp=8, micro=16}: the defaults fit, yet the search chose"; }
+# defaults the build refuses for a reason other than fit stay its errors, the ones check and plan give:
+# { sp = 2 } leaves tp at 1 (sp needs tp and equals it); the search must not pick tp 2 for it
+"$cplanc" emit --stage=c "$ex/gpt2.cplan" --set 'train.strategy={sp=2}' >sp2.c 2>sp2.err && fail "{sp=2} without tp was accepted"
+grep -q 'search chose' sp2.err && { cat sp2.err; fail "{sp=2}: the search filled in a tp"; }
+grep -q 'error: sp = 2 without tp' sp2.err || { cat sp2.err; fail "{sp=2}: not check's error"; }
+"$cplanc" check "$ex/gpt2.cplan" --set 'train.strategy={sp=2}' >/dev/null 2>sp2c.err && fail "check accepted {sp=2}"
+grep -q 'error: sp = 2 without tp' sp2c.err || { cat sp2c.err; fail "{sp=2}: check's error differs"; }
 
 # errors
 echo '{"format": "other"}' >bad.json
