@@ -418,8 +418,13 @@ static bool degree_checks(const Program *prog, const Graph *g, const TrainConf *
   }
   if (!strat_sp_fits(g, sp)) {
     const Node *x = &g->nodes[g->inputs.a[0]];
-    diag_error(strat_field_span(t, "sp"), "sp = %lld does not divide the sequence length (dim 1 of input '%s' %s)",
-               (long long)sp, x->name, shape_str(&x->shape));
+    /* the length alone: the batch dim is the replica's micro-batch at check, the global one at build */
+    if (x->shape.rank < 2)
+      diag_error(strat_field_span(t, "sp"), "sp = %lld needs a sequence dim (dim 1) in input '%s', which has rank %d",
+                 (long long)sp, x->name, x->shape.rank);
+    else
+      diag_error(strat_field_span(t, "sp"), "sp = %lld does not divide the sequence length %lld (dim 1 of input '%s')",
+                 (long long)sp, (long long)x->shape.d[1], x->name);
     ok = false;
   }
   return ok;

@@ -143,6 +143,14 @@ grep -q 'search chose' sp2.err && { cat sp2.err; fail "{sp=2}: the search filled
 grep -q 'error: sp = 2 without tp' sp2.err || { cat sp2.err; fail "{sp=2}: not check's error"; }
 "$cplanc" check "$ex/gpt2.cplan" --set 'train.strategy={sp=2}' >/dev/null 2>sp2c.err && fail "check accepted {sp=2}"
 grep -q 'error: sp = 2 without tp' sp2c.err || { cat sp2c.err; fail "{sp=2}: check's error differs"; }
+# an sp that does not divide the sequence: the same words from check and build (the length, not a
+# shape whose batch dim is the replica's at check and the global micro-batch's at build)
+for cmd in check "emit --stage=c"; do
+  "$cplanc" $cmd "$ex/gpt2.cplan" --set 'train.strategy={tp=2, sp=2}' --set train.model.ctx=1023 >/dev/null 2>sp3.err &&
+    fail "$cmd accepted sp 2 on a sequence of 1023"
+  grep -q "error: sp = 2 does not divide the sequence length 1023 (dim 1 of input 'idx')$" sp3.err ||
+    { cat sp3.err; fail "$cmd: wrong words for sp 2 on a sequence of 1023"; }
+done
 
 # errors
 echo '{"format": "other"}' >bad.json
