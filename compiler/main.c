@@ -433,10 +433,13 @@ static Graph *train_model(Options *o, Front *fe, const char *what) {
   if (!o->plan && !one) use_search(fe->sema, fe->train);
   /* a plan lowered per rank is elaborated for the global micro-batch (train.h) */
   Graph *g = sema_train_graph(fe->sema, fe->train, train_graph_batch(fe->train));
-  /* a strategy check refuses (sp without tp, say) is refused here with check's words, before the
-   * backends' own checks: sp alone does not lower, so none of theirs would name the cause */
+  /* degrees check refuses (sp without tp, say) are refused here with check's words, before the
+   * backends' own checks: sp alone does not lower, so none of theirs would name the cause (what
+   * needs the graph, strat_pin checks as it lowers) */
+  int64_t dp, tp, pp, micro;
   return g && cg_check_inputs(g, fe->train, true) && adder_fits(g, fe->train) &&
-         (one || strat_check_pinned(sema_program(fe->sema), g, fe->train)) ? g : NULL;
+         (one || fe->train->strategy.is_auto || strat_degrees(sema_program(fe->sema), fe->train, &dp, &tp, &pp, &micro))
+         ? g : NULL;
 }
 
 /* --stage=c (plan.c), --stage=llvm and --stage=cuda (its fused kernels as LLVM IR, as CUDA C):

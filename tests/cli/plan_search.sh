@@ -143,6 +143,9 @@ grep -q 'search chose' sp2.err && { cat sp2.err; fail "{sp=2}: the search filled
 grep -q 'error: sp = 2 without tp' sp2.err || { cat sp2.err; fail "{sp=2}: not check's error"; }
 "$cplanc" check "$ex/gpt2.cplan" --set 'train.strategy={sp=2}' >/dev/null 2>sp2c.err && fail "check accepted {sp=2}"
 grep -q 'error: sp = 2 without tp' sp2c.err || { cat sp2c.err; fail "{sp=2}: check's error differs"; }
+# the build's strategy checks run once: a warning of theirs (tp leaves a table whole) is said once
+"$cplanc" emit --stage=c "$here/../golden/check_tp_vocab_whole.cplan" >/dev/null 2>vw.err || { cat vw.err; fail "emit check_tp_vocab_whole"; }
+[ "$(grep -c 'warning: tp = 4 does not divide the 50 rows' vw.err)" = 1 ] || { cat vw.err; fail "the tp warning is not said once"; }
 # an sp that does not divide the sequence: the same words from check and build (the length, not a
 # shape whose batch dim is the replica's at check and the global micro-batch's at build)
 for cmd in check "emit --stage=c"; do
