@@ -190,7 +190,8 @@ echo "ok: CPLAN_NVRTC_PREWARM compiles every stage's kernels for sm_90 with no G
 # not supported: diagnostics at the file, exit 1, no program
 out=$("$cplanc" build gpt_small.cplan -o dp1 --set train.mesh=gpu1 --set mesh.gpu1.shape.gpu=2 \
   --set train.strategy.dp=1 2>&1); rc=$?
-[ $rc -eq 1 ] && grep -q "error: mesh 'gpu1' has 2 CUDA devices, but the strategy runs dp = 1" <<<"$out" ||
+# (the words `check` and `plan` give: the build checks the degrees before either backend)
+[ $rc -eq 1 ] && grep -q "error: dp\*tp\*pp = 1\*1\*1 = 1 is not the mesh's 2 devices" <<<"$out" ||
   { echo "$out"; fail "dp 1 on two GPUs: exit $rc"; }
 [ ! -e dp1 ] || fail "a refused build left a program"
 echo "build.sh: ok"
